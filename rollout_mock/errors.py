@@ -1,0 +1,88 @@
+"""Errors raised by rollout_mock.
+
+Every error carries the context a user needs to act on it as attributes (``mode``, ``split``,
+``step``, ``path``) and says the likely fix in its message. Errors that mean "a file is not there"
+also subclass :class:`FileNotFoundError` so that code written for ROLL's behaviour keeps working.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class RolloutMockError(Exception):
+    """Base class of every error raised by rollout_mock.
+
+    Attributes are ``None`` when they do not apply.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        mode: str | None = None,
+        split: str | None = None,
+        step: int | None = None,
+        path: str | Path | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.mode = mode
+        self.split = split
+        self.step = step
+        self.path = None if path is None else str(path)
+
+
+class ConfigError(RolloutMockError, ValueError):
+    """The ``rollout_mock:`` configuration is invalid (one line per problem: key, value, choices)."""
+
+
+class StepNotFoundError(RolloutMockError, FileNotFoundError):
+    """Mock mode asked for a step that was never recorded."""
+
+
+class DumpNotFoundError(RolloutMockError, FileNotFoundError):
+    """The dump directory or its ``manifest.json`` does not exist."""
+
+
+class IncompleteDumpError(RolloutMockError):
+    """Pre-flight check: steps that the run will need are missing from the dump."""
+
+
+class StepExistsError(RolloutMockError, FileExistsError):
+    """Dump mode refused to overwrite a step that is already recorded."""
+
+
+class CorruptStepError(RolloutMockError):
+    """A step file does not match its manifest entry (checksum, size) or cannot be decoded."""
+
+
+class ManifestError(RolloutMockError):
+    """``manifest.json`` is unreadable, truncated, edited inconsistently or of an unknown format."""
+
+
+class FormatVersionError(ManifestError):
+    """The dump was written by a newer (or unknown) on-disk format version."""
+
+
+class UnsafePickleError(RolloutMockError):
+    """A step file references a global that the safe loader does not allow."""
+
+
+class WriterError(RolloutMockError):
+    """The background writer failed; the original exception is chained as ``__cause__``."""
+
+
+class LockedError(RolloutMockError):
+    """Another live process is already writing into this split of the dump directory."""
+
+
+class SchedulerUnavailableError(RolloutMockError, AttributeError):
+    """Mock mode has no real scheduler, and a method that is not replayed was called."""
+
+
+class DiskFullError(RolloutMockError, OSError):
+    """The disk filled up while writing a step (ENOSPC)."""
+
+
+class FingerprintMismatchError(RolloutMockError):
+    """The environment of this run differs from the one that recorded the dump (strict mode)."""

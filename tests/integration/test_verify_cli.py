@@ -1,0 +1,197 @@
+"""``rollout-mock verify`` end to end on real files, and the PNG plot."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rollout_mock import cli
+from rollout_mock.metrics import MetricsWriter, MissingExtraError, read_metrics
+from rollout_mock.verify import verify
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def run_cli(
+    args: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> tuple[int, str, str]:
+    # Only the verify command is loaded, so these tests do not depend on the other subcommands.
+    monkeypatch.setattr(cli, "COMMANDS", {"verify": "verify"})
+    code = cli.main(["verify", *args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def write_run(path: Path, loss: dict[int, float], kl: dict[int, float] | None = None) -> Path:
+    with MetricsWriter(path / "metrics.jsonl") as w:
+        for step, value in loss.items():
+            metrics = {"loss": value}
+            if kl is not None and step in kl:
+                metrics["kl"] = kl[step]
+            w.log(step, metrics)
+    return path / "metrics.jsonl"
+
+
+LOSS = {s: 1.0 / (s + 1) for s in range(10)}
+KL = {s: s * 0.001 for s in range(10)}
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> dict[str, Path]:
+    diverged = dict(LOSS)
+    diverged[6] = math.nextafter(LOSS[6], 1.0)
+    diverged[8] = LOSS[8] + 1e-3
+    return {
+        "base": write_run(tmp_path / "base", LOSS, KL),
+        "same": write_run(tmp_path / "same", LOSS, KL),
+        "diverged": write_run(tmp_path / "diverged", diverged, KL),
+    }
+
+
+def test_identical_runs_exit_0(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, err = run_cli([str(runs["base"]), str(runs["same"].parent)], capsys, monkeypatch)
+    assert code == 0, err
+    assert out.startswith("rollout-mock verify: OK\n")
+    assert err == ""
+
+
+def test_divergence_exit_1_names_step_and_values(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = run_cli([str(runs["base"]), str(runs["diverged"])], capsys, monkeypatch)
+    assert code == 1
+    assert "FAIL (1 of 2 metrics differ)" in out
+    assert f"step 6: baseline={LOSS[6]!r} candidate={math.nextafter(LOSS[6], 1.0)!r}" in out
+
+
+def test_tolerances(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    base, div = str(runs["base"]), str(runs["diverged"])
+    code, out, _ = run_cli([base, div, "--rtol", "1e-12"], capsys, monkeypatch)
+    assert code == 1 and "step 8:" in out  # the 1-ulp change passes, the 1e-3 one does not
+    assert run_cli([base, div, "--atol", "1e-2"], capsys, monkeypatch)[0] == 0
+    assert run_cli([base, div, "--atol", "loss=1e-2"], capsys, monkeypatch)[0] == 0
+    assert run_cli([base, div, "--atol", "kl=1e-2"], capsys, monkeypatch)[0] == 1
+    code, out, _ = run_cli([base, div, "--atol", "1e-2", "--atol", "loss=0"], capsys, monkeypatch)
+    assert code == 1 and "step 6:" in out  # the per-metric value overrides the default
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--rtol", "abc"], "--rtol 'abc': expected FLOAT or METRIC=FLOAT"),
+        (["--atol", "-1"], "--atol '-1': tolerance must be a finite number >= 0"),
+        (["--atol", "1", "--atol", "2"], "--atol given twice without a metric name"),
+        (["--atol", "=1"], "--atol '=1': empty metric name"),
+        (["--atol", "nope=1"], "atol given for unknown metric(s) 'nope'; compared metrics: kl, loss"),
+        (["--metrics", "loss,nope"], "metric(s) 'nope' not logged by either run; available: kl, loss"),
+        (["--metrics", ","], "--metrics ',': no metric names given"),
+    ],
+)
+def test_bad_options_exit_2(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, extra: list[str], message: str) -> None:
+    code, out, err = run_cli([str(runs["base"]), str(runs["same"]), *extra], capsys, monkeypatch)
+    assert code == 2 and out == ""
+    assert err.startswith(f"rollout-mock verify: error: {message}")
+    assert err.count("\n") == 1
+
+
+def test_metrics_selection(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = run_cli([str(runs["base"]), str(runs["diverged"]), "--metrics", "kl"], capsys, monkeypatch)
+    assert code == 0 and "loss" not in out
+
+
+def test_json_output(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = run_cli([str(runs["base"]), str(runs["diverged"]), "--json"], capsys, monkeypatch)
+    assert code == 1
+    data = json.loads(out)
+    assert data["ok"] is False and data["plot"] is None
+    loss = data["metrics"]["loss"]
+    assert loss["first_divergent_step"] == 6 and loss["divergent_steps"] == 2 and loss["ok"] is False
+    assert loss["baseline_value"] == LOSS[6]
+    assert data["metrics"]["kl"]["ok"] is True
+    assert data["baseline"] == str(runs["base"])
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("missing.jsonl", None, "no such metrics file or run directory"),
+        ("empty.jsonl", "", "empty metrics file"),
+        ("garbage.jsonl", '{"step": 0, "loss": 1}\nnot json\n{"step": 1, "loss": 1}\n', ":2: malformed metrics line"),
+        ("nostep.csv", "loss,kl\n1,2\n", ":1: CSV header has no 'step' column"),
+        ("odd.txt", "x", "unknown metrics file type"),
+    ],
+)
+def test_bad_input_exit_2_without_traceback(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+    name: str, content: str | None, message: str,
+) -> None:
+    bad = tmp_path / name
+    if content is not None:
+        bad.write_text(content)
+    for args in ([str(runs["base"]), str(bad)], [str(bad), str(runs["base"])]):
+        code, out, err = run_cli(args, capsys, monkeypatch)
+        assert code == 2 and out == ""
+        assert err.startswith(f"rollout-mock verify: error: {bad}") and message in err
+        assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_torn_last_line_warns_and_passes(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    torn = runs["same"]
+    with torn.open("a") as f:
+        f.write('{"step": 10, "loss": 0.0')
+    code, out, err = run_cli([str(runs["base"]), str(torn)], capsys, monkeypatch)
+    assert code == 0
+    assert err.startswith(f"rollout-mock verify: warning: {torn}:11: skipping incomplete last line")
+
+
+def test_plot_written(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "out" / "verify.png"
+    code, out, _ = run_cli([str(runs["base"]), str(runs["diverged"]), "--plot", str(png)], capsys, monkeypatch)
+    assert code == 1
+    assert f"plot: {png}" in out
+    data = png.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    assert [p.name for p in png.parent.iterdir()] == ["verify.png"]  # no temporary file left behind
+
+
+def test_plot_report_with_one_sided_steps_and_no_common_metric(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from rollout_mock.plot import plot_report
+
+    base = read_metrics(write_run(tmp_path / "b", LOSS, KL))
+    cand = read_metrics(write_run(tmp_path / "c", {s: v for s, v in LOSS.items() if s < 7}, KL))
+    report = verify(base, cand)
+    assert plot_report(base, cand, report, tmp_path / "p.png", max_metrics=1).read_bytes().startswith(PNG_MAGIC)
+    other = read_metrics(tmp_path / "c")
+    lone = verify(base, other, metrics=["kl"])
+    assert plot_report(base, other, lone, tmp_path / "q.png").stat().st_size > 0
+
+
+def test_plot_without_matplotlib(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    code, out, err = run_cli([str(runs["base"]), str(runs["same"]), "--plot", str(tmp_path / "x.png")], capsys, monkeypatch)
+    assert code == 2
+    assert err == "rollout-mock verify: error: --plot needs matplotlib: pip install rollout_mock[plot]\n"
+    from rollout_mock.plot import plot_report
+
+    table = read_metrics(runs["base"])
+    with pytest.raises(MissingExtraError, match=r"pip install rollout_mock\[plot\]"):
+        plot_report(table, table, verify(table, table), tmp_path / "x.png")
+
+
+def test_console_script(runs: dict[str, Path]) -> None:
+    """The installed ``rollout-mock`` entry point, in a real process."""
+    script = Path(sys.executable).parent / "rollout-mock"
+    if not script.exists():
+        pytest.skip(f"console script not installed next to {sys.executable}")
+    ok = subprocess.run([str(script), "verify", str(runs["base"]), str(runs["same"])], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    bad = subprocess.run([str(script), "verify", str(runs["base"]), str(runs["diverged"]), "--json"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1, bad.stderr
+    assert json.loads(bad.stdout)["metrics"]["loss"]["first_divergent_step"] == 6

@@ -4,50 +4,80 @@ Public API::
 
     from rollout_mock import MockScheduler, RolloutMockConfig, load_config, load_step
 
+Names are imported lazily (PEP 562), so ``import rollout_mock`` — and the pytest plugin that
+every pytest run of an environment with rollout_mock installed loads — does not import torch.
 See README.md for the configuration block, the on-disk format and the guarantees.
 """
 
-from rollout_mock._version import __version__
-from rollout_mock.codec import register_batch_class
-from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.errors import (
-    ConfigError,
-    CorruptStepError,
-    DumpNotFoundError,
-    IncompleteDumpError,
-    LockedError,
-    ManifestError,
-    RolloutMockError,
-    SchedulerUnavailableError,
-    StepExistsError,
-    StepNotFoundError,
-    UnsafePickleError,
-    WriterError,
-)
-from rollout_mock.loading import load_step, open_dump
-from rollout_mock.modes import Mode
-from rollout_mock.scheduler import MockScheduler, mock_class
+from __future__ import annotations
 
-__all__ = [
-    "ConfigError",
-    "CorruptStepError",
-    "DumpNotFoundError",
-    "IncompleteDumpError",
-    "LockedError",
-    "ManifestError",
-    "MockScheduler",
-    "Mode",
-    "RolloutMockConfig",
-    "RolloutMockError",
-    "SchedulerUnavailableError",
-    "StepExistsError",
-    "StepNotFoundError",
-    "UnsafePickleError",
-    "WriterError",
-    "__version__",
-    "load_config",
-    "load_step",
-    "mock_class",
-    "open_dump",
-    "register_batch_class",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from rollout_mock._version import __version__
+
+_EXPORTS: dict[str, str] = {
+    "MockScheduler": "rollout_mock.scheduler",
+    "mock_class": "rollout_mock.scheduler",
+    "RolloutMockConfig": "rollout_mock.config",
+    "load_config": "rollout_mock.config",
+    "Mode": "rollout_mock.modes",
+    "load_step": "rollout_mock.loading",
+    "open_dump": "rollout_mock.loading",
+    "register_batch_class": "rollout_mock.codec",
+    "MetricsWriter": "rollout_mock.metrics",
+    "read_metrics": "rollout_mock.metrics",
+    "ConfigError": "rollout_mock.errors",
+    "CorruptStepError": "rollout_mock.errors",
+    "DiskFullError": "rollout_mock.errors",
+    "DumpNotFoundError": "rollout_mock.errors",
+    "FingerprintMismatchError": "rollout_mock.errors",
+    "IncompleteDumpError": "rollout_mock.errors",
+    "LockedError": "rollout_mock.errors",
+    "ManifestError": "rollout_mock.errors",
+    "RolloutMockError": "rollout_mock.errors",
+    "SchedulerUnavailableError": "rollout_mock.errors",
+    "StepExistsError": "rollout_mock.errors",
+    "StepNotFoundError": "rollout_mock.errors",
+    "UnsafePickleError": "rollout_mock.errors",
+    "WriterError": "rollout_mock.errors",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.codec import register_batch_class
+    from rollout_mock.config import RolloutMockConfig, load_config
+    from rollout_mock.errors import (
+        ConfigError,
+        CorruptStepError,
+        DiskFullError,
+        DumpNotFoundError,
+        FingerprintMismatchError,
+        IncompleteDumpError,
+        LockedError,
+        ManifestError,
+        RolloutMockError,
+        SchedulerUnavailableError,
+        StepExistsError,
+        StepNotFoundError,
+        UnsafePickleError,
+        WriterError,
+    )
+    from rollout_mock.loading import load_step, open_dump
+    from rollout_mock.metrics import MetricsWriter, read_metrics
+    from rollout_mock.modes import Mode
+    from rollout_mock.scheduler import MockScheduler, mock_class
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollout_mock' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -96,15 +96,21 @@ def _rebuild_ndarray(buffer: Any, dtype: str, shape: tuple[int, ...]) -> np.ndar
 
 
 def _rebuild_object_array(items: list[Any], shape: tuple[int, ...]) -> np.ndarray:
-    """Rebuild a numpy object array element by element (elements may themselves be sequences)."""
-    out = np.empty(len(items), dtype=object)
-    for index, item in enumerate(items):
-        out[index] = item
-    return out.reshape(shape)
+    """Rebuild a numpy object array; elements (which may themselves be sequences) are kept as-is."""
+    return np.fromiter(items, dtype=object, count=len(items)).reshape(shape)
 
 
 def _rebuild_np_scalar(dtype: str, raw: bytes) -> np.generic:
     return np.frombuffer(raw, dtype=np.dtype(dtype))[0].copy()
+
+
+def _rebuild_tensordict(
+    items: dict[str, Any], batch_size: list[int], device: str | None, names: list[str | None] | None
+) -> Any:
+    """Rebuild a ``tensordict.TensorDict`` from its items (tensors or nested TensorDicts)."""
+    from tensordict import TensorDict
+
+    return TensorDict(items, batch_size=batch_size, device=device, names=names)
 
 
 def _rebuild_object(cls: type, state: dict[str, Any]) -> Any:
@@ -206,17 +212,27 @@ class _BatchPickler(cloudpickle.Pickler):
         elif isinstance(obj, np.generic) and cls.__module__ == "numpy" and obj.dtype.kind != "O":
             if obj.dtype.fields is None:
                 return _rebuild_np_scalar, (obj.dtype.str, obj.tobytes())
+        elif cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict":
+            return self._reduce_tensordict(obj)
         elif (cls.__module__, cls.__qualname__) in _BATCH_CLASSES and hasattr(obj, "__dict__"):
             return _rebuild_object, (cls, dict(obj.__dict__))
         return super().reducer_override(obj)
+
+    def _reduce_tensordict(self, td: Any) -> Any:
+        # TensorDict's own pickling differs between plain and consolidated instances (the latter
+        # references tensordict internals); its items, batch size and names are all it is.
+        device = td.device
+        names = list(td.names) if getattr(td, "_has_names", lambda: False)() else None
+        items = {key: value for key, value in td.items()}
+        keep_device = None if device is None or device.type != "cpu" else "cpu"
+        return _rebuild_tensordict, (items, list(td.batch_size), keep_device, names)
 
     def _reduce_tensor(self, tensor: torch.Tensor) -> Any:
         source, fresh = _tensor_bytes(tensor)
         flat = source.reshape(-1)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
-        if self._snapshot and not fresh:
-            raw = raw.clone()  # torch's copy is multi-threaded, numpy's is not
-            fresh = True
+        # In snapshot mode _buffer_of copies it with numpy, whose large allocations ask for
+        # transparent huge pages: ~2x faster than torch.clone on fresh memory (page faults).
         buffer = self._buffer_of(raw.numpy(), fresh)
         args = (buffer, dtype_name(tensor.dtype), tuple(tensor.shape), tensor.requires_grad)
         if type(tensor) is torch.nn.Parameter:

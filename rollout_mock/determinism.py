@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -93,36 +93,72 @@ class Profile:
 
 
 _ROLL_SETTINGS: Final = (
-    EnvSetting("NCCL_ALGO", "Ring", "Tree and NVLS all-reduce do not keep a fixed reduction order; Ring does"),
     EnvSetting(
-        "NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0", "Transformer Engine must not pick its atomics-based fused attention"
+        "NCCL_ALGO",
+        "Ring",
+        "NCCL otherwise picks Tree/NVLS by message size, changing the reduction order",
     ),
     EnvSetting(
-        "CUBLAS_WORKSPACE_CONFIG", ":4096:8", "cuBLAS is only deterministic with a fixed workspace (torch requires it)"
+        "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+        "0",
+        "Transformer Engine must not pick its atomics-based fused attention",
     ),
-    EnvSetting(DETERMINISTIC_MODE_VAR, "1", "ROLL and apply_from_env() switch torch's deterministic mode on from it"),
+    EnvSetting(
+        "CUBLAS_WORKSPACE_CONFIG",
+        ":4096:8",
+        "cuBLAS is only deterministic with a fixed workspace (torch requires it)",
+    ),
+    EnvSetting(
+        DETERMINISTIC_MODE_VAR,
+        "1",
+        "ROLL and apply_from_env() switch torch's deterministic mode on from it",
+    ),
 )
 
 _STRICT_EXTRA: Final = (
-    EnvSetting("NCCL_PROTO", "Simple", "NCCL picks LL/LL128 by message size; their chunking changes reduction order"),
-    EnvSetting("NCCL_NVLS_ENABLE", "0", "NVLink SHARP reduces inside the NVSwitch, outside NCCL's ordering"),
-    EnvSetting("NCCL_COLLNET_ENABLE", "0", "CollNet/SHARP reduces inside network switches, outside NCCL's ordering"),
-    EnvSetting("FLASH_ATTENTION_DETERMINISTIC", "1", "transformers/verl then call flash-attn's deterministic backward"),
-    EnvSetting("NVIDIA_TF32_OVERRIDE", "0", "forces TF32 off in cuBLAS/cuDNN even if a library turns it on"),
-    EnvSetting("PYTHONHASHSEED", "0", "fixes str hashing, hence set/dict-of-set iteration order, in child processes"),
+    EnvSetting(
+        "NCCL_PROTO",
+        "Simple",
+        "NCCL picks LL/LL128 by message size; their chunking changes reduction order",
+    ),
+    EnvSetting(
+        "NCCL_NVLS_ENABLE", "0", "NVLink SHARP reduces inside the NVSwitch, outside NCCL's ordering"
+    ),
+    EnvSetting(
+        "NCCL_COLLNET_ENABLE",
+        "0",
+        "CollNet/SHARP reduces inside network switches, outside NCCL's ordering",
+    ),
+    EnvSetting(
+        "FLASH_ATTENTION_DETERMINISTIC",
+        "1",
+        "transformers/verl then call flash-attn's deterministic backward",
+    ),
+    EnvSetting(
+        "NVIDIA_TF32_OVERRIDE", "0", "forces TF32 off in cuBLAS/cuDNN even if a library turns it on"
+    ),
+    EnvSetting(
+        "PYTHONHASHSEED",
+        "0",
+        "fixes str hashing, hence the iteration order of sets of str, in child processes",
+    ),
 )
 
 #: The built-in profiles by name (read-only).
 PROFILES: Final[Mapping[str, Profile]] = MappingProxyType(
     {
-        "roll": Profile("roll", "ROLL's system_envs for deterministic runs, unchanged", _ROLL_SETTINGS),
+        "roll": Profile(
+            "roll", "ROLL's system_envs for deterministic runs, unchanged", _ROLL_SETTINGS
+        ),
         "strict": Profile(
-            "strict", "roll plus NCCL protocol/NVLS/CollNet, flash-attn, TF32 and hash seed", _ROLL_SETTINGS + _STRICT_EXTRA
+            "strict",
+            "roll plus NCCL protocol/NVLS/CollNet, flash-attn, TF32 and hash seed",
+            _ROLL_SETTINGS + _STRICT_EXTRA,
         ),
     }
 )
 
-#: Every variable that any profile sets, plus the overrides that change numerics behind torch's back.
+#: Every variable any profile sets, plus overrides that change numerics behind torch's back.
 FINGERPRINT_ENV_VARS: Final[tuple[str, ...]] = tuple(
     dict.fromkeys(
         [s.name for p in PROFILES.values() for s in p.settings]
@@ -134,14 +170,16 @@ FINGERPRINT_ENV_VARS: Final[tuple[str, ...]] = tuple(
 def get_profile(name: str) -> Profile:
     """Return the built-in profile called ``name``.
 
-    Raises :class:`~rollout_mock.errors.ConfigError` naming the valid profiles when ``name`` is unknown
-    (the lookup is case-sensitive).
+    Raises :class:`~rollout_mock.errors.ConfigError` naming the valid profiles when ``name`` is
+    unknown (the lookup is case-sensitive).
     """
     try:
         return PROFILES[name]
     except KeyError:
         valid = ", ".join(sorted(PROFILES))
-        raise ConfigError(f"unknown determinism profile {name!r}; valid profiles: {valid}") from None
+        raise ConfigError(
+            f"unknown determinism profile {name!r}; valid profiles: {valid}"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -174,7 +212,7 @@ class ApplyReport:
     env: dict[str, str]
     changed: dict[str, str | None]
     torch_flags: dict[str, Any]
-    too_late: tuple[LateSetting, ...] = field(default=())
+    too_late: tuple[LateSetting, ...] = ()
 
     @property
     def fully_applied(self) -> bool:
@@ -211,7 +249,10 @@ def _cuda_initialized() -> bool:
 
 
 #: Modules that copy FLASH_ATTENTION_DETERMINISTIC into a module global when they are imported.
-_FLASH_IMPORT_READERS: Final = ("verl.models.transformers.qwen2_vl", "verl.models.transformers.glm4v")
+_FLASH_IMPORT_READERS: Final = (
+    "verl.models.transformers.qwen2_vl",
+    "verl.models.transformers.glm4v",
+)
 
 
 def _late_reason(variable: str, previous: str | None, wanted: str) -> str | None:
@@ -220,8 +261,9 @@ def _late_reason(variable: str, previous: str | None, wanted: str) -> str | None
         return None
     if variable in ("CUBLAS_WORKSPACE_CONFIG", "NVIDIA_TF32_OVERRIDE") and _cuda_initialized():
         return (
-            "CUDA is already initialised in this process and cuBLAS/cuDNN read this when their first "
-            "handle is created; export it before the process starts (Ray: runtime_env env_vars)"
+            "CUDA is already initialised in this process and cuBLAS/cuDNN read this when their "
+            "first handle is created; export it before the process starts (Ray: runtime_env "
+            "env_vars)"
         )
     if variable.startswith("NCCL_") and _nccl_process_group_exists():
         return (
@@ -259,14 +301,16 @@ def _set_torch_flags() -> None:
 
     torch.backends.cudnn.deterministic = True
     torch.backends.cudnn.benchmark = False
-    torch.use_deterministic_algorithms(True)  # not warn_only: a nondeterministic op must fail loudly
+    torch.use_deterministic_algorithms(
+        True
+    )  # not warn_only: a nondeterministic op must fail loudly
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
 
 
 def seed_everything(seed: int) -> None:
-    """Seed ``random``, ``numpy`` and torch (CPU and every CUDA device, lazily if CUDA is not started).
+    """Seed ``random``, ``numpy`` and torch (CPU and every CUDA device, lazily if CUDA is off).
 
     ``seed`` must be in ``[0, 2**32 - 1]`` (numpy's limit); otherwise ConfigError.
     Seeding never initialises CUDA.
@@ -283,7 +327,9 @@ def seed_everything(seed: int) -> None:
 
 
 def _late_message(too_late: Sequence[LateSetting]) -> str:
-    lines = [f"[RolloutMock] {len(too_late)} determinism setting(s) cannot take effect in this process:"]
+    lines = [
+        f"[RolloutMock] {len(too_late)} determinism setting(s) cannot take effect in this process:"
+    ]
     for late in too_late:
         lines.append(f"  {late.variable}={late.wanted} (was {late.previous!r}): {late.reason}")
     return "\n".join(lines)
@@ -310,7 +356,11 @@ def apply(seed: int | None = None, profile: str = "roll", *, strict: bool = Fals
     too_late = _find_too_late(wanted)
     if too_late and strict:
         raise DeterminismError(_late_message(too_late), too_late=too_late)
-    changed = {name: os.environ.get(name) for name, value in wanted.items() if os.environ.get(name) != value}
+    changed = {
+        name: os.environ.get(name)
+        for name, value in wanted.items()
+        if os.environ.get(name) != value
+    }
     os.environ.update(wanted)
     _set_torch_flags()
     if seed is not None:
@@ -343,7 +393,12 @@ def apply_from_env() -> ApplyReport | None:
         return None
     profile = os.environ.get(PROFILE_VAR) or "roll"
     report = apply(seed=_seed_from_env(), profile=profile)
-    logger.info("[RolloutMock] Determinism applied in pid %d: profile=%s, seed=%s", os.getpid(), profile, report.seed)
+    logger.info(
+        "[RolloutMock] Determinism applied in pid %d: profile=%s, seed=%s",
+        os.getpid(),
+        profile,
+        report.seed,
+    )
     return report
 
 
@@ -357,14 +412,16 @@ def _merge_env_vars(base_env: Mapping[str, Any], wanted: Mapping[str, str]) -> d
     for name, value in wanted.items():
         if name in merged and merged[name] != value:
             raise ConfigError(
-                f"runtime_env env_vars sets {name}={merged[name]!r} but the determinism profile needs "
-                f"{name}={value!r}; remove it from env_vars or choose another profile"
+                f"runtime_env env_vars sets {name}={merged[name]!r} but the determinism profile "
+                f"needs {name}={value!r}; remove it from env_vars or choose another profile"
             )
         merged[name] = value
     return merged
 
 
-def ray_runtime_env(base: Mapping[str, Any] | None = None, profile: str = "roll", seed: int | None = None) -> dict[str, Any]:
+def ray_runtime_env(
+    base: Mapping[str, Any] | None = None, profile: str = "roll", seed: int | None = None
+) -> dict[str, Any]:
     """Return a Ray ``runtime_env`` dict that makes every worker deterministic.
 
     The profile's variables, ``ROLLOUT_MOCK_DETERMINISM_PROFILE`` and (when ``seed`` is given)
@@ -396,8 +453,8 @@ def ray_runtime_env(base: Mapping[str, Any] | None = None, profile: str = "roll"
     hook = result.get("worker_process_setup_hook")
     if hook is not None and hook != SETUP_HOOK:
         raise ConfigError(
-            f"runtime_env already has worker_process_setup_hook={hook!r}; Ray runs only one hook, so call "
-            f"{SETUP_HOOK}() from inside your hook and pass a runtime_env without it"
+            f"runtime_env already has worker_process_setup_hook={hook!r}; Ray runs only one "
+            f"hook, so call {SETUP_HOOK}() from inside your hook and pass a runtime_env without it"
         )
     result["worker_process_setup_hook"] = SETUP_HOOK
     return result
@@ -454,7 +511,9 @@ def _gpus_from_pynvml() -> tuple[list[str], str] | None:
         pynvml.nvmlInit()
         try:
             count = pynvml.nvmlDeviceGetCount()
-            names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)]
+            names = [
+                pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(count)
+            ]
             driver = pynvml.nvmlSystemGetDriverVersion()
         finally:
             pynvml.nvmlShutdown()
@@ -475,7 +534,10 @@ def _gpus_from_nvidia_smi(timeout_s: float = 5.0) -> tuple[list[str], str | None
     try:
         out = subprocess.run(
             [exe, "--query-gpu=name,driver_version", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=timeout_s, check=True,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         logger.debug("nvidia-smi failed: %s", exc)
@@ -563,7 +625,7 @@ MISSING: Final = _Missing()
 
 
 def is_numerics_relevant(path: str) -> bool:
-    """False for fields in :data:`INFORMATIONAL_FIELDS` (or below them); True for every other field."""
+    """False for fields in :data:`INFORMATIONAL_FIELDS` (or below them); True for all others."""
     return not any(path == f or path.startswith(f + ".") for f in INFORMATIONAL_FIELDS)
 
 
@@ -615,8 +677,10 @@ def _normalise(value: Any) -> Any:
     return value
 
 
-def compare_fingerprints(recorded: Mapping[str, Any], current: Mapping[str, Any]) -> list[FingerprintDifference]:
-    """Every field that differs between two fingerprints, numerics-relevant ones first, then by name.
+def compare_fingerprints(
+    recorded: Mapping[str, Any], current: Mapping[str, Any]
+) -> list[FingerprintDifference]:
+    """Every field that differs between two fingerprints; numerics-relevant first, then by name.
 
     Nested mappings are compared field by field (dotted paths). A field on one side only is a
     difference with :data:`MISSING` on the other side. Equal fingerprints give ``[]``.
@@ -642,7 +706,10 @@ def _render(path: str, value: Any) -> str:
 
 def _table(rows: Sequence[Sequence[str]]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    lines = [" | ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines = [
+        " | ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -650,8 +717,8 @@ def _table(rows: Sequence[Sequence[str]]) -> str:
 def format_differences(diffs: Sequence[FingerprintDifference]) -> str:
     """An aligned text table ``field | recorded (dump) | current (this run)``.
 
-    Informational fields (see :data:`INFORMATIONAL_FIELDS`) are marked ``[info]``; unset env vars
-    show as ``<unset>``, absent fields as ``<missing>``. No differences gives ``"(no differences)"``.
+    Informational fields (see :data:`INFORMATIONAL_FIELDS`) are marked ``[info]``; unset env
+    vars show as ``<unset>``, absent fields as ``<missing>``. ``[]`` gives ``"(no differences)"``.
     """
     if not diffs:
         return "(no differences)"

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
+from rollout_mock._pages import advise_hugepages
 from rollout_mock.errors import DiskFullError
 
 T = TypeVar("T")
@@ -159,6 +160,7 @@ class HashingReader:
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
+        advise_hugepages(view)  # a fresh buffer from the unpickler: fault it in 2 MiB at a time
         total = 0
         while total < view.nbytes:
             chunk = view[total : total + _CHUNK]

@@ -48,15 +48,27 @@ def _as_step(value: Any) -> int | None:
 
 
 def step_arg_position(function: Callable[..., Any] | None, *, bound: bool) -> int | None:
-    """Index of the ``global_step`` parameter among positional arguments, if it has one."""
+    """Index of the ``global_step`` parameter among positional arguments, if it has one.
+
+    ``function`` may also be a Ray ``ActorMethod`` (its recorded signature, without ``self``, is
+    used: Ray 2.x keeps it in ``_signature``, a list of :class:`inspect.Parameter`).
+    """
     if function is None:
         return None
+    ray_signature = getattr(function, "_signature", None) if is_ray_actor_method(function) else None
+    if ray_signature is not None:
+        return step_position_in(list(ray_signature))
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return None
     if not bound and parameters and parameters[0].name in ("self", "cls"):
         parameters = parameters[1:]
+    return step_position_in(parameters)
+
+
+def step_position_in(parameters: list[inspect.Parameter]) -> int | None:
+    """Index of ``global_step`` among ``parameters`` (``self`` already removed), if positional."""
     for index, parameter in enumerate(parameters):
         if parameter.name == STEP_ARG and parameter.kind in (
             inspect.Parameter.POSITIONAL_ONLY,
@@ -79,9 +91,14 @@ def step_from_call(args: tuple[Any, ...], kwargs: Mapping[str, Any], position: i
     return None
 
 
+def is_ray_actor_method(attribute: Any) -> bool:
+    """True for a Ray ``ActorMethod`` (``handle.get_batch``), without importing Ray."""
+    return type(attribute).__name__ == "ActorMethod" and hasattr(attribute, "remote")
+
+
 def detect_convention(attribute: Any) -> Convention:
     """How ``attribute`` (a bound method, a function, or a Ray actor method) is called."""
-    if type(attribute).__name__ == "ActorMethod" and hasattr(attribute, "remote"):
+    if is_ray_actor_method(attribute):
         return Convention.RAY
     target = inspect.unwrap(attribute) if callable(attribute) else attribute
     if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(attribute):
@@ -227,7 +244,8 @@ class Interceptor:
             f"[RolloutMock] this run's environment differs from the one that recorded "
             f"{self.config.dump_dir}; replayed numbers may not match:\n{table}"
         )
-        if self.config.fingerprint is FingerprintPolicy.ERROR:
+        relevant = any(d.numerics_relevant for d in differences)
+        if self.config.fingerprint is FingerprintPolicy.ERROR and relevant:
             raise FingerprintMismatchError(
                 message + "\nSet `fingerprint: warn` to only warn.",
                 mode=self.mode.value,

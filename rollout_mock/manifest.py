@@ -43,7 +43,7 @@ from typing import Any
 from rollout_mock._version import __version__
 from rollout_mock.codec import PROTOCOL
 from rollout_mock.errors import FormatVersionError, ManifestError
-from rollout_mock.fileio import write_bytes_atomic
+from rollout_mock.fileio import is_temp_name, write_bytes_atomic
 
 FORMAT = "rollout_mock.dump"
 FORMAT_VERSION = 1
@@ -252,6 +252,21 @@ def locked(dump_dir: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def remove_stale_temps(dump_dir: Path) -> list[Path]:
+    """Delete temporary manifests left by writers that died mid-update; return what went.
+
+    Temporary manifests are only written under the manifest lock, so any that exists while we
+    hold the lock belongs to a dead writer.
+    """
+    removed: list[Path] = []
+    with locked(dump_dir):
+        for child in Path(dump_dir).iterdir():
+            if is_temp_name(child.name) and child.name.startswith(f".{MANIFEST_NAME}"):
+                child.unlink(missing_ok=True)
+                removed.append(child)
+    return removed
 
 
 def update_manifest(dump_dir: Path, change: Callable[[Manifest], None]) -> Manifest:

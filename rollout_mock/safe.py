@@ -26,6 +26,7 @@ _ALLOWED: set[tuple[str, str]] = {
     ("rollout_mock.codec", "_rebuild_object_array"),
     ("rollout_mock.codec", "_rebuild_np_scalar"),
     ("rollout_mock.codec", "_rebuild_object"),
+    ("rollout_mock.codec", "_rebuild_tensordict"),
     ("builtins", "set"),
     ("builtins", "frozenset"),
     ("builtins", "complex"),
@@ -54,6 +55,9 @@ _ALLOWED: set[tuple[str, str]] = {
     ("datetime", "timezone"),
     ("tensordict._td", "TensorDict"),
     ("tensordict.tensordict", "TensorDict"),
+    # TensorDict's copyreg reduction: cls.__new__(cls) + __setstate__(state); cls is itself
+    # resolved through this allow-list, so only TensorDict can be built.
+    ("tensordict._reductions", "_make_td"),
 }
 
 

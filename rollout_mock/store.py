@@ -30,13 +30,14 @@ from rollout_mock.errors import (
     StepNotFoundError,
     UnsafePickleError,
 )
-from rollout_mock.fileio import Digest, is_temp_name, read_hashed, write_temp
+from rollout_mock.fileio import Digest, is_temp_name, read_hashed, temp_name, write_temp
 from rollout_mock.manifest import (
     Manifest,
     StepEntry,
     StreamId,
     manifest_path,
     read_manifest,
+    remove_stale_temps,
     update_manifest,
     utc_now,
 )
@@ -292,6 +293,8 @@ class DirectoryStore(StepStore):
         self._recover(stream)
 
     def _recover(self, stream: StreamId) -> None:
+        for stale in remove_stale_temps(self.dump_dir):
+            logger.warning("[RolloutMock] removing leftover temporary manifest %s", stale)
         directory = self.dump_dir / stream.directory
         suffix = "" if stream.rank is None else f"_rank{stream.rank}"
         pattern = re.compile(rf"^\.step_-?\d+{re.escape(suffix)}\.pkl\.tmp-")
@@ -370,7 +373,18 @@ class DirectoryStore(StepStore):
         return entry
 
     def _forget(self, stream: StreamId, step: int) -> None:
-        """Remove a step's manifest entry, then its file (overwrite: old data goes first)."""
+        """Remove a step's file and manifest entry (overwrite: old data goes first).
+
+        The file is first renamed to a temporary name, so a crash at any point leaves either the
+        old step intact, or an entry without a file plus a temporary file (both repaired by
+        :meth:`_recover`), never a step file that is not in the manifest.
+        """
+        path = self.path_of(stream, step)
+        doomed = path.parent / temp_name(path.name)
+        try:
+            os.replace(path, doomed)
+        except FileNotFoundError:
+            doomed = None
 
         def change(manifest: Manifest) -> None:
             data = manifest.stream(stream)
@@ -378,7 +392,8 @@ class DirectoryStore(StepStore):
                 data["steps"].pop(str(step), None)
 
         self._manifest = update_manifest(self.dump_dir, change)
-        self.path_of(stream, step).unlink(missing_ok=True)
+        if doomed is not None:
+            doomed.unlink(missing_ok=True)
 
     def close(self) -> None:
         for fd in self._lock_fds.values():

@@ -36,12 +36,17 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "env",
         help="print this environment's determinism fingerprint; compare it with a dump's",
         description=(
-            "Print the versions, GPUs, environment variables and torch switches that decide numerics. "
-            "With --dump-dir, compare them with the fingerprint recorded in that dump: exit 0 if no "
-            "numerics-relevant field differs, 1 if one does, 2 on bad input."
+            "Print the versions, GPUs, environment variables and torch switches that decide "
+            "numerics. With --dump-dir, compare them with the fingerprint recorded in that dump: "
+            "exit 0 if no numerics-relevant field differs, 1 if one does, 2 on bad input."
         ),
     )
-    parser.add_argument("--dump-dir", type=Path, metavar="DIR", help="dump directory whose fingerprint to compare with")
+    parser.add_argument(
+        "--dump-dir",
+        type=Path,
+        metavar="DIR",
+        help="dump directory whose fingerprint to compare with",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
 
@@ -61,11 +66,16 @@ def load_dump_fingerprint(dump_dir: Path) -> dict[str, Any]:
             path=path,
         )
     if not isinstance(recorded.fingerprint, dict):
-        raise ManifestError(f"{path}: the dump has no recorded fingerprint, so there is nothing to compare", path=path)
+        raise ManifestError(
+            f"{path}: the dump has no recorded fingerprint, so there is nothing to compare",
+            path=path,
+        )
     return recorded.fingerprint
 
 
-def _print_json(fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]) -> None:
+def _print_json(
+    fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]
+) -> None:
     out: dict[str, Any] = {"fingerprint": fp}
     if dump_dir is not None:
         out["dump_dir"] = str(dump_dir)
@@ -73,7 +83,9 @@ def _print_json(fp: dict[str, Any], dump_dir: Path | None, diffs: list[Fingerpri
     print(json.dumps(out, indent=2, sort_keys=True))
 
 
-def _print_text(fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]) -> None:
+def _print_text(
+    fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]
+) -> None:
     print(format_fingerprint(fp))
     if dump_dir is not None:
         print()

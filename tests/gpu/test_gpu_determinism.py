@@ -1,9 +1,10 @@
 """On a real GPU: apply() makes atomics-based kernels bit-reproducible across processes.
 
 Each replay runs in a fresh interpreter, because apply() must run before CUDA starts (cuBLAS reads
-CUBLAS_WORKSPACE_CONFIG once). The workload uses kernels that accumulate with atomics by default
-(``index_add_``, ``scatter_add_``, the backward of ``embedding`` with repeated indices) in float32 on
-tensors large enough for the order of additions to change low bits, plus a cuBLAS matmul.
+CUBLAS_WORKSPACE_CONFIG once). The workload uses kernels that accumulate with atomics by
+default (``index_add_``, ``scatter_add_``, the backward of ``embedding`` with repeated indices) in
+float32 on tensors large enough for the order of additions to change low bits, plus a cuBLAS
+matmul.
 
 Only the deterministic case is asserted: default kernels *usually* differ between runs, but that is
 not guaranteed, so the default runs are only reported (``pytest -s`` shows it).
@@ -71,7 +72,12 @@ WORKLOAD = textwrap.dedent(
 def _run(script: Path, mode: str) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in FINGERPRINT_ENV_VARS}
     done = subprocess.run(
-        [sys.executable, str(script), mode], capture_output=True, text=True, env=env, timeout=240, check=False
+        [sys.executable, str(script), mode],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+        check=False,
     )
     assert done.returncode == 0, f"{mode} run failed:\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -107,6 +113,8 @@ def test_apply_after_cuda_init_reports_cublas_too_late(tmp_path: Path) -> None:
         "print(json.dumps([late.variable for late in apply().too_late]))\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in FINGERPRINT_ENV_VARS}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1]) == ["CUBLAS_WORKSPACE_CONFIG"]

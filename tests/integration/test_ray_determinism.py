@@ -21,7 +21,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from rollout_mock.determinism import PROFILES, ray_runtime_env  # noqa: E402
+from rollout_mock.determinism import (  # noqa: E402
+    FINGERPRINT_ENV_VARS,
+    PROFILE_VAR,
+    PROFILES,
+    SEED_VAR,
+    ray_runtime_env,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -58,14 +64,19 @@ RemoteProbe = ray.remote(num_cpus=0)(Probe)
 
 
 def _start_ray(runtime_env: dict[str, Any] | None) -> Iterator[None]:
-    saved = os.environ.pop("RAY_ADDRESS", None)  # never attach to someone else's cluster
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)
+    """A fresh local cluster whose processes do not inherit determinism variables from this one.
+
+    A local raylet inherits the driver's environment, so the variables are removed while the
+    cluster lives; ``RAY_ADDRESS`` too, so that the test never attaches to someone else's cluster.
+    """
+    hidden = (*FINGERPRINT_ENV_VARS, SEED_VAR, PROFILE_VAR, "RAY_ADDRESS")
+    saved = {name: os.environ.pop(name) for name in hidden if name in os.environ}
     try:
+        ray.init(num_cpus=2, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)
         yield
     finally:
         ray.shutdown()
-        if saved is not None:
-            os.environ["RAY_ADDRESS"] = saved
+        os.environ.update(saved)
 
 
 def _assert_deterministic(seen: dict[str, Any]) -> None:
@@ -101,7 +112,9 @@ class TestActorLevelRuntimeEnv:
         yield from _start_ray(None)
 
     def test_env_vars_reach_the_actor_and_apply_from_env_sets_torch(self) -> None:
-        actor = RemoteProbe.options(runtime_env=ray_runtime_env(profile="roll")).remote(call_apply_from_env=True)
+        actor = RemoteProbe.options(runtime_env=ray_runtime_env(profile="roll")).remote(
+            call_apply_from_env=True
+        )
         seen = ray.get(actor.report.remote())
         roll = PROFILES["roll"].env
         assert {k: seen["env"][k] for k in roll} == roll
@@ -111,6 +124,6 @@ class TestActorLevelRuntimeEnv:
     def test_control_actor_has_none_of_it(self) -> None:
         actor = RemoteProbe.remote(call_apply_from_env=True)  # DETERMINISTIC_MODE unset: a no-op
         seen = ray.get(actor.report.remote())
-        assert all(seen["env"][k] is None for k in STRICT_ENV if k not in os.environ)
+        assert all(value is None for value in seen["env"].values()), seen["env"]
         assert seen["deterministic_algorithms"] is False
         assert seen["cudnn_deterministic"] is False

@@ -43,7 +43,8 @@ def _torch_state() -> dict[str, Any]:
 
 @pytest.fixture(autouse=True)
 def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """Unset every determinism variable and restore torch switches and RNG states afterwards."""
+    """Unset every determinism variable; restore os.environ, torch switches and RNG states."""
+    saved_env = dict(os.environ)  # apply() sets variables monkeypatch does not know about
     for name in ALL_VARS:
         monkeypatch.delenv(name, raising=False)
     saved = _torch_state()
@@ -58,6 +59,8 @@ def clean_state(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     random.setstate(rng[0])
     np.random.set_state(rng[1])
     torch.set_rng_state(rng[2])
+    os.environ.clear()
+    os.environ.update(saved_env)
 
 
 @pytest.fixture
@@ -171,7 +174,9 @@ def test_unknown_profile_changes_nothing() -> None:
 # ---------------------------------------------------------------------------- too late
 
 
-def test_cublas_too_late_after_cuda_init(cuda_started: None, caplog: pytest.LogCaptureFixture) -> None:
+def test_cublas_too_late_after_cuda_init(
+    cuda_started: None, caplog: pytest.LogCaptureFixture
+) -> None:
     with caplog.at_level(logging.WARNING, logger="rollout_mock"):
         report = det.apply()
     assert [late.variable for late in report.too_late] == ["CUBLAS_WORKSPACE_CONFIG"]
@@ -180,11 +185,15 @@ def test_cublas_too_late_after_cuda_init(cuda_started: None, caplog: pytest.LogC
     assert "CUDA is already initialised" in late.reason
     assert not report.fully_applied
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"  # still set for child processes
-    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == "rollout_mock"]
+    warnings = [
+        r for r in caplog.records if r.levelno == logging.WARNING and r.name == "rollout_mock"
+    ]
     assert len(warnings) == 1 and "CUBLAS_WORKSPACE_CONFIG=:4096:8" in warnings[0].getMessage()
 
 
-def test_cublas_already_set_is_not_too_late(cuda_started: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cublas_already_set_is_not_too_late(
+    cuda_started: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     assert det.apply().too_late == ()
 
@@ -221,7 +230,9 @@ def test_nccl_process_group_check_is_false_without_distributed() -> None:
 # ---------------------------------------------------------------------------- apply_from_env
 
 
-def test_apply_from_env_does_nothing_without_deterministic_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_apply_from_env_does_nothing_without_deterministic_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     assert det.apply_from_env() is None
     monkeypatch.setenv("DETERMINISTIC_MODE", "0")
     assert det.apply_from_env() is None
@@ -280,7 +291,7 @@ def test_ray_runtime_env_conflicting_value_is_an_error() -> None:
 
 
 def test_ray_runtime_env_foreign_hook_is_an_error() -> None:
-    with pytest.raises(ConfigError, match="already has worker_process_setup_hook='my.hook'"):
+    with pytest.raises(ConfigError, match=r"already has worker_process_setup_hook='my\.hook'"):
         det.ray_runtime_env({"worker_process_setup_hook": "my.hook"})
 
 
@@ -295,8 +306,18 @@ def test_ray_runtime_env_is_idempotent() -> None:
 def test_fingerprint_keys_and_json_round_trip() -> None:
     fp = det.fingerprint()
     assert set(fp) == {
-        "fingerprint_version", "python", "platform", "machine", "numpy", "torch", "torch_cuda",
-        "cudnn", "nccl", "gpu", "env", "torch_flags",
+        "fingerprint_version",
+        "python",
+        "platform",
+        "machine",
+        "numpy",
+        "torch",
+        "torch_cuda",
+        "cudnn",
+        "nccl",
+        "gpu",
+        "env",
+        "torch_flags",
     }
     assert fp["torch"] == torch.__version__
     assert set(fp["env"]) == set(det.FINGERPRINT_ENV_VARS)
@@ -335,12 +356,16 @@ def test_compare_reports_changed_and_one_sided_fields() -> None:
 
 
 def test_compare_treats_tuples_like_lists() -> None:
-    assert det.compare_fingerprints({"gpu": {"models": ["H100"]}}, {"gpu": {"models": ("H100",)}}) == []
+    assert (
+        det.compare_fingerprints({"gpu": {"models": ["H100"]}}, {"gpu": {"models": ("H100",)}})
+        == []
+    )
 
 
 def test_format_differences_table() -> None:
     diffs = det.compare_fingerprints(
-        {"env": {"NCCL_ALGO": "Ring"}, "platform": "a"}, {"env": {"NCCL_ALGO": None}, "platform": "bb"}
+        {"env": {"NCCL_ALGO": "Ring"}, "platform": "a"},
+        {"env": {"NCCL_ALGO": None}, "platform": "bb"},
     )
     assert det.format_differences(diffs).splitlines() == [
         "field           | recorded (dump) | current (this run)",
@@ -352,8 +377,14 @@ def test_format_differences_table() -> None:
 
 
 def test_format_fingerprint_aligns_values() -> None:
-    text = det.format_fingerprint({"torch": "2.6", "env": {"NCCL_ALGO": None}, "gpu": {"models": ["A"]}})
-    assert text.splitlines() == ["torch          2.6", "env.NCCL_ALGO  <unset>", "gpu.models     [\"A\"]"]
+    text = det.format_fingerprint(
+        {"torch": "2.6", "env": {"NCCL_ALGO": None}, "gpu": {"models": ["A"]}}
+    )
+    assert text.splitlines() == [
+        "torch          2.6",
+        "env.NCCL_ALGO  <unset>",
+        'gpu.models     ["A"]',
+    ]
 
 
 # ---------------------------------------------------------------------------- env command
@@ -392,7 +423,9 @@ def test_env_command_equal_dump_exits_0(tmp_path: Path, capsys: pytest.CaptureFi
     assert "(no differences)" in capsys.readouterr().out
 
 
-def test_env_command_relevant_difference_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_env_command_relevant_difference_exits_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     recorded = det.fingerprint()
     recorded["env"]["NCCL_ALGO"] = "Tree"
     _write_manifest(tmp_path, recorded)
@@ -403,7 +436,9 @@ def test_env_command_relevant_difference_exits_1(tmp_path: Path, capsys: pytest.
     ]
 
 
-def test_env_command_informational_difference_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_env_command_informational_difference_exits_0(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     recorded = det.fingerprint() | {"platform": "elsewhere"}
     _write_manifest(tmp_path, recorded)
     assert _run_env(["env", "--dump-dir", str(tmp_path)]) == 0

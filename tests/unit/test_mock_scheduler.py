@@ -1,0 +1,251 @@
+"""MockScheduler behaviour on sync and async schedulers, against real files in tmp_path."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from conftest import cfg
+
+from rollout_mock import (
+    ConfigError,
+    DumpNotFoundError,
+    IncompleteDumpError,
+    MockScheduler,
+    SchedulerUnavailableError,
+    StepExistsError,
+    StepNotFoundError,
+    load_step,
+)
+
+
+class RlvrScheduler:
+    """RLVR shape: the step is an explicit argument."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.generator = torch.Generator().manual_seed(torch.seed())
+
+    def get_batch(self, data: Any, global_step: int, batch_size: int) -> dict[str, torch.Tensor]:
+        self.calls += 1
+        return {"x": torch.randn(batch_size, 3, generator=self.generator), "step": torch.tensor(global_step)}
+
+    def describe(self) -> str:
+        return "real scheduler"
+
+
+class Request:
+    def __init__(self, step: int) -> None:
+        self.meta_info = {"global_step": step}
+
+
+class AgenticScheduler:
+    """ROLL agentic shape: async, the step in data.meta_info."""
+
+    async def get_batch(self, data: Request, batch_size: int) -> dict[str, torch.Tensor]:
+        await asyncio.sleep(0)
+        return {"y": torch.rand(batch_size), "step": torch.tensor(data.meta_info["global_step"])}
+
+
+class CounterScheduler:
+    """AReaL shape: no step in the call at all."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def rollout_batch(self, data: Any) -> list[dict[str, torch.Tensor] | None]:
+        self.n += 1
+        return [{"n": torch.tensor(self.n)}, None]
+
+
+def test_dump_then_mock_sync_roundtrip(dump_dir: Path) -> None:
+    real = RlvrScheduler()
+    with MockScheduler(real, cfg(dump_dir)) as mock:
+        recorded = [mock.get_batch(None, step, 4) for step in range(3)]
+        assert mock.describe() == "real scheduler"  # pass-through
+    assert real.calls == 3
+    assert sorted(p.name for p in (dump_dir / "train").glob("step_*.pkl")) == [
+        "step_000000.pkl", "step_000001.pkl", "step_000002.pkl"]
+    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
+        for step in (0, 1, 2):
+            batch = mock.get_batch(None, step, 4)
+            assert torch.equal(batch["x"], recorded[step]["x"])
+    # positional and keyword step both work
+    with MockScheduler(None, cfg(dump_dir, "mock")) as mock:
+        assert int(mock.get_batch(None, global_step=2, batch_size=4)["step"]) == 2
+        assert int(mock.get_batch(None, 1, 4)["step"]) == 1
+
+
+def test_step_files_are_standard_pickles(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
+        batch = mock.get_batch(None, 0, 2)
+    with open(dump_dir / "train" / "step_000000.pkl", "rb") as file:
+        loaded = pickle.load(file)
+    assert torch.equal(loaded["x"], batch["x"])
+    assert torch.equal(load_step(dump_dir / "train" / "step_000000.pkl")["x"], batch["x"])
+
+
+def test_async_scheduler_roundtrip(dump_dir: Path) -> None:
+    async def scenario() -> None:
+        with MockScheduler(AgenticScheduler(), cfg(dump_dir), split="val") as mock:
+            call = mock.get_batch(Request(5), 3)
+            assert asyncio.iscoroutine(call)
+            recorded = await call
+        with MockScheduler(None, cfg(dump_dir, "mock"), split="val") as mock:
+            call = mock.get_batch(Request(5), 3)
+            assert asyncio.iscoroutine(call)  # the convention recorded in the manifest
+            replayed = await call
+        assert torch.equal(replayed["y"], recorded["y"])
+
+    asyncio.run(scenario())
+    assert (dump_dir / "val" / "step_000005.pkl").is_file()
+
+
+def test_counter_and_state_dict_resume(dump_dir: Path) -> None:
+    with MockScheduler(CounterScheduler(), cfg(dump_dir), methods=("rollout_batch",)) as mock:
+        for _ in range(4):
+            mock.rollout_batch(None)
+        assert mock.step == 4
+    with MockScheduler(None, cfg(dump_dir, "mock"), methods=("rollout_batch",)) as mock:
+        assert int(mock.rollout_batch(None)[0]["n"]) == 1
+        state = mock.state_dict()
+    # a run resumed from a checkpoint replays the next step, not step 0
+    with MockScheduler(None, cfg(dump_dir, "mock"), methods=("rollout_batch",)) as mock:
+        mock.load_state_dict(state)
+        assert int(mock.rollout_batch(None)[0]["n"]) == 2
+        mock.step = 3
+        batch = mock.rollout_batch(None)
+        assert int(batch[0]["n"]) == 4 and batch[1] is None
+
+
+def test_disabled_is_pure_pass_through(dump_dir: Path) -> None:
+    real = RlvrScheduler()
+    mock = MockScheduler(real, {"enable": False, "dump_dir": str(dump_dir)})
+    assert mock.get_batch == real.get_batch  # the real bound method, not a wrapper
+    mock.get_batch(None, 0, 2)
+    assert not dump_dir.exists()
+    built: list[int] = []
+    MockScheduler(None, {"enable": False}, factory=lambda: built.append(1) or RlvrScheduler())
+    assert built == [1]
+
+
+def test_factory_never_called_in_mock_mode(dump_dir: Path) -> None:
+    built: list[int] = []
+
+    def factory() -> RlvrScheduler:
+        built.append(1)
+        return RlvrScheduler()
+
+    with MockScheduler(None, cfg(dump_dir), factory=factory) as mock:
+        mock.get_batch(None, 0, 2)
+    assert built == [1]
+    with MockScheduler(None, cfg(dump_dir, "mock"), factory=factory, spec=RlvrScheduler) as mock:
+        mock.get_batch(None, 0, 2)
+        with pytest.raises(SchedulerUnavailableError, match="'describe' is not available in mock mode"):
+            mock.describe()
+    assert built == [1]
+
+
+def test_dump_without_scheduler_is_an_error(dump_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="needs the real scheduler"):
+        MockScheduler(None, cfg(dump_dir))
+
+
+def test_missing_step_error_lists_ranges_and_reasons(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
+        for step in (0, 1, 2, 5, 7, 8):
+            mock.get_batch(None, step, 1)
+    with MockScheduler(None, cfg(dump_dir, "mock", prefetch=False)) as mock:
+        with pytest.raises(StepNotFoundError) as info:
+            mock.get_batch(None, 4, 1)
+    error = info.value
+    assert isinstance(error, FileNotFoundError)
+    message = str(error)
+    assert "Mock file not found" in message and "step_000004.pkl" in message
+    assert "Recorded steps for train: 0-2, 5, 7-8" in message
+    assert "dump_dir is incorrect" in message and "mode mismatch (current: train)" in message
+    assert (error.mode, error.split, error.step) == ("mock", "train", 4)
+
+
+def test_preflight_checks_before_the_run(dump_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(DumpNotFoundError, match="dump directory not found"):
+        MockScheduler(None, cfg(tmp_path / "nowhere", "mock"), spec=RlvrScheduler)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DumpNotFoundError, match="no manifest.json"):
+        MockScheduler(None, cfg(tmp_path / "empty", "mock"), spec=RlvrScheduler)
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
+        for step in (0, 1, 3):
+            mock.get_batch(None, step, 1)
+    with pytest.raises(IncompleteDumpError) as info:
+        MockScheduler(None, cfg(dump_dir, "mock", max_steps=5), spec=RlvrScheduler)
+    assert "lacks steps 2, 4" in str(info.value) and "recorded: 0-1, 3" in str(info.value)
+    MockScheduler(None, cfg(dump_dir, "mock", max_steps=2), spec=RlvrScheduler).close()
+
+
+def test_overwrite_refused_before_the_rollout_runs(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
+        mock.get_batch(None, 0, 1)
+    real = RlvrScheduler()
+    with MockScheduler(real, cfg(dump_dir)) as mock:
+        with pytest.raises(StepExistsError) as info:
+            mock.get_batch(None, 0, 1)
+    assert real.calls == 0  # no expensive rollout was wasted
+    message = str(info.value)
+    assert "step_000000.pkl" in message and "overwrite: true" in message and "new directory" in message
+    with MockScheduler(real, cfg(dump_dir, overwrite=True)) as mock:
+        new = mock.get_batch(None, 0, 1)
+    assert torch.equal(load_step(dump_dir / "train" / "step_000000.pkl")["x"], new["x"])
+
+
+def test_corrupted_file_is_detected(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
+        mock.get_batch(None, 0, 64)
+    path = dump_dir / "train" / "step_000000.pkl"
+    data = bytearray(path.read_bytes())
+    data[-40] ^= 0xFF  # inside the tensor payload: still unpickles, silently wrong values
+    path.write_bytes(bytes(data))
+    from rollout_mock import CorruptStepError
+
+    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
+        with pytest.raises(CorruptStepError) as info:
+            mock.get_batch(None, 0, 64)
+    assert str(path) in str(info.value) and "step 0" in str(info.value) and "checksum" in str(info.value)
+    with pytest.raises(CorruptStepError):
+        load_step(path)
+
+
+def test_dump_steps_records_only_those(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir, dump_steps=[1, 3])) as mock:
+        for step in range(5):
+            mock.get_batch(None, step, 1)
+    assert sorted(p.name for p in (dump_dir / "train").glob("step_*.pkl")) == ["step_000001.pkl", "step_000003.pkl"]
+
+
+def test_roll_log_lines(dump_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="rollout_mock")
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir, background=False)) as mock:
+        mock.get_batch(None, 0, 8)
+    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
+        mock.get_batch(None, 0, 8)
+    text = caplog.text
+    assert f"[RolloutMock] Rollout Mock enabled: mode=dump, dir={dump_dir}" in text
+    assert f"[RolloutMock] Dumped step 0: {dump_dir}/train/step_000000.pkl (samples=8, size=0.00MB)" in text
+    assert f"[RolloutMock] Loaded step 0: {dump_dir}/train/step_000000.pkl (samples=8)" in text
+
+
+def test_mutating_the_batch_after_the_call_does_not_change_the_recording(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir, background=True)) as mock:
+        batch = mock.get_batch(None, 0, 16)
+        original = batch["x"].clone()
+        batch["x"].zero_()  # the pipeline reuses the buffer right away
+    assert torch.equal(load_step(dump_dir / "train" / "step_000000.pkl")["x"], original)
+
+
+def test_unknown_method_is_a_config_error(dump_dir: Path) -> None:
+    with pytest.raises(ConfigError, match="has no method 'generate_sequences'"):
+        MockScheduler(RlvrScheduler(), cfg(dump_dir), methods=("generate_sequences",))

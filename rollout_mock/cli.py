@@ -23,6 +23,7 @@ COMMANDS: dict[str, str] = {
     "ls": "ls",
     "env": "env",
     "verify": "verify",
+    "diff": "diff",
     "import": "import_roll",
 }
 

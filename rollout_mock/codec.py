@@ -230,6 +230,10 @@ class _BatchPickler(cloudpickle.Pickler):
     def _reduce_tensor(self, tensor: torch.Tensor) -> Any:
         source, fresh = _tensor_bytes(tensor)
         flat = source.reshape(-1)
+        if flat.numel() and flat.stride(0) != 1:
+            # "contiguous" by torch's rules (size-1 dims ignore strides, e.g. x[::2] of 2
+            # elements) but not viewable as bytes: copy once.
+            flat, fresh = flat.clone(memory_format=torch.contiguous_format), True
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         # In snapshot mode _buffer_of copies it with numpy, whose large allocations ask for
         # transparent huge pages: ~2x faster than torch.clone on fresh memory (page faults).
@@ -306,6 +310,12 @@ def capture(obj: Any) -> Snapshot:
         buffers.append(buffer)
 
     stream = io.BytesIO()
-    pickler = _BatchPickler(stream, snapshot=True, buffer_callback=keep)
+    pickler: _BatchPickler | None = _BatchPickler(stream, snapshot=True, buffer_callback=keep)
+    assert pickler is not None
     pickler.dump(obj)
+    # ``keep`` and the pickler reference each other: break the cycle now, or the pickler (its
+    # memo holds the original batch, its _keep_alive the copies) lives until the next gc run.
+    pickler.clear_memo()
+    pickler._keep_alive.clear()
+    pickler = None
     return Snapshot(stream.getvalue(), buffers)

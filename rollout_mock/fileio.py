@@ -90,8 +90,9 @@ class Digest:
 
     def update(self, data: Any) -> None:
         view = memoryview(data)
-        if view.nbytes < _INLINE_LIMIT:
-            self._drain()
+        if view.nbytes < _INLINE_LIMIT and not self._pending:
+            # Inline only when the helper is idle (order is kept without waiting for it);
+            # otherwise small pieces queue behind the large ones.
             self._feed(view)
             return
         if self._thread is None:
@@ -126,14 +127,23 @@ class HashingWriter:
         self._fd = fd
         self.digest = digest
         self.size = 0
+        #: the ENOSPC error that stopped writing; later writes are only counted, so that
+        #: :attr:`size` ends up as the number of bytes the whole file needs.
+        self.disk_full: OSError | None = None
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         total = view.nbytes
-        self.digest.update(view)
-        written = 0
-        while written < total:
-            written += os.write(self._fd, view[written:])
+        if self.disk_full is None:
+            self.digest.update(view)
+            written = 0
+            try:
+                while written < total:
+                    written += os.write(self._fd, view[written:])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.disk_full = exc
         self.size += total
         return total
 
@@ -229,6 +239,8 @@ def write_temp(
     try:
         try:
             body(writer)
+            if writer.disk_full is not None:
+                raise writer.disk_full
             checksum, mac = writer.digest.finish()
             os.fsync(fd)
         finally:
@@ -244,15 +256,24 @@ def write_temp(
             pass
         if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
             needed = expected_size if expected_size is not None else writer.size
-            free = free_bytes(final_path.parent)
-            raise DiskFullError(
-                f"no space left on device while writing {final_path}: needs about "
-                f"{needed / 1e6:.2f} MB, {free / 1e6:.2f} MB free; free some space or point "
-                f"dump_dir at a larger disk (nothing partial was left behind)",
-                path=final_path,
-            ) from exc
+            raise disk_full_error(final_path, needed) from exc
         raise
     return WrittenFile(temp_path, final_path, writer.size, checksum, mac)
+
+
+def disk_full_error(path: Path, needed: int) -> DiskFullError:
+    """:class:`DiskFullError` for ``path``, with ``needed``/``free`` bytes as attributes too."""
+    free = free_bytes(path.parent)
+    error = DiskFullError(
+        f"no space left on device while writing {path}: it needs {needed} bytes "
+        f"({needed / 1e6:.2f} MB), {free} bytes ({free / 1e6:.2f} MB) are free; free some space "
+        f"or point dump_dir at a larger disk (nothing partial was left behind)",
+        path=path,
+    )
+    error.errno = errno.ENOSPC
+    error.needed = needed  # type: ignore[attr-defined]
+    error.free = free  # type: ignore[attr-defined]
+    return error
 
 
 def write_bytes_atomic(final_path: Path, data: bytes) -> None:

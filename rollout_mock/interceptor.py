@@ -310,9 +310,21 @@ class Interceptor:
         self._submit(step, produce, info, method, seconds)
 
     def record_later(self, step: int, produce: Callable[[], Any], *, method: str, seconds: float | None) -> None:
-        """Write the batch that ``produce()`` returns on the writer thread (e.g. ``ray.get``)."""
+        """Write the batch that ``produce()`` returns on the writer thread (e.g. ``ray.get``).
+
+        If ``produce()`` itself raises, the rollout failed (the caller sees the same error from
+        its own ``ray.get``): nothing is recorded for ``step``, which stays free for a retry,
+        and recording goes on; only failures to *write* stop the dump.
+        """
         def write() -> None:
-            batch = produce()
+            try:
+                batch = produce()
+            except Exception as exc:
+                logger.warning(
+                    "[RolloutMock] step %d of %s not recorded: the rollout failed (%s: %s)",
+                    step, self.stream, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
+                )
+                return
             self._save(step, batch, BatchInfo.of(batch), method, seconds)
 
         assert self._writer is not None
@@ -325,6 +337,8 @@ class Interceptor:
         )
 
     def _save(self, step: int, batch: Any, info: BatchInfo, method: str, seconds: float | None) -> None:
+        if self._dump_disabled:  # on_disk_full=skip fired while this step waited in the queue
+            return
         entry = self.store.save(
             self.stream, step, batch, info, method=method, rollout_seconds=seconds,
             overwrite=self.config.overwrite,

@@ -33,6 +33,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -49,6 +50,7 @@ FORMAT = "rollout_mock.dump"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
+_CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
 
 
 def utc_now() -> str:
@@ -102,8 +104,17 @@ class StepEntry:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], *, where: str) -> StepEntry:
+    def from_json(cls, data: dict[str, Any], *, where: str, path: Path | None = None) -> StepEntry:
         try:
+            if not isinstance(data, dict):
+                raise TypeError(f"expected an object, got {type(data).__name__}")
+            missing = [key for key in ("file", "size", "checksum") if key not in data]
+            if missing:
+                raise KeyError(f"missing {', '.join(missing)}")
+            if isinstance(data["size"], bool) or not isinstance(data["size"], int) or data["size"] < 0:
+                raise ValueError(f"size {data['size']!r} is not a byte count")
+            if not _CHECKSUM.fullmatch(str(data["checksum"])):
+                raise ValueError(f"checksum {data['checksum']!r} is not of the form crc32:xxxxxxxx")
             return cls(
                 file=str(data["file"]),
                 size=int(data["size"]),
@@ -117,7 +128,12 @@ class StepEntry:
                 rollout_seconds=data.get("rollout_seconds"),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ManifestError(f"{where}: malformed step entry ({exc!r}): {data!r}") from None
+            reason = exc.args[0] if exc.args else repr(exc)
+            raise ManifestError(
+                f"{where}: malformed step entry ({reason}): {data!r}; the manifest was edited or "
+                f"damaged — restore it from a copy, or re-dump",
+                path=path,
+            ) from None
 
 
 @dataclass
@@ -190,6 +206,8 @@ class Manifest:
         version = data.get("format_version")
         if not isinstance(version, int):
             raise ManifestError(f"{path}: format_version is missing or not an integer", path=path)
+        if version < 1:
+            raise FormatVersionError(f"{path}: unknown on-disk format version {version}", path=path)
         if version > FORMAT_VERSION:
             raise FormatVersionError(
                 f"{path}: written by on-disk format version {version}, but this rollout_mock "
@@ -205,10 +223,24 @@ class Manifest:
                 raise ManifestError(f"{path}: stream {key!r} has no \"steps\" object", path=path)
             if not isinstance(stream.get("split"), str):
                 raise ManifestError(f"{path}: stream {key!r} has no \"split\"", path=path)
+            name, rank = stream.get("name"), stream.get("rank")
+            if not (name is None or isinstance(name, str)) or not (
+                rank is None or (isinstance(rank, int) and not isinstance(rank, bool))
+            ):
+                raise ManifestError(f"{path}: stream {key!r} has a bad \"name\" or \"rank\"", path=path)
+            stream_id = StreamId(stream["split"], name, rank)
             for step_key, entry in stream["steps"].items():
                 if not step_key.lstrip("-").isdigit():
                     raise ManifestError(f"{path}: stream {key!r} has step key {step_key!r}", path=path)
-                StepEntry.from_json(entry, where=f"{path}: {key} step {step_key}")
+                where = f"{path}: {key} step {int(step_key)}"
+                parsed = StepEntry.from_json(entry, where=where, path=path)
+                expected = stream_id.relpath(int(step_key))
+                if parsed.file != expected:
+                    raise ManifestError(
+                        f"{where}: entry names file {parsed.file!r}, expected {expected!r}; the "
+                        f"manifest was edited by hand — restore it from a copy, or re-dump",
+                        path=path,
+                    )
         return cls(
             created_at=str(data.get("created_at", "")),
             writer=dict(data.get("writer") or {}),
@@ -231,6 +263,12 @@ def read_manifest(dump_dir: Path) -> Manifest | None:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         return None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{path}: unreadable manifest (not UTF-8 text: {exc.reason} at byte {exc.start}); it "
+            f"was damaged — restore it from a copy, or re-dump",
+            path=path,
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -272,8 +310,15 @@ def remove_stale_temps(dump_dir: Path) -> list[Path]:
 def update_manifest(dump_dir: Path, change: Callable[[Manifest], None]) -> Manifest:
     """Apply ``change`` to the current manifest under the lock and write it atomically."""
     with locked(dump_dir):
-        manifest = read_manifest(dump_dir) or Manifest()
+        current = read_manifest(dump_dir)
+        manifest = current or Manifest()
+        before = None if current is None else _dumps(manifest)
         change(manifest)
-        text = json.dumps(manifest.to_json(), indent=1, sort_keys=False, allow_nan=False)
-        write_bytes_atomic(manifest_path(dump_dir), text.encode("utf-8"))
+        text = _dumps(manifest)
+        if text != before:  # unchanged (e.g. fingerprint already recorded): no write, no fsync
+            write_bytes_atomic(manifest_path(dump_dir), text.encode("utf-8"))
         return manifest
+
+
+def _dumps(manifest: Manifest) -> str:
+    return json.dumps(manifest.to_json(), indent=1, sort_keys=False, allow_nan=False)

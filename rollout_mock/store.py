@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 import fcntl
+import hmac
 import io
 import logging
 import os
@@ -444,42 +445,72 @@ def load_verified(
     verify: bool = True,
     hmac_key: bytes | None = None,
 ) -> Any:
-    """Load a step file, checking size, checksum and signature against ``entry`` when given."""
+    """Load a step file, checking size, checksum and signature against ``entry`` when given.
+
+    With the safe loader the checksum is computed while the file is decoded (one read). When the
+    file will be unpickled without restrictions (``trusted``) or must be authenticated
+    (``hmac_key``), the whole file is verified *before* anything is unpickled, so a tampered file
+    never gets to run code. A configured ``hmac_key`` is checked even when ``verify`` is off.
+    """
+    source = str(path)
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         raise _corrupt(path, stream, step, "the file listed in the manifest is missing") from None
     if entry is not None and size != entry.size:
         raise _corrupt(path, stream, step, f"size is {size} bytes, manifest says {entry.size}")
+    if entry is not None and hmac_key is not None:
+        verify = True
+        if not entry.hmac:
+            raise _corrupt(
+                path, stream, step, "the manifest has no HMAC signature for it, but a key is configured"
+            )
+
+    def decode(file: Any) -> Any:
+        try:
+            return safe.load(file, trusted=trusted, source=source)
+        except UnsafePickleError as exc:
+            exc.step, exc.split = step, None if stream is None else stream.split
+            raise
+
     if entry is None or not verify:
         with open(path, "rb") as file:
             try:
-                return safe.load(file, trusted=trusted, source=str(path))
+                return decode(file)
             except UnsafePickleError:
                 raise
             except Exception as exc:
                 raise _corrupt(path, stream, step, f"cannot be decoded ({exc!r})") from exc
-    if hmac_key is not None and entry.hmac is None:
-        raise _corrupt(path, stream, step, "the manifest has no HMAC signature for it, but a key is configured")
-    try:
-        batch, result = read_hashed(
-            path, lambda f: safe.load(f, trusted=trusted, source=str(path)), hmac_key=hmac_key
-        )
-    except Exception as exc:
-        checksum, mac = file_digest(path, hmac_key)
+
+    def check(checksum: str, mac: str | None) -> None:
         if checksum != entry.checksum:
             raise _corrupt(
                 path, stream, step, f"checksum {checksum} does not match the manifest's {entry.checksum}"
-            ) from exc
+            )
+        if hmac_key is not None and not hmac.compare_digest(str(mac), str(entry.hmac)):
+            raise _corrupt(
+                path, stream, step,
+                "HMAC signature does not match: the file (or its manifest entry) was changed "
+                "after dumping, or the key differs from the one used to dump",
+            )
+
+    if trusted or hmac_key is not None:
+        check(*file_digest(path, hmac_key))
+        with open(path, "rb") as file:
+            try:
+                return decode(file)
+            except UnsafePickleError:
+                raise
+            except Exception as exc:
+                raise _corrupt(path, stream, step, f"checksum matches but decoding failed ({exc!r})") from exc
+    try:
+        batch, result = read_hashed(path, decode)
+    except Exception as exc:
+        check(*file_digest(path))
         if isinstance(exc, UnsafePickleError):
             raise
         raise _corrupt(path, stream, step, f"checksum matches but decoding failed ({exc!r})") from exc
-    if result.checksum != entry.checksum:
-        raise _corrupt(
-            path, stream, step, f"checksum {result.checksum} does not match the manifest's {entry.checksum}"
-        )
-    if hmac_key is not None and result.hmac != entry.hmac:
-        raise _corrupt(path, stream, step, "HMAC signature does not match: the file was changed after dumping")
+    check(result.checksum, result.hmac)
     return batch
 
 

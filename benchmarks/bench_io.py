@@ -264,6 +264,7 @@ def bench_size(size: str, repeat: int, work: Path, cold: bool) -> dict[str, Any]
                     unlink(path)
             saved.clear()
             gc.collect()
+            os.sync()  # untimed: every method starts with no dirty pages of earlier rounds
             start = time.perf_counter()
             result = run()
             samples[key].append(time.perf_counter() - start)

@@ -235,8 +235,11 @@ class _BatchPickler(cloudpickle.Pickler):
             # elements) but not viewable as bytes: copy once.
             flat, fresh = flat.clone(memory_format=torch.contiguous_format), True
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
-        # In snapshot mode _buffer_of copies it with numpy, whose large allocations ask for
-        # transparent huge pages: ~2x faster than torch.clone on fresh memory (page faults).
+        if self._snapshot and not fresh:
+            # torch's copy: multi-threaded, and plain 4 KiB pages. numpy's copy asks for
+            # transparent huge pages, which is faster on an idle machine but stalls for direct
+            # compaction (measured: 4x one copy) when the page cache is full, as in a dump run.
+            raw, fresh = raw.clone(), True
         buffer = self._buffer_of(raw.numpy(), fresh)
         args = (buffer, dtype_name(tensor.dtype), tuple(tensor.shape), tensor.requires_grad)
         if type(tensor) is torch.nn.Parameter:

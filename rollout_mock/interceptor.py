@@ -161,6 +161,7 @@ class Interceptor:
         self._next_step = 0
         self._lock = threading.Lock()
         self._dump_disabled = False
+        self._call_warned: set[str] = set()
         self._estimated = False
         self._writer: BackgroundWriter | SyncWriter | None = None
         self._prefetcher: Prefetcher | None = None
@@ -297,19 +298,26 @@ class Interceptor:
         if self._writer is not None and isinstance(self._writer, BackgroundWriter):
             self._writer.raise_if_failed()
 
-    def record(self, step: int, batch: Any, *, method: str, seconds: float | None, snapshot: bool = True) -> None:
+    def record(self, step: int, batch: Any, *, method: str, seconds: float | None,
+               call: dict[str, Any] | None = None, snapshot: bool = True) -> None:
         """Write ``batch`` as ``step``. With ``snapshot`` (and a background writer) it is copied
-        first, so the caller may mutate it as soon as this returns."""
+        first, so the caller may mutate it as soon as this returns; the copy is taken only once
+        the writer has a free slot, so at most ``max_pending`` copies exist at a time."""
         assert self._writer is not None
         info = BatchInfo.of(batch)
-        if isinstance(self._writer, BackgroundWriter) and snapshot:
-            captured = codec.capture(batch)
-            produce: Callable[[], Any] = captured.materialize
-        else:
-            produce = lambda: batch  # noqa: E731
-        self._submit(step, produce, info, method, seconds)
+        describe = f"step {step} of {self.stream}"
 
-    def record_later(self, step: int, produce: Callable[[], Any], *, method: str, seconds: float | None) -> None:
+        def make_job() -> WriteJob:
+            if isinstance(self._writer, BackgroundWriter) and snapshot:
+                produce: Callable[[], Any] = codec.capture(batch).materialize
+            else:
+                produce = lambda: batch  # noqa: E731
+            return WriteJob(lambda: self._save(step, produce(), info, method, seconds, call), describe)
+
+        self._writer.submit_when_free(make_job, describe)
+
+    def record_later(self, step: int, produce: Callable[[], Any], *, method: str, seconds: float | None,
+                     call: dict[str, Any] | None = None) -> None:
         """Write the batch that ``produce()`` returns on the writer thread (e.g. ``ray.get``).
 
         If ``produce()`` itself raises, the rollout failed (the caller sees the same error from
@@ -325,23 +333,18 @@ class Interceptor:
                     step, self.stream, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
                 )
                 return
-            self._save(step, batch, BatchInfo.of(batch), method, seconds)
+            self._save(step, batch, BatchInfo.of(batch), method, seconds, call)
 
         assert self._writer is not None
         self._writer.submit(WriteJob(write, f"step {step} of {self.stream}"))
 
-    def _submit(self, step: int, produce: Callable[[], Any], info: BatchInfo, method: str, seconds: float | None) -> None:
-        assert self._writer is not None
-        self._writer.submit(
-            WriteJob(lambda: self._save(step, produce(), info, method, seconds), f"step {step} of {self.stream}")
-        )
-
-    def _save(self, step: int, batch: Any, info: BatchInfo, method: str, seconds: float | None) -> None:
+    def _save(self, step: int, batch: Any, info: BatchInfo, method: str, seconds: float | None,
+              call: dict[str, Any] | None = None) -> None:
         if self._dump_disabled:  # on_disk_full=skip fired while this step waited in the queue
             return
         entry = self.store.save(
             self.stream, step, batch, info, method=method, rollout_seconds=seconds,
-            overwrite=self.config.overwrite,
+            overwrite=self.config.overwrite, call=call,
         )
         logger.info(
             "[RolloutMock] Dumped step %d: %s (samples=%s, size=%.2fMB)",
@@ -415,25 +418,46 @@ class Interceptor:
         return 0.0 if self._prefetcher is None else self._prefetcher.last_stall
 
     # ------------------------------------------------------------------ calls
+    def check_call(self, step: int, method: str, call: dict[str, Any]) -> None:
+        """Mock mode: warn (once per method) when a call's plain arguments differ from the
+        recorded call's — e.g. another ``batch_size`` than the dump was made with."""
+        if method in self._call_warned:
+            return
+        entry = self.store.entry(self.stream, step)
+        recorded = None if entry is None else entry.call
+        if recorded is None or recorded == call:
+            return
+        self._call_warned.add(method)
+        logger.warning(
+            "[RolloutMock] step %d of %s: %s is called with %s, but the recorded call was %s; the "
+            "replayed batch is the recorded one (e.g. its batch size), not what this call asks for. "
+            "Further mismatches of %s are not reported.",
+            step, self.stream, method, describe_call(call), describe_call(recorded), method,
+        )
+
     def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
              kwargs: dict[str, Any], position: int | None) -> Any:
         """Run one intercepted plain call: replay, or call ``real`` and record its batch."""
         step = self.resolve_step(args, kwargs, position)
+        call = call_summary(args, kwargs)
         if self.mode.replays:
+            self.check_call(step, method, call)
             return self.replay(step)
         assert real is not None, "dump mode always has the real scheduler"
         self.before_rollout(step)
         start = time.perf_counter()
         batch = real(*args, **kwargs)
         if self.records_step(step):
-            self.record(step, batch, method=method, seconds=elapsed(start))
+            self.record(step, batch, method=method, seconds=elapsed(start), call=call)
         return batch
 
     async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
                          kwargs: dict[str, Any], position: int | None) -> Any:
         """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
         step = self.resolve_step(args, kwargs, position)
+        call = call_summary(args, kwargs)
         if self.mode.replays:
+            self.check_call(step, method, call)
             return await self.replay_async(step)
         assert real is not None, "dump mode always has the real scheduler"
         self.before_rollout(step)
@@ -442,7 +466,7 @@ class Interceptor:
         if self.records_step(step):
             seconds = elapsed(start)
             await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self.record(step, batch, method=method, seconds=seconds)
+                None, lambda: self.record(step, batch, method=method, seconds=seconds, call=call)
             )
         return batch
 
@@ -463,6 +487,23 @@ class Interceptor:
             if self._prefetcher is not None:
                 self._prefetcher.close()
             self.store.close()
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return f"<{type(value).__qualname__}>"
+
+
+def call_summary(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The plain arguments of a call (numbers, strings, None); other objects by type name."""
+    return {"args": [_plain(a) for a in args], "kwargs": {k: _plain(v) for k, v in sorted(kwargs.items())}}
+
+
+def describe_call(call: Mapping[str, Any]) -> str:
+    parts = [repr(a) if not str(a).startswith("<") else str(a) for a in call.get("args", [])]
+    parts += [f"{k}={v!r}" for k, v in call.get("kwargs", {}).items()]
+    return f"({', '.join(parts)})"
 
 
 def elapsed(start: float) -> float:

@@ -99,6 +99,8 @@ class StepEntry:
     method: str | None = None
     hmac: str | None = None
     rollout_seconds: float | None = None
+    call: dict[str, Any] | None = None
+    """The call's plain arguments (``{"args": [...], "kwargs": {...}}``), checked in mock mode."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +128,7 @@ class StepEntry:
                 method=data.get("method"),
                 hmac=data.get("hmac"),
                 rollout_seconds=data.get("rollout_seconds"),
+                call=data.get("call") if isinstance(data.get("call"), dict) else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             reason = exc.args[0] if exc.args else repr(exc)

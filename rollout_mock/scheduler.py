@@ -20,6 +20,7 @@ from typing import Any
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
 from rollout_mock.interceptor import (
+    call_summary,
     Interceptor,
     detect_convention,
     step_arg_position,
@@ -224,7 +225,9 @@ class MockScheduler:
                 import ray
 
                 step = interceptor.resolve_step(args, kwargs, position)
+                call = call_summary(args, kwargs)
                 if interceptor.mode.replays:
+                    interceptor.check_call(step, method, call)
                     return ray.put(interceptor.replay(step))
                 assert real is not None
                 interceptor.before_rollout(step)
@@ -232,7 +235,7 @@ class MockScheduler:
                 ref = remote.remote(*args, **kwargs)
                 if interceptor.records_step(step):
                     # Ray objects are immutable: no snapshot needed; fetch on the writer thread.
-                    interceptor.record_later(step, lambda: ray.get(ref), method=method, seconds=None)
+                    interceptor.record_later(step, lambda: ray.get(ref), method=method, seconds=None, call=call)
                 return ref
 
             return _RemoteMethod(call_remote)

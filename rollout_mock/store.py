@@ -103,6 +103,7 @@ class StepStore(abc.ABC):
         method: str | None = None,
         rollout_seconds: float | None = None,
         overwrite: bool = False,
+        call: dict[str, Any] | None = None,
     ) -> StepEntry:
         """Record ``batch`` as ``step`` of ``stream``. If the step exists and not ``overwrite``,
         raise :class:`StepExistsError` and change nothing."""
@@ -341,6 +342,7 @@ class DirectoryStore(StepStore):
         method: str | None = None,
         rollout_seconds: float | None = None,
         overwrite: bool = False,
+        call: dict[str, Any] | None = None,
     ) -> StepEntry:
         self.check_writable(stream, step, overwrite=overwrite)
         path = self.path_of(stream, step)
@@ -357,7 +359,7 @@ class DirectoryStore(StepStore):
             keys=info.keys,
             written_at=utc_now(),
             method=method,
-            rollout_seconds=rollout_seconds,
+            rollout_seconds=rollout_seconds, call=call,
         )
 
         def change(manifest: Manifest) -> None:
@@ -543,6 +545,7 @@ class MemoryStore(StepStore):
         method: str | None = None,
         rollout_seconds: float | None = None,
         overwrite: bool = False,
+        call: dict[str, Any] | None = None,
     ) -> StepEntry:
         if not overwrite and (stream.key, step) in self._data:
             raise _exists_error(stream, step, f"memory:{stream.relpath(step)}")
@@ -553,7 +556,7 @@ class MemoryStore(StepStore):
         entry = StepEntry(
             file=stream.relpath(step), size=len(data), checksum=checksum, samples=info.samples,
             type=info.type, keys=info.keys, written_at=utc_now(), method=method,
-            rollout_seconds=rollout_seconds,
+            rollout_seconds=rollout_seconds, call=call,
         )
         stream_data = self._manifest.stream(stream, create=True)
         assert stream_data is not None

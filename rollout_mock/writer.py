@@ -59,6 +59,12 @@ class SyncWriter:
                 return
             raise
 
+    def submit_when_free(self, make_job: Callable[[], WriteJob], describe: str) -> None:
+        """Build the job and run it at once (there is always a free slot)."""
+        if self.closed:
+            raise WriterError(f"[RolloutMock] cannot write {describe}: the writer is closed")
+        self.submit(make_job())
+
     def flush(self) -> None:
         """Nothing is ever pending."""
 
@@ -160,13 +166,23 @@ class BackgroundWriter:
     def submit(self, job: WriteJob) -> None:
         """Queue ``job``; blocks while ``max_pending`` jobs are unfinished. Raises an earlier
         failure (and then drops ``job``)."""
+        self.submit_when_free(lambda: job, job.describe)
+
+    def submit_when_free(self, make_job: Callable[[], WriteJob], describe: str) -> None:
+        """Like :meth:`submit`, but ``make_job()`` (e.g. taking the in-memory snapshot) runs only
+        once a slot is free, so at most ``max_pending`` snapshots exist at any time."""
         if self.closed:
-            raise WriterError(f"[RolloutMock] cannot write {job.describe}: the writer is closed")
+            raise WriterError(f"[RolloutMock] cannot write {describe}: the writer is closed")
         self.raise_if_failed()
         self._slots.acquire()
         if self._error is not None:  # failed while we waited for a slot
             self._slots.release()
             self.raise_if_failed()
+        try:
+            job = make_job()
+        except BaseException:
+            self._slots.release()
+            raise
         with self._idle:
             self._unfinished += 1
         self._queue.put(job)

@@ -249,3 +249,24 @@ def test_mutating_the_batch_after_the_call_does_not_change_the_recording(dump_di
 def test_unknown_method_is_a_config_error(dump_dir: Path) -> None:
     with pytest.raises(ConfigError, match="has no method 'generate_sequences'"):
         MockScheduler(RlvrScheduler(), cfg(dump_dir), methods=("generate_sequences",))
+
+
+def test_mock_warns_when_the_call_differs_from_the_recorded_one(
+    dump_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
+        for step in range(3):
+            mock.get_batch(None, step, batch_size=4)
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
+        mock.get_batch(None, 0, batch_size=4)
+        assert "recorded call" not in caplog.text
+        for step in (1, 2):
+            assert mock.get_batch(None, step, batch_size=8)["x"].shape[0] == 4
+    warnings = [r.getMessage() for r in caplog.records if "recorded call" in r.getMessage()]
+    assert len(warnings) == 1  # once per method, not once per step
+    assert "batch_size=8" in warnings[0] and "batch_size=4" in warnings[0] and "step 1" in warnings[0]
+    import json
+
+    entry = json.loads((dump_dir / "manifest.json").read_text())["streams"]["train"]["steps"]["2"]
+    assert entry["call"] == {"args": [None, 2], "kwargs": {"batch_size": 4}}

@@ -3,7 +3,7 @@
 The other Python interpreters found here (pyenv, /usr/bin) have no torch or numpy, so they cannot
 import rollout_mock; what they *can* do is decode a step file written by this Python with their
 own ``pickle`` module (stdlib only, rebuild functions stubbed out), which proves the byte stream
-does not depend on the writer's Python. See docs/guarantees.md.
+does not depend on the writer's Python. See the README, "Guarantees".
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def test_decoder_agrees_with_the_real_batch(step_file: Path, tmp_path: Path) -> 
 @pytest.mark.parametrize("python", other_pythons() or [None])
 def test_step_file_decodes_identically_under_another_python(python: str | None, step_file: Path, tmp_path: Path) -> None:
     if python is None:
-        pytest.skip("no other Python minor version is installed here (see docs/guarantees.md)")
+        pytest.skip("no other Python minor version is installed here (see the README, "Guarantees")")
     here = decode(sys.executable, step_file, tmp_path)
     there = decode(python, step_file, tmp_path)
     assert there["python"] != here["python"]

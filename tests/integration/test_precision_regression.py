@@ -1,6 +1,6 @@
 """This project's own precision-regression CI job, on the demo GRPO pipeline.
 
-The same job a user wires into their CI (docs/precision.md): record a baseline in dump mode,
+The same job a user wires into their CI (README, "Precision verification"): record a baseline in dump mode,
 replay it in mock mode, check that the metrics are bit-identical with the pytest plugin; and a
 negative control: a deliberately changed training computation (4 micro-batches instead of 2: the
 same maths in another summation order) must be caught, naming the first divergent step and metric.

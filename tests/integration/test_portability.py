@@ -188,7 +188,7 @@ def test_decoder_agrees_with_the_real_batch(step_file: Path, tmp_path: Path) -> 
 @pytest.mark.parametrize("python", other_pythons() or [None])
 def test_step_file_decodes_identically_under_another_python(python: str | None, step_file: Path, tmp_path: Path) -> None:
     if python is None:
-        pytest.skip("no other Python minor version is installed here (see the README, "Guarantees")")
+        pytest.skip("no other Python minor version is installed here (see the README, section Guarantees)")
     here = decode(sys.executable, step_file, tmp_path)
     there = decode(python, step_file, tmp_path)
     assert there["python"] != here["python"]

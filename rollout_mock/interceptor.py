@@ -220,7 +220,7 @@ class Interceptor:
                 "(recorded streams: %s)",
                 self.config.dump_dir,
                 self.stream,
-                ", ".join(s.key for s in getattr(self.store, "manifest", lambda: None)().stream_ids())
+                ", ".join(s.key for s in self.store.manifest().stream_ids()) or "none"
                 if isinstance(self.store, DirectoryStore)
                 else "?",
             )

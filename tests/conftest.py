@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import os
+import random
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 
 # Keep torch's CPU results independent of the number of cores the CI machine has.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -20,3 +25,34 @@ def dump_dir(tmp_path: Path) -> Path:
 def cfg(dump_dir: Path, mode: str = "dump", **extra: Any) -> dict[str, Any]:
     """A ``rollout_mock:`` block for tests."""
     return {"enable": True, "mode": mode, "dump_dir": str(dump_dir), **extra}
+
+
+@contextmanager
+def restored_process_state() -> Iterator[None]:
+    """Put back the environment, torch's determinism switches, thread count and RNG states
+    (the demo pipeline changes them process-wide, as a training script would)."""
+    env = dict(os.environ)
+    flags = (
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+        torch.get_num_threads(),
+    )
+    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2], flags[3]
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags[4], flags[5]
+        torch.set_float32_matmul_precision(flags[6])
+        torch.set_num_threads(flags[7])
+        random.setstate(rng[0])
+        np.random.set_state(rng[1])
+        torch.set_rng_state(rng[2])

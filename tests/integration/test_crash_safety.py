@@ -19,7 +19,6 @@ temporary file and leaves a fully verifiable dump.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap

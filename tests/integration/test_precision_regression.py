@@ -9,15 +9,13 @@ same maths in another summation order) must be caught, naming the first divergen
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pytest
-import torch
+from conftest import restored_process_state
 
 from rollout_mock.demo import run_pipeline
 from rollout_mock.diff import diff_dumps
@@ -32,31 +30,9 @@ BATCH = 32
 
 @pytest.fixture(scope="module", autouse=True)
 def _restore_process_state() -> Iterator[None]:
-    """run_pipeline() makes the process deterministic (env vars, torch switches, seeds, 1 thread);
-    undo that after this module so that later tests see the process as it was."""
-    env = dict(os.environ)
-    flags = (
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-        torch.backends.cuda.matmul.allow_tf32,
-        torch.backends.cudnn.allow_tf32,
-        torch.get_float32_matmul_precision(),
-        torch.get_num_threads(),
-    )
-    rng = (random.getstate(), np.random.get_state(), torch.get_rng_state())
-    yield
-    os.environ.clear()
-    os.environ.update(env)
-    torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = flags[2], flags[3]
-    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags[4], flags[5]
-    torch.set_float32_matmul_precision(flags[6])
-    torch.set_num_threads(flags[7])
-    random.setstate(rng[0])
-    np.random.set_state(rng[1])
-    torch.set_rng_state(rng[2])
+    """run_pipeline() makes the process deterministic: undo that after this module."""
+    with restored_process_state():
+        yield
 
 
 @pytest.fixture(scope="module")

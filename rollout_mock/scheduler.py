@@ -30,11 +30,6 @@ from rollout_mock.store import StepStore
 
 logger = logging.getLogger("rollout_mock")
 
-_OWN_ATTRIBUTES = frozenset(
-    {"scheduler", "config", "split", "methods", "interceptor", "step", "state_dict",
-     "load_state_dict", "close", "flush", "enabled"}
-)
-
 
 class _RemoteMethod:
     """Stands in for a Ray ``ActorMethod``: ``.remote(...)`` returns an ``ObjectRef``."""

@@ -162,6 +162,9 @@ class Interceptor:
         self._lock = threading.Lock()
         self._dump_disabled = False
         self._call_warned: set[str] = set()
+        #: steps written by this interceptor, and the intercepted methods called at all
+        self.saved = 0
+        self._methods_seen: set[str] = set()
         self._estimated = False
         self._writer: BackgroundWriter | SyncWriter | None = None
         self._prefetcher: Prefetcher | None = None
@@ -346,6 +349,7 @@ class Interceptor:
             self.stream, step, batch, info, method=method, rollout_seconds=seconds,
             overwrite=self.config.overwrite, call=call,
         )
+        self.saved += 1
         logger.info(
             "[RolloutMock] Dumped step %d: %s (samples=%s, size=%.2fMB)",
             step,
@@ -438,6 +442,7 @@ class Interceptor:
     def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
              kwargs: dict[str, Any], position: int | None) -> Any:
         """Run one intercepted plain call: replay, or call ``real`` and record its batch."""
+        self._methods_seen.add(method)
         step = self.resolve_step(args, kwargs, position)
         call = call_summary(args, kwargs)
         if self.mode.replays:
@@ -454,6 +459,7 @@ class Interceptor:
     async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
                          kwargs: dict[str, Any], position: int | None) -> Any:
         """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
+        self._methods_seen.add(method)
         step = self.resolve_step(args, kwargs, position)
         call = call_summary(args, kwargs)
         if self.mode.replays:
@@ -483,6 +489,14 @@ class Interceptor:
         try:
             if self._writer is not None:
                 self._writer.close()
+                if not self.saved and not self._dump_disabled:
+                    # ROLL could return before its dump and silently record nothing: say so.
+                    logger.warning(
+                        "[RolloutMock] dump mode closed without recording any step of %s in %s: "
+                        "were the batches fetched through this MockScheduler (methods=%s)? "
+                        "Check dump_steps and the rank settings too.",
+                        self.stream, self.config.dump_dir, sorted(self._methods_seen) or "none called",
+                    )
         finally:
             if self._prefetcher is not None:
                 self._prefetcher.close()

@@ -270,3 +270,19 @@ def test_mock_warns_when_the_call_differs_from_the_recorded_one(
 
     entry = json.loads((dump_dir / "manifest.json").read_text())["streams"]["train"]["steps"]["2"]
     assert entry["call"] == {"args": [None, 2], "kwargs": {"batch_size": 4}}
+
+
+def test_a_dump_that_records_nothing_is_reported(dump_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    real = RlvrScheduler()
+    with MockScheduler(real, cfg(dump_dir)):
+        real.get_batch(None, 0, 2)  # the pipeline bypassed the wrapper
+    assert "closed without recording any step of train" in caplog.text
+    caplog.clear()
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir, dump_steps=[5])) as mock:
+        mock.get_batch(None, 0, 2)
+    assert "closed without recording any step" in caplog.text and "get_batch" in caplog.text
+    caplog.clear()
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir, overwrite=True)) as mock:
+        mock.get_batch(None, 0, 2)
+    assert "closed without recording" not in caplog.text

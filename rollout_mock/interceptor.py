@@ -35,6 +35,8 @@ from rollout_mock.writer import BackgroundWriter, SyncWriter, WriteJob
 logger = logging.getLogger("rollout_mock")
 
 STEP_ARG = "global_step"
+#: Names a call's step goes by: ROLL's ``global_step`` and verl's ``meta_info["global_steps"]``.
+STEP_NAMES = (STEP_ARG, "global_steps")
 STATE_VERSION = 1
 
 
@@ -70,7 +72,7 @@ def step_arg_position(function: Callable[..., Any] | None, *, bound: bool) -> in
 def step_position_in(parameters: list[inspect.Parameter]) -> int | None:
     """Index of ``global_step`` among ``parameters`` (``self`` already removed), if positional."""
     for index, parameter in enumerate(parameters):
-        if parameter.name == STEP_ARG and parameter.kind in (
+        if parameter.name in STEP_NAMES and parameter.kind in (
             inspect.Parameter.POSITIONAL_ONLY,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
         ):
@@ -79,15 +81,19 @@ def step_position_in(parameters: list[inspect.Parameter]) -> int | None:
 
 
 def step_from_call(args: tuple[Any, ...], kwargs: Mapping[str, Any], position: int | None) -> int | None:
-    """The step a call carries: ``global_step`` by keyword or position, or ``meta_info``."""
-    if STEP_ARG in kwargs:
-        return _as_step(kwargs[STEP_ARG])
+    """The step a call carries: ``global_step`` by keyword or position, or the ``meta_info`` of
+    a DataProto-like argument (``global_step``, ROLL; ``global_steps``, verl's trainer)."""
+    for name in STEP_NAMES:
+        if name in kwargs:
+            return _as_step(kwargs[name])
     if position is not None and position < len(args):
         return _as_step(args[position])
     for value in (*args, *kwargs.values()):
         meta = getattr(value, "meta_info", None)
-        if isinstance(meta, Mapping) and STEP_ARG in meta:
-            return _as_step(meta[STEP_ARG])
+        if isinstance(meta, Mapping):
+            for name in STEP_NAMES:
+                if name in meta:
+                    return _as_step(meta[name])
     return None
 
 

@@ -193,3 +193,40 @@ def test_cuda_tensors_saved_as_cpu(dump_dir: Path) -> None:
     for key in batch:
         assert replayed[key].device.type == "cpu"
         assert torch.equal(replayed[key], batch[key].cpu())
+
+
+class VerlWorkerGroup:
+    """verl's shape: generate_sequences(prompts: DataProto), the trainer sets
+    ``meta_info["global_steps"]`` (plural) on the batch it passes."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        from verl.protocol import DataProto
+
+        self.calls += 1
+        step = prompts.meta_info["global_steps"]
+        return DataProto.from_dict(
+            tensors={"responses": torch.full((4, 3), step), "old_log_probs": torch.randn(4, 3)},
+            meta_info={"global_steps": step},
+        )
+
+
+def test_verl_generate_sequences_with_global_steps(dump_dir: Path) -> None:
+    from verl.protocol import DataProto
+
+    def prompts(step: int) -> DataProto:
+        return DataProto.from_dict(tensors={"input_ids": torch.zeros(4, 2, dtype=torch.int64)},
+                                   meta_info={"global_steps": step})
+
+    real = VerlWorkerGroup()
+    with MockScheduler(real, cfg(dump_dir), methods=("generate_sequences",)) as wg:
+        recorded = {step: wg.generate_sequences(prompts(step)) for step in (1, 2, 3)}  # verl counts from 1
+    assert sorted(p.name for p in (dump_dir / "train").iterdir() if p.suffix == ".pkl") == [
+        "step_000001.pkl", "step_000002.pkl", "step_000003.pkl"]
+    with MockScheduler(None, cfg(dump_dir, "mock"), methods=("generate_sequences",)) as wg:
+        for step in (3, 1):  # served by the step the batch carries, not by call order
+            out = wg.generate_sequences(prompts(step))
+            assert torch.equal(out.batch["old_log_probs"], recorded[step].batch["old_log_probs"])
+            assert int(out.batch["responses"][0, 0]) == step

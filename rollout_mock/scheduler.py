@@ -132,8 +132,8 @@ class MockScheduler:
     convention recorded in the manifest) and ``.remote()`` returns ``ray.put(<replayed batch>)``.
 
     The step of a call is its ``global_step`` argument (keyword or positional), else
-    ``meta_info["global_step"]`` of an argument, else an internal counter (:attr:`step`) that
-    :meth:`state_dict` / :meth:`load_state_dict` save and restore.
+    ``meta_info["global_step"]`` (or verl's ``"global_steps"``) of an argument, else an internal
+    counter (:attr:`step`) that :meth:`state_dict` / :meth:`load_state_dict` save and restore.
 
     ``enable: false`` means no interception at all: attribute access goes straight to the real
     scheduler. Attributes this class defines itself (``close``, ``state_dict``...) wrap the

@@ -35,8 +35,9 @@ from rollout_mock.writer import BackgroundWriter, SyncWriter, WriteJob
 logger = logging.getLogger("rollout_mock")
 
 STEP_ARG = "global_step"
-#: Names a call's step goes by: ROLL's ``global_step`` and verl's ``meta_info["global_steps"]``.
-STEP_NAMES = (STEP_ARG, "global_steps")
+#: Names a call's step goes by: ROLL's ``global_step``, verl's ``meta_info["global_steps"]``,
+#: slime's ``generate_rollout(args, rollout_id, ...)``.
+STEP_NAMES = (STEP_ARG, "global_steps", "rollout_id")
 STATE_VERSION = 1
 
 

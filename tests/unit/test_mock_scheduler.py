@@ -286,3 +286,21 @@ def test_a_dump_that_records_nothing_is_reported(dump_dir: Path, caplog: pytest.
     with MockScheduler(RlvrScheduler(), cfg(dump_dir, overwrite=True)) as mock:
         mock.get_batch(None, 0, 2)
     assert "closed without recording" not in caplog.text
+
+
+def test_slime_rollout_function_in_a_module(dump_dir: Path) -> None:
+    """slime's rollout is a module-level function ``generate_rollout(args, rollout_id, data_source)``:
+    wrapping the module intercepts it, with the step taken from ``rollout_id``."""
+    import types
+
+    def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> list[dict[str, Any]]:
+        return [{"tokens": torch.randint(0, 50, (6,)), "rollout_id": rollout_id}]
+
+    module = types.ModuleType("my_rollout")
+    module.generate_rollout = generate_rollout  # type: ignore[attr-defined]
+    with MockScheduler(module, cfg(dump_dir), methods=("generate_rollout",)) as rollout:
+        recorded = [rollout.generate_rollout(None, rid, None) for rid in (4, 5)]
+    assert sorted(p.name for p in (dump_dir / "train").glob("step_*.pkl")) == ["step_000004.pkl", "step_000005.pkl"]
+    with MockScheduler(None, cfg(dump_dir, "mock"), methods=("generate_rollout",)) as rollout:
+        replayed = rollout.generate_rollout(None, 5, None)
+    assert torch.equal(replayed[0]["tokens"], recorded[1][0]["tokens"]) and replayed[0]["rollout_id"] == 5

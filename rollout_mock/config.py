@@ -79,6 +79,14 @@ class RolloutMockConfig(BaseModel):
     dump_steps: list[int] | None = None
     """Dump mode: record only these steps (others pass through unrecorded). ``None`` = all."""
 
+    max_keep: int | None = Field(default=None, ge=1)
+    """Dump mode: keep only the newest ``max_keep`` recorded steps of each stream (older ones are
+    deleted after each new step), except ``pin_steps``. ``None`` keeps everything."""
+
+    pin_steps: list[int] | None = None
+    """Dump mode with ``max_keep``: steps that are never deleted (e.g. the first, or a step with
+    a known bug)."""
+
     background: bool = True
     """Dump mode: serialise and write on a background thread; the call returns once the batch
     is captured in memory."""

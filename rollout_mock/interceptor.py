@@ -367,6 +367,17 @@ class Interceptor:
         if not self._estimated:
             self._estimated = True
             self._log_disk_estimate(step, entry.size)
+        if self.config.max_keep is not None:
+            self._apply_retention()
+
+    def _apply_retention(self) -> None:
+        """Delete the oldest unpinned steps beyond ``max_keep`` (AReaL's max_keep/pin_steps)."""
+        assert self.config.max_keep is not None
+        pinned = set(self.config.pin_steps or ())
+        candidates = [s for s in self.store.steps(self.stream) if s not in pinned]
+        for old in candidates[: max(len(candidates) - self.config.max_keep, 0)]:
+            self.store.delete(self.stream, old)
+            logger.info("[RolloutMock] Deleted step %d of %s (max_keep=%d)", old, self.stream, self.config.max_keep)
 
     def _log_disk_estimate(self, step: int, size: int) -> None:
         if self.config.dump_steps is not None:

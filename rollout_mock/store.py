@@ -137,6 +137,10 @@ class StepStore(abc.ABC):
     def set_fingerprint(self, fingerprint: dict[str, Any]) -> None:
         """Record the environment fingerprint unless one is recorded already."""
 
+    @abc.abstractmethod
+    def delete(self, stream: StreamId, step: int) -> None:
+        """Remove a recorded step (file and manifest entry). Absent steps: silently nothing."""
+
     def contains(self, stream: StreamId, step: int) -> bool:
         return self.entry(stream, step) is not None
 
@@ -375,6 +379,9 @@ class DirectoryStore(StepStore):
         written.commit()
         return entry
 
+    def delete(self, stream: StreamId, step: int) -> None:
+        self._forget(stream, step)
+
     def _forget(self, stream: StreamId, step: int) -> None:
         """Remove a step's file and manifest entry (overwrite: old data goes first).
 
@@ -563,6 +570,12 @@ class MemoryStore(StepStore):
         stream_data["steps"][str(step)] = entry.to_json()
         self._data[(stream.key, step)] = data
         return entry
+
+    def delete(self, stream: StreamId, step: int) -> None:
+        self._data.pop((stream.key, step), None)
+        stream_data = self._manifest.stream(stream)
+        if stream_data is not None:
+            stream_data["steps"].pop(str(step), None)
 
     def corrupt(self, stream: StreamId, step: int, data: bytes) -> None:
         """Replace a step's bytes behind the manifest's back (for tests)."""

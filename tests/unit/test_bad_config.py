@@ -16,6 +16,8 @@ BAD: dict[str, tuple[object, str]] = {
     "overwrite": ("sometimes", BOOL),
     "max_steps": (0, "greater than or equal to 1"),
     "dump_steps": ("all", "list"),
+    "max_keep": (0, "greater than or equal to 1"),
+    "pin_steps": ("first", "list"),
     "background": ("yes please", BOOL),
     "max_pending": (0, "greater than or equal to 1"),
     "prefetch": ([], BOOL),

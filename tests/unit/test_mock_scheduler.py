@@ -304,3 +304,19 @@ def test_slime_rollout_function_in_a_module(dump_dir: Path) -> None:
     with MockScheduler(None, cfg(dump_dir, "mock"), methods=("generate_rollout",)) as rollout:
         replayed = rollout.generate_rollout(None, 5, None)
     assert torch.equal(replayed[0]["tokens"], recorded[1][0]["tokens"]) and replayed[0]["rollout_id"] == 5
+
+
+def test_retention_keeps_newest_and_pinned_steps(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir, max_keep=2, pin_steps=[0])) as mock:
+        for step in range(6):
+            mock.get_batch(None, step, 1)
+    files = sorted(p.name for p in (dump_dir / "train").glob("step_*.pkl"))
+    assert files == ["step_000000.pkl", "step_000004.pkl", "step_000005.pkl"]
+    from rollout_mock import open_dump
+
+    dump = open_dump(dump_dir)
+    assert dump.steps(dump.streams()[0]) == [0, 4, 5]  # the manifest agrees with the files
+    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
+        assert int(mock.get_batch(None, 4, 1)["step"]) == 4
+        with pytest.raises(StepNotFoundError, match="Recorded steps for train: 0, 4-5"):
+            mock.get_batch(None, 2, 1)

@@ -217,7 +217,8 @@ class DirectoryStore(StepStore):
             pickles = sorted(self.dump_dir.glob("*/step_*.pkl"))
             hint = (
                 f" It holds {len(pickles)} step file(s) but no manifest: it was probably written "
-                f"by ROLL or an older tool; import it with `rollout-mock import {self.dump_dir}`."
+                f"by ROLL or an older tool; convert it with `rollout-mock import {self.dump_dir} NEW_DIR "
+                f"--trust` and point dump_dir at NEW_DIR."
                 if pickles
                 else " Run the same steps in dump mode first, or fix dump_dir."
             )

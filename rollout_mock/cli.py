@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "verify": "verify",
     "diff": "diff",
     "import": "import_roll",
+    "show": "show",
 }
 
 

@@ -121,7 +121,9 @@ def _rebuild_object(cls: type, state: dict[str, Any]) -> Any:
 
 
 # --------------------------------------------------------------------------- batch classes
-_BATCH_CLASSES: set[tuple[str, str]] = {("verl.protocol", "DataProto")}
+#: verl's DataProto, and the demo's own DataProto-like class (so that demo dumps open safely
+#: without importing the demo first).
+_BATCH_CLASSES: set[tuple[str, str]] = {("verl.protocol", "DataProto"), ("rollout_mock.demo", "RolloutBatch")}
 
 
 def register_batch_class(cls: type) -> type:

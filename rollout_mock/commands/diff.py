@@ -47,10 +47,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from rollout_mock.diff import DiffInputError, diff_dumps, format_diff
 
-    # The demo's batch class is rollout_mock's own: register it with the safe loader so that
-    # `rollout-mock diff` works on demo dumps without --trust.
-    import rollout_mock.demo  # noqa: F401
-
     for name in ("atol", "rtol"):
         value = getattr(args, name)
         if not (value >= 0 and math.isfinite(value)):

@@ -457,17 +457,26 @@ class Interceptor:
             step, self.stream, method, describe_call(call), describe_call(recorded), method,
         )
 
-    def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
-             kwargs: dict[str, Any], position: int | None) -> Any:
-        """Run one intercepted plain call: replay, or call ``real`` and record its batch."""
+    def begin(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
+              position: int | None) -> tuple[int, dict[str, Any]]:
+        """Start an intercepted call: its step and plain-argument summary. Mock mode checks the
+        call against the recorded one; dump mode fails fast if the step cannot be recorded."""
         self._methods_seen.add(method)
         step = self.resolve_step(args, kwargs, position)
         call = call_summary(args, kwargs)
         if self.mode.replays:
             self.check_call(step, method, call)
+        else:
+            self.before_rollout(step)
+        return step, call
+
+    def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
+             kwargs: dict[str, Any], position: int | None) -> Any:
+        """Run one intercepted plain call: replay, or call ``real`` and record its batch."""
+        step, call = self.begin(method, args, kwargs, position)
+        if self.mode.replays:
             return self.replay(step)
         assert real is not None, "dump mode always has the real scheduler"
-        self.before_rollout(step)
         start = time.perf_counter()
         batch = real(*args, **kwargs)
         if self.records_step(step):
@@ -477,14 +486,10 @@ class Interceptor:
     async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
                          kwargs: dict[str, Any], position: int | None) -> Any:
         """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
-        self._methods_seen.add(method)
-        step = self.resolve_step(args, kwargs, position)
-        call = call_summary(args, kwargs)
+        step, call = self.begin(method, args, kwargs, position)
         if self.mode.replays:
-            self.check_call(step, method, call)
             return await self.replay_async(step)
         assert real is not None, "dump mode always has the real scheduler"
-        self.before_rollout(step)
         start = time.perf_counter()
         batch = await real(*args, **kwargs)
         if self.records_step(step):

@@ -20,7 +20,6 @@ from typing import Any
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
 from rollout_mock.interceptor import (
-    call_summary,
     Interceptor,
     detect_convention,
     step_arg_position,
@@ -219,13 +218,10 @@ class MockScheduler:
             def call_remote(options: dict[str, Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 import ray
 
-                step = interceptor.resolve_step(args, kwargs, position)
-                call = call_summary(args, kwargs)
+                step, call = interceptor.begin(method, args, kwargs, position)
                 if interceptor.mode.replays:
-                    interceptor.check_call(step, method, call)
                     return ray.put(interceptor.replay(step))
                 assert real is not None
-                interceptor.before_rollout(step)
                 remote = real.options(**options) if options else real
                 ref = remote.remote(*args, **kwargs)
                 if interceptor.records_step(step):

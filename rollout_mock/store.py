@@ -483,14 +483,17 @@ def load_verified(
             exc.step, exc.split = step, None if stream is None else stream.split
             raise
 
-    if entry is None or not verify:
+    def decode_path(failure: str) -> Any:
         with open(path, "rb") as file:
             try:
                 return decode(file)
             except UnsafePickleError:
                 raise
             except Exception as exc:
-                raise _corrupt(path, stream, step, f"cannot be decoded ({exc!r})") from exc
+                raise _corrupt(path, stream, step, f"{failure} ({exc!r})") from exc
+
+    if entry is None or not verify:
+        return decode_path("cannot be decoded")
 
     def check(checksum: str, mac: str | None) -> None:
         if checksum != entry.checksum:
@@ -506,13 +509,7 @@ def load_verified(
 
     if trusted or hmac_key is not None:
         check(*file_digest(path, hmac_key))
-        with open(path, "rb") as file:
-            try:
-                return decode(file)
-            except UnsafePickleError:
-                raise
-            except Exception as exc:
-                raise _corrupt(path, stream, step, f"checksum matches but decoding failed ({exc!r})") from exc
+        return decode_path("checksum matches but decoding failed")
     try:
         batch, result = read_hashed(path, decode)
     except Exception as exc:

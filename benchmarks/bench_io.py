@@ -45,9 +45,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import SIZES, clone_all, make_dataproto, object_bytes, tensor_bytes  # noqa: E402
 
-from rollout_mock import MockScheduler, codec  # noqa: E402
-from rollout_mock.manifest import StreamId, update_manifest  # noqa: E402
-from rollout_mock.store import BatchInfo, DirectoryStore  # noqa: E402
+from rollout_mock import codec
+from rollout_mock.wrap import MockScheduler
+from rollout_mock.storage.manifest import StreamId, update_manifest  # noqa: E402
+from rollout_mock.storage import BatchInfo, DirectoryStore  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STREAM = StreamId("train")
@@ -124,8 +125,8 @@ sys.path.insert(0, sys.argv[1])
 import verl.protocol, tensordict  # imported before the baseline: not part of the peak
 from _data import make_dataproto
 from rollout_mock import codec
-from rollout_mock.manifest import StreamId
-from rollout_mock.store import BatchInfo, DirectoryStore
+from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage import BatchInfo, DirectoryStore
 
 def rss_kb(field):
     for line in open("/proc/self/status"):

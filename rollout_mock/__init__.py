@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING, Any
 from rollout_mock._version import __version__
 
 _EXPORTS: dict[str, str] = {
-    "MockScheduler": "rollout_mock.scheduler",
-    "mock_class": "rollout_mock.scheduler",
+    "MockScheduler": "rollout_mock.wrap.scheduler",
+    "mock_class": "rollout_mock.wrap.actor",
     "RolloutMockConfig": "rollout_mock.config",
     "load_config": "rollout_mock.config",
     "Mode": "rollout_mock.modes",
-    "load_step": "rollout_mock.loading",
-    "open_dump": "rollout_mock.loading",
+    "load_step": "rollout_mock.storage.reader",
+    "open_dump": "rollout_mock.storage.reader",
     "register_batch_class": "rollout_mock.codec",
-    "MetricsWriter": "rollout_mock.metrics",
-    "read_metrics": "rollout_mock.metrics",
+    "MetricsWriter": "rollout_mock.compare.metrics",
+    "read_metrics": "rollout_mock.compare.metrics",
     "ConfigError": "rollout_mock.errors",
     "CorruptStepError": "rollout_mock.errors",
     "DiskFullError": "rollout_mock.errors",
@@ -47,6 +47,7 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.codec import register_batch_class
+    from rollout_mock.compare.metrics import MetricsWriter, read_metrics
     from rollout_mock.config import RolloutMockConfig, load_config
     from rollout_mock.errors import (
         ConfigError,
@@ -64,10 +65,10 @@ if TYPE_CHECKING:  # pragma: no cover
         UnsafePickleError,
         WriterError,
     )
-    from rollout_mock.loading import load_step, open_dump
-    from rollout_mock.metrics import MetricsWriter, read_metrics
     from rollout_mock.modes import Mode
-    from rollout_mock.scheduler import MockScheduler, mock_class
+    from rollout_mock.storage.reader import load_step, open_dump
+    from rollout_mock.wrap import mock_class
+    from rollout_mock.wrap.scheduler import MockScheduler
 
 
 def __getattr__(name: str) -> Any:

@@ -11,7 +11,7 @@ Everything runs on the CPU in seconds:
 
 :func:`run_pipeline` runs N steps in dump or mock mode through :class:`~rollout_mock.MockScheduler`
 (in mock mode the scheduler is never constructed) and logs per-step metrics with
-:class:`~rollout_mock.metrics.MetricsWriter`; :func:`main` runs both and verifies them.
+:class:`~rollout_mock.compare.metrics.MetricsWriter`; :func:`main` runs both and verifies them.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from rollout_mock.codec import register_batch_class
+from rollout_mock.compare.metrics import MetricsWriter
 from rollout_mock.determinism import apply as apply_determinism
-from rollout_mock.metrics import MetricsWriter
-from rollout_mock.scheduler import MockScheduler
+from rollout_mock.wrap.scheduler import MockScheduler
 
 VOCAB = 16
 BOS = 0

@@ -7,7 +7,13 @@ also subclass :class:`FileNotFoundError` so that code written for ROLL's behavio
 
 from __future__ import annotations
 
+import errno
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.determinism.process import LateSetting
 
 
 class RolloutMockError(Exception):
@@ -81,8 +87,85 @@ class SchedulerUnavailableError(RolloutMockError, AttributeError):
 
 
 class DiskFullError(RolloutMockError, OSError):
-    """The disk filled up while writing a step (ENOSPC)."""
+    """The disk filled up while writing a step (ENOSPC).
+
+    ``needed`` and ``free`` are byte counts when known; ``errno`` is ``ENOSPC``.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        needed: int | None = None,
+        free: int | None = None,
+        **context: Any,
+    ) -> None:
+        super().__init__(message, path=path, **context)
+        self.errno = errno.ENOSPC
+        self.needed = needed
+        self.free = free
 
 
 class FingerprintMismatchError(RolloutMockError):
     """The environment of this run differs from the one that recorded the dump (strict mode)."""
+
+
+class DeterminismError(RolloutMockError):
+    """``apply(strict=True)`` found settings that can no longer take effect in this process.
+
+    ``too_late`` holds one :class:`~rollout_mock.determinism.LateSetting` per such variable.
+    Nothing was changed.
+    """
+
+    def __init__(self, message: str, *, too_late: Sequence[LateSetting]) -> None:
+        super().__init__(message)
+        self.too_late = tuple(too_late)
+
+
+class MissingExtraError(RolloutMockError, ImportError):
+    """An optional dependency is not installed; the message names the ``pip install`` extra."""
+
+
+# ----------------------------------------------------------------------------- metrics & compare
+class MetricsError(RolloutMockError):
+    """Base class of the errors about metrics files and values."""
+
+
+class MetricsNotFoundError(MetricsError, FileNotFoundError):
+    """The metrics file or run directory does not exist, or holds no metrics file."""
+
+
+class MetricsFormatError(MetricsError, ValueError):
+    """A metrics file cannot be parsed. ``line`` is the 1-based line number, when known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | Path | None = None,
+        step: int | None = None,
+        line: int | None = None,
+    ) -> None:
+        super().__init__(message, path=path, step=step)
+        self.line = line
+
+
+class InvalidMetricError(MetricsError, ValueError):
+    """A value passed to :meth:`MetricsWriter.log` is not a real scalar (the message names the key)."""
+
+
+class VerifyInputError(MetricsError, ValueError):
+    """The arguments of :func:`verify` are inconsistent (unknown metric, negative tolerance)."""
+
+
+class DiffInputError(RolloutMockError, ValueError):
+    """The arguments of :func:`diff_dumps` are inconsistent (bad step range, unknown split)."""
+
+
+class TraceError(RolloutMockError, ValueError):
+    """The batch has no shape that traces can be built from (or a bad argument was given)."""
+
+
+class MetricsWarning(UserWarning):
+    """A recoverable problem in a metrics file (an incomplete last line that was skipped)."""

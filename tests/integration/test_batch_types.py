@@ -11,7 +11,9 @@ import torch
 from conftest import cfg
 from tensordict import TensorDict
 
-from rollout_mock import MockScheduler, UnsafePickleError, load_step
+from rollout_mock.wrap import MockScheduler
+from rollout_mock.errors import UnsafePickleError
+from rollout_mock.storage import load_step
 
 ALL_DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
@@ -146,7 +148,7 @@ def test_areal_trajectory_list_with_rejected(dump_dir: Path) -> None:
         if original is not None:
             for key in original:
                 assert_tensor_equal(original[key], item[key])
-    from rollout_mock import open_dump
+    from rollout_mock.storage import open_dump
 
     dump = open_dump(dump_dir)
     entry = dump.entry(dump.streams()[0], 0)

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from conftest import cfg
 
-from rollout_mock import MockScheduler
+from rollout_mock.wrap import MockScheduler
 from rollout_mock.cli import main
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout_mock import LockedError, MockScheduler
+from rollout_mock.errors import LockedError
+from rollout_mock.wrap import MockScheduler
 
 pytestmark = pytest.mark.timeout(120)
 

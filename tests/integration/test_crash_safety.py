@@ -4,7 +4,7 @@ One helper process imports torch and rollout_mock once, then forks short-lived c
 child runs a :class:`~rollout_mock.MockScheduler` in dump mode (background writer on, overwrite
 off) that resumes after the last complete step and dumps small steps until it is SIGKILL-ed
 after a random 3-100 ms. After every kill the helper checks the invariants of
-``rollout_mock.store``:
+``rollout_mock.storage``:
 
 * ``manifest.json`` is always readable (never half-written);
 * every ``step_*.pkl`` that exists is listed, verifies against its entry, and holds exactly the
@@ -40,9 +40,9 @@ HELPER = textwrap.dedent(
     from rollout_mock import MockScheduler, load_step, open_dump
     from rollout_mock.determinism import fingerprint
     from rollout_mock.errors import StepExistsError
-    from rollout_mock.fileio import is_temp_name
-    from rollout_mock.manifest import StreamId, read_manifest
-    from rollout_mock.store import DirectoryStore
+    from rollout_mock.storage.fileio import is_temp_name
+    from rollout_mock.storage.manifest import StreamId, read_manifest
+    from rollout_mock.storage import DirectoryStore
 
     dump_dir = Path(sys.argv[1])
     kills = int(sys.argv[2])

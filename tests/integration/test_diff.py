@@ -17,11 +17,13 @@ from conftest import restored_process_state
 import torch
 from tensordict import TensorDict
 
-from rollout_mock import MockScheduler, cli
+from rollout_mock import cli
+from rollout_mock.wrap import MockScheduler
 from rollout_mock.demo import RolloutBatch, StepRequest, ToyRolloutScheduler, run_pipeline
-from rollout_mock.diff import Progress, compare_batches, diff_dumps, format_diff, parse_steps
-from rollout_mock.manifest import StreamId
-from rollout_mock.store import BatchInfo, DirectoryStore
+from rollout_mock.compare.diff import compare_batches, diff_dumps, format_diff, parse_steps
+from rollout_mock._progress import progress_bar
+from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage import BatchInfo, DirectoryStore
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -78,8 +80,8 @@ def test_identical_dumps_fast_path_loads_nothing(
     def refuse(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the fast path must not unpickle anything")
 
-    monkeypatch.setattr("rollout_mock.loading.Dump.load", refuse)
-    monkeypatch.setattr("rollout_mock.safe.load", refuse)
+    monkeypatch.setattr("rollout_mock.storage.reader.Dump.load", refuse)
+    monkeypatch.setattr("rollout_mock.codec.safe.load", refuse)
     code, out, err = run_diff([str(base), str(other)], capsys)
     assert code == 0, out + err
     assert "rollout-mock diff: IDENTICAL" in out
@@ -324,18 +326,31 @@ def test_parse_steps() -> None:
             parse_steps(bad)
 
 
-def test_progress_bar() -> None:
+def test_progress_bar(monkeypatch: pytest.MonkeyPatch) -> None:
     buf = io.StringIO()
-    with Progress(100, stream=buf, enabled=True, delay=0.0, unit=" MB") as bar:
-        bar.update(50, label="train step 3")
+    with progress_bar(100, stream=buf, enabled=True, unit="B") as bar:
+        bar.mininterval = 0
+        bar.delay = 0
+        bar.set_description("train step 3", refresh=False)
+        bar.update(50)
+        bar.refresh()
         bar.update(50)
     text = buf.getvalue()
-    assert "50.0%" in text or "100.0%" in text
-    assert "train step 3" in text and text.endswith("\r")
+    assert "train step 3" in text and "50" in text
     quiet = io.StringIO()  # not a TTY: disabled by default
-    with Progress(100, stream=quiet) as bar:
+    with progress_bar(100, stream=quiet) as bar:
         bar.update(100)
     assert quiet.getvalue() == ""
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("CI", "true")  # a terminal under CI: still quiet
+    tty = Tty()
+    with progress_bar(100, stream=tty) as bar:
+        bar.update(100)
+    assert tty.getvalue() == ""
 
 
 def test_mock_run_is_served_exactly_the_recorded_data(tmp_path: Path) -> None:
@@ -355,7 +370,7 @@ def test_mock_run_is_served_exactly_the_recorded_data(tmp_path: Path) -> None:
 def test_loads_one_step_pair_at_a_time(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import weakref
 
-    from rollout_mock.loading import Dump
+    from rollout_mock.storage.reader import Dump
 
     a = write_dump(tmp_path / "a", {s: {"x": torch.full((64,), float(s))} for s in range(6)})
     b = write_dump(tmp_path / "b", {s: {"x": torch.full((64,), float(s) + (s == 4)), "y": s} for s in range(6)})

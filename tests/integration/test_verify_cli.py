@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from rollout_mock import cli
-from rollout_mock.metrics import MetricsWriter, MissingExtraError, read_metrics
-from rollout_mock.verify import verify
+from rollout_mock.compare.metrics import MetricsWriter, read_metrics
+from rollout_mock.errors import MissingExtraError
+from rollout_mock.compare.verify import verify
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -160,7 +161,7 @@ def test_plot_written(runs: dict[str, Path], tmp_path: Path, capsys: pytest.Capt
 
 def test_plot_report_with_one_sided_steps_and_no_common_metric(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    from rollout_mock.plot import plot_report
+    from rollout_mock.compare.plot import plot_report
 
     base = read_metrics(write_run(tmp_path / "b", LOSS, KL))
     cand = read_metrics(write_run(tmp_path / "c", {s: v for s, v in LOSS.items() if s < 7}, KL))
@@ -178,7 +179,7 @@ def test_plot_without_matplotlib(runs: dict[str, Path], tmp_path: Path, capsys: 
     code, out, err = run_cli([str(runs["base"]), str(runs["same"]), "--plot", str(tmp_path / "x.png")], capsys, monkeypatch)
     assert code == 2
     assert err == "rollout-mock verify: error: --plot needs matplotlib: pip install rollout_mock[plot]\n"
-    from rollout_mock.plot import plot_report
+    from rollout_mock.compare.plot import plot_report
 
     table = read_metrics(runs["base"])
     with pytest.raises(MissingExtraError, match=r"pip install rollout_mock\[plot\]"):

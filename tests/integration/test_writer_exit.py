@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout_mock import load_step
+from rollout_mock.storage import load_step
 
 STEPS = 6
 
@@ -26,7 +26,7 @@ CHILD = textwrap.dedent(
     import json, sys, time
     import torch
     from rollout_mock import MockScheduler
-    from rollout_mock.store import DirectoryStore
+    from rollout_mock.storage import DirectoryStore
 
     dump_dir, fail_step = sys.argv[1], int(sys.argv[2])
     original_save = DirectoryStore.save

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from rollout_mock import ConfigError, RolloutMockConfig, load_config
+from rollout_mock.errors import ConfigError
+from rollout_mock.config import RolloutMockConfig
+from rollout_mock.config import load_config
 
 BOOL = "valid choices: true, false"
 

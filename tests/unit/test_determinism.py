@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_mock import determinism as det
-from rollout_mock.commands import env as env_cmd
+import rollout_mock.determinism as det
+import rollout_mock.determinism.process as det_apply
+from rollout_mock.cli import env as env_cmd
 from rollout_mock.errors import ConfigError, DumpNotFoundError, ManifestError, RolloutMockError
-from rollout_mock.manifest import Manifest
+from rollout_mock.storage.manifest import Manifest
 
 ROLL_ENV = {
     "NCCL_ALGO": "Ring",
@@ -209,7 +210,7 @@ def test_strict_raises_and_changes_nothing(cuda_started: None) -> None:
 
 
 def test_nccl_vars_too_late_with_nccl_process_group(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(det, "_nccl_process_group_exists", lambda: True)
+    monkeypatch.setattr(det_apply, "_nccl_process_group_exists", lambda: True)
     report = det.apply(profile="strict")
     late = {entry.variable for entry in report.too_late}
     assert {"NCCL_ALGO", "NCCL_PROTO", "NCCL_NVLS_ENABLE", "NCCL_COLLNET_ENABLE"} <= late
@@ -224,7 +225,7 @@ def test_pythonhashseed_is_too_late_unless_exported(monkeypatch: pytest.MonkeyPa
 
 
 def test_nccl_process_group_check_is_false_without_distributed() -> None:
-    assert det._nccl_process_group_exists() is False
+    assert det_apply._nccl_process_group_exists() is False
 
 
 # ---------------------------------------------------------------------------- apply_from_env

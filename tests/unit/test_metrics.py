@@ -14,17 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_mock.errors import RolloutMockError
-from rollout_mock.metrics import (
-    InvalidMetricError,
-    MetricsFormatError,
-    MetricsNotFoundError,
-    MetricsTable,
-    MetricsWarning,
-    MetricsWriter,
-    MissingExtraError,
-    read_metrics,
-    resolve_metrics_path,
-)
+from rollout_mock.compare.metrics import MetricsTable, MetricsWriter, read_metrics, resolve_metrics_path
+from rollout_mock.errors import InvalidMetricError
+from rollout_mock.errors import MetricsFormatError
+from rollout_mock.errors import MetricsNotFoundError
+from rollout_mock.errors import MetricsWarning
+from rollout_mock.errors import MissingExtraError
 
 
 def bits(x: float) -> bytes:

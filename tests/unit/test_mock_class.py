@@ -16,7 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_mock import ConfigError, SchedulerUnavailableError, mock_class
+from rollout_mock.errors import ConfigError
+from rollout_mock.errors import SchedulerUnavailableError
+from rollout_mock.wrap import mock_class
 from rollout_mock.errors import LockedError
 
 DataProto = pytest.importorskip("verl.protocol").DataProto
@@ -182,7 +184,7 @@ def test_async_recording_runs_off_the_event_loop(tmp_path: Path, background: boo
         assert batch.meta_info["gate"] is gate  # the caller keeps its own object
 
     asyncio.run(run())
-    from rollout_mock import load_step
+    from rollout_mock.storage import load_step
 
     assert load_step(tmp_path / "train" / "step_000000.pkl").meta_info == {"global_step": 0, "gate": "gate"}
 

@@ -12,16 +12,14 @@ import pytest
 import torch
 from conftest import cfg
 
-from rollout_mock import (
-    ConfigError,
-    DumpNotFoundError,
-    IncompleteDumpError,
-    MockScheduler,
-    SchedulerUnavailableError,
-    StepExistsError,
-    StepNotFoundError,
-    load_step,
-)
+from rollout_mock.errors import ConfigError
+from rollout_mock.errors import DumpNotFoundError
+from rollout_mock.errors import IncompleteDumpError
+from rollout_mock.wrap import MockScheduler
+from rollout_mock.errors import SchedulerUnavailableError
+from rollout_mock.errors import StepExistsError
+from rollout_mock.errors import StepNotFoundError
+from rollout_mock.storage import load_step
 
 
 class RlvrScheduler:
@@ -209,7 +207,7 @@ def test_corrupted_file_is_detected(dump_dir: Path) -> None:
     data = bytearray(path.read_bytes())
     data[-40] ^= 0xFF  # inside the tensor payload: still unpickles, silently wrong values
     path.write_bytes(bytes(data))
-    from rollout_mock import CorruptStepError
+    from rollout_mock.errors import CorruptStepError
 
     with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
         with pytest.raises(CorruptStepError) as info:
@@ -312,7 +310,7 @@ def test_retention_keeps_newest_and_pinned_steps(dump_dir: Path) -> None:
             mock.get_batch(None, step, 1)
     files = sorted(p.name for p in (dump_dir / "train").glob("step_*.pkl"))
     assert files == ["step_000000.pkl", "step_000004.pkl", "step_000005.pkl"]
-    from rollout_mock import open_dump
+    from rollout_mock.storage import open_dump
 
     dump = open_dump(dump_dir)
     assert dump.steps(dump.streams()[0]) == [0, 4, 5]  # the manifest agrees with the files

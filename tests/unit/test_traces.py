@@ -1,4 +1,4 @@
-"""Readable traces of recorded batches (rollout_mock.traces) and ``rollout-mock show``."""
+"""Readable traces of recorded batches (rollout_mock.compare.traces) and ``rollout-mock show``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ import pytest
 import torch
 from conftest import cfg
 
-from rollout_mock import MockScheduler, cli
-from rollout_mock.traces import Trace, TraceError, batch_traces, count_traces, format_traces, traces_to_jsonl
+from rollout_mock import cli
+from rollout_mock.wrap import MockScheduler
+from rollout_mock.compare.traces import Trace, batch_traces, count_traces, format_traces, traces_to_jsonl
+from rollout_mock.errors import TraceError
 
 # ------------------------------------------------------------------------------------------ data
 
@@ -202,9 +204,9 @@ def test_format_and_jsonl() -> None:
     assert "--- step 2 | trace 1 | rejected | trajectory 1" in text
     lines = traces_to_jsonl(traces, 9).splitlines()
     records = [json.loads(line) for line in lines]  # strict JSON: NaN becomes a string
-    assert records[0]["reward"] == "nan" and records[0]["step"] == 9 and records[1]["status"] == "rejected"
+    assert records[0]["reward"] == "NaN" and records[0]["step"] == 9 and records[1]["status"] == "rejected"
     assert traces_to_jsonl([]) == "" and format_traces([]) == ""
-    assert Trace(0, "ok", math.inf).to_json()["reward"] == "inf"
+    assert Trace(0, "ok", math.inf).to_json()["reward"] == "Infinity"
 
 
 # ------------------------------------------------------------------------------------------ CLI

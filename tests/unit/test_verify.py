@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout_mock.metrics import MetricsTable, MetricsWriter
-from rollout_mock.pytest_plugin import assert_metrics_match
-from rollout_mock.verify import VerifyInputError, format_report, verify
+from rollout_mock.compare.metrics import MetricsTable, MetricsWriter
+from rollout_mock.compare.pytest_plugin import assert_metrics_match
+from rollout_mock.compare.verify import format_report, verify
+from rollout_mock.errors import VerifyInputError
 
 pytest_plugins = ["pytester"]
 
@@ -215,7 +216,7 @@ def test_assert_metrics_match() -> None:
 
 def test_plugin_import_is_light() -> None:
     code = (
-        "import sys; import rollout_mock.pytest_plugin; "
+        "import sys; import rollout_mock.compare.pytest_plugin; "
         "heavy = sorted(m for m in ('torch', 'numpy', 'matplotlib', 'tensorboard') if m in sys.modules); "
         "print(heavy); sys.exit(1 if heavy else 0)"
     )

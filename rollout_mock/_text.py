@@ -1,0 +1,71 @@
+"""Text and JSON helpers shared by every report: tables, JSON-safe values, the log prefix.
+
+One JSON encoding of non-finite floats for every ``--json`` output and every metrics file:
+the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (what Python's ``json`` module reads
+back with ``allow_nan`` and what JavaScript's ``Number()`` parses).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["LOG_PREFIX", "dumps_json", "json_default", "json_float", "jsonable", "logger", "table"]
+
+#: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
+logger = logging.getLogger("rollout_mock")
+#: ROLL's prefix, kept so that log greps written for ROLL keep matching.
+LOG_PREFIX = "[RolloutMock]"
+
+
+def json_float(x: float | None) -> float | str | None:
+    """``x`` as strict JSON allows it: finite floats unchanged, NaN/±inf as strings."""
+    if x is None or math.isfinite(x):
+        return x
+    if math.isnan(x):
+        return "NaN"
+    return "Infinity" if x > 0 else "-Infinity"
+
+
+def json_default(value: Any) -> Any:
+    """``json.dumps`` fallback: numpy/torch scalars and arrays as Python values, else ``str``."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist) and type(value).__module__.split(".")[0] in {"numpy", "torch"}:
+        return tolist()
+    return str(value)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` made strict-JSON ready, recursively (non-finite floats as strings)."""
+    if isinstance(value, float):
+        return json_float(value)
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if value is None or isinstance(value, bool | int | str):
+        return value
+    return jsonable(json_default(value))
+
+
+def dumps_json(value: Any, **kwargs: Any) -> str:
+    """``json.dumps`` of :func:`jsonable` ``(value)``: never emits bare ``NaN``."""
+    return json.dumps(jsonable(value), allow_nan=False, **kwargs)
+
+
+def table(rows: Sequence[Sequence[str]], *, header: bool = True, indent: str = "", sep: str = " | ",
+          align: str = "left") -> str:
+    """Rows of cells as aligned text; with ``header`` a rule under the first row."""
+    if not rows:
+        return ""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    pad = str.ljust if align == "left" else str.rjust
+    lines = [indent + sep.join(pad(cell, w) for cell, w in zip(row, widths, strict=True)).rstrip()
+             for row in rows]
+    if header:
+        rule = sep.replace(" ", "-").replace("|", "+")
+        lines.insert(1, indent + rule.join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,69 @@
+"""The ``rollout-mock`` command line.
+
+Each subcommand lives in its own module under :mod:`rollout_mock.cli` and exposes two
+functions: ``add_parser(subparsers)`` which registers its ``argparse`` parser, and
+``run(args) -> int`` which returns the process exit code. Expected failures (bad input files,
+tolerances exceeded, ...) are reported as one clear message and a non-zero exit code, never as a
+traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+
+from rollout_mock.errors import RolloutMockError
+
+#: Subcommand name -> module under ``rollout_mock.cli``.
+COMMANDS: dict[str, str] = {
+    "demo": "demo",
+    "ls": "ls",
+    "env": "env",
+    "verify": "verify",
+    "diff": "diff",
+    "import": "import_roll",
+    "show": "show",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rollout-mock",
+        description="Record and replay RL rollout batches; verify that training numerics did not change.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name, module_name in COMMANDS.items():
+        module = importlib.import_module(f"rollout_mock.cli.{module_name}")
+        sub_parser = module.add_parser(sub)
+        sub_parser.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        return int(args._run(args))
+    except RolloutMockError as exc:
+        print(f"rollout-mock {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        print(f"rollout-mock {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+

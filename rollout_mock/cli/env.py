@@ -1,0 +1,103 @@
+"""``rollout-mock env [--dump-dir D] [--json]``: show this environment's fingerprint.
+
+With ``--dump-dir`` the fingerprint recorded in ``D/manifest.json`` is compared with this one and
+the differences are printed as a table. Exit codes: 0 when nothing that can change numerics
+differs (informational fields such as the platform string may differ), 1 when a numerics-relevant
+field differs, 2 on bad input (no manifest, no recorded fingerprint; reported by
+:func:`rollout_mock.cli.main`).
+
+The fingerprint is taken in *this* process: run the command with the same environment (variables,
+``CUDA_VISIBLE_DEVICES``) as the workers whose numerics you care about.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rollout_mock.determinism import (
+    FingerprintDifference,
+    compare_fingerprints,
+    fingerprint,
+    format_differences,
+    format_fingerprint,
+)
+from rollout_mock.errors import DumpNotFoundError, ManifestError
+from rollout_mock.storage.manifest import manifest_path, read_manifest
+
+__all__ = ["add_parser", "load_dump_fingerprint", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``env`` subcommand on an ``argparse`` subparsers object."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "env",
+        help="print this environment's determinism fingerprint; compare it with a dump's",
+        description=(
+            "Print the versions, GPUs, environment variables and torch switches that decide "
+            "numerics. With --dump-dir, compare them with the fingerprint recorded in that dump: "
+            "exit 0 if no numerics-relevant field differs, 1 if one does, 2 on bad input."
+        ),
+    )
+    parser.add_argument(
+        "--dump-dir",
+        type=Path,
+        metavar="DIR",
+        help="dump directory whose fingerprint to compare with",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    return parser
+
+
+def load_dump_fingerprint(dump_dir: Path) -> dict[str, Any]:
+    """The fingerprint recorded in ``dump_dir/manifest.json``.
+
+    Raises DumpNotFoundError when there is no manifest, ManifestError when the manifest cannot be
+    read or holds no fingerprint (written by hand, or by a writer that did not record one).
+    """
+    recorded = read_manifest(dump_dir)
+    path = manifest_path(dump_dir)
+    if recorded is None:
+        raise DumpNotFoundError(
+            f"no dump at {dump_dir}: {path} does not exist; pass the directory that was "
+            "rollout_mock.dump_dir in dump mode",
+            path=path,
+        )
+    if not isinstance(recorded.fingerprint, dict):
+        raise ManifestError(
+            f"{path}: the dump has no recorded fingerprint, so there is nothing to compare",
+            path=path,
+        )
+    return recorded.fingerprint
+
+
+def _print_json(
+    fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]
+) -> None:
+    out: dict[str, Any] = {"fingerprint": fp}
+    if dump_dir is not None:
+        out["dump_dir"] = str(dump_dir)
+        out["differences"] = [d.to_dict() for d in diffs]
+    print(json.dumps(out, indent=2, sort_keys=True))
+
+
+def _print_text(
+    fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]
+) -> None:
+    print(format_fingerprint(fp))
+    if dump_dir is not None:
+        print()
+        print(f"compared with the fingerprint recorded in {manifest_path(dump_dir)}:")
+        print(format_differences(diffs))
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print the fingerprint (and differences); 1 if a numerics-relevant field differs, else 0."""
+    current = fingerprint()
+    diffs: list[FingerprintDifference] = []
+    if args.dump_dir is not None:
+        diffs = compare_fingerprints(load_dump_fingerprint(args.dump_dir), current)
+    (_print_json if args.json else _print_text)(current, args.dump_dir, diffs)
+    return 1 if any(d.numerics_relevant for d in diffs) else 0

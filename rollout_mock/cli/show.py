@@ -1,0 +1,107 @@
+"""``rollout-mock show DUMP_DIR``: print a recorded step's rollouts as readable traces.
+
+Each sequence becomes one trace: its reward, then its messages labelled by role (from the
+attention and loss masks: 1 = assistant, the first 0 run = user, later 0 runs = tool; a chat
+prompt recorded as text is shown as-is). Token ids are shown as ids unless ``--tokenizer`` names a
+local tokenizer directory to decode them with. Steps are loaded with the safe loader (``--trust``
+for dumps holding other objects). Exit 0 shown, 2 bad input (missing step, bad tokenizer, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "show",
+        help="print a recorded step's rollouts as readable traces (prompt, completion, reward)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("dump_dir", metavar="DUMP_DIR", type=Path, help="dump directory (holds manifest.json)")
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, metavar="N", help="this step (default: the first recorded step)")
+    which.add_argument("--steps", metavar="RANGES", help="the recorded steps in these ranges, e.g. 0-3 or 0-9,12,20-")
+    parser.add_argument("--split", default="train", help="the split to read (default: train)")
+    parser.add_argument("--max", type=int, default=32, metavar="N", dest="max_traces",
+                        help="at most N traces per step; rejected trajectories count (default: 32)")
+    parser.add_argument("--tokenizer", type=Path, metavar="DIR",
+                        help="decode token ids with this local tokenizer directory (transformers; never downloads)")
+    parser.add_argument("--jsonl", action="store_true", help="one JSON object per trace on stdout")
+    parser.add_argument("--trust", action="store_true",
+                        help="load steps with the plain unpickler (arbitrary objects: only for dumps you trust)")
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def load_tokenizer(directory: Path) -> Any:
+    """``AutoTokenizer.from_pretrained(directory, local_files_only=True)``, or a one-line
+    :class:`~rollout_mock.compare.traces.TraceError` when transformers is missing or the directory holds
+    no tokenizer (never a download, never a traceback)."""
+    from rollout_mock.errors import TraceError
+
+    if not directory.is_dir():
+        raise TraceError(f"--tokenizer {directory}: not a directory")
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:
+        raise TraceError(f"--tokenizer needs transformers (pip install transformers): {_one_line(exc)}") from None
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
+    except Exception as exc:  # transformers raises OSError, ValueError, KeyError, ... for a bad directory
+        raise TraceError(f"--tokenizer {directory}: not a tokenizer directory ({_one_line(exc)})") from None
+
+
+def _selected_steps(args: argparse.Namespace, recorded: list[int]) -> list[int]:
+    """The steps to show; a requested step that is not recorded is kept so that loading it raises
+    the library's StepNotFoundError (and so is the first step of a range that matches none)."""
+    from rollout_mock.compare.diff import parse_steps
+
+    if args.step is not None:
+        return [args.step]
+    if args.steps is None:
+        return recorded[:1] or [0]
+    ranges = parse_steps(args.steps)
+    chosen = [s for s in recorded if any(lo <= s and (hi is None or s <= hi) for lo, hi in ranges)]
+    return chosen or [ranges[0][0]]
+
+
+def run(args: argparse.Namespace) -> int:
+    from rollout_mock.compare.traces import (
+        batch_traces,
+        count_traces,
+        format_traces,
+        traces_to_jsonl,
+    )
+    from rollout_mock.errors import TraceError
+    from rollout_mock.storage.reader import open_dump
+
+    if args.max_traces < 0:
+        raise TraceError(f"--max {args.max_traces}: must be >= 0")
+    tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
+    dump = open_dump(args.dump_dir)
+    stream = dump.stream(args.split)
+    for i, step in enumerate(_selected_steps(args, dump.steps(stream))):
+        batch = dump.load(step, stream, trusted=args.trust)
+        traces = batch_traces(batch, max_traces=args.max_traces, tokenizer=tokenizer, step=step)
+        if args.jsonl:
+            sys.stdout.write(traces_to_jsonl(traces, step))
+            continue
+        total = count_traces(batch)
+        rejected = sum(t.status == "rejected" for t in traces)
+        print(("\n" if i else "") + f"=== {stream} step {step}: {len(traces)} of {total if total is not None else '?'} "
+              f"traces shown ({rejected} rejected)")
+        if traces:
+            print(format_traces(traces))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,134 @@
+"""``rollout-mock verify BASELINE CANDIDATE``: compare the metrics of two runs.
+
+Exit codes: 0 when every compared metric matches (bitwise by default), 1 on any divergence or
+one-sided metric/step, 2 on bad input (missing or malformed files, bad options; reported by
+:func:`rollout_mock.cli.main` as one line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rollout_mock.compare.metrics import MetricsTable, read_metrics
+from rollout_mock.compare.verify import format_report, verify
+from rollout_mock.errors import MissingExtraError, VerifyInputError
+
+__all__ = ["add_parser", "parse_tolerances", "run"]
+
+_TOL_HELP = (
+    "a float applied to every metric, or METRIC=FLOAT for one metric (repeatable; overrides the "
+    "plain value). Default 0: bitwise comparison"
+)
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register the ``verify`` subcommand on an ``argparse`` subparsers object."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "verify",
+        help="compare the metrics of a candidate run against a baseline run",
+        description=(
+            "Compare training metrics of two runs (metrics.jsonl, .csv, TensorBoard events or a "
+            "run directory holding one). Exit 0 if identical (or within tolerance), 1 if they "
+            "diverge, 2 on bad input."
+        ),
+    )
+    parser.add_argument("baseline", help="baseline metrics file or run directory")
+    parser.add_argument("candidate", help="candidate metrics file or run directory")
+    parser.add_argument("--rtol", action="append", default=[], metavar="[METRIC=]FLOAT", help=_TOL_HELP)
+    parser.add_argument("--atol", action="append", default=[], metavar="[METRIC=]FLOAT", help=_TOL_HELP)
+    parser.add_argument(
+        "--metrics",
+        metavar="A,B,...",
+        help="compare only these metrics (comma-separated); default: every metric of either run",
+    )
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG plot of both runs")
+    return parser
+
+
+def parse_tolerances(values: Sequence[str], option: str) -> tuple[float, dict[str, float]]:
+    """Split ``--rtol``/``--atol`` values into ``(default, {metric: tol})``.
+
+    ``"1e-6"`` sets the default (given at most once); ``"pg_loss=1e-3"`` sets one metric (the last
+    ``=`` splits, so metric names may contain ``=``). Raises :class:`VerifyInputError` on
+    anything that is not a finite non-negative float.
+    """
+    default: float | None = None
+    per_metric: dict[str, float] = {}
+    for raw in values:
+        name, sep, number = raw.rpartition("=")
+        try:
+            tol = float(number)
+        except ValueError:
+            raise VerifyInputError(
+                f"{option} {raw!r}: expected FLOAT or METRIC=FLOAT, e.g. {option} 1e-6 or "
+                f"{option} pg_loss=1e-6"
+            ) from None
+        if not (tol >= 0.0) or math.isinf(tol):
+            raise VerifyInputError(f"{option} {raw!r}: tolerance must be a finite number >= 0")
+        if not sep:
+            if default is not None:
+                raise VerifyInputError(f"{option} given twice without a metric name: {default:g} and {raw}")
+            default = tol
+        elif not name:
+            raise VerifyInputError(f"{option} {raw!r}: empty metric name before '='")
+        else:
+            per_metric[name] = tol
+    return (0.0 if default is None else default), per_metric
+
+
+def _read(path: str) -> MetricsTable:
+    """Read a table, turning reader warnings (torn last line) into one stderr line each."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = read_metrics(path)
+    for w in caught:
+        print(f"rollout-mock verify: warning: {w.message}", file=sys.stderr)
+    return table
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the comparison; return the exit code (errors propagate to :func:`rollout_mock.cli.main`)."""
+    rtol, rtol_over = parse_tolerances(args.rtol, "--rtol")
+    atol, atol_over = parse_tolerances(args.atol, "--atol")
+    selected = None
+    if args.metrics is not None:
+        selected = [m.strip() for m in args.metrics.split(",") if m.strip()]
+        if not selected:
+            raise VerifyInputError(f"--metrics {args.metrics!r}: no metric names given")
+    if args.plot:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError as exc:
+            raise MissingExtraError("--plot needs matplotlib: pip install rollout_mock[plot]") from exc
+
+    baseline, candidate = _read(args.baseline), _read(args.candidate)
+    names = selected if selected is not None else sorted(set(baseline) | set(candidate))
+    report = verify(
+        baseline,
+        candidate,
+        metrics=selected,
+        rtol={**{m: rtol for m in names}, **rtol_over},
+        atol={**{m: atol for m in names}, **atol_over},
+    )
+    plot_path: Path | None = None
+    if args.plot:
+        from rollout_mock.compare.plot import plot_report
+
+        plot_path = plot_report(baseline, candidate, report, args.plot)
+    if args.json:
+        out = report.to_json()
+        out["plot"] = None if plot_path is None else str(plot_path)
+        print(json.dumps(out, indent=2, allow_nan=False))
+    else:
+        print(format_report(report))
+        if plot_path is not None:
+            print(f"  plot: {plot_path}")
+    return 0 if report.ok else 1

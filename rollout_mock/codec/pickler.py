@@ -1,0 +1,334 @@
+"""Encoding batches as standard pickles that are fast to write and read.
+
+A step file is an ordinary pickle (protocol 5): ``pickle.load(open(path, "rb"))`` returns the
+batch as long as ``rollout_mock`` is importable. What makes it fast:
+
+* tensors and numpy arrays are reduced to a small rebuild call whose argument is a
+  :class:`pickle.PickleBuffer` over their raw bytes. The C pickler streams such a buffer straight
+  to the file (no copy), and the C unpickler ``readinto``-s it straight into a fresh
+  ``bytearray`` that the tensor then wraps (no copy). bfloat16 and other dtypes without a numpy
+  twin take the same path: the bytes are viewed as ``uint8``;
+* verl's ``DataProto`` (and other registered batch classes) are reduced to their attributes, so
+  its own ``__getstate__`` (which ``torch.save``-s the TensorDict into a bytes object) is skipped;
+* ``cloudpickle`` is the base pickler, so lambdas and classes defined in ``__main__`` or inside
+  functions still pickle (they need ``trusted=True`` to load; see :mod:`rollout_mock.codec.safe`).
+
+:func:`capture` snapshots a batch in one pass (one copy of the tensor data) so that the
+caller may mutate the batch while a background thread writes the snapshot.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO
+
+import cloudpickle
+import numpy as np
+import torch
+
+#: The pickle protocol of every step file. Fixed, so files do not depend on the writer's Python.
+PROTOCOL = 5
+
+_TORCH_DTYPES: dict[str, torch.dtype] = {
+    str(dtype).removeprefix("torch."): dtype
+    for dtype in vars(torch).values()
+    if isinstance(dtype, torch.dtype)
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    try:
+        return _TORCH_DTYPES[name]
+    except KeyError:
+        raise pickle.UnpicklingError(f"unknown torch dtype {name!r} in step file") from None
+
+
+# --------------------------------------------------------------------------- rebuild functions
+# These module-level functions are what step files reference; their names and signatures are
+# part of the on-disk format (see FORMAT_VERSION in rollout_mock.storage.manifest). Never rename them.
+
+
+def _as_uint8(buffer: Any) -> torch.Tensor:
+    view = memoryview(buffer)
+    if view.nbytes == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    if view.readonly:
+        # bytes (a readonly buffer) cannot be shared with a writable tensor: copy once.
+        return torch.frombuffer(bytearray(view), dtype=torch.uint8)
+    return torch.frombuffer(view, dtype=torch.uint8)
+
+
+def _rebuild_tensor(
+    buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool = False
+) -> torch.Tensor:
+    """Rebuild a CPU tensor from its raw bytes without copying them."""
+    flat = _as_uint8(buffer)
+    target = torch_dtype(dtype)
+    if flat.numel() == 0:
+        tensor = torch.empty(shape, dtype=target)
+    else:
+        tensor = flat.view(target).reshape(shape)
+    if requires_grad:
+        tensor.requires_grad_(True)
+    return tensor
+
+
+def _rebuild_parameter(
+    buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool = True
+) -> torch.nn.Parameter:
+    return torch.nn.Parameter(_rebuild_tensor(buffer, dtype, shape), requires_grad=requires_grad)
+
+
+def _rebuild_ndarray(buffer: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Rebuild a numpy array from its raw bytes without copying them."""
+    np_dtype = np.dtype(dtype)
+    view = memoryview(buffer)
+    if view.readonly:
+        view = memoryview(bytearray(view))
+    return np.frombuffer(view, dtype=np_dtype).reshape(shape)
+
+
+def _rebuild_object_array(items: list[Any], shape: tuple[int, ...]) -> np.ndarray:
+    """Rebuild a numpy object array; elements (which may themselves be sequences) are kept as-is."""
+    return np.fromiter(items, dtype=object, count=len(items)).reshape(shape)
+
+
+def _rebuild_np_scalar(dtype: str, raw: bytes) -> np.generic:
+    return np.frombuffer(raw, dtype=np.dtype(dtype))[0].copy()
+
+
+def _rebuild_tensordict(
+    items: dict[str, Any], batch_size: list[int], device: str | None, names: list[str | None] | None
+) -> Any:
+    """Rebuild a ``tensordict.TensorDict`` from its items (tensors or nested TensorDicts)."""
+    from tensordict import TensorDict
+
+    return TensorDict(items, batch_size=batch_size, device=device, names=names)
+
+
+def _rebuild_object(cls: type, state: dict[str, Any]) -> Any:
+    """Rebuild a registered batch class from its attribute dict, bypassing ``__setstate__``."""
+    obj = cls.__new__(cls)
+    obj.__dict__.update(state)
+    return obj
+
+
+# Step files name these functions as ``rollout_mock.codec.<name>``: keep that path whatever
+# module defines them (the package re-exports them).
+for _rebuild in (_rebuild_tensor, _rebuild_parameter, _rebuild_ndarray, _rebuild_object_array,
+                 _rebuild_np_scalar, _rebuild_tensordict, _rebuild_object):
+    _rebuild.__module__ = "rollout_mock.codec"
+del _rebuild
+
+
+# --------------------------------------------------------------------------- batch classes
+#: verl's DataProto, and the demo's own DataProto-like class (so that demo dumps open safely
+#: without importing the demo first).
+_BATCH_CLASSES: set[tuple[str, str]] = {("verl.protocol", "DataProto"), ("rollout_mock.demo", "RolloutBatch")}
+
+
+def register_batch_class(cls: type) -> type:
+    """Store instances of ``cls`` by their attribute dict and allow it in the safe loader.
+
+    Use it for DataProto-like classes whose ``__getstate__`` is slow (e.g. serialises tensors
+    into bytes). Returns ``cls`` so it can be used as a class decorator.
+    """
+    _BATCH_CLASSES.add((cls.__module__, cls.__qualname__))
+    return cls
+
+
+def is_batch_class(cls: type) -> bool:
+    return (cls.__module__, cls.__qualname__) in _BATCH_CLASSES
+
+
+def batch_class_names() -> frozenset[tuple[str, str]]:
+    return frozenset(_BATCH_CLASSES)
+
+
+# --------------------------------------------------------------------------- reduction
+def _tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A contiguous CPU tensor holding ``tensor``'s values, and whether it is a fresh copy."""
+    source = tensor.detach()
+    fresh = False
+    if source.device.type != "cpu":
+        source = source.cpu()
+        fresh = True
+    if source.is_conj():
+        source = source.resolve_conj()
+        fresh = True
+    if source.is_neg():
+        source = source.resolve_neg()
+        fresh = True
+    if not source.is_contiguous():
+        source = source.contiguous()
+        fresh = True
+    return source, fresh
+
+
+def _plain_dense(tensor: torch.Tensor) -> bool:
+    return (
+        tensor.layout is torch.strided
+        and not tensor.is_quantized
+        and not getattr(tensor, "is_nested", False)
+        and tensor.device.type != "meta"
+    )
+
+
+class _BatchPickler(cloudpickle.Pickler):
+    """cloudpickle with fast reductions for tensors, arrays and registered batch classes.
+
+    With ``snapshot=True`` every buffer handed to the pickler is an owned copy: views of the
+    caller's memory are copied once, tensors that had to be copied anyway (non-contiguous,
+    CUDA) are not copied again.
+    """
+
+    def __init__(
+        self,
+        file: BinaryIO,
+        *,
+        snapshot: bool = False,
+        buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None,
+    ) -> None:
+        super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
+        self._snapshot = snapshot
+        self._keep_alive: list[Any] = []
+        #: ids of the PickleBuffers this pickler made over memory it owns (snapshot mode).
+        self.owned: set[int] = set()
+
+    def _buffer_of(self, array: np.ndarray, fresh: bool) -> pickle.PickleBuffer:
+        if self._snapshot and not fresh:
+            array = array.copy()
+        buffer = pickle.PickleBuffer(array)
+        self._keep_alive.append(buffer)
+        self.owned.add(id(buffer))
+        return buffer
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls is torch.Tensor or cls is torch.nn.Parameter:
+            if _plain_dense(obj):
+                return self._reduce_tensor(obj)
+        elif cls is np.ndarray:
+            reduced = self._reduce_ndarray(obj)
+            if reduced is not None:
+                return reduced
+        elif isinstance(obj, np.generic) and cls.__module__ == "numpy" and obj.dtype.kind != "O":
+            if obj.dtype.fields is None:
+                return _rebuild_np_scalar, (obj.dtype.str, obj.tobytes())
+        elif cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict":
+            return self._reduce_tensordict(obj)
+        elif (cls.__module__, cls.__qualname__) in _BATCH_CLASSES and hasattr(obj, "__dict__"):
+            return _rebuild_object, (cls, dict(obj.__dict__))
+        return super().reducer_override(obj)
+
+    def _reduce_tensordict(self, td: Any) -> Any:
+        # TensorDict's own pickling differs between plain and consolidated instances (the latter
+        # references tensordict internals); its items, batch size and names are all it is.
+        device = td.device
+        names = list(td.names) if getattr(td, "_has_names", lambda: False)() else None
+        items = {key: value for key, value in td.items()}
+        keep_device = None if device is None or device.type != "cpu" else "cpu"
+        return _rebuild_tensordict, (items, list(td.batch_size), keep_device, names)
+
+    def _reduce_tensor(self, tensor: torch.Tensor) -> Any:
+        source, fresh = _tensor_bytes(tensor)
+        flat = source.reshape(-1)
+        if flat.numel() and flat.stride(0) != 1:
+            # "contiguous" by torch's rules (size-1 dims ignore strides, e.g. x[::2] of 2
+            # elements) but not viewable as bytes: copy once.
+            flat, fresh = flat.clone(memory_format=torch.contiguous_format), True
+        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        if self._snapshot and not fresh:
+            # torch's copy: multi-threaded, and plain 4 KiB pages. numpy's copy asks for
+            # transparent huge pages, which is faster on an idle machine but stalls for direct
+            # compaction (measured: 4x one copy) when the page cache is full, as in a dump run.
+            raw, fresh = raw.clone(), True
+        buffer = self._buffer_of(raw.numpy(), fresh)
+        args = (buffer, dtype_name(tensor.dtype), tuple(tensor.shape), tensor.requires_grad)
+        if type(tensor) is torch.nn.Parameter:
+            return _rebuild_parameter, args
+        return _rebuild_tensor, args
+
+    def _reduce_ndarray(self, array: np.ndarray) -> Any:
+        if array.dtype.hasobject:
+            if array.dtype.kind != "O":
+                return None  # structured dtypes holding objects: numpy's own reduction
+            return _rebuild_object_array, (array.reshape(-1).tolist(), array.shape)
+        if array.dtype.fields is not None or array.dtype.kind == "V":
+            return None
+        fresh = False
+        if not array.flags.c_contiguous:
+            array = np.ascontiguousarray(array)
+            fresh = True
+        raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
+        return _rebuild_ndarray, (self._buffer_of(raw, fresh), array.dtype.str, array.shape)
+
+
+# --------------------------------------------------------------------------- public functions
+def dump(obj: Any, file: BinaryIO) -> None:
+    """Pickle ``obj`` into ``file`` with tensor data streamed in-band, without copies.
+
+    ``file`` should be unbuffered or lightly buffered: large tensor payloads are handed to its
+    ``write`` directly.
+    """
+    _BatchPickler(file).dump(obj)
+
+
+def dumps(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    dump(obj, buffer)
+    return buffer.getvalue()
+
+
+def loads_unrestricted(data: bytes) -> Any:
+    """Plain ``pickle.loads``: only for data you produced yourself."""
+    return pickle.loads(data)
+
+
+@dataclass
+class Snapshot:
+    """A batch captured in memory: a small pickle stream plus owned copies of its buffers.
+
+    Independent of the original batch: mutating the batch after :func:`capture` returns does not
+    change the snapshot. :meth:`materialize` rebuilds an equal batch that shares the copied
+    buffers (no further copy).
+    """
+
+    stream: bytes
+    buffers: list[pickle.PickleBuffer] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.stream) + sum(memoryview(b).nbytes for b in self.buffers)
+
+    def materialize(self) -> Any:
+        return pickle.loads(self.stream, buffers=self.buffers)
+
+
+def capture(obj: Any) -> Snapshot:
+    """Snapshot ``obj`` with one copy of its tensor/array data (the time of one memcpy)."""
+    buffers: list[pickle.PickleBuffer] = []
+
+    def keep(buffer: pickle.PickleBuffer) -> None:
+        # Buffers from other protocol-5 reducers may alias the caller's memory: copy those.
+        if id(buffer) not in pickler.owned:
+            buffer = pickle.PickleBuffer(bytearray(buffer.raw()))
+        buffers.append(buffer)
+
+    stream = io.BytesIO()
+    pickler: _BatchPickler | None = _BatchPickler(stream, snapshot=True, buffer_callback=keep)
+    assert pickler is not None
+    pickler.dump(obj)
+    # ``keep`` and the pickler reference each other: break the cycle now, or the pickler (its
+    # memo holds the original batch, its _keep_alive the copies) lives until the next gc run.
+    pickler.clear_memo()
+    pickler._keep_alive.clear()
+    pickler = None
+    return Snapshot(stream.getvalue(), buffers)

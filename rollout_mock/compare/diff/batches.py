@@ -1,0 +1,321 @@
+"""Comparing two batches structurally, key by key, bit for bit or within tolerances."""
+
+from __future__ import annotations
+
+import dataclasses
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollout_mock.compare.diff.report import _REPR_WIDTH, KeyDiff
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"tensor {str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
+    if isinstance(value, np.ndarray):
+        return f"ndarray {value.dtype.name} {list(value.shape)}"
+    if _is_dataproto(value) or _is_tensordict(value) or isinstance(value, Mapping):
+        try:
+            return f"{type(value).__name__} ({len(_children(value))} keys)"
+        except Exception:
+            return type(value).__name__
+    if isinstance(value, (list, tuple)) and _structured(value):
+        return f"{type(value).__name__} of {len(value)}"
+    try:
+        text = repr(value)
+    except Exception:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= _REPR_WIDTH else text[: _REPR_WIDTH - 3] + "..."
+
+
+def _is_tensordict(obj: Any) -> bool:
+    return (
+        not isinstance(obj, (Mapping, torch.Tensor, np.ndarray))
+        and hasattr(obj, "batch_size")
+        and hasattr(obj, "items")
+        and hasattr(obj, "keys")
+    )
+
+
+def _is_dataproto(obj: Any) -> bool:
+    return not isinstance(obj, type) and all(
+        hasattr(obj, attr) for attr in ("batch", "non_tensor_batch", "meta_info")
+    )
+
+
+def _is_container(obj: Any) -> bool:
+    return (
+        isinstance(obj, (Mapping, torch.Tensor, np.ndarray))
+        or _is_tensordict(obj)
+        or _is_dataproto(obj)
+        or (dataclasses.is_dataclass(obj) and not isinstance(obj, type))
+    )
+
+
+def _structured(seq: list[Any] | tuple[Any, ...]) -> bool:
+    """A list walked item by item: it holds dicts, arrays or batches (``None`` = rejected)."""
+    return any(_is_container(item) for item in seq)
+
+
+def _node_kind(obj: Any) -> str:
+    if isinstance(obj, torch.Tensor):
+        return "tensor"
+    if isinstance(obj, np.ndarray):
+        return "object_array" if obj.dtype == object else "ndarray"
+    if _is_dataproto(obj):
+        return "dataproto"
+    if _is_tensordict(obj):
+        return "tensordict"
+    if isinstance(obj, Mapping):
+        return "mapping"
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return "dataclass"
+    if isinstance(obj, (list, tuple)) and _structured(obj):
+        return "sequence"
+    return "value"
+
+
+def _children(obj: Any) -> dict[str, Any]:
+    kind = _node_kind(obj)
+    if kind == "dataproto":
+        return {"batch": obj.batch, "non_tensor_batch": obj.non_tensor_batch, "meta_info": obj.meta_info}
+    if kind in ("tensordict", "mapping"):
+        return {str(k): v for k, v in obj.items()}
+    if kind == "dataclass":
+        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+    if kind == "sequence":
+        return {f"[{i}]": v for i, v in enumerate(obj)}
+    raise TypeError(kind)
+
+
+def _join(prefix: str, key: str) -> str:
+    if not prefix:
+        return key
+    return prefix + key if key.startswith("[") else f"{prefix}.{key}"
+
+
+def _float_bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def _same_value(x: Any, y: Any) -> bool:
+    """Exact equality of arbitrary values: types must match, floats by bit pattern, arrays bitwise."""
+    if type(x) is not type(y):
+        return False
+    if isinstance(x, float):
+        return _float_bits(x) == _float_bits(y)
+    if isinstance(x, (torch.Tensor, np.ndarray)):
+        return _compare_arrays("", x, y, 0.0, 0.0) is None
+    if isinstance(x, np.generic):
+        return x.dtype == y.dtype and x.tobytes() == y.tobytes()
+    if isinstance(x, (list, tuple)):
+        return len(x) == len(y) and all(_same_value(i, j) for i, j in zip(x, y))
+    if isinstance(x, Mapping):
+        return x.keys() == y.keys() and all(_same_value(x[k], y[k]) for k in x)
+    if _is_container(x):
+        a, b = _children(x), _children(y)
+        return list(a) == list(b) and all(_same_value(a[k], b[k]) for k in a)
+    try:
+        return bool(x == y)
+    except Exception:
+        try:
+            return repr(x) == repr(y)
+        except Exception:
+            return False
+
+
+def _dtype_name(x: torch.Tensor | np.ndarray) -> str:
+    if isinstance(x, torch.Tensor):
+        return str(x.dtype).removeprefix("torch.")
+    return x.dtype.name if x.dtype != object else "object"
+
+
+def _raw_bytes(x: torch.Tensor | np.ndarray) -> np.ndarray | None:
+    """``(numel, itemsize)`` uint8 view of the values in C order, or ``None`` if not possible."""
+    if isinstance(x, torch.Tensor):
+        if x.layout != torch.strided or x.is_quantized or getattr(x, "is_nested", False):
+            return None
+        t = x.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
+        size = t.element_size()
+        if t.numel() == 0:
+            return np.empty((0, size), dtype=np.uint8)
+        return t.view(torch.uint8).numpy().reshape(t.numel(), size)
+    arr = np.ascontiguousarray(x).reshape(-1)
+    if arr.size == 0 or arr.itemsize == 0:
+        return np.zeros((arr.size, arr.itemsize), dtype=np.uint8)
+    return arr.view(np.uint8).reshape(arr.size, arr.itemsize)
+
+
+def _numeric_values(x: torch.Tensor | np.ndarray, index: np.ndarray) -> np.ndarray | None:
+    """The values at flat ``index`` as float64 (complex128 for complex), or ``None``."""
+    try:
+        if isinstance(x, torch.Tensor):
+            flat = x.detach().cpu().reshape(-1)[torch.from_numpy(index)]
+            if flat.dtype == torch.bool:
+                flat = flat.to(torch.int64)
+            target = torch.complex128 if flat.is_complex() else torch.float64
+            return flat.to(target).numpy()
+        if x.dtype.kind not in "biufc":
+            return None
+        flat = np.asarray(x).reshape(-1)[index]
+        return flat.astype(np.complex128 if x.dtype.kind == "c" else np.float64)
+    except (RuntimeError, TypeError, ValueError):
+        return None
+
+
+def _compare_arrays(
+    key: str, a: torch.Tensor | np.ndarray, b: torch.Tensor | np.ndarray, atol: float, rtol: float
+) -> KeyDiff | None:
+    """``None`` when ``a`` and ``b`` are bitwise identical (same shape, dtype and bits)."""
+    kind = "tensor" if isinstance(a, torch.Tensor) else ("object_array" if a.dtype == object else "ndarray")
+    shape_a, shape_b = tuple(a.shape), tuple(b.shape)
+    dtype_a, dtype_b = _dtype_name(a), _dtype_name(b)
+    common: dict[str, Any] = {
+        "key": key, "kind": kind, "a": _short(a), "b": _short(b), "shape_a": shape_a,
+        "shape_b": shape_b, "dtype_a": dtype_a, "dtype_b": dtype_b,
+        "samples": shape_a[0] if shape_a else None,
+    }
+    same_dtype = dtype_a == dtype_b
+    if shape_a != shape_b:
+        return KeyDiff(status="different", **common)
+    status = "different"
+    max_abs: float | None = None
+    if kind == "object_array":
+        if not same_dtype:
+            return KeyDiff(status="different", **common)
+        fa, fb = np.asarray(a).reshape(-1), np.asarray(b).reshape(-1)
+        mask = np.fromiter((_same_value(x, y) for x, y in zip(fa, fb)), dtype=bool, count=fa.size)
+        bad = np.flatnonzero(~mask)
+        if bad.size == 0:
+            return None
+        first_vals = (_short(fa[bad[0]]), _short(fb[bad[0]]))
+    else:
+        ra, rb = _raw_bytes(a), _raw_bytes(b)
+        if ra is None or rb is None:  # sparse / quantized / nested tensors: compare values only
+            if same_dtype and bool(torch.equal(a, b)):  # type: ignore[arg-type]
+                return None
+            return KeyDiff(status="different", note="not a strided tensor: compared by value only", **common)
+        if same_dtype:
+            bad = np.flatnonzero(~(ra == rb).all(axis=1))
+            if bad.size == 0:
+                return None
+        else:  # bit patterns of different dtypes are not comparable: compare values
+            bad = np.arange(ra.shape[0])
+        va, vb = _numeric_values(a, bad), _numeric_values(b, bad)
+        first_vals = None
+        if va is None or vb is None:
+            if not same_dtype:
+                return KeyDiff(status="different", **common)
+        else:
+            both_nan = np.isnan(va) & np.isnan(vb)
+            with np.errstate(invalid="ignore", over="ignore"):
+                diff = np.abs(va - vb)
+            diff[both_nan] = 0.0
+            if not same_dtype:
+                differs = (diff != 0) | np.isnan(diff)
+                bad, diff, vb, both_nan = bad[differs], diff[differs], vb[differs], both_nan[differs]
+                if bad.size == 0:
+                    return KeyDiff(status="different", max_abs_diff=0.0, elements_differ=0,
+                                   note="values equal", **common)
+            max_abs = float(diff.max())
+            first_vals = (_element(a, int(bad[0])), _element(b, int(bad[0])))
+            if same_dtype and (atol > 0 or rtol > 0):
+                with np.errstate(invalid="ignore", over="ignore"):
+                    if bool(np.all(both_nan | (diff <= atol + rtol * np.abs(vb)))):
+                        status = "close"
+    if shape_a:
+        per_sample = max(1, int(np.prod(shape_a[1:])))
+        rows = bad // per_sample
+        first, samples_differ = int(rows[0]), int(np.unique(rows).size)
+    else:  # 0-d
+        first, samples_differ = None, None
+    if first_vals is None:
+        first_vals = (_element(a, int(bad[0])), _element(b, int(bad[0])))
+    note = None
+    if max_abs == 0.0 and same_dtype:
+        note = "bits differ, values equal: signed zeros or NaN payloads"
+    return KeyDiff(
+        status=status, max_abs_diff=max_abs, elements_differ=int(bad.size),
+        samples_differ=samples_differ, first_index=first,
+        first_element=tuple(int(i) for i in np.unravel_index(int(bad[0]), shape_a)) if shape_a else (),
+        first_a=first_vals[0], first_b=first_vals[1], note=note, **common,
+    )
+
+
+def _element(x: torch.Tensor | np.ndarray, flat_index: int) -> str:
+    """``repr`` of one element by flat index (exact: floats with ``repr`` of float64)."""
+    try:
+        value = x.reshape(-1)[flat_index]
+        if isinstance(value, torch.Tensor):
+            value = value.item()
+        elif isinstance(value, np.generic):
+            value = value.item()
+        return _short(value)
+    except Exception:
+        return "?"
+
+
+def _first_seq_difference(x: Any, y: Any) -> int | None:
+    if isinstance(x, (list, tuple)) and isinstance(y, (list, tuple)):
+        for i, (p, q) in enumerate(zip(x, y)):
+            if not _same_value(p, q):
+                return i
+        return min(len(x), len(y)) if len(x) != len(y) else None
+    return None
+
+
+def _walk(prefix: str, a: Any, b: Any, atol: float, rtol: float, out: list[KeyDiff], counter: list[int]) -> None:
+    kind_a, kind_b = _node_kind(a), _node_kind(b)
+    key = prefix or "<batch>"
+    if kind_a != kind_b or (kind_a == "sequence" and type(a) is not type(b)):
+        counter[0] += 1
+        out.append(KeyDiff(key=key, status="different", kind="type", a=_short(a), b=_short(b),
+                           note=f"{type(a).__name__} vs {type(b).__name__}"))
+        return
+    if kind_a in ("tensor", "ndarray", "object_array"):
+        counter[0] += 1
+        found = _compare_arrays(key, a, b, atol, rtol)
+        if found is not None:
+            out.append(found)
+        return
+    if kind_a == "value":
+        counter[0] += 1
+        if not _same_value(a, b):
+            note = None
+            if type(a) is not type(b):
+                note = f"{type(a).__name__} vs {type(b).__name__}"
+            out.append(KeyDiff(key=key, status="different", kind="value", a=_short(a), b=_short(b),
+                               first_index=_first_seq_difference(a, b), note=note))
+        return
+    if type(a) is not type(b):
+        # Same structure kind, different classes (e.g. dict vs OrderedDict): note it, go on.
+        out.append(KeyDiff(key=key, status="different", kind="type", a=type(a).__name__,
+                           b=type(b).__name__, note="container types differ"))
+    ca, cb = _children(a), _children(b)
+    for name in list(ca) + [k for k in cb if k not in ca]:
+        child = _join(prefix, name)
+        if name not in cb:
+            counter[0] += 1
+            out.append(KeyDiff(key=child, status="only_in_a", kind=_leaf_kind(ca[name]), a=_short(ca[name])))
+        elif name not in ca:
+            counter[0] += 1
+            out.append(KeyDiff(key=child, status="only_in_b", kind=_leaf_kind(cb[name]), b=_short(cb[name])))
+        else:
+            _walk(child, ca[name], cb[name], atol, rtol, out, counter)
+
+
+def _leaf_kind(value: Any) -> str:
+    kind = _node_kind(value)
+    return kind if kind in ("tensor", "ndarray", "object_array") else "value"
+
+
+def compare_batches(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0) -> tuple[list[KeyDiff], int]:
+    """Compare two batches; return the non-identical keys and the number of keys compared."""
+    out: list[KeyDiff] = []
+    counter = [0]
+    _walk("", a, b, atol, rtol, out, counter)
+    return out, counter[0]

@@ -1,0 +1,192 @@
+"""Walking two dumps step by step: :func:`diff_dumps`."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from rollout_mock._progress import progress_bar
+from rollout_mock.compare.diff.batches import compare_batches
+from rollout_mock.compare.diff.report import DiffReport, KeyDiff, StepDiff, StreamDiff
+from rollout_mock.errors import DiffInputError
+from rollout_mock.storage.manifest import StepEntry, StreamId
+from rollout_mock.storage.reader import Dump, open_dump
+
+
+def parse_steps(spec: str) -> list[tuple[int, int | None]]:
+    """``"0-9,12,20-"`` -> ``[(0, 9), (12, 12), (20, None)]`` (inclusive; ``None`` = open)."""
+    ranges: list[tuple[int, int | None]] = []
+    for part in spec.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            if "-" in part[1:]:
+                lo_s, hi_s = part.split("-", 1)
+                lo, hi = int(lo_s), (int(hi_s) if hi_s.strip() else None)
+            else:
+                lo = hi = int(part)
+        except ValueError:
+            raise DiffInputError(f"--steps {spec!r}: expected N, A-B, A- or a comma list of them, e.g. 0-9,12") from None
+        if lo < 0 or (hi is not None and hi < lo):
+            raise DiffInputError(f"--steps {spec!r}: bad range {part!r}")
+        ranges.append((lo, hi))
+    if not ranges:
+        raise DiffInputError(f"--steps {spec!r}: no steps given")
+    return ranges
+
+
+def _selected(step: int, ranges: list[tuple[int, int | None]] | None) -> bool:
+    return ranges is None or any(lo <= step and (hi is None or step <= hi) for lo, hi in ranges)
+
+
+def _same_file(x: StepEntry, y: StepEntry) -> bool:
+    return x.checksum == y.checksum and x.size == y.size
+
+
+def _flat(prefix: str, obj: Any, out: dict[str, Any]) -> None:
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
+    else:
+        out[prefix] = obj
+
+
+def _fingerprint_differences(a: Dump, b: Dump) -> tuple[str, ...]:
+    fa: dict[str, Any] = {}
+    fb: dict[str, Any] = {}
+    _flat("", a.manifest.fingerprint or {}, fa)
+    _flat("", b.manifest.fingerprint or {}, fb)
+    return tuple(
+        f"{k}: {fa.get(k)!r} vs {fb.get(k)!r}" for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)
+    )
+
+
+def _manifest_keys(x: StepEntry, y: StepEntry) -> tuple[KeyDiff, ...]:
+    """Keys whose manifest shape/dtype differ, or that are listed on one side only (quick mode)."""
+    out: list[KeyDiff] = []
+    for key in list(x.keys) + [k for k in y.keys if k not in x.keys]:
+        p, q = x.keys.get(key), y.keys.get(key)
+        if q is None:
+            out.append(KeyDiff(key=key, status="only_in_a", kind="value"))
+        elif p is None:
+            out.append(KeyDiff(key=key, status="only_in_b", kind="value"))
+        elif p != q:
+            shape_a = None if p.get("shape") is None else tuple(p["shape"])
+            shape_b = None if q.get("shape") is None else tuple(q["shape"])
+            out.append(KeyDiff(key=key, status="different", kind="tensor", shape_a=shape_a, shape_b=shape_b,
+                               dtype_a=p.get("dtype"), dtype_b=q.get("dtype"), note="from manifest.json"))
+    return tuple(out)
+
+
+def _resolve_streams(dump_a: Dump, dump_b: Dump, split: str | None) -> list[tuple[str, StreamId | None, StreamId | None]]:
+    by_a = {s.key: s for s in dump_a.streams()}
+    by_b = {s.key: s for s in dump_b.streams()}
+    keys = sorted(set(by_a) | set(by_b))
+    if split is not None:
+        keys = [k for k in keys if (by_a.get(k) or by_b[k]).split == split]
+        if not keys:
+            known = ", ".join(sorted(set(by_a) | set(by_b))) or "none"
+            raise DiffInputError(f"--split {split}: neither dump has a stream of that split (recorded: {known})")
+    return [(k, by_a.get(k), by_b.get(k)) for k in keys]
+
+
+def diff_dumps(
+    dump_a: str | os.PathLike[str] | Dump,
+    dump_b: str | os.PathLike[str] | Dump,
+    *,
+    steps: str | list[tuple[int, int | None]] | None = None,
+    split: str | None = None,
+    trusted: bool = False,
+    quick: bool = False,
+    atol: float = 0.0,
+    rtol: float = 0.0,
+    progress: bool | None = False,
+    progress_stream: TextIO | None = None,
+) -> DiffReport:
+    """Compare two dumps (see the module docstring).
+
+    ``steps``: a ``"0-9,12"`` spec or parsed ranges; ``split``: only streams of that split;
+    ``trusted``: load with the plain unpickler (arbitrary objects; only for trusted dumps);
+    ``quick``: never load, compare manifests only (checksums, keys, shapes, dtypes);
+    ``progress``: draw a bar on stderr (``None``: when stderr is a TTY).
+
+    Raises :class:`~rollout_mock.errors.DumpNotFoundError` / ``ManifestError`` for a path that
+    is not a readable dump, :class:`DiffInputError` for bad arguments, and the loading errors
+    (``CorruptStepError``, ``UnsafePickleError``) of steps that had to be loaded.
+    """
+    if not (atol >= 0 and rtol >= 0 and math.isfinite(atol) and math.isfinite(rtol)):
+        raise DiffInputError(f"atol/rtol must be finite numbers >= 0, got atol={atol} rtol={rtol}")
+    a = dump_a if isinstance(dump_a, Dump) else open_dump(dump_a)
+    b = dump_b if isinstance(dump_b, Dump) else open_dump(dump_b)
+    ranges = parse_steps(steps) if isinstance(steps, str) else steps
+    plan = _resolve_streams(a, b, split)
+
+    # Plan first (manifests only), so the progress bar knows the total work.
+    per_stream: list[tuple[str, StreamId | None, StreamId | None, list[int], list[int]]] = []
+    total_bytes = 0
+    any_selected = False
+    for key, sa, sb in plan:
+        steps_a = [s for s in (a.steps(sa) if sa else []) if _selected(s, ranges)]
+        steps_b = [s for s in (b.steps(sb) if sb else []) if _selected(s, ranges)]
+        any_selected = any_selected or bool(steps_a or steps_b)
+        per_stream.append((key, sa, sb, steps_a, steps_b))
+        if sa and sb and not quick:
+            for step in sorted(set(steps_a) & set(steps_b)):
+                ea, eb = a.entry(sa, step), b.entry(sb, step)
+                assert ea is not None and eb is not None
+                if not _same_file(ea, eb):
+                    total_bytes += ea.size + eb.size
+    if ranges is not None and not any_selected:
+        raise DiffInputError("--steps: no selected step is recorded in either dump")
+
+    streams: list[StreamDiff] = []
+    bar = progress_bar(total_bytes, stream=progress_stream, enabled=progress)
+    with bar:
+        for key, sa, sb, steps_a, steps_b in per_stream:
+            if sa is None or sb is None:
+                only = "only_in_a" if sb is None else "only_in_b"
+                streams.append(StreamDiff(key, only, (), len(steps_a), len(steps_b)))
+                continue
+            results: list[StepDiff] = []
+            set_a, set_b = set(steps_a), set(steps_b)
+            for step in sorted(set_a | set_b):
+                ea = a.entry(sa, step) if step in set_a else None
+                eb = b.entry(sb, step) if step in set_b else None
+                if ea is None or eb is None:
+                    entry = ea or eb
+                    assert entry is not None
+                    results.append(StepDiff(
+                        step, "only_in_a" if eb is None else "only_in_b",
+                        type_a=None if ea is None else ea.type, type_b=None if eb is None else eb.type,
+                        samples_a=None if ea is None else ea.samples, samples_b=None if eb is None else eb.samples,
+                    ))
+                    continue
+                meta = {"type_a": ea.type, "type_b": eb.type, "samples_a": ea.samples, "samples_b": eb.samples}
+                if _same_file(ea, eb):
+                    results.append(StepDiff(step, "identical", **meta))
+                    continue
+                if quick:
+                    results.append(StepDiff(step, "checksum_differs", keys=_manifest_keys(ea, eb), **meta))
+                    continue
+                bar.set_description(f"{key} step {step}", refresh=False)
+                batch_a = a.load(step, sa, trusted=trusted)
+                bar.update(ea.size)
+                batch_b = b.load(step, sb, trusted=trusted)
+                bar.update(eb.size)
+                keys, compared = compare_batches(batch_a, batch_b, atol=atol, rtol=rtol)
+                del batch_a, batch_b
+                if not keys:
+                    status = "equal"
+                elif all(k.status == "close" for k in keys):
+                    status = "close"
+                else:
+                    status = "different"
+                results.append(StepDiff(step, status, loaded=True, keys_compared=compared, keys=tuple(keys), **meta))
+            streams.append(StreamDiff(key, "both", tuple(results), len(steps_a), len(steps_b)))
+    return DiffReport(
+        a=str(a.dump_dir), b=str(b.dump_dir), streams=tuple(streams), atol=atol, rtol=rtol, quick=quick,
+        fingerprint_differs=_fingerprint_differences(a, b),
+    )

@@ -1,0 +1,258 @@
+"""Reading metrics from JSONL, CSV and TensorBoard event files."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+from rollout_mock.compare.metrics.table import MetricsTable, _TableBuilder
+from rollout_mock.compare.metrics.values import (
+    _JSONL_SUFFIXES,
+    _TFEVENTS_MARK,
+    DEFAULT_METRICS_FILE,
+    decode_value,
+)
+from rollout_mock.errors import (
+    MetricsFormatError,
+    MetricsNotFoundError,
+    MetricsWarning,
+    MissingExtraError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} appears twice in one line")
+        out[key] = value
+    return out
+
+
+def _warn_torn(path: Path, lineno: int, text: str) -> None:
+    msg = (
+        f"{path}:{lineno}: skipping incomplete last line (no trailing newline; the writer was "
+        f"probably interrupted): {text[:60]!r}"
+    )
+    logger.warning(msg)
+    warnings.warn(msg, MetricsWarning, stacklevel=4)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise MetricsFormatError(f"{path}: not UTF-8 text ({exc.reason})", path=path) from None
+
+
+def read_jsonl(path: str | Path) -> MetricsTable:
+    """Read a JSONL metrics file (format in the module docstring)."""
+    path = Path(path)
+    text = _read_text(path)
+    lines = text.split("\n")
+    torn_possible = not text.endswith("\n")
+    builder = _TableBuilder(path)
+    for index, line in enumerate(lines):
+        lineno = index + 1
+        if not line.strip():
+            continue
+        is_last = index == len(lines) - 1
+        try:
+            obj = json.loads(line, object_pairs_hook=_no_duplicate_keys)
+            if not isinstance(obj, dict):
+                raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+            if "step" not in obj:
+                raise ValueError('missing "step"')
+            raw_step = obj.pop("step")
+            if isinstance(raw_step, bool) or not isinstance(raw_step, int) or raw_step < 0:
+                raise ValueError(f'"step" must be a non-negative integer, got {json.dumps(raw_step)}')
+            values: list[tuple[str, float]] = []
+            for key, raw in obj.items():
+                try:
+                    values.append((key, decode_value(raw)))
+                except ValueError as exc:
+                    raise ValueError(f"metric {key!r}: {exc}") from None
+        except ValueError as exc:
+            if is_last and torn_possible:
+                _warn_torn(path, lineno, line)
+                continue
+            raise MetricsFormatError(
+                f"{path}:{lineno}: malformed metrics line: {exc}", path=path, line=lineno
+            ) from None
+        for key, value in values:
+            builder.add(key, raw_step, value, f"line {lineno}")
+    return builder.build("jsonl")
+
+
+def read_csv(path: str | Path) -> MetricsTable:
+    """Read a CSV metrics file: header with a ``step`` column, one column per metric.
+
+    Empty cells mean "not logged". An incomplete last row (no trailing newline and a wrong cell
+    count or unparsable cell) is skipped with a warning, like JSONL.
+    """
+    path = Path(path)
+    text = _read_text(path)
+    rows = list(csv.reader(io.StringIO(text, newline="")))
+    if not rows or not any(cell.strip() for cell in rows[0]):
+        raise MetricsFormatError(f"{path}: empty CSV file (no header row)", path=path, line=1)
+    header = [cell.strip() for cell in rows[0]]
+    if "step" not in header:
+        raise MetricsFormatError(
+            f"{path}:1: CSV header has no 'step' column (columns: {', '.join(header)})",
+            path=path,
+            line=1,
+        )
+    if len(set(header)) != len(header) or "" in header:
+        raise MetricsFormatError(
+            f"{path}:1: CSV header has empty or repeated column names: {header}", path=path, line=1
+        )
+    step_col = header.index("step")
+    torn_possible = not text.endswith("\n")
+    builder = _TableBuilder(path)
+    # csv rows may span lines only inside quotes, which metrics never need; row n is line n+1.
+    for index, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        is_last = index == len(rows)
+        try:
+            if len(row) != len(header):
+                raise ValueError(f"expected {len(header)} cells, got {len(row)}")
+            step_text = row[step_col].strip()
+            if not step_text.isdigit():
+                raise ValueError(f"step must be a non-negative integer, got {step_text!r}")
+            step = int(step_text)
+            values = []
+            for name, cell in zip(header, row):
+                cell = cell.strip()
+                if name == "step" or not cell:
+                    continue
+                try:
+                    values.append((name, float(cell)))  # also takes NaN/Infinity/-Infinity
+                except ValueError:
+                    raise ValueError(f"column {name!r}: not a number: {cell!r}") from None
+        except ValueError as exc:
+            if is_last and torn_possible:
+                _warn_torn(path, index, ",".join(row))
+                continue
+            raise MetricsFormatError(
+                f"{path}:{index}: malformed CSV row: {exc}", path=path, line=index
+            ) from None
+        for name, value in values:
+            builder.add(name, step, value, f"line {index}")
+    return builder.build("csv")
+
+
+def read_tensorboard(path: str | Path) -> MetricsTable:
+    """Read the scalar summaries of a TensorBoard event file or directory (not recursive).
+
+    Both legacy ``simple_value`` scalars (``SummaryWriter.add_scalar``) and tensor summaries of
+    the ``scalars`` plugin are read; tag names become metric names. Values are float32 on disk.
+    Requires the ``tensorboard`` extra.
+    """
+    path = Path(path)
+    try:
+        from tensorboard.backend.event_processing import event_accumulator as ea
+    except ImportError as exc:
+        raise MissingExtraError(
+            f"reading TensorBoard event files ({path}) needs tensorboard: "
+            "pip install rollout_mock[tensorboard]",
+            path=path,
+        ) from exc
+    acc = ea.EventAccumulator(str(path), size_guidance={ea.SCALARS: 0, ea.TENSORS: 0})
+    try:
+        acc.Reload()
+    except Exception as exc:  # tensorboard raises assorted errors on corrupt files
+        raise MetricsFormatError(f"{path}: cannot read TensorBoard events: {exc}", path=path) from exc
+    builder = _TableBuilder(path)
+    tags = acc.Tags()
+    for tag in tags.get(ea.SCALARS, []):
+        for event in acc.Scalars(tag):
+            builder.add(tag, int(event.step), float(event.value), f"event at wall time {event.wall_time}")
+    for tag in tags.get(ea.TENSORS, []):
+        if acc.SummaryMetadata(tag).plugin_data.plugin_name != "scalars":
+            continue
+        from tensorboard.util import tensor_util
+
+        for event in acc.Tensors(tag):
+            value = tensor_util.make_ndarray(event.tensor_proto)
+            builder.add(tag, int(event.step), float(value.item()), f"event at wall time {event.wall_time}")
+    return builder.build("tensorboard")
+
+
+def _kind(path: Path) -> str | None:
+    if _TFEVENTS_MARK in path.name:
+        return "tensorboard"
+    suffix = path.suffix.lower()
+    if suffix in _JSONL_SUFFIXES:
+        return "jsonl"
+    if suffix == ".csv":
+        return "csv"
+    return None
+
+
+def resolve_metrics_path(path: str | Path) -> tuple[Path, str]:
+    """Return ``(file_or_event_dir, format)`` for a metrics file or a run directory.
+
+    A directory resolves to its ``metrics.jsonl``; otherwise to its only ``*.jsonl``/``*.ndjson``
+    /``*.csv`` file or, when it holds ``events.out.tfevents.*`` files, to itself (TensorBoard).
+    Subdirectories are not searched. Raises :class:`MetricsNotFoundError` when nothing is found and
+    :class:`MetricsFormatError` when several candidates exist or a file's type is unknown.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise MetricsNotFoundError(f"{path}: no such metrics file or run directory", path=path)
+    if path.is_dir():
+        default = path / DEFAULT_METRICS_FILE
+        if default.is_file():
+            return default, "jsonl"
+        files = sorted(p for p in path.iterdir() if p.is_file())
+        candidates: list[tuple[Path, str]] = [
+            (p, kind) for p in files if (kind := _kind(p)) in ("jsonl", "csv")
+        ]
+        if any(_kind(p) == "tensorboard" for p in files):
+            candidates.append((path, "tensorboard"))
+        if not candidates:
+            raise MetricsNotFoundError(
+                f"{path}: no metrics file in this directory (looked for {DEFAULT_METRICS_FILE}, "
+                "*.jsonl, *.csv, events.out.tfevents.*)",
+                path=path,
+            )
+        if len(candidates) > 1:
+            names = ", ".join(
+                f"{p.name} ({kind})" if p != path else f"events.out.tfevents.* ({kind})"
+                for p, kind in candidates
+            )
+            raise MetricsFormatError(
+                f"{path}: several metrics files, pass one explicitly: {names}", path=path
+            )
+        return candidates[0]
+    kind = _kind(path)
+    if kind is None:
+        raise MetricsFormatError(
+            f"{path}: unknown metrics file type (expected .jsonl, .ndjson, .csv or "
+            "events.out.tfevents.*)",
+            path=path,
+        )
+    return path, kind
+
+
+_READERS = {"jsonl": read_jsonl, "csv": read_csv, "tensorboard": read_tensorboard}
+
+
+def read_metrics(path: str | Path) -> MetricsTable:
+    """Read a metrics file or run directory, dispatching on the file type.
+
+    See :func:`resolve_metrics_path` for how directories resolve and the per-format readers for
+    the edge cases. An empty file is a :class:`MetricsFormatError`.
+    """
+    resolved, kind = resolve_metrics_path(path)
+    if resolved.is_file() and kind != "tensorboard" and resolved.stat().st_size == 0:
+        raise MetricsFormatError(f"{resolved}: empty metrics file", path=resolved)
+    return _READERS[kind](resolved)

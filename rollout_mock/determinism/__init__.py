@@ -1,0 +1,47 @@
+"""Deterministic execution: profiles, applying them (here, in Ray workers), fingerprints.
+
+``rollout_mock.determinism.apply_from_env`` is the name Ray's ``worker_process_setup_hook``
+points at (:data:`SETUP_HOOK`); keep it importable from this package.
+"""
+
+from rollout_mock.determinism.process import (
+    ApplyReport,
+    LateSetting,
+    apply,
+    apply_from_env,
+    seed_everything,
+)
+from rollout_mock.determinism.fingerprint import (
+    INFORMATIONAL_FIELDS,
+    MISSING,
+    FingerprintDifference,
+    compare_fingerprints,
+    fingerprint,
+    flatten,
+    format_differences,
+    format_fingerprint,
+    is_numerics_relevant,
+    torch_flags,
+)
+from rollout_mock.determinism.profiles import (
+    DETERMINISTIC_MODE_VAR,
+    FINGERPRINT_ENV_VARS,
+    FINGERPRINT_VERSION,
+    PROFILE_VAR,
+    PROFILES,
+    SEED_VAR,
+    SETUP_HOOK,
+    EnvSetting,
+    Profile,
+    get_profile,
+)
+from rollout_mock.determinism.ray import ray_runtime_env
+from rollout_mock.errors import DeterminismError
+
+__all__ = [
+    "DETERMINISTIC_MODE_VAR", "FINGERPRINT_ENV_VARS", "FINGERPRINT_VERSION", "INFORMATIONAL_FIELDS",
+    "MISSING", "PROFILES", "PROFILE_VAR", "SEED_VAR", "SETUP_HOOK", "ApplyReport", "DeterminismError",
+    "EnvSetting", "FingerprintDifference", "LateSetting", "Profile", "apply", "apply_from_env",
+    "compare_fingerprints", "fingerprint", "flatten", "format_differences", "format_fingerprint",
+    "get_profile", "is_numerics_relevant", "ray_runtime_env", "seed_everything", "torch_flags",
+]

@@ -1,0 +1,142 @@
+"""Determinism profiles: the environment variables and torch switches each one sets."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+from rollout_mock.errors import ConfigError
+
+logger = logging.getLogger("rollout_mock")
+
+#: Environment variable that switches :func:`apply_from_env` on (ROLL's name and meaning).
+
+#: Environment variable that switches :func:`apply_from_env` on (ROLL's name and meaning).
+DETERMINISTIC_MODE_VAR: Final = "DETERMINISTIC_MODE"
+#: Environment variable holding the seed that :func:`apply_from_env` applies (an integer).
+SEED_VAR: Final = "ROLLOUT_MOCK_SEED"
+#: Environment variable naming the profile that :func:`apply_from_env` applies (default ``roll``).
+PROFILE_VAR: Final = "ROLLOUT_MOCK_DETERMINISM_PROFILE"
+#: Module path of :func:`apply_from_env`, as Ray's ``worker_process_setup_hook`` wants it.
+SETUP_HOOK: Final = "rollout_mock.determinism.apply_from_env"
+#: Version of the :func:`fingerprint` layout; bump it when a field changes meaning.
+FINGERPRINT_VERSION: Final = 1
+
+_MAX_SEED: Final = 2**32 - 1  # numpy.random.seed accepts 0 .. 2**32 - 1
+
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    """One environment variable of a profile, the value it gets and why."""
+
+    name: str
+    value: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named set of environment variables for deterministic execution."""
+
+    name: str
+    description: str
+    settings: tuple[EnvSetting, ...]
+
+    @property
+    def env(self) -> dict[str, str]:
+        """The variables as a new ``{name: value}`` dict (safe to modify)."""
+        return {s.name: s.value for s in self.settings}
+
+
+_ROLL_SETTINGS: Final = (
+    EnvSetting(
+        "NCCL_ALGO",
+        "Ring",
+        "NCCL otherwise picks Tree/NVLS by message size, changing the reduction order",
+    ),
+    EnvSetting(
+        "NVTE_ALLOW_NONDETERMINISTIC_ALGO",
+        "0",
+        "Transformer Engine must not pick its atomics-based fused attention",
+    ),
+    EnvSetting(
+        "CUBLAS_WORKSPACE_CONFIG",
+        ":4096:8",
+        "cuBLAS is only deterministic with a fixed workspace (torch requires it)",
+    ),
+    EnvSetting(
+        DETERMINISTIC_MODE_VAR,
+        "1",
+        "ROLL and apply_from_env() switch torch's deterministic mode on from it",
+    ),
+)
+
+_STRICT_EXTRA: Final = (
+    EnvSetting(
+        "NCCL_PROTO",
+        "Simple",
+        "NCCL picks LL/LL128 by message size; their chunking changes reduction order",
+    ),
+    EnvSetting(
+        "NCCL_NVLS_ENABLE", "0", "NVLink SHARP reduces inside the NVSwitch, outside NCCL's ordering"
+    ),
+    EnvSetting(
+        "NCCL_COLLNET_ENABLE",
+        "0",
+        "CollNet/SHARP reduces inside network switches, outside NCCL's ordering",
+    ),
+    EnvSetting(
+        "FLASH_ATTENTION_DETERMINISTIC",
+        "1",
+        "transformers/verl then call flash-attn's deterministic backward",
+    ),
+    EnvSetting(
+        "NVIDIA_TF32_OVERRIDE", "0", "forces TF32 off in cuBLAS/cuDNN even if a library turns it on"
+    ),
+    EnvSetting(
+        "PYTHONHASHSEED",
+        "0",
+        "fixes str hashing, hence the iteration order of sets of str, in child processes",
+    ),
+)
+
+#: The built-in profiles by name (read-only).
+PROFILES: Final[Mapping[str, Profile]] = MappingProxyType(
+    {
+        "roll": Profile(
+            "roll", "ROLL's system_envs for deterministic runs, unchanged", _ROLL_SETTINGS
+        ),
+        "strict": Profile(
+            "strict",
+            "roll plus NCCL protocol/NVLS/CollNet, flash-attn, TF32 and hash seed",
+            _ROLL_SETTINGS + _STRICT_EXTRA,
+        ),
+    }
+)
+
+#: Every variable any profile sets, plus overrides that change numerics behind torch's back.
+FINGERPRINT_ENV_VARS: Final[tuple[str, ...]] = tuple(
+    dict.fromkeys(
+        [s.name for p in PROFILES.values() for s in p.settings]
+        + ["TORCH_ALLOW_TF32_CUBLAS_OVERRIDE", "NCCL_MIN_NCHANNELS", "NCCL_MAX_NCHANNELS"]
+    )
+)
+
+
+def get_profile(name: str) -> Profile:
+    """Return the built-in profile called ``name``.
+
+    Raises :class:`~rollout_mock.errors.ConfigError` naming the valid profiles when ``name`` is
+    unknown (the lookup is case-sensitive).
+    """
+    try:
+        return PROFILES[name]
+    except KeyError:
+        valid = ", ".join(sorted(PROFILES))
+        raise ConfigError(
+            f"unknown determinism profile {name!r}; valid profiles: {valid}"
+        ) from None

@@ -1,0 +1,26 @@
+"""Where recorded steps live: the store interface, its backends, the manifest, file I/O, the
+background writer, the prefetcher and the dump reader.
+
+Data flows ``wrap -> codec -> storage -> disk`` and back; nothing in here knows how a scheduler
+is wrapped.
+"""
+
+from rollout_mock.storage.base import BatchInfo, StepStore, format_ranges
+from rollout_mock.storage.directory import DirectoryStore
+from rollout_mock.storage.memory import MemoryStore
+from rollout_mock.storage.reader import Dump, RecordedStep, load_step, open_dump
+from rollout_mock.storage.verified import file_digest, load_verified
+
+__all__ = [
+    "BatchInfo",
+    "DirectoryStore",
+    "Dump",
+    "MemoryStore",
+    "RecordedStep",
+    "StepStore",
+    "file_digest",
+    "format_ranges",
+    "load_step",
+    "load_verified",
+    "open_dump",
+]

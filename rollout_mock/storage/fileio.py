@@ -1,0 +1,317 @@
+"""Crash-safe file writes and checksummed reads.
+
+Writes go to a temporary file in the destination's own directory (so the final ``os.replace`` is
+atomic), are fsync-ed, and only then renamed; the directory is fsync-ed after the rename. A crash
+at any moment leaves either the old file, the new complete file, or a temporary file that
+:func:`is_temp_name` recognises and that writers delete when they open the directory.
+
+Checksums (CRC-32, plus HMAC-SHA256 when a key is given) are computed while the bytes stream
+through, on a helper thread for large buffers, so they overlap with the disk I/O instead of
+adding to it. ``zlib.crc32`` and ``hmac`` release the GIL on large buffers.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import hmac
+import os
+import queue
+import secrets
+import shutil
+import threading
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, TypeVar
+
+from rollout_mock.errors import DiskFullError
+from rollout_mock.storage._pages import advise_hugepages
+
+T = TypeVar("T")
+
+TEMP_MARKER = ".tmp-"
+_INLINE_LIMIT = 1 << 20  # buffers below this are hashed on the calling thread
+_CHUNK = 16 << 20  # large reads are split so hashing chunk k overlaps reading chunk k+1
+
+
+def temp_name(final_name: str) -> str:
+    return f".{final_name}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(".") and TEMP_MARKER in name
+
+
+class Digest:
+    """CRC-32 of everything fed to it, and HMAC-SHA256 when ``key`` is given.
+
+    Large buffers are hashed on a helper thread, in order; :meth:`finish` waits for them. A
+    buffer handed to :meth:`update` must not change until :meth:`finish` returns.
+    """
+
+    def __init__(self, key: bytes | None = None) -> None:
+        self._crc = 0
+        self._mac = hmac.new(key, digestmod=hashlib.sha256) if key else None
+        self._queue: queue.Queue[memoryview | None] | None = None
+        self._thread: threading.Thread | None = None
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._error: BaseException | None = None
+
+    def _feed(self, data: Any) -> None:
+        self._crc = zlib.crc32(data, self._crc)
+        if self._mac is not None:
+            self._mac.update(data)
+
+    def _work(self) -> None:
+        assert self._queue is not None
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                if self._error is None:
+                    self._feed(item)
+            except BaseException as exc:  # surfaced by finish()
+                self._error = exc
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
+
+    def _drain(self) -> None:
+        if self._thread is None:
+            return
+        with self._idle:
+            while self._pending:
+                self._idle.wait()
+
+    def update(self, data: Any) -> None:
+        view = memoryview(data)
+        if view.nbytes < _INLINE_LIMIT and not self._pending:
+            # Inline only when the helper is idle (order is kept without waiting for it);
+            # otherwise small pieces queue behind the large ones.
+            self._feed(view)
+            return
+        if self._thread is None:
+            self._queue = queue.Queue()
+            self._thread = threading.Thread(target=self._work, name="rollout-mock-digest", daemon=True)
+            self._thread.start()
+        with self._idle:
+            self._pending += 1
+        assert self._queue is not None
+        self._queue.put(view)
+
+    def finish(self) -> tuple[str, str | None]:
+        """Wait for pending hashing and return ``("crc32:xxxxxxxx", hmac_hex_or_None)``."""
+        self._drain()
+        if self._thread is not None and self._queue is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            raise self._error
+        mac = self._mac.hexdigest() if self._mac is not None else None
+        return f"crc32:{self._crc & 0xFFFFFFFF:08x}", mac
+
+
+class HashingWriter:
+    """A minimal binary file object that hashes and counts what goes through ``write``.
+
+    Handles partial writes of the underlying raw file; large buffers are written without copies.
+    """
+
+    def __init__(self, fd: int, digest: Digest) -> None:
+        self._fd = fd
+        self.digest = digest
+        self.size = 0
+        #: the ENOSPC error that stopped writing; later writes are only counted, so that
+        #: :attr:`size` ends up as the number of bytes the whole file needs.
+        self.disk_full: OSError | None = None
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        total = view.nbytes
+        if self.disk_full is None:
+            self.digest.update(view)
+            written = 0
+            try:
+                while written < total:
+                    written += os.write(self._fd, view[written:])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.disk_full = exc
+        self.size += total
+        return total
+
+
+class HashingReader:
+    """A minimal binary file object for the C unpickler that hashes everything it reads."""
+
+    def __init__(self, file: BinaryIO, digest: Digest) -> None:
+        self._file = file
+        self.digest = digest
+        self.consumed = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._file.read(size)
+        self.digest.update(data)
+        self.consumed += len(data)
+        return data
+
+    def readline(self, size: int = -1) -> bytes:
+        data = self._file.readline(size)
+        self.digest.update(data)
+        self.consumed += len(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        advise_hugepages(view)  # a fresh buffer from the unpickler: fault it in 2 MiB at a time
+        total = 0
+        while total < view.nbytes:
+            chunk = view[total : total + _CHUNK]
+            count = self._file.readinto(chunk)
+            if not count:
+                break
+            self.digest.update(chunk[:count])
+            total += count
+        self.consumed += total
+        return total
+
+
+@dataclass(frozen=True)
+class WrittenFile:
+    """A fully written, fsync-ed temporary file, not yet renamed into place."""
+
+    temp_path: Path
+    final_path: Path
+    size: int
+    checksum: str
+    hmac: str | None
+
+    def commit(self) -> None:
+        """Rename into place (atomic) and fsync the directory so the rename is durable."""
+        os.replace(self.temp_path, self.final_path)
+        fsync_dir(self.final_path.parent)
+
+    def discard(self) -> None:
+        try:
+            os.unlink(self.temp_path)
+        except FileNotFoundError:
+            pass
+
+
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def free_bytes(path: Path) -> int:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def write_temp(
+    final_path: Path,
+    body: Callable[[HashingWriter], None],
+    *,
+    hmac_key: bytes | None = None,
+    expected_size: int | None = None,
+) -> WrittenFile:
+    """Write ``final_path``'s future content to a temporary file beside it and fsync it.
+
+    On any error the temporary file is removed and the error re-raised; ``ENOSPC`` becomes
+    :class:`DiskFullError` naming the bytes needed, the bytes free and the path.
+    """
+    final_path.parent.mkdir(parents=True, exist_ok=True)
+    temp_path = final_path.parent / temp_name(final_path.name)
+    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    writer = HashingWriter(fd, Digest(hmac_key))
+    try:
+        try:
+            body(writer)
+            if writer.disk_full is not None:
+                raise writer.disk_full
+            checksum, mac = writer.digest.finish()
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except BaseException as exc:
+        try:
+            writer.digest.finish()
+        except BaseException:
+            pass
+        try:
+            os.unlink(temp_path)
+        except FileNotFoundError:
+            pass
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            needed = expected_size if expected_size is not None else writer.size
+            raise disk_full_error(final_path, needed) from exc
+        raise
+    return WrittenFile(temp_path, final_path, writer.size, checksum, mac)
+
+
+def disk_full_error(path: Path, needed: int) -> DiskFullError:
+    """:class:`DiskFullError` for ``path``, with ``needed``/``free`` bytes as attributes too."""
+    free = free_bytes(path.parent)
+    error = DiskFullError(
+        f"no space left on device while writing {path}: it needs {needed} bytes "
+        f"({needed / 1e6:.2f} MB), {free} bytes ({free / 1e6:.2f} MB) are free; free some space "
+        f"or point dump_dir at a larger disk (nothing partial was left behind)",
+        path=path,
+        needed=needed,
+        free=free,
+    )
+    return error
+
+
+def write_bytes_atomic(final_path: Path, data: bytes) -> None:
+    """Atomically replace ``final_path`` with ``data`` (temp file, fsync, rename, dir fsync)."""
+    written = write_temp(final_path, lambda w: w.write(data) and None)
+    written.commit()
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What :func:`read_hashed` saw: the bytes ``body`` parsed, the file's total, its digests."""
+
+    parsed: int
+    total: int
+    checksum: str
+    hmac: str | None
+
+    @property
+    def trailing(self) -> int:
+        return self.total - self.parsed
+
+
+def read_hashed(
+    path: Path, body: Callable[[HashingReader], T], *, hmac_key: bytes | None = None
+) -> tuple[T, ReadResult]:
+    """Run ``body`` over ``path`` while hashing every byte of the file.
+
+    Bytes left unread by ``body`` are read and hashed too, so trailing data is caught by the
+    checksum and reported in :attr:`ReadResult.trailing`.
+    """
+    with open(path, "rb", buffering=0) as raw:
+        reader = HashingReader(raw, Digest(hmac_key))  # type: ignore[arg-type]
+        try:
+            result = body(reader)
+        except BaseException:
+            reader.digest.finish()
+            raise
+        parsed = reader.consumed
+        while reader.read(_CHUNK):
+            pass
+        checksum, mac = reader.digest.finish()
+    return result, ReadResult(parsed, reader.consumed, checksum, mac)

@@ -1,0 +1,327 @@
+"""``manifest.json``: the self-describing index of a dump directory.
+
+Listing a dump reads only this file; nothing is unpickled. Layout (format version 1)::
+
+    {
+      "format": "rollout_mock.dump",
+      "format_version": 1,
+      "created_at": "2026-11-21T01:02:03+00:00",
+      "writer": {"rollout_mock": "0.1.0", "python": "3.11.7", "pickle_protocol": 5},
+      "fingerprint": {...},                      # environment of the first writer
+      "streams": {
+        "train": {                               # "{split}", "{split}/{name}", "...@rank{r}"
+          "split": "train", "name": null, "rank": null,
+          "methods": {"get_batch": {"convention": "async", "step_arg": null}},
+          "steps": {
+            "0": {"file": "train/step_000000.pkl", "size": 123, "checksum": "crc32:0a1b2c3d",
+                  "hmac": null, "samples": 128, "type": "verl.protocol.DataProto",
+                  "keys": {"batch.input_ids": {"shape": [128, 512], "dtype": "int64"}},
+                  "method": "get_batch", "written_at": "...", "rollout_seconds": 1.23}
+          }
+        }
+      }
+    }
+
+Updates are read-modify-write under an exclusive ``flock`` on ``.manifest.lock`` (several
+schedulers and ranks may share a dump directory), and the new manifest replaces the old one
+atomically. ``flock`` locks die with their process, so a crashed writer never blocks others.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import platform
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rollout_mock._version import __version__
+from rollout_mock.codec import PROTOCOL
+from rollout_mock.errors import FormatVersionError, ManifestError
+from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
+
+FORMAT = "rollout_mock.dump"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+LOCK_NAME = ".manifest.lock"
+_CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True, order=True)
+class StreamId:
+    """One sequence of steps: a split, optionally a scheduler name and a rank."""
+
+    split: str
+    name: str | None = None
+    rank: int | None = None
+
+    @property
+    def key(self) -> str:
+        key = self.split if self.name is None else f"{self.split}/{self.name}"
+        return key if self.rank is None else f"{key}@rank{self.rank}"
+
+    @property
+    def directory(self) -> str:
+        return self.split if self.name is None else f"{self.split}/{self.name}"
+
+    def file_name(self, step: int) -> str:
+        suffix = "" if self.rank is None else f"_rank{self.rank}"
+        return f"step_{step:06d}{suffix}.pkl"
+
+    def relpath(self, step: int) -> str:
+        return f"{self.directory}/{self.file_name(step)}"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+@dataclass
+class StepEntry:
+    """Everything known about one recorded step without opening its file."""
+
+    file: str
+    size: int
+    checksum: str
+    samples: int | None
+    type: str
+    keys: dict[str, dict[str, Any]]
+    written_at: str
+    method: str | None = None
+    hmac: str | None = None
+    rollout_seconds: float | None = None
+    call: dict[str, Any] | None = None
+    """The call's plain arguments (``{"args": [...], "kwargs": {...}}``), checked in mock mode."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], *, where: str, path: Path | None = None) -> StepEntry:
+        try:
+            if not isinstance(data, dict):
+                raise TypeError(f"expected an object, got {type(data).__name__}")
+            missing = [key for key in ("file", "size", "checksum") if key not in data]
+            if missing:
+                raise KeyError(f"missing {', '.join(missing)}")
+            if isinstance(data["size"], bool) or not isinstance(data["size"], int) or data["size"] < 0:
+                raise ValueError(f"size {data['size']!r} is not a byte count")
+            if not _CHECKSUM.fullmatch(str(data["checksum"])):
+                raise ValueError(f"checksum {data['checksum']!r} is not of the form crc32:xxxxxxxx")
+            return cls(
+                file=str(data["file"]),
+                size=int(data["size"]),
+                checksum=str(data["checksum"]),
+                samples=None if data.get("samples") is None else int(data["samples"]),
+                type=str(data.get("type", "?")),
+                keys=dict(data.get("keys") or {}),
+                written_at=str(data.get("written_at", "")),
+                method=data.get("method"),
+                hmac=data.get("hmac"),
+                rollout_seconds=data.get("rollout_seconds"),
+                call=data.get("call") if isinstance(data.get("call"), dict) else None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            reason = exc.args[0] if exc.args else repr(exc)
+            raise ManifestError(
+                f"{where}: malformed step entry ({reason}): {data!r}; the manifest was edited or "
+                f"damaged — restore it from a copy, or re-dump",
+                path=path,
+            ) from None
+
+
+@dataclass
+class Manifest:
+    """In-memory form of ``manifest.json``. ``streams[key]["steps"][str(step)]`` are entries."""
+
+    created_at: str = field(default_factory=utc_now)
+    writer: dict[str, Any] = field(
+        default_factory=lambda: {
+            "rollout_mock": __version__,
+            "python": platform.python_version(),
+            "pickle_protocol": PROTOCOL,
+        }
+    )
+    fingerprint: dict[str, Any] | None = None
+    streams: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------ access
+    def stream(self, stream: StreamId, *, create: bool = False) -> dict[str, Any] | None:
+        data = self.streams.get(stream.key)
+        if data is None and create:
+            data = {
+                "split": stream.split,
+                "name": stream.name,
+                "rank": stream.rank,
+                "methods": {},
+                "steps": {},
+            }
+            self.streams[stream.key] = data
+        return data
+
+    def steps(self, stream: StreamId) -> list[int]:
+        data = self.streams.get(stream.key)
+        return sorted(int(s) for s in data["steps"]) if data else []
+
+    def entry(self, stream: StreamId, step: int) -> StepEntry | None:
+        data = self.streams.get(stream.key)
+        if not data:
+            return None
+        raw = data["steps"].get(str(step))
+        return None if raw is None else StepEntry.from_json(raw, where=f"{stream.key} step {step}")
+
+    def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
+        data = self.streams.get(stream.key)
+        return dict(data.get("methods", {})) if data else {}
+
+    def stream_ids(self) -> list[StreamId]:
+        return sorted(
+            StreamId(d["split"], d.get("name"), d.get("rank")) for d in self.streams.values()
+        )
+
+    # ------------------------------------------------------------------ (de)serialisation
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "created_at": self.created_at,
+            "writer": self.writer,
+            "fingerprint": self.fingerprint,
+            "streams": self.streams,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, *, path: Path) -> Manifest:
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ManifestError(
+                f"{path}: not a rollout_mock manifest (expected \"format\": \"{FORMAT}\")",
+                path=path,
+            )
+        version = data.get("format_version")
+        if not isinstance(version, int):
+            raise ManifestError(f"{path}: format_version is missing or not an integer", path=path)
+        if version < 1:
+            raise FormatVersionError(f"{path}: unknown on-disk format version {version}", path=path)
+        if version > FORMAT_VERSION:
+            raise FormatVersionError(
+                f"{path}: written by on-disk format version {version}, but this rollout_mock "
+                f"({__version__}) reads versions up to {FORMAT_VERSION}; upgrade rollout_mock "
+                f"(the writer was {data.get('writer', {}).get('rollout_mock', 'unknown')})",
+                path=path,
+            )
+        streams = data.get("streams")
+        if not isinstance(streams, dict):
+            raise ManifestError(f"{path}: \"streams\" is missing or not an object", path=path)
+        for key, stream in streams.items():
+            if not isinstance(stream, dict) or not isinstance(stream.get("steps"), dict):
+                raise ManifestError(f"{path}: stream {key!r} has no \"steps\" object", path=path)
+            if not isinstance(stream.get("split"), str):
+                raise ManifestError(f"{path}: stream {key!r} has no \"split\"", path=path)
+            name, rank = stream.get("name"), stream.get("rank")
+            if not (name is None or isinstance(name, str)) or not (
+                rank is None or (isinstance(rank, int) and not isinstance(rank, bool))
+            ):
+                raise ManifestError(f"{path}: stream {key!r} has a bad \"name\" or \"rank\"", path=path)
+            stream_id = StreamId(stream["split"], name, rank)
+            for step_key, entry in stream["steps"].items():
+                if not step_key.lstrip("-").isdigit():
+                    raise ManifestError(f"{path}: stream {key!r} has step key {step_key!r}", path=path)
+                where = f"{path}: {key} step {int(step_key)}"
+                parsed = StepEntry.from_json(entry, where=where, path=path)
+                expected = stream_id.relpath(int(step_key))
+                if parsed.file != expected:
+                    raise ManifestError(
+                        f"{where}: entry names file {parsed.file!r}, expected {expected!r}; the "
+                        f"manifest was edited by hand — restore it from a copy, or re-dump",
+                        path=path,
+                    )
+        return cls(
+            created_at=str(data.get("created_at", "")),
+            writer=dict(data.get("writer") or {}),
+            fingerprint=data.get("fingerprint"),
+            streams=streams,
+        )
+
+
+def manifest_path(dump_dir: Path) -> Path:
+    return Path(dump_dir) / MANIFEST_NAME
+
+
+def read_manifest(dump_dir: Path) -> Manifest | None:
+    """The manifest of ``dump_dir``, or ``None`` when there is none yet.
+
+    A manifest that exists but cannot be parsed raises :class:`ManifestError` naming the file.
+    """
+    path = manifest_path(dump_dir)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as exc:
+        raise ManifestError(
+            f"{path}: unreadable manifest (not UTF-8 text: {exc.reason} at byte {exc.start}); it "
+            f"was damaged — restore it from a copy, or re-dump",
+            path=path,
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(
+            f"{path}: unreadable manifest ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
+            f"it was edited or truncated — restore it from a copy, or re-dump",
+            path=path,
+        ) from None
+    return Manifest.from_json(data, path=path)
+
+
+@contextmanager
+def locked(dump_dir: Path) -> Iterator[None]:
+    """Hold the dump directory's manifest lock (exclusive, released when the process dies)."""
+    Path(dump_dir).mkdir(parents=True, exist_ok=True)
+    fd = os.open(Path(dump_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(dump_dir: Path) -> list[Path]:
+    """Delete temporary manifests left by writers that died mid-update; return what went.
+
+    Temporary manifests are only written under the manifest lock, so any that exists while we
+    hold the lock belongs to a dead writer.
+    """
+    removed: list[Path] = []
+    with locked(dump_dir):
+        for child in Path(dump_dir).iterdir():
+            if is_temp_name(child.name) and child.name.startswith(f".{MANIFEST_NAME}"):
+                child.unlink(missing_ok=True)
+                removed.append(child)
+    return removed
+
+
+def update_manifest(dump_dir: Path, change: Callable[[Manifest], None]) -> Manifest:
+    """Apply ``change`` to the current manifest under the lock and write it atomically."""
+    with locked(dump_dir):
+        current = read_manifest(dump_dir)
+        manifest = current or Manifest()
+        before = None if current is None else _dumps(manifest)
+        change(manifest)
+        text = _dumps(manifest)
+        if text != before:  # unchanged (e.g. fingerprint already recorded): no write, no fsync
+            write_bytes_atomic(manifest_path(dump_dir), text.encode("utf-8"))
+        return manifest
+
+
+def _dumps(manifest: Manifest) -> str:
+    return json.dumps(manifest.to_json(), indent=1, sort_keys=False, allow_nan=False)

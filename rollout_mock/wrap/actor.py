@@ -1,0 +1,250 @@
+"""Interception inside the scheduler's own class (and so inside a Ray actor): :func:`mock_class`."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import functools
+import inspect
+import logging
+import os
+import weakref
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.errors import ConfigError, SchedulerUnavailableError
+from rollout_mock.wrap.calls import detect_convention, step_arg_position
+from rollout_mock.wrap.interceptor import Interceptor
+from rollout_mock.wrap.scheduler import _ray_actor_class
+
+logger = logging.getLogger("rollout_mock")
+
+
+def _is_async_class(cls: type) -> bool:
+    """Whether Ray would run ``cls`` as an async actor (any ``async def`` method)."""
+    for attribute in dir(cls):
+        try:
+            member = inspect.getattr_static(cls, attribute)
+        except AttributeError:  # pragma: no cover
+            continue
+        function = getattr(member, "__func__", member)
+        if inspect.iscoroutinefunction(function) or inspect.isasyncgenfunction(function):
+            return True
+    return False
+
+
+def mock_class(
+    cls: type,
+    config: Any,
+    *,
+    split: str = "train",
+    methods: Iterable[str] = ("get_batch",),
+    name: str | None = None,
+    rank: int | None = None,
+    apply_determinism: bool = True,
+) -> Any:
+    """A subclass of ``cls`` whose ``methods`` are recorded/replayed inside each instance.
+
+    Made for Ray: ``ray.remote(mock_class(RolloutScheduler, cfg))`` runs the interception inside
+    the actor, so ``ray.get(actor.get_batch.remote(data, batch_size))`` is unchanged for the
+    driver. ``cls`` may also be a ``ray.remote`` actor class: the result is then a ``ray.remote``
+    actor class too, with the same default options.
+
+    * Dump mode: ``cls.__init__`` runs as usual; each batch is captured and written off the
+      actor's event loop (capture in an executor thread, write on the writer thread), so other
+      actor methods keep answering while a large batch is recorded.
+    * Mock mode: ``cls.__init__`` is **not** run (it would start inference engines and
+      environment workers); the instance only replays. Attributes ``__init__`` would have set do
+      not exist: reading one raises :class:`~rollout_mock.errors.SchedulerUnavailableError`
+      (an ``AttributeError``) saying so.
+    * Extra methods: ``rollout_mock_close()`` (flush every pending step to disk and release the
+      dump directory: call it, e.g. ``ray.get(actor.rollout_mock_close.remote())``, before
+      ``ray.kill(actor)``, which gives the process no chance to flush), ``rollout_mock_flush()``,
+      ``rollout_mock_state_dict()`` / ``rollout_mock_load_state_dict(state)`` and
+      ``rollout_mock_info()``. They are ``async`` when ``cls`` is an async actor class, so they
+      do not block its event loop. A normal process exit (``__ray_terminate__``,
+      ``ray.actor.exit_actor()``, interpreter exit) also flushes pending steps.
+    * With ``apply_determinism`` (default), the instance first calls
+      :func:`rollout_mock.determinism.apply_from_env`, a no-op unless ``DETERMINISTIC_MODE=1`` is
+      in the environment: with ``.options(runtime_env=ray_runtime_env())`` the actor is
+      deterministic in both modes (Ray ignores a per-actor ``worker_process_setup_hook``).
+    """
+    resolved = load_config(config)
+    method_names = (methods,) if isinstance(methods, str) else tuple(methods)
+    if not method_names:
+        raise ConfigError("mock_class needs at least one method name to intercept")
+    remote_options: dict[str, Any] | None = None
+    actor_class = _ray_actor_class(cls) if not isinstance(cls, type) else None
+    if actor_class is not None:
+        remote_options = dict(getattr(cls, "_default_options", None) or {})
+        cls = actor_class
+    if not isinstance(cls, type):
+        raise ConfigError(f"mock_class needs a class (or a ray.remote actor class), got {cls!r}")
+    for method in method_names:
+        if not callable(getattr(cls, method, None)):
+            raise ConfigError(f"{cls.__qualname__} has no method {method!r} to intercept")
+    if not resolved.enable:
+        subclass: type = cls
+    else:
+        subclass = _build_mock_subclass(cls, resolved, split, method_names, name, rank, apply_determinism)
+    if remote_options is None:
+        return subclass
+    import ray
+
+    return ray.remote(**remote_options)(subclass) if remote_options else ray.remote(subclass)
+
+
+def _build_mock_subclass(
+    cls: type,
+    resolved: RolloutMockConfig,
+    split: str,
+    method_names: tuple[str, ...],
+    name: str | None,
+    rank: int | None,
+    apply_determinism: bool,
+) -> type:
+    replays = resolved.mode.replays
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if apply_determinism:
+            from rollout_mock.determinism import apply_from_env
+
+            apply_from_env()
+        if not replays:
+            cls.__init__(self, *args, **kwargs)
+        self._rollout_mock = _InstanceMock(cls, resolved, split, method_names, name, rank)
+
+    namespace: dict[str, Any] = {"__init__": __init__, "__module__": cls.__module__}
+    if replays:
+        def __getattr__(self: Any, attribute: str) -> Any:
+            # Only called when normal lookup failed: an attribute cls.__init__ would have set.
+            if attribute.startswith("__") or attribute == "_rollout_mock":
+                raise AttributeError(attribute)
+            raise SchedulerUnavailableError(
+                f"[RolloutMock] {cls.__qualname__}.{attribute} is not available in mock mode: "
+                f"{cls.__qualname__}.__init__ is not run in mock mode (no inference engines are "
+                f"started), so attributes it sets do not exist. Only {list(method_names)} are "
+                f"replayed; add the method that needs {attribute!r} to `methods` if it returns "
+                f"batches, or do not call it in mock mode.",
+                mode=resolved.mode.value,
+                split=split,
+            )
+
+        namespace["__getattr__"] = __getattr__
+    for method in method_names:
+        namespace[method] = _class_level_method(cls, method)
+
+    def _state(self: Any) -> _InstanceMock:
+        return self.__dict__["_rollout_mock"]
+
+    if _is_async_class(cls):
+        async def rollout_mock_close(self: Any) -> None:
+            await asyncio.get_running_loop().run_in_executor(None, _state(self).close)
+
+        async def rollout_mock_flush(self: Any) -> None:
+            await asyncio.get_running_loop().run_in_executor(None, _state(self).flush)
+
+        async def rollout_mock_state_dict(self: Any) -> dict[str, Any]:
+            return _state(self).interceptor.state_dict()
+
+        async def rollout_mock_load_state_dict(self: Any, state: Mapping[str, Any]) -> None:
+            _state(self).interceptor.load_state_dict(state)
+
+        async def rollout_mock_info(self: Any) -> dict[str, Any]:
+            return _state(self).info()
+    else:
+        def rollout_mock_close(self: Any) -> None:  # type: ignore[misc]
+            _state(self).close()
+
+        def rollout_mock_flush(self: Any) -> None:  # type: ignore[misc]
+            _state(self).flush()
+
+        def rollout_mock_state_dict(self: Any) -> dict[str, Any]:  # type: ignore[misc]
+            return _state(self).interceptor.state_dict()
+
+        def rollout_mock_load_state_dict(self: Any, state: Mapping[str, Any]) -> None:  # type: ignore[misc]
+            _state(self).interceptor.load_state_dict(state)
+
+        def rollout_mock_info(self: Any) -> dict[str, Any]:  # type: ignore[misc]
+            return _state(self).info()
+
+    for function in (rollout_mock_close, rollout_mock_flush, rollout_mock_state_dict,
+                     rollout_mock_load_state_dict, rollout_mock_info):
+        function.__qualname__ = f"{cls.__qualname__}.{function.__name__}"
+        namespace[function.__name__] = function
+    subclass = type(cls.__name__, (cls,), namespace)
+    subclass.__qualname__ = cls.__qualname__
+    subclass.__doc__ = cls.__doc__
+    subclass.__rollout_mock_wrapped__ = cls  # type: ignore[attr-defined]
+    return subclass
+
+
+class _InstanceMock:
+    """Per-instance state of a :func:`mock_class` instance."""
+
+    def __init__(
+        self,
+        cls: type,
+        config: RolloutMockConfig,
+        split: str,
+        methods: tuple[str, ...],
+        name: str | None,
+        rank: int | None = None,
+    ) -> None:
+        self.interceptor = Interceptor(config, split=split, name=name, rank=rank)
+        self.positions = {m: step_arg_position(getattr(cls, m), bound=False) for m in methods}
+        if config.mode.records and self.interceptor.writes:
+            self.interceptor.store.set_methods(
+                self.interceptor.stream,
+                {m: {"convention": detect_convention(getattr(cls, m)).value, "step_arg": self.positions[m]} for m in methods},
+            )
+        # Steps still pending at a normal process exit are written by the writer's atexit hook;
+        # this one releases the dump directory afterwards (ray.kill gives no chance for either).
+        atexit.register(_close_quietly, weakref.ref(self))
+
+    def info(self) -> dict[str, Any]:
+        interceptor = self.interceptor
+        return {
+            "mode": interceptor.mode.value,
+            "stream": interceptor.stream.key,
+            "writes": interceptor.writes,
+            "next_step": interceptor.next_step,
+            "pid": os.getpid(),
+            "closed": interceptor.closed,
+        }
+
+    def flush(self) -> None:
+        self.interceptor.flush()
+
+    def close(self) -> None:
+        self.interceptor.close()
+
+
+def _close_quietly(reference: weakref.ref[_InstanceMock]) -> None:
+    state = reference()
+    if state is None:
+        return
+    try:
+        state.close()
+    except Exception as exc:  # at exit there is nobody left to raise to: say it loudly
+        logger.error("[RolloutMock] closing %s at exit failed: %s", state.interceptor.stream, exc)
+
+
+def _class_level_method(cls: type, method: str) -> Any:
+    original = getattr(cls, method)
+
+    if inspect.iscoroutinefunction(original):
+        async def async_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+            state: _InstanceMock = self.__dict__["_rollout_mock"]
+            real = functools.partial(original, self)
+            return await state.interceptor.call_async(method, real, args, kwargs, state.positions[method])
+
+        return functools.wraps(original)(async_method)
+
+    def sync_method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        state: _InstanceMock = self.__dict__["_rollout_mock"]
+        real = functools.partial(original, self)
+        return state.interceptor.call(method, real, args, kwargs, state.positions[method])
+
+    return functools.wraps(original)(sync_method)

@@ -1,0 +1,310 @@
+"""Wrapping a rollout scheduler object or Ray actor handle: :class:`MockScheduler`."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.errors import ConfigError, SchedulerUnavailableError
+from rollout_mock.modes import Convention
+from rollout_mock.storage.base import StepStore
+from rollout_mock.wrap.calls import detect_convention, step_arg_position
+from rollout_mock.wrap.interceptor import Interceptor
+
+logger = logging.getLogger("rollout_mock")
+
+
+class _RemoteMethod:
+    """Stands in for a Ray ``ActorMethod``: ``.remote(...)`` returns an ``ObjectRef``."""
+
+    def __init__(self, call: Callable[..., Any], options: Callable[..., Any] | None = None) -> None:
+        self._call = call
+        self._options = options
+
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(None, args, kwargs)
+
+    def options(self, **options: Any) -> _RemoteMethod:
+        """Ray call options (``num_returns``...) are forwarded in dump mode, ignored in mock mode."""
+        return _RemoteMethod(lambda _, a, k: self._call(options, a, k), self._options)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("Actor methods cannot be called directly; use .remote(...)")
+
+
+def _method_info(method: str, target: Any, *, bound: bool) -> dict[str, Any]:
+    """Calling convention and ``global_step`` position of ``target.method``.
+
+    For a Ray actor handle, ``target.method`` is an ``ActorMethod``: it has no Python function to
+    inspect (no ``_function`` / ``__wrapped__`` in Ray 2.x); its parameters (without ``self``)
+    are in ``ActorMethod._signature``, which :func:`step_arg_position` reads.
+    """
+    attribute = getattr(target, method)
+    convention = detect_convention(attribute)
+    return {"convention": convention.value, "step_arg": step_arg_position(attribute, bound=bound)}
+
+
+def _ray_actor_class(spec: Any) -> type | None:
+    """The user's class behind a ``ray.remote`` actor class (``ActorClass``), else ``None``.
+
+    Ray 2.x sets ``__ray_actor_class__`` on the ``ActorClass`` (and on its internal modified
+    subclass); a plain class does not have it.
+    """
+    if isinstance(spec, type) and "__ray_actor_class__" not in vars(spec) and not hasattr(spec, "remote"):
+        return None
+    actor_class = getattr(spec, "__ray_actor_class__", None)
+    return actor_class if isinstance(actor_class, type) else None
+
+
+def _spec_methods(
+    spec: Any, methods: Iterable[str], recorded: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """Conventions from a class (or a ``ray.remote`` actor class), never instantiated.
+
+    A ``ray.remote`` class means the Ray convention (``.remote()`` returning an ``ObjectRef``).
+    A plain class gives the ``global_step`` position; its convention is the one the dump
+    recorded for the method when there is one (a plain ``RolloutScheduler`` class as the spec of
+    a dump recorded around its actor handle still replays as ``.remote()``), else the class's own.
+    """
+    actor_class = _ray_actor_class(spec)
+    cls = actor_class if actor_class is not None else spec
+    if not isinstance(cls, type):
+        raise ConfigError(f"spec must be a class or a ray.remote actor class, got {spec!r}")
+    info: dict[str, dict[str, Any]] = {}
+    for method in methods:
+        function = getattr(cls, method, None)
+        if function is None or not callable(function):
+            raise ConfigError(f"spec {cls.__qualname__} has no method {method!r} to intercept")
+        if actor_class is not None:
+            convention = Convention.RAY
+        elif recorded and method in recorded and "convention" in recorded[method]:
+            convention = Convention(recorded[method]["convention"])
+        else:
+            convention = detect_convention(function)
+        info[method] = {"convention": convention.value, "step_arg": step_arg_position(function, bound=False)}
+    return info
+
+
+class MockScheduler:
+    """Record or replay what a rollout scheduler's batch methods return.
+
+    Args:
+        scheduler: the real scheduler: an object, or a Ray actor handle. May be ``None`` in mock
+            mode (nothing is ever called on it) or when ``factory`` is given.
+        config: the ``rollout_mock:`` block in any form :func:`~rollout_mock.load_config` takes.
+        split: ``"train"`` or ``"val"`` (any name): recorded separately.
+        methods: names of the batch-producing methods (ROLL ``get_batch``; AReaL
+            ``rollout_batch``/``prepare_batch``; verl ``generate_sequences``).
+        factory: zero-argument callable that builds the scheduler; called only when the real
+            scheduler is needed (dump mode, or ``enable: false``), never in mock mode.
+        spec: the scheduler's class (never instantiated), telling mock mode each method's calling
+            convention when there is no scheduler; otherwise the convention recorded in the
+            manifest is used.
+        name: namespace of this scheduler's files when several share a dump_dir and split
+            (``{split}/{name}/step_...``); overrides the config's ``name``.
+        store: a :class:`~rollout_mock.storage.StepStore` to use instead of the dump directory.
+        rank: this process's rank; default: ``torch.distributed.get_rank()`` when a process
+            group is initialised, else none. With ``ranks: one`` only ``dump_rank`` writes (the
+            other ranks do not touch the dump directory at all) and every rank replays the same
+            files; with ``ranks: all`` each rank writes and replays ``step_NNNNNN_rankR.pkl``.
+
+    A Ray actor handle is wrapped on the driver: ``wrapped.get_batch.remote(...)`` returns an
+    ``ObjectRef`` as before. Dump mode fetches the batch with ``ray.get`` on the writer thread
+    (the call itself does not wait); mock mode creates no actor at all (pass ``factory=`` to
+    build the actor only when needed, and ``spec=`` the ``ray.remote`` class or rely on the
+    convention recorded in the manifest) and ``.remote()`` returns ``ray.put(<replayed batch>)``.
+
+    The step of a call is its ``global_step`` argument (keyword or positional), else
+    ``meta_info["global_step"]`` (or verl's ``"global_steps"``) of an argument, else an internal
+    counter (:attr:`step`) that :meth:`state_dict` / :meth:`load_state_dict` save and restore.
+
+    ``enable: false`` means no interception at all: attribute access goes straight to the real
+    scheduler. Attributes this class defines itself (``close``, ``state_dict``...) wrap the
+    scheduler's own ones of the same name, which are still called.
+    """
+
+    def __init__(
+        self,
+        scheduler: Any = None,
+        config: Any = None,
+        *,
+        split: str = "train",
+        methods: Iterable[str] = ("get_batch",),
+        factory: Callable[[], Any] | None = None,
+        spec: Any = None,
+        name: str | None = None,
+        store: StepStore | None = None,
+        rank: int | None = None,
+    ) -> None:
+        self.config: RolloutMockConfig = load_config(config if config is not None else {})
+        self.split = split
+        self.methods: tuple[str, ...] = (methods,) if isinstance(methods, str) else tuple(methods)
+        if not self.methods:
+            raise ConfigError("MockScheduler needs at least one method name to intercept")
+        self.enabled = self.config.enable
+        self.interceptor: Interceptor | None = None
+        self._intercepted: dict[str, Any] = {}
+        needs_real = not self.enabled or self.config.mode.records
+        if scheduler is None and factory is not None and needs_real:
+            scheduler = factory()
+        if scheduler is None and needs_real:
+            what = "enable: false" if not self.enabled else "mode=dump"
+            raise ConfigError(
+                f"MockScheduler ({what}, split={split}) needs the real scheduler: pass it, or a "
+                f"factory that builds it (factories are never called in mock mode)"
+            )
+        self.scheduler = scheduler
+        if not self.enabled:
+            return
+        self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank)
+        conventions = self._conventions(scheduler, spec)
+        if self.config.mode.records and self.interceptor.writes:
+            self.interceptor.store.set_methods(self.interceptor.stream, conventions)
+        for method in self.methods:
+            self._intercepted[method] = self._make(method, conventions[method])
+
+    def __repr__(self) -> str:
+        state = "disabled" if self.interceptor is None else f"{self.config.mode.value}, {self.interceptor.stream}"
+        return f"MockScheduler({self.scheduler!r}, {state}, methods={list(self.methods)})"
+
+    def _conventions(self, scheduler: Any, spec: Any) -> dict[str, dict[str, Any]]:
+        assert self.interceptor is not None
+        if scheduler is not None:
+            info = {}
+            for method in self.methods:
+                if not hasattr(scheduler, method):
+                    raise ConfigError(f"{type(scheduler).__qualname__} has no method {method!r} to intercept")
+                info[method] = _method_info(method, scheduler, bound=True)
+            return info
+        recorded = self.interceptor.store.methods(self.interceptor.stream)
+        if spec is not None:
+            return _spec_methods(spec, self.methods, recorded if self.config.mode.replays else None)
+        info = {}
+        for method in self.methods:
+            if method not in recorded:
+                raise ConfigError(
+                    f"mock mode without a scheduler: the manifest of {self.config.dump_dir} does not "
+                    f"record how {self.split}.{method} is called (recorded: {sorted(recorded) or 'none'}); "
+                    f"pass spec=<scheduler class> or check `methods`"
+                )
+            info[method] = recorded[method]
+        return info
+
+    def _make(self, method: str, info: Mapping[str, Any]) -> Any:
+        convention = Convention(info["convention"])
+        position = info.get("step_arg")
+        interceptor = self.interceptor
+        assert interceptor is not None
+        real = None if self.scheduler is None else getattr(self.scheduler, method)
+
+        if convention is Convention.RAY:
+            def call_remote(options: dict[str, Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+                import ray
+
+                step, call = interceptor.begin(method, args, kwargs, position)
+                if interceptor.mode.replays:
+                    return ray.put(interceptor.replay(step))
+                assert real is not None
+                remote = real.options(**options) if options else real
+                ref = remote.remote(*args, **kwargs)
+                if interceptor.records_step(step):
+                    # Ray objects are immutable: no snapshot needed; fetch on the writer thread.
+                    interceptor.record_later(step, lambda: ray.get(ref), method=method, seconds=None, call=call)
+                return ref
+
+            return _RemoteMethod(call_remote)
+
+        if convention is Convention.ASYNC:
+            async def call_async(*args: Any, **kwargs: Any) -> Any:
+                return await interceptor.call_async(method, real, args, kwargs, position)
+
+            if real is not None:
+                functools.update_wrapper(call_async, real)
+            return call_async
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return interceptor.call(method, real, args, kwargs, position)
+
+        if real is not None:
+            functools.update_wrapper(call, real)
+        return call
+
+    # ------------------------------------------------------------------ pass-through
+    def __getattr__(self, attribute: str) -> Any:
+        intercepted = self.__dict__.get("_intercepted", {})
+        if attribute in intercepted:
+            return intercepted[attribute]
+        scheduler = self.__dict__.get("scheduler")
+        if scheduler is None:
+            if attribute.startswith("__"):
+                raise AttributeError(attribute)
+            config = self.__dict__.get("config")
+            raise SchedulerUnavailableError(
+                f"[RolloutMock] {attribute!r} is not available in mock mode: there is no real "
+                f"scheduler (it is never built in mock mode), and only "
+                f"{list(self.__dict__.get('methods', ()))} are replayed. Add {attribute!r} to "
+                f"`methods` if it returns batches, or avoid calling it in mock mode.",
+                mode=None if config is None else config.mode.value,
+                split=self.__dict__.get("split"),
+            )
+        return getattr(scheduler, attribute)
+
+    # ------------------------------------------------------------------ step & state
+    @property
+    def step(self) -> int:
+        """The step the next call without an explicit step will use."""
+        return 0 if self.interceptor is None else self.interceptor.next_step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        if self.interceptor is not None:
+            self.interceptor.next_step = value
+
+    def state_dict(self) -> dict[str, Any]:
+        """rollout_mock's position, plus the wrapped scheduler's own state if it has one."""
+        state: dict[str, Any] = {}
+        if self.interceptor is not None:
+            state["rollout_mock"] = self.interceptor.state_dict()
+        inner = getattr(self.scheduler, "state_dict", None)
+        if callable(inner) and not inspect.iscoroutinefunction(inner):
+            state["scheduler"] = inner()
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output (the scheduler part only when there is one)."""
+        if self.interceptor is not None and "rollout_mock" in state:
+            self.interceptor.load_state_dict(state["rollout_mock"])
+        inner = getattr(self.scheduler, "load_state_dict", None)
+        if callable(inner) and "scheduler" in state:
+            inner(state["scheduler"])
+
+    @property
+    def last_stall(self) -> float:
+        """Seconds the most recent replayed call waited for its data (0 with a prefetch hit)."""
+        return 0.0 if self.interceptor is None else self.interceptor.last_stall
+
+    def flush(self) -> None:
+        """Block until every recorded step is on disk; raise a write failure if one happened."""
+        if self.interceptor is not None:
+            self.interceptor.flush()
+
+    def close(self) -> None:
+        """Finish recording (nothing is lost), release the dump directory, then close the
+        wrapped scheduler if it has a ``close``. Idempotent for rollout_mock's part."""
+        try:
+            if self.interceptor is not None:
+                self.interceptor.close()
+        finally:
+            inner = getattr(self.scheduler, "close", None)
+            if callable(inner) and detect_convention(inner) is Convention.SYNC:
+                inner()
+
+    def __enter__(self) -> MockScheduler:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()

@@ -1,7 +1,7 @@
 """Dump/load throughput of rollout_mock against the physical limit and the peers, on one batch.
 
     python benchmarks/bench_io.py [--size small|large|both] [--repeat N] [--json out.json]
-                                  [--dir DIR] [--cold]
+                                  [--dir DIR] [--cold] [--update-readme]
 
 For each size, on the same realistic verl DataProto (see _data.py) and in one run:
 
@@ -51,6 +51,8 @@ from rollout_mock.storage.manifest import StreamId, update_manifest  # noqa: E40
 from rollout_mock.storage import BatchInfo, DirectoryStore  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
+README = Path(__file__).resolve().parent / "README.md"
+RESULTS_START, RESULTS_END = "<!-- results:start -->", "<!-- results:end -->"
 STREAM = StreamId("train")
 
 
@@ -397,6 +399,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/bench_io-<time>.json")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: benchmarks/results/tmp)")
     parser.add_argument("--cold", action="store_true", help="drop the page cache before every read")
+    parser.add_argument("--update-readme", action="store_true",
+                        help="replace the Results section of benchmarks/README.md with this run")
     args = parser.parse_args(argv)
     sizes = list(SIZES) if args.size == "both" else [args.size]
     work = Path(tempfile.mkdtemp(prefix="bench_io_", dir=args.dir or _default_dir()))
@@ -418,7 +422,26 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({**info, "results": results, "table": table}, indent=1))
     print(f"\nwrote {out}")
+    if args.update_readme:
+        update_readme(info, table, argv if argv is not None else sys.argv[1:])
+        print(f"updated {README}")
     return 0
+
+
+def update_readme(info: dict[str, Any], table: str, argv: list[str]) -> None:
+    """Replace what lies between the results markers of benchmarks/README.md with this run."""
+    text = README.read_text()
+    start, end = text.find(RESULTS_START), text.find(RESULTS_END)
+    if start < 0 or end < start:
+        raise SystemExit(f"{README}: no {RESULTS_START} ... {RESULTS_END} section to update")
+    m = info["machine"]
+    body = (
+        f"`{' '.join(['python benchmarks/bench_io.py', *argv])}`, run on "
+        f"{time.strftime('%Y-%m-%d')}: {m['cpus']} CPUs, {m['mem_gib']} GiB RAM, Linux {m['kernel']}, "
+        f"Python {m['python']}, torch {m['torch']}, numpy {m['numpy']}, "
+        f"{'cold' if info['cold_reads'] else 'page-cache'} reads.\n\n{table.strip()}\n"
+    )
+    README.write_text(text[: start + len(RESULTS_START)] + "\n\n" + body + "\n" + text[end:])
 
 
 def _default_dir() -> Path:

@@ -1,12 +1,21 @@
 """rollout_mock: record and replay RL rollout batches at the scheduler layer.
 
-Public API::
+The public API, all importable from here::
 
-    from rollout_mock import MockScheduler, RolloutMockConfig, load_config, load_step
+    from rollout_mock import MockScheduler, load_config, open_dump, verify, diff_dumps
+
+* wrapping: :class:`MockScheduler`, :func:`mock_class` (``rollout_mock.wrap``);
+* configuration: :class:`RolloutMockConfig`, :func:`load_config`, :class:`Mode`;
+* reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`StepStore`,
+  :class:`DirectoryStore`, :class:`MemoryStore` (``rollout_mock.storage``);
+* comparing: :class:`MetricsWriter`, :func:`read_metrics`, :func:`verify`, :func:`diff_dumps`,
+  :func:`compare_batches`, :func:`batch_traces` (``rollout_mock.compare``);
+* determinism: the ``rollout_mock.determinism`` package;
+* every error: ``rollout_mock.errors`` (all subclass :class:`RolloutMockError`).
 
 Names are imported lazily (PEP 562), so ``import rollout_mock`` — and the pytest plugin that
 every pytest run of an environment with rollout_mock installed loads — does not import torch.
-See README.md for the configuration block, the on-disk format and the guarantees.
+The documentation lives under ``docs/`` (``mkdocs serve``).
 """
 
 from __future__ import annotations
@@ -24,50 +33,88 @@ _EXPORTS: dict[str, str] = {
     "Mode": "rollout_mock.modes",
     "load_step": "rollout_mock.storage.reader",
     "open_dump": "rollout_mock.storage.reader",
+    "Dump": "rollout_mock.storage.reader",
+    "StepStore": "rollout_mock.storage.base",
+    "DirectoryStore": "rollout_mock.storage.directory",
+    "MemoryStore": "rollout_mock.storage.memory",
     "register_batch_class": "rollout_mock.codec",
     "MetricsWriter": "rollout_mock.compare.metrics",
     "read_metrics": "rollout_mock.compare.metrics",
-    "ConfigError": "rollout_mock.errors",
-    "CorruptStepError": "rollout_mock.errors",
-    "DiskFullError": "rollout_mock.errors",
-    "DumpNotFoundError": "rollout_mock.errors",
-    "FingerprintMismatchError": "rollout_mock.errors",
-    "IncompleteDumpError": "rollout_mock.errors",
-    "LockedError": "rollout_mock.errors",
-    "ManifestError": "rollout_mock.errors",
+    "verify": "rollout_mock.compare.verify",
+    "VerifyReport": "rollout_mock.compare.verify",
+    "diff_dumps": "rollout_mock.compare.diff",
+    "DiffReport": "rollout_mock.compare.diff",
+    "compare_batches": "rollout_mock.compare.diff",
+    "batch_traces": "rollout_mock.compare.traces",
     "RolloutMockError": "rollout_mock.errors",
-    "SchedulerUnavailableError": "rollout_mock.errors",
-    "StepExistsError": "rollout_mock.errors",
+    "ConfigError": "rollout_mock.errors",
     "StepNotFoundError": "rollout_mock.errors",
+    "DumpNotFoundError": "rollout_mock.errors",
+    "IncompleteDumpError": "rollout_mock.errors",
+    "StepExistsError": "rollout_mock.errors",
+    "CorruptStepError": "rollout_mock.errors",
+    "ManifestError": "rollout_mock.errors",
+    "FormatVersionError": "rollout_mock.errors",
     "UnsafePickleError": "rollout_mock.errors",
     "WriterError": "rollout_mock.errors",
+    "LockedError": "rollout_mock.errors",
+    "SchedulerUnavailableError": "rollout_mock.errors",
+    "DiskFullError": "rollout_mock.errors",
+    "FingerprintMismatchError": "rollout_mock.errors",
+    "DeterminismError": "rollout_mock.errors",
+    "MissingExtraError": "rollout_mock.errors",
+    "MetricsError": "rollout_mock.errors",
+    "MetricsNotFoundError": "rollout_mock.errors",
+    "MetricsFormatError": "rollout_mock.errors",
+    "InvalidMetricError": "rollout_mock.errors",
+    "VerifyInputError": "rollout_mock.errors",
+    "DiffInputError": "rollout_mock.errors",
+    "TraceError": "rollout_mock.errors",
+    "MetricsWarning": "rollout_mock.errors",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.codec import register_batch_class
+    from rollout_mock.compare.diff import DiffReport, compare_batches, diff_dumps
     from rollout_mock.compare.metrics import MetricsWriter, read_metrics
+    from rollout_mock.compare.traces import batch_traces
+    from rollout_mock.compare.verify import VerifyReport, verify
     from rollout_mock.config import RolloutMockConfig, load_config
     from rollout_mock.errors import (
         ConfigError,
         CorruptStepError,
+        DeterminismError,
+        DiffInputError,
         DiskFullError,
         DumpNotFoundError,
         FingerprintMismatchError,
+        FormatVersionError,
         IncompleteDumpError,
+        InvalidMetricError,
         LockedError,
         ManifestError,
+        MetricsError,
+        MetricsFormatError,
+        MetricsNotFoundError,
+        MetricsWarning,
+        MissingExtraError,
         RolloutMockError,
         SchedulerUnavailableError,
         StepExistsError,
         StepNotFoundError,
+        TraceError,
         UnsafePickleError,
+        VerifyInputError,
         WriterError,
     )
     from rollout_mock.modes import Mode
-    from rollout_mock.storage.reader import load_step, open_dump
-    from rollout_mock.wrap import mock_class
+    from rollout_mock.storage.base import StepStore
+    from rollout_mock.storage.directory import DirectoryStore
+    from rollout_mock.storage.memory import MemoryStore
+    from rollout_mock.storage.reader import Dump, load_step, open_dump
+    from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.scheduler import MockScheduler
 
 

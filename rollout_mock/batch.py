@@ -1,4 +1,8 @@
-"""Summaries of batches for the manifest: type, sample count, keys with shapes and dtypes.
+"""What a batch looks like: the one home of batch-shape predicates, and manifest summaries.
+
+Predicates (:func:`is_dataproto`, :func:`is_tensordict`, :func:`dataproto_parts`) are shared by
+the codec, ``diff``, traces and the manifest summaries; summaries (type, sample count, keys with
+shapes and dtypes) are
 
 Computed from the live batch in dump mode, so that listing a dump never unpickles anything.
 Understands dicts of tensors, TensorDict, DataProto-like objects (``batch``,
@@ -13,6 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
+
+__all__ = [
+    "count_samples", "dataproto_parts", "describe_keys", "is_dataproto", "is_tensordict",
+    "rejected_count", "type_name",
+]
 
 _MAX_KEYS = 256
 
@@ -30,12 +39,38 @@ def _leaf(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def _is_tensordict(obj: Any) -> bool:
-    return hasattr(obj, "batch_size") and hasattr(obj, "items") and hasattr(obj, "keys")
+def is_tensordict(obj: Any) -> bool:
+    """A TensorDict-like object: ``batch_size``, ``keys`` and ``items``, but not a plain mapping."""
+    return (
+        not isinstance(obj, Mapping | torch.Tensor | np.ndarray | type)
+        and hasattr(obj, "batch_size")
+        and hasattr(obj, "items")
+        and hasattr(obj, "keys")
+    )
 
 
-def _is_dataproto(obj: Any) -> bool:
-    return all(hasattr(obj, attr) for attr in ("batch", "non_tensor_batch", "meta_info"))
+def is_dataproto(obj: Any) -> bool:
+    """A DataProto-like instance (verl's, ROLL's, the demo's): ``batch``, ``non_tensor_batch``,
+    ``meta_info`` attributes. Classes themselves are not batches."""
+    return not isinstance(obj, type) and all(
+        hasattr(obj, attr) for attr in ("batch", "non_tensor_batch", "meta_info")
+    )
+
+
+def dataproto_parts(obj: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """``(batch, non_tensor_batch as a plain dict, meta_info)`` of a DataProto-like object.
+
+    ``non_tensor_batch`` may be a proxy (ROLL's ``BatchProxy``: ``len``/iteration/``==`` do not
+    behave like a dict); it is read through ``keys()`` and ``__getitem__`` only.
+    """
+    non_tensor = obj.non_tensor_batch
+    if non_tensor is None:
+        plain: dict[str, Any] = {}
+    elif isinstance(non_tensor, dict):
+        plain = dict(non_tensor)
+    else:
+        plain = {key: non_tensor[key] for key in sorted(non_tensor.keys(), key=str)}
+    return obj.batch, plain, dict(obj.meta_info or {})
 
 
 def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
@@ -45,7 +80,7 @@ def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
     if leaf is not None:
         out[prefix or "<value>"] = leaf
         return
-    if _is_tensordict(obj) and not isinstance(obj, Mapping):
+    if is_tensordict(obj):
         items = obj.items()
     elif isinstance(obj, Mapping):
         items = obj.items()
@@ -58,10 +93,11 @@ def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
 def describe_keys(batch: Any) -> dict[str, dict[str, Any]]:
     """Flat ``{dotted.key: {"shape": [...], "dtype": "..."}}`` of the batch's arrays."""
     out: dict[str, dict[str, Any]] = {}
-    if _is_dataproto(batch):
-        if batch.batch is not None:
-            _walk("batch", batch.batch, out)
-        _walk("non_tensor_batch", batch.non_tensor_batch or {}, out)
+    if is_dataproto(batch):
+        tensors, non_tensor, _ = dataproto_parts(batch)
+        if tensors is not None:
+            _walk("batch", tensors, out)
+        _walk("non_tensor_batch", non_tensor, out)
     elif isinstance(batch, list):
         items = [item for item in batch if item is not None]
         merged: dict[str, dict[str, Any]] = {}
@@ -80,18 +116,17 @@ def describe_keys(batch: Any) -> dict[str, dict[str, Any]]:
 
 def count_samples(batch: Any) -> int | None:
     """Samples in the batch: the batch dimension, or trajectories in a list (incl. rejected)."""
-    if _is_dataproto(batch):
+    if is_dataproto(batch):
         try:
             return len(batch)
         except TypeError:
             pass
-        non_tensor = batch.non_tensor_batch or {}
-        for value in non_tensor.values():
+        for value in dataproto_parts(batch)[1].values():
             return len(value)
         return None
     if isinstance(batch, list):
         return len(batch)
-    if _is_tensordict(batch) and not isinstance(batch, Mapping):
+    if is_tensordict(batch) and not isinstance(batch, Mapping):
         size = tuple(batch.batch_size)
         return int(size[0]) if size else None
     if isinstance(batch, torch.Tensor | np.ndarray):

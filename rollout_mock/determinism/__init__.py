@@ -4,13 +4,6 @@
 points at (:data:`SETUP_HOOK`); keep it importable from this package.
 """
 
-from rollout_mock.determinism.process import (
-    ApplyReport,
-    LateSetting,
-    apply,
-    apply_from_env,
-    seed_everything,
-)
 from rollout_mock.determinism.fingerprint import (
     INFORMATIONAL_FIELDS,
     MISSING,
@@ -22,6 +15,13 @@ from rollout_mock.determinism.fingerprint import (
     format_fingerprint,
     is_numerics_relevant,
     torch_flags,
+)
+from rollout_mock.determinism.process import (
+    ApplyReport,
+    LateSetting,
+    apply,
+    apply_from_env,
+    seed_everything,
 )
 from rollout_mock.determinism.profiles import (
     DETERMINISTIC_MODE_VAR,

@@ -2,44 +2,21 @@
 
 from __future__ import annotations
 
-import abc
-import fcntl
-import hmac
 import io
 import logging
-import os
-import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollout_mock import codec
-from rollout_mock.batch import count_samples, describe_keys, rejected_count, type_name
 from rollout_mock.codec import safe
-from rollout_mock.errors import (
-    CorruptStepError,
-    DumpNotFoundError,
-    LockedError,
-    StepExistsError,
-    StepNotFoundError,
-    UnsafePickleError,
-)
 from rollout_mock.storage.base import BatchInfo, StepStore, _exists_error
 from rollout_mock.storage.fileio import (
     Digest,
-    is_temp_name,
-    read_hashed,
-    temp_name,
-    write_temp,
 )
 from rollout_mock.storage.manifest import (
     Manifest,
     StepEntry,
     StreamId,
-    manifest_path,
-    read_manifest,
-    remove_stale_temps,
-    update_manifest,
     utc_now,
 )
 from rollout_mock.storage.verified import _corrupt

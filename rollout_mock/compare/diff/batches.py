@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout_mock.batch import dataproto_parts, is_dataproto, is_tensordict
 from rollout_mock.compare.diff.report import _REPR_WIDTH, KeyDiff
 
 
@@ -18,7 +19,7 @@ def _short(value: Any) -> str:
         return f"tensor {str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
     if isinstance(value, np.ndarray):
         return f"ndarray {value.dtype.name} {list(value.shape)}"
-    if _is_dataproto(value) or _is_tensordict(value) or isinstance(value, Mapping):
+    if is_dataproto(value) or is_tensordict(value) or isinstance(value, Mapping):
         try:
             return f"{type(value).__name__} ({len(_children(value))} keys)"
         except Exception:
@@ -32,26 +33,12 @@ def _short(value: Any) -> str:
     return text if len(text) <= _REPR_WIDTH else text[: _REPR_WIDTH - 3] + "..."
 
 
-def _is_tensordict(obj: Any) -> bool:
-    return (
-        not isinstance(obj, (Mapping, torch.Tensor, np.ndarray))
-        and hasattr(obj, "batch_size")
-        and hasattr(obj, "items")
-        and hasattr(obj, "keys")
-    )
-
-
-def _is_dataproto(obj: Any) -> bool:
-    return not isinstance(obj, type) and all(
-        hasattr(obj, attr) for attr in ("batch", "non_tensor_batch", "meta_info")
-    )
-
 
 def _is_container(obj: Any) -> bool:
     return (
         isinstance(obj, (Mapping, torch.Tensor, np.ndarray))
-        or _is_tensordict(obj)
-        or _is_dataproto(obj)
+        or is_tensordict(obj)
+        or is_dataproto(obj)
         or (dataclasses.is_dataclass(obj) and not isinstance(obj, type))
     )
 
@@ -66,9 +53,9 @@ def _node_kind(obj: Any) -> str:
         return "tensor"
     if isinstance(obj, np.ndarray):
         return "object_array" if obj.dtype == object else "ndarray"
-    if _is_dataproto(obj):
+    if is_dataproto(obj):
         return "dataproto"
-    if _is_tensordict(obj):
+    if is_tensordict(obj):
         return "tensordict"
     if isinstance(obj, Mapping):
         return "mapping"
@@ -82,7 +69,8 @@ def _node_kind(obj: Any) -> str:
 def _children(obj: Any) -> dict[str, Any]:
     kind = _node_kind(obj)
     if kind == "dataproto":
-        return {"batch": obj.batch, "non_tensor_batch": obj.non_tensor_batch, "meta_info": obj.meta_info}
+        tensors, non_tensor, meta = dataproto_parts(obj)
+        return {"batch": tensors, "non_tensor_batch": non_tensor, "meta_info": meta}
     if kind in ("tensordict", "mapping"):
         return {str(k): v for k, v in obj.items()}
     if kind == "dataclass":

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import TextIO
 
 from rollout_mock._progress import progress_bar
 from rollout_mock.compare.diff.batches import compare_batches
 from rollout_mock.compare.diff.report import DiffReport, KeyDiff, StepDiff, StreamDiff
+from rollout_mock.determinism.fingerprint import compare_fingerprints
 from rollout_mock.errors import DiffInputError
 from rollout_mock.storage.manifest import StepEntry, StreamId
 from rollout_mock.storage.reader import Dump, open_dump
@@ -46,22 +46,10 @@ def _same_file(x: StepEntry, y: StepEntry) -> bool:
     return x.checksum == y.checksum and x.size == y.size
 
 
-def _flat(prefix: str, obj: Any, out: dict[str, Any]) -> None:
-    if isinstance(obj, Mapping):
-        for k, v in obj.items():
-            _flat(f"{prefix}.{k}" if prefix else str(k), v, out)
-    else:
-        out[prefix] = obj
-
-
 def _fingerprint_differences(a: Dump, b: Dump) -> tuple[str, ...]:
-    fa: dict[str, Any] = {}
-    fb: dict[str, Any] = {}
-    _flat("", a.manifest.fingerprint or {}, fa)
-    _flat("", b.manifest.fingerprint or {}, fb)
-    return tuple(
-        f"{k}: {fa.get(k)!r} vs {fb.get(k)!r}" for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)
-    )
+    """The fields in which the two dumps' environment fingerprints differ, one line each."""
+    diffs = compare_fingerprints(a.manifest.fingerprint or {}, b.manifest.fingerprint or {})
+    return tuple(f"{d.field}: {d.recorded!r} vs {d.current!r}" for d in diffs)
 
 
 def _manifest_keys(x: StepEntry, y: StepEntry) -> tuple[KeyDiff, ...]:

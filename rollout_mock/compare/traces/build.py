@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from rollout_mock.batch import _is_dataproto, _is_tensordict, type_name
+from rollout_mock.batch import dataproto_parts, is_dataproto, is_tensordict, type_name
 from rollout_mock.compare.traces.fields import _reward_column, _short, _text_columns
 from rollout_mock.compare.traces.messages import (
     _chat_messages,
@@ -84,7 +84,7 @@ def _list_traces(batch: Sequence[Any], *, limit: int, renderer: _Renderer) -> li
         base = {"trajectory": i}
         if item is None:
             traces.append(Trace(len(traces), "rejected", None, [], base))
-        elif isinstance(item, Mapping) or _is_tensordict(item):
+        elif isinstance(item, Mapping) or is_tensordict(item):
             traces += _item_traces(item, limit=left, start=len(traces), renderer=renderer, base=base)
         else:
             raise TraceError(f"trajectory {i} is a {type_name(item)}: expected a dict of tensors or None")
@@ -99,8 +99,8 @@ def _item_traces(item: Any, *, limit: int, start: int, renderer: _Renderer, base
 
 
 def _dataproto_parts(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    tensors = {} if batch.batch is None else {str(k): v for k, v in batch.batch.items()}
-    return tensors, dict(batch.non_tensor_batch or {})
+    tensors, non_tensor, _ = dataproto_parts(batch)
+    return ({} if tensors is None else {str(k): v for k, v in tensors.items()}), non_tensor
 
 
 def batch_traces(
@@ -122,10 +122,10 @@ def batch_traces(
     renderer = _Renderer(tokenizer)
     if isinstance(batch, list | tuple):
         traces = _list_traces(batch, limit=max_traces, renderer=renderer)
-    elif _is_dataproto(batch):
+    elif is_dataproto(batch):
         tensors, others = _dataproto_parts(batch)
         traces = _columnar_traces(tensors, others, limit=max_traces, start=0, renderer=renderer, base={})
-    elif isinstance(batch, Mapping) or _is_tensordict(batch):
+    elif isinstance(batch, Mapping) or is_tensordict(batch):
         traces = _item_traces(batch, limit=max_traces, start=0, renderer=renderer, base={})
     else:
         raise TraceError(
@@ -143,7 +143,7 @@ def count_traces(batch: Any) -> int | None:
     if isinstance(batch, list | tuple):
         total = 0
         for item in batch:
-            if item is None or not (isinstance(item, Mapping) or _is_tensordict(item)):
+            if item is None or not (isinstance(item, Mapping) or is_tensordict(item)):
                 total += 1
             elif "messages" in item.keys():
                 messages = item["messages"]
@@ -152,9 +152,9 @@ def count_traces(batch: Any) -> int | None:
                 tensors, others = _split_mapping(_promote_single_sequence(dict(item.items())))
                 total += _n_rows(tensors, others)
         return total
-    if _is_dataproto(batch):
+    if is_dataproto(batch):
         return _n_rows(*_dataproto_parts(batch))
-    if isinstance(batch, Mapping) or _is_tensordict(batch):
+    if isinstance(batch, Mapping) or is_tensordict(batch):
         return count_traces([batch])
     return None
 

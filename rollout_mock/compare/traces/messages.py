@@ -115,6 +115,3 @@ def _role_runs(ids: Sequence[int], flags: Sequence[int], *, prompt_done: bool) -
             seen_user = True
         out.append((role, list(ids[start:end])))
     return out
-
-
-# --------------------------------------------------------------------------------------------

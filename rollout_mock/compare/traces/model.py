@@ -134,6 +134,3 @@ def _split_mapping(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
         is_array = isinstance(value, torch.Tensor) or (isinstance(value, np.ndarray) and value.dtype != object)
         (tensors if is_array else others)[str(key)] = value
     return tensors, others
-
-
-# --------------------------------------------------------------------------------------------

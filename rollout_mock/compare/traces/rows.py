@@ -90,6 +90,3 @@ def _token_messages(cols: _Columns, row: int, renderer: _Renderer) -> tuple[list
     if versions:
         meta["versions"] = [min(versions), max(versions)]
     return messages, meta
-
-
-# --------------------------------------------------------------------------------------------

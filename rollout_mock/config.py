@@ -21,6 +21,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
 
+__all__ = [
+    "BLOCK_KEY",
+    "DiskFullPolicy",
+    "FingerprintPolicy",
+    "RankPolicy",
+    "RolloutMockConfig",
+    "build_config",
+    "load_config",
+]
+
 BLOCK_KEY = "rollout_mock"
 
 

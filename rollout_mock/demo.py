@@ -32,6 +32,19 @@ from rollout_mock.compare.metrics import MetricsWriter
 from rollout_mock.determinism import apply as apply_determinism
 from rollout_mock.wrap.scheduler import MockScheduler
 
+__all__ = [
+    "BOS",
+    "Policy",
+    "RolloutBatch",
+    "RunResult",
+    "StepRequest",
+    "ToyRolloutScheduler",
+    "VOCAB",
+    "run_pipeline",
+    "target_of",
+    "train_step",
+]
+
 VOCAB = 16
 BOS = 0
 

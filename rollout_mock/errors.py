@@ -15,6 +15,34 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.determinism.process import LateSetting
 
+__all__ = [
+    "ConfigError",
+    "CorruptStepError",
+    "DeterminismError",
+    "DiffInputError",
+    "DiskFullError",
+    "DumpNotFoundError",
+    "FingerprintMismatchError",
+    "FormatVersionError",
+    "IncompleteDumpError",
+    "InvalidMetricError",
+    "LockedError",
+    "ManifestError",
+    "MetricsError",
+    "MetricsFormatError",
+    "MetricsNotFoundError",
+    "MetricsWarning",
+    "MissingExtraError",
+    "RolloutMockError",
+    "SchedulerUnavailableError",
+    "StepExistsError",
+    "StepNotFoundError",
+    "TraceError",
+    "UnsafePickleError",
+    "VerifyInputError",
+    "WriterError",
+]
+
 
 class RolloutMockError(Exception):
     """Base class of every error raised by rollout_mock.

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from enum import Enum
 
+__all__ = ["Convention", "Mode"]
+
 
 class Mode(str, Enum):
     """What an enabled :class:`~rollout_mock.MockScheduler` does with each batch.

@@ -29,6 +29,20 @@ import cloudpickle
 import numpy as np
 import torch
 
+__all__ = [
+    "PROTOCOL",
+    "Snapshot",
+    "batch_class_names",
+    "capture",
+    "dtype_name",
+    "dump",
+    "dumps",
+    "is_batch_class",
+    "loads_unrestricted",
+    "register_batch_class",
+    "torch_dtype",
+]
+
 #: The pickle protocol of every step file. Fixed, so files do not depend on the writer's Python.
 PROTOCOL = 5
 

@@ -28,6 +28,8 @@ from rollout_mock import codec
 from rollout_mock.codec import batch_class_names
 from rollout_mock.errors import UnsafePickleError
 
+__all__ = ["OPT_IN", "REBUILD_FUNCTIONS", "SafeUnpickler", "allow_global", "is_allowed", "load"]
+
 #: Functions in :mod:`rollout_mock.codec` that step files may reference. A test checks that every
 #: ``codec._rebuild_*`` function is listed here, so a new one cannot be forgotten.
 REBUILD_FUNCTIONS: frozenset[str] = frozenset(

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import platform
 import shutil
@@ -12,10 +11,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from rollout_mock._text import table
+from rollout_mock._text import logger, table
 from rollout_mock.determinism.profiles import FINGERPRINT_ENV_VARS, FINGERPRINT_VERSION
 
-logger = logging.getLogger("rollout_mock")
+__all__ = [
+    "FingerprintDifference",
+    "INFORMATIONAL_FIELDS",
+    "MISSING",
+    "compare_fingerprints",
+    "fingerprint",
+    "flatten",
+    "format_differences",
+    "format_fingerprint",
+    "is_numerics_relevant",
+    "torch_flags",
+]
+
 
 #: Environment variable that switches :func:`apply_from_env` on (ROLL's name and meaning).
 

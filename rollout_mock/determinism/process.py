@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import random
 import sys
@@ -10,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
+from rollout_mock._text import logger
 from rollout_mock.determinism.fingerprint import torch_flags
 from rollout_mock.determinism.profiles import (
     _MAX_SEED,
@@ -20,7 +20,8 @@ from rollout_mock.determinism.profiles import (
 )
 from rollout_mock.errors import ConfigError, DeterminismError
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["ApplyReport", "LateSetting", "apply", "apply_from_env", "seed_everything"]
+
 
 #: Environment variable that switches :func:`apply_from_env` on (ROLL's name and meaning).
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -10,7 +9,19 @@ from typing import Final
 
 from rollout_mock.errors import ConfigError
 
-logger = logging.getLogger("rollout_mock")
+__all__ = [
+    "DETERMINISTIC_MODE_VAR",
+    "EnvSetting",
+    "FINGERPRINT_ENV_VARS",
+    "FINGERPRINT_VERSION",
+    "PROFILES",
+    "PROFILE_VAR",
+    "Profile",
+    "SEED_VAR",
+    "SETUP_HOOK",
+    "get_profile",
+]
+
 
 #: Environment variable that switches :func:`apply_from_env` on (ROLL's name and meaning).
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,7 +15,8 @@ from rollout_mock.determinism.profiles import (
 )
 from rollout_mock.errors import ConfigError
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["ray_runtime_env"]
+
 
 #: Environment variable that switches :func:`apply_from_env` on (ROLL's name and meaning).
 

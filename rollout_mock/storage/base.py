@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import abc
 import io
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +18,8 @@ from rollout_mock.storage.manifest import (
     StreamId,
 )
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["BatchInfo", "StepStore", "format_ranges"]
+
 
 @dataclass(frozen=True)
 class BatchInfo:

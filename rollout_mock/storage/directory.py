@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import re
 from pathlib import Path
 from typing import Any
 
 from rollout_mock import codec
+from rollout_mock._text import logger
 from rollout_mock.errors import (
     CorruptStepError,
     DumpNotFoundError,
@@ -29,7 +29,8 @@ from rollout_mock.storage.manifest import (
 )
 from rollout_mock.storage.verified import load_verified
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["DirectoryStore"]
+
 
 class DirectoryStore(StepStore):
     """Steps as files under ``dump_dir``, indexed by ``manifest.json``.

@@ -29,6 +29,24 @@ from typing import Any, BinaryIO, TypeVar
 from rollout_mock.errors import DiskFullError
 from rollout_mock.storage._pages import advise_hugepages
 
+__all__ = [
+    "Digest",
+    "HashingReader",
+    "HashingWriter",
+    "ReadResult",
+    "T",
+    "TEMP_MARKER",
+    "WrittenFile",
+    "disk_full_error",
+    "free_bytes",
+    "fsync_dir",
+    "is_temp_name",
+    "read_hashed",
+    "temp_name",
+    "write_bytes_atomic",
+    "write_temp",
+]
+
 T = TypeVar("T")
 
 TEMP_MARKER = ".tmp-"

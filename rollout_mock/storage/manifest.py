@@ -46,6 +46,22 @@ from rollout_mock.codec import PROTOCOL
 from rollout_mock.errors import FormatVersionError, ManifestError
 from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
 
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "LOCK_NAME",
+    "MANIFEST_NAME",
+    "Manifest",
+    "StepEntry",
+    "StreamId",
+    "locked",
+    "manifest_path",
+    "read_manifest",
+    "remove_stale_temps",
+    "update_manifest",
+    "utc_now",
+]
+
 FORMAT = "rollout_mock.dump"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"

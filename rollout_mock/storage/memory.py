@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,8 @@ from rollout_mock.storage.manifest import (
 )
 from rollout_mock.storage.verified import _corrupt
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["MemoryStore"]
+
 
 class MemoryStore(StepStore):
     """Steps as encoded bytes in a dict: same semantics as :class:`DirectoryStore`, for tests."""

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+__all__ = ["Prefetcher"]
+
 
 class Prefetcher:
     """Serves steps through ``load(step)``, preloading ``next_step(step)`` in the background.

@@ -5,13 +5,13 @@ For notebooks, scripts and the CLI. Nothing here unpickles unless a batch is ask
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rollout_mock._text import logger
 from rollout_mock.errors import ManifestError
 from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.manifest import (
@@ -23,7 +23,8 @@ from rollout_mock.storage.manifest import (
 )
 from rollout_mock.storage.verified import load_verified
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["Dump", "RecordedStep", "load_step", "open_dump"]
+
 
 
 def _find_entry(path: Path) -> tuple[Path, StreamId, int, StepEntry] | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,8 @@ from rollout_mock.storage.manifest import (
     StreamId,
 )
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["file_digest", "load_verified"]
+
 
 def _corrupt(path: Path, stream: StreamId | None, step: int | None, what: str) -> CorruptStepError:
     where = f"step {step} of {stream}" if stream is not None else f"step {step}"

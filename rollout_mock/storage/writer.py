@@ -13,7 +13,6 @@ flushed by an ``atexit`` hook. :class:`SyncWriter` has the same interface and wr
 from __future__ import annotations
 
 import atexit
-import logging
 import queue
 import threading
 import weakref
@@ -21,9 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_mock._text import logger
 from rollout_mock.errors import WriterError
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["BackgroundWriter", "ErrorHandler", "SyncWriter", "WriteJob"]
+
 
 
 @dataclass

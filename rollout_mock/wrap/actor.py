@@ -6,19 +6,20 @@ import asyncio
 import atexit
 import functools
 import inspect
-import logging
 import os
 import weakref
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
 from rollout_mock.wrap.calls import detect_convention, step_arg_position
 from rollout_mock.wrap.interceptor import Interceptor
 from rollout_mock.wrap.scheduler import _ray_actor_class
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["mock_class"]
+
 
 
 def _is_async_class(cls: type) -> bool:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -12,7 +11,20 @@ from typing import Any
 from rollout_mock.config import RolloutMockConfig
 from rollout_mock.modes import Convention
 
-logger = logging.getLogger("rollout_mock")
+__all__ = [
+    "STATE_VERSION",
+    "STEP_ARG",
+    "STEP_NAMES",
+    "call_summary",
+    "describe_call",
+    "detect_convention",
+    "elapsed",
+    "is_ray_actor_method",
+    "step_arg_position",
+    "step_from_call",
+    "step_position_in",
+]
+
 
 
 STEP_ARG = "global_step"

@@ -14,12 +14,12 @@ subclass, so that interception happens inside a Ray actor) both drive it.
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rollout_mock._text import logger
 from rollout_mock.config import RankPolicy, RolloutMockConfig
 from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.directory import DirectoryStore
@@ -38,7 +38,8 @@ from rollout_mock.wrap.calls import (
 from rollout_mock.wrap.recording import RecordingMixin
 from rollout_mock.wrap.replay import ReplayMixin
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["Interceptor"]
+
 
 
 class Interceptor(RecordingMixin, ReplayMixin):

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rollout_mock import codec
+from rollout_mock._text import logger
 from rollout_mock.config import DiskFullPolicy
 from rollout_mock.errors import DiskFullError
 from rollout_mock.storage.base import BatchInfo
@@ -14,7 +15,8 @@ from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.fileio import free_bytes
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["RecordingMixin"]
+
 
 
 class RecordingMixin:

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
+from rollout_mock._text import logger
 from rollout_mock.config import FingerprintPolicy
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError
 from rollout_mock.storage.base import format_ranges
 from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.prefetch import Prefetcher
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["ReplayMixin"]
+
 
 
 class ReplayMixin:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -15,7 +14,8 @@ from rollout_mock.storage.base import StepStore
 from rollout_mock.wrap.calls import detect_convention, step_arg_position
 from rollout_mock.wrap.interceptor import Interceptor
 
-logger = logging.getLogger("rollout_mock")
+__all__ = ["MockScheduler"]
+
 
 
 class _RemoteMethod:

@@ -113,8 +113,11 @@ def test_every_public_module_states_its_api() -> None:
         leaf = name.rsplit(".", 1)[-1]
         if leaf.startswith("_") or path.name == "__main__.py" or name.split(".")[1:2] == ["cli"]:
             continue
-        if not any(isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets)
-                   for n in ast.parse(path.read_text()).body):
+        if not any(
+            (isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in n.targets))
+            or (isinstance(n, ast.AnnAssign) and getattr(n.target, "id", "") == "__all__")
+            for n in ast.parse(path.read_text()).body
+        ):
             missing.append(name)
     assert missing == []
 

@@ -13,6 +13,8 @@ import torch
 from rollout_mock.batch import dataproto_parts, is_dataproto, is_tensordict
 from rollout_mock.compare.diff.report import _REPR_WIDTH, KeyDiff
 
+__all__ = ["compare_batches"]
+
 
 def _short(value: Any) -> str:
     if isinstance(value, torch.Tensor):

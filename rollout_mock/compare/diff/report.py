@@ -10,6 +10,17 @@ from typing import Any
 from rollout_mock._text import json_float
 from rollout_mock.storage.base import format_ranges
 
+__all__ = [
+    "DiffReport",
+    "KeyDiff",
+    "MAX_KEYS_SHOWN",
+    "MAX_STEPS_SHOWN",
+    "StepDiff",
+    "StreamDiff",
+    "format_diff",
+    "iter_differences",
+]
+
 #: Differing keys listed per step in the text report, and differing steps shown in detail.
 MAX_KEYS_SHOWN = 12
 MAX_STEPS_SHOWN = 20

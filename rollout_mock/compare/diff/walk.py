@@ -14,6 +14,8 @@ from rollout_mock.errors import DiffInputError
 from rollout_mock.storage.manifest import StepEntry, StreamId
 from rollout_mock.storage.reader import Dump, open_dump
 
+__all__ = ["diff_dumps", "parse_steps"]
+
 
 def parse_steps(spec: str) -> list[tuple[int, int | None]]:
     """``"0-9,12,20-"`` -> ``[(0, 9), (12, 12), (20, None)]`` (inclusive; ``None`` = open)."""

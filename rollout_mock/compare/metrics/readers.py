@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import logging
 import warnings
 from pathlib import Path
 from typing import Any
 
+from rollout_mock._text import logger
 from rollout_mock.compare.metrics.table import MetricsTable, _TableBuilder
 from rollout_mock.compare.metrics.values import (
     _JSONL_SUFFIXES,
@@ -24,7 +24,8 @@ from rollout_mock.errors import (
     MissingExtraError,
 )
 
-logger = logging.getLogger(__name__)
+__all__ = ["read_csv", "read_jsonl", "read_metrics", "read_tensorboard", "resolve_metrics_path"]
+
 
 
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from rollout_mock.errors import MetricsFormatError
 
-logger = logging.getLogger(__name__)
+__all__ = ["MetricsTable"]
+
 
 
 class MetricsTable(Mapping[str, Mapping[int, float]]):

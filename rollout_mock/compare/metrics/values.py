@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import operator
 
 from rollout_mock.errors import InvalidMetricError
 
-logger = logging.getLogger(__name__)
+__all__ = ["DEFAULT_METRICS_FILE", "MAX_EXACT_INT", "decode_value", "encode_value"]
+
 
 
 #: Name of the metrics file that :func:`resolve_metrics_path` looks for in a run directory.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import json
-import logging
 import os
 import threading
 import warnings
@@ -20,7 +19,8 @@ from rollout_mock.errors import (
     MetricsWarning,
 )
 
-logger = logging.getLogger(__name__)
+__all__ = ["MetricsWriter"]
+
 
 
 class MetricsWriter:

@@ -25,6 +25,8 @@ from rollout_mock.compare.traces.model import (
 from rollout_mock.compare.traces.rows import _Columns, _token_messages
 from rollout_mock.errors import TraceError
 
+__all__ = ["batch_traces", "count_traces"]
+
 
 def _columnar_traces(
     tensors: Mapping[str, Any],

@@ -18,6 +18,8 @@ from rollout_mock.compare.traces.model import (
     _rows_of,
 )
 
+__all__ = []
+
 
 def _to_float(value: Any) -> float | None:
     """A reward cell -> float: a number, a 1-element list, or a list summed (token-level)."""

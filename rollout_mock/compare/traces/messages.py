@@ -16,6 +16,8 @@ from rollout_mock.compare.traces.model import (
     _rows_of,
 )
 
+__all__ = []
+
 
 class _Renderer:
     """Token ids -> message content: decoded text with a tokenizer, a compact id list without."""

@@ -11,6 +11,8 @@ import torch
 
 from rollout_mock._text import jsonable
 
+__all__ = ["DEFAULT_MAX_TRACES", "MAX_FIELD_CHARS", "MAX_IDS_SHOWN", "Tokenizer", "Trace"]
+
 #: AReaL's ``max_rollout_traces_per_step`` default.
 DEFAULT_MAX_TRACES = 32
 #: Token ids shown per message when there is no tokenizer.

@@ -8,6 +8,8 @@ from collections.abc import Iterable
 from rollout_mock._text import json_default as _json_default
 from rollout_mock.compare.traces.model import Trace
 
+__all__ = ["format_trace", "format_traces", "traces_to_jsonl"]
+
 
 def _header(trace: Trace) -> str:
     parts = [f"step {trace.step}" if trace.step is not None else None, f"trace {trace.index}", trace.status]

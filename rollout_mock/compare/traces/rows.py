@@ -9,6 +9,8 @@ from typing import Any
 from rollout_mock.compare.traces.messages import _Renderer, _role_runs
 from rollout_mock.compare.traces.model import _TOKEN_KEYS, _rows_of
 
+__all__ = []
+
 
 @dataclass
 class _Columns:

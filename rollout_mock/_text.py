@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["LOG_PREFIX", "dumps_json", "json_default", "json_float", "jsonable", "logger", "table"]
+__all__ = [
+    "LOG_PREFIX", "dumps_json", "json_default", "json_float", "jsonable", "logger", "short_repr", "table",
+]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
 logger = logging.getLogger("rollout_mock")
@@ -54,6 +57,21 @@ def jsonable(value: Any) -> Any:
 def dumps_json(value: Any, **kwargs: Any) -> str:
     """``json.dumps`` of :func:`jsonable` ``(value)``: never emits bare ``NaN``."""
     return json.dumps(jsonable(value), allow_nan=False, **kwargs)
+
+
+_REPR = reprlib.Repr()
+_REPR.maxstring = _REPR.maxother = 80
+_REPR.maxlevel = 3
+
+
+def short_repr(value: Any, limit: int = 120) -> str:
+    """``repr(value)`` bounded to about ``limit`` characters, whatever the value's size or depth
+    (error messages must never embed an unbounded value)."""
+    try:
+        text = _REPR.repr(value)
+    except Exception:  # a broken __repr__ must not hide the error being reported
+        text = f"<{type(value).__qualname__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def table(rows: Sequence[Sequence[str]], *, header: bool = True, indent: str = "", sep: str = " | ",

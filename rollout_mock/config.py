@@ -2,7 +2,17 @@
 
 ROLL's block (``enable``, ``mode``, ``dump_dir``) loads unchanged; every other key is optional and
 has a default that keeps ROLL's behaviour where ROLL's behaviour is safe. Unknown keys and bad
-values are errors that name the key, the value and the valid choices.
+values are errors that name the key, the value and the valid choices. Error messages are bounded:
+values are shown as short reprs, and at most :data:`MAX_ERROR_LINES` problems are listed.
+
+YAML files are read with a safe loader that refuses, before any Python object is built, files
+over :data:`MAX_CONFIG_BYTES`, documents whose aliases would expand to more than
+:data:`MAX_YAML_NODES` nodes ("billion laughs"), recursive aliases and absurd nesting.
+
+``${...}`` interpolations (OmegaConf syntax) in a YAML file or a plain mapping are resolved with
+OmegaConf, against the whole document, when ``omegaconf`` is installed; without it a ``rollout_mock``
+value holding ``${`` is a :class:`~rollout_mock.errors.ConfigError` naming the key: it is never
+used literally (e.g. as a directory name).
 """
 
 from __future__ import annotations
@@ -15,9 +25,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from rollout_mock._text import short_repr
+from rollout_mock._yaml import load_yaml_file
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
 
@@ -32,6 +43,13 @@ __all__ = [
 ]
 
 BLOCK_KEY = "rollout_mock"
+#: Largest YAML config file read (a training config is a few kB).
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+#: Most nodes a YAML document may have once its aliases are expanded.
+MAX_YAML_NODES = 200_000
+#: Most problems listed in one :class:`ConfigError`.
+MAX_ERROR_LINES = 20
+_MAX_MESSAGE = 300
 
 
 class DiskFullPolicy(str, Enum):
@@ -183,24 +201,28 @@ def _choices_for(field_name: str) -> list[str] | None:
 def _format_errors(error: ValidationError, block: Mapping[str, Any]) -> str:
     valid_keys = list(RolloutMockConfig.model_fields)
     lines: list[str] = []
-    for item in error.errors():
+    items = error.errors()
+    for item in items[:MAX_ERROR_LINES]:
         loc = item.get("loc", ())
-        key = str(loc[0]) if loc else "?"
-        value = block.get(key, item.get("input"))
+        raw_key = str(loc[0]) if loc else "?"
+        key = raw_key if len(raw_key) <= 80 else short_repr(raw_key, 80)
+        value = short_repr(block.get(raw_key, item.get("input")))
         if item.get("type") == "extra_forbidden":
-            close = difflib.get_close_matches(key, valid_keys, n=1)
+            close = difflib.get_close_matches(raw_key[:80], valid_keys, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
             lines.append(
-                f"{BLOCK_KEY}.{key}: unknown key (value {value!r}){hint}; "
+                f"{BLOCK_KEY}.{key}: unknown key (value {value}){hint}; "
                 f"valid keys: {', '.join(valid_keys)}"
             )
             continue
-        choices = _choices_for(key) if key in RolloutMockConfig.model_fields else None
-        message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")
-        line = f"{BLOCK_KEY}.{key}: invalid value {value!r}: {message}"
+        choices = _choices_for(raw_key) if raw_key in RolloutMockConfig.model_fields else None
+        message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")[:_MAX_MESSAGE]
+        line = f"{BLOCK_KEY}.{key}: invalid value {value}: {message}"
         if choices:
             line += f"; valid choices: {', '.join(choices)}"
         lines.append(line)
+    if len(items) > MAX_ERROR_LINES:
+        lines.append(f"... and {len(items) - MAX_ERROR_LINES} more problem(s)")
     return "\n".join(lines)
 
 
@@ -208,7 +230,7 @@ def build_config(block: Mapping[str, Any]) -> RolloutMockConfig:
     """Validate the ``rollout_mock:`` block itself (not the whole training config)."""
     if not isinstance(block, Mapping):
         raise ConfigError(
-            f"{BLOCK_KEY}: expected a mapping of options, got {type(block).__name__} {block!r}"
+            f"{BLOCK_KEY}: expected a mapping of options, got {type(block).__name__} {short_repr(block)}"
         )
     plain = {str(k): v for k, v in block.items()}
     try:
@@ -230,6 +252,65 @@ def _to_plain(source: Any) -> Any:
     return source
 
 
+def _has_interpolation(value: Any, seen: set[int] | None = None) -> bool:
+    if isinstance(value, str):
+        return "${" in value
+    if isinstance(value, (Mapping, list, tuple)):
+        seen = set() if seen is None else seen
+        if id(value) in seen:
+            return False
+        seen.add(id(value))
+        items = value.values() if isinstance(value, Mapping) else value
+        return any(_has_interpolation(item, seen) for item in items)
+    return False
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return short_repr(text[0] if text else "", _MAX_MESSAGE).strip("'\"")
+
+
+def _resolve_interpolations(root: Mapping[Any, Any]) -> Mapping[Any, Any]:
+    """``root`` with the ``${...}`` values of its ``rollout_mock`` block (or of ``root`` itself,
+    if it is the block) resolved by OmegaConf against the whole of ``root``. Without omegaconf,
+    or when a value cannot be resolved: :class:`ConfigError` naming the key."""
+    whole = BLOCK_KEY in root
+    block = root[BLOCK_KEY] if whole else root
+    if not isinstance(block, Mapping):
+        return root
+    keys = [key for key, value in block.items() if _has_interpolation(value)]
+    if not keys:
+        return root
+    first = f"{BLOCK_KEY}.{keys[0]}"
+    try:
+        from omegaconf import OmegaConf
+    except ImportError:
+        raise ConfigError(
+            f"{first}: {short_repr(block[keys[0]])} is a ${{...}} interpolation, and omegaconf is not "
+            f"installed to resolve it; `pip install omegaconf` (or the verl extra), or write the "
+            f"value out"
+        ) from None
+    try:
+        config = OmegaConf.create(dict(root))
+    except Exception:  # e.g. a value type OmegaConf does not support elsewhere in the file
+        try:
+            config = OmegaConf.create({BLOCK_KEY: dict(block)} if whole else dict(block))
+        except Exception as exc:
+            raise ConfigError(f"{first}: cannot resolve ${{...}} interpolations: {_first_line(exc)}") from None
+    node = config[BLOCK_KEY] if whole else config
+    resolved = dict(block)
+    for key in keys:
+        try:
+            value = node[key]
+            resolved[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
+        except Exception as exc:
+            raise ConfigError(
+                f"{BLOCK_KEY}.{key}: cannot resolve {short_repr(block[key])}: "
+                f"{type(exc).__name__}: {_first_line(exc)}"
+            ) from None
+    return {**root, BLOCK_KEY: resolved} if whole else resolved
+
+
 def load_config(source: Any) -> RolloutMockConfig:
     """Build a :class:`RolloutMockConfig` from any of the forms users have at hand.
 
@@ -237,10 +318,15 @@ def load_config(source: Any) -> RolloutMockConfig:
 
     * a :class:`RolloutMockConfig` (returned as is);
     * a path (``str`` or ``PathLike``) to a YAML file: either a whole training config holding a
-      ``rollout_mock:`` key, or just the block;
+      ``rollout_mock:`` key, or just the block. It is read with the bounded safe loader of
+      :mod:`rollout_mock._yaml` (size, alias-expansion and nesting limits);
     * a mapping holding a ``rollout_mock`` key, or the block itself;
     * an OmegaConf ``DictConfig`` of either shape, or a dataclass (ROLL's ``RolloutMockConfig``
       or a pipeline config with a ``rollout_mock`` attribute).
+
+    ``${...}`` interpolations in the block of a YAML file or plain mapping are resolved with
+    OmegaConf (against the whole file) when omegaconf is installed, and are otherwise a
+    :class:`ConfigError` naming the key; a ``DictConfig`` is resolved by OmegaConf itself.
 
     When a whole config is given and the block has no ``max_steps``, the top-level
     ``max_steps`` (ROLL's) is used for the mock-mode pre-flight check.
@@ -249,25 +335,26 @@ def load_config(source: Any) -> RolloutMockConfig:
         return source
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {path}") from None
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        loaded = load_yaml_file(path, max_bytes=MAX_CONFIG_BYTES, max_nodes=MAX_YAML_NODES)
         if loaded is None:
             raise ConfigError(f"{path}: the file is empty; expected a '{BLOCK_KEY}:' block")
         try:
-            return load_config(loaded)
+            return _from_object(loaded, interpolate=True)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    return _from_object(source, interpolate=True)
+
+
+def _from_object(source: Any, *, interpolate: bool) -> RolloutMockConfig:
+    if isinstance(source, RolloutMockConfig):
+        return source
+    if _is_dictconfig(source):
+        interpolate = False  # OmegaConf resolves its own interpolations in _to_plain
     source = _to_plain(source)
     if not isinstance(source, Mapping):
         block_attr = getattr(source, BLOCK_KEY, None)
         if block_attr is not None:
-            return load_config(block_attr)
+            return _from_object(block_attr, interpolate=interpolate)
         raise ConfigError(
             f"cannot read a {BLOCK_KEY} config from {type(source).__name__}; pass a YAML path, "
             f"a mapping, an OmegaConf DictConfig or a RolloutMockConfig"
@@ -277,10 +364,17 @@ def load_config(source: Any) -> RolloutMockConfig:
         if block is None:
             block = {}
         if not isinstance(block, Mapping):
-            raise ConfigError(f"{BLOCK_KEY}: expected a mapping of options, got {block!r}")
-        block = dict(block)
+            raise ConfigError(f"{BLOCK_KEY}: expected a mapping of options, got {short_repr(block)}")
+        source = {**source, BLOCK_KEY: dict(block)}
+        if interpolate:
+            source = _resolve_interpolations(source)
+        block = dict(source[BLOCK_KEY])
         top_max_steps = source.get("max_steps")
         if "max_steps" not in block and isinstance(top_max_steps, int) and top_max_steps > 0:
             block["max_steps"] = top_max_steps
         return build_config(block)
-    return build_config(source)
+    return build_config(_resolve_interpolations(source) if interpolate else source)
+
+
+def _is_dictconfig(source: Any) -> bool:
+    return type(source).__module__.startswith("omegaconf") and type(source).__name__ == "DictConfig"

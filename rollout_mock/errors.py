@@ -106,6 +106,21 @@ class WriterError(RolloutMockError):
     """The background writer failed; the original exception is chained as ``__cause__``."""
 
 
+class StepArgumentError(RolloutMockError, ValueError):
+    """An intercepted call carries a step argument that is not a non-negative integer.
+
+    ``method`` is the intercepted method, ``argument`` where the step was found (e.g.
+    ``global_step``, ``meta_info['global_steps']``, ``rollout_id``) and ``value`` a short repr
+    of what was passed.
+    """
+
+    def __init__(self, message: str, *, method: str | None, argument: str, value: str, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.method = method
+        self.argument = argument
+        self.value = value
+
+
 class LockedError(RolloutMockError):
     """Another live process is already writing into this split of the dump directory."""
 

@@ -8,13 +8,31 @@ memory). A failed job is never lost: its error is raised by the next
 with the original exception as ``__cause__``; jobs queued after a failure are dropped (a dump with
 a hole in it is worse than a dump that stops). Every writer still open at interpreter exit is
 flushed by an ``atexit`` hook. :class:`SyncWriter` has the same interface and writes in ``submit``.
+
+Memory: the writer drops its references to a job (and so to the batch snapshot the job holds) as
+soon as the job finishes, successfully or not (a failure keeps the exception, with its traceback
+as text in a note instead of frame objects), so with ``max_pending=1`` at most one snapshot is
+alive.
+
+SIGTERM (what SLURM, Kubernetes and torchrun send before killing a job): the first submit from
+the main thread installs a handler (chaining the one it replaces; none is installed when SIGTERM
+is ignored or has a non-Python handler). On SIGTERM it waits up to :data:`SIGTERM_FLUSH_TIMEOUT`
+seconds for the queued steps of every open writer to be written, then hands the signal on: to
+the previous Python handler, or, if that was the default action, by restoring it and re-sending
+SIGTERM, so the process still ends "killed by SIGTERM" (exit status 143 in a shell). While nothing
+is pending it hands the signal on at once. It is removed when the last writer closes (from the
+main thread, and only if it is still the installed handler).
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import queue
+import signal
 import threading
+import time
+import traceback
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +56,22 @@ class WriteJob:
 #: Called with (job, exception); returns True when the error was handled (e.g. a disk-full
 #: policy that disables dumping) and must not be raised to the caller.
 ErrorHandler = Callable[[WriteJob, BaseException], bool]
+
+
+def _detach_traceback(exc: BaseException) -> None:
+    """Keep ``exc`` (and its cause/context chain) without its traceback objects, whose frames
+    would keep the failed job, and so the batch it was writing, alive; the traceback is kept as
+    text in a note (shown when the error is printed)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        tb = current.__traceback__
+        if tb is not None:
+            current.add_note("[RolloutMock] where the write failed:\n" + "".join(traceback.format_tb(tb)).rstrip())
+            traceback.clear_frames(tb)
+            current.__traceback__ = None
+        current = current.__cause__ or current.__context__
 
 
 class SyncWriter:
@@ -86,6 +120,80 @@ def _flush_at_exit() -> None:
 
 atexit.register(_flush_at_exit)
 
+#: Seconds a SIGTERM waits for queued steps to be written before the signal is handed on
+#: (schedulers wait ~30 s between SIGTERM and SIGKILL: SLURM's KillWait, Kubernetes' grace period).
+SIGTERM_FLUSH_TIMEOUT = 20.0
+
+_sigterm_lock = threading.RLock()  # re-entrant: the handler may interrupt its own install
+#: The SIGTERM handler ours replaced, while ours is installed; ``None`` otherwise.
+_previous_sigterm: Any = None
+
+
+def _install_sigterm_handler() -> None:
+    """Install :func:`_on_sigterm` (main thread only; see the module docstring)."""
+    global _previous_sigterm
+    if _previous_sigterm is not None or threading.current_thread() is not threading.main_thread():
+        return
+    with _sigterm_lock:
+        if _previous_sigterm is not None:
+            return
+        try:
+            previous = signal.getsignal(signal.SIGTERM)
+            if previous is None or previous is signal.SIG_IGN or previous is _on_sigterm:
+                return  # a C-level handler we could not chain, or SIGTERM ignored: leave it
+            signal.signal(signal.SIGTERM, _on_sigterm)
+        except (ValueError, OSError):  # pragma: no cover - e.g. an embedded interpreter
+            return
+        _previous_sigterm = previous
+
+
+def _uninstall_sigterm_handler() -> None:
+    """Put the previous SIGTERM handler back, if ours is still the installed one."""
+    global _previous_sigterm
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with _sigterm_lock:
+        previous, _previous_sigterm = _previous_sigterm, None
+        if previous is not None and signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _flush_for_signal(timeout: float) -> None:
+    """Wait (at most ``timeout`` seconds in all) until no open writer has pending steps."""
+    writers = [w for w in list(_OPEN_WRITERS) if w.pending]
+    if not writers:
+        return
+    pending = sum(w.pending for w in writers)
+    logger.warning(
+        "[RolloutMock] SIGTERM: writing %d queued step(s) before exiting (waiting up to %.0f s)",
+        pending, timeout,
+    )
+    deadline = time.monotonic() + timeout
+    for writer in writers:
+        writer.wait_idle(max(deadline - time.monotonic(), 0.0))
+    left = sum(w.pending for w in writers)
+    if left:
+        logger.error(
+            "[RolloutMock] SIGTERM: %d queued step(s) still not written after %.0f s; they are lost "
+            "(raise rollout_mock.storage.writer.SIGTERM_FLUSH_TIMEOUT if the scheduler allows it)",
+            left, timeout,
+        )
+    else:
+        logger.warning("[RolloutMock] SIGTERM: all %d queued step(s) written", pending)
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    previous = _previous_sigterm
+    _flush_for_signal(SIGTERM_FLUSH_TIMEOUT)
+    if callable(previous):
+        previous(signum, frame)
+        return
+    # The default action (or no record of a previous handler): die by the signal, as without us.
+    _uninstall_sigterm_handler()
+    signal.signal(signum, signal.SIG_DFL)
+    signal.raise_signal(signum)
+    os._exit(128 + signum)  # pragma: no cover - only if the signal is blocked in this thread
+
 
 class BackgroundWriter:
     """A single writer thread fed through a bounded queue (see the module docstring).
@@ -108,6 +216,7 @@ class BackgroundWriter:
         self._error: BaseException | None = None
         self._failed_job: str | None = None
         self._reported = False
+        self._frames_cleared = False
         self.closed = False
         self._thread = threading.Thread(target=self._run, name="rollout-mock-writer", daemon=True)
         self._thread.start()
@@ -132,6 +241,12 @@ class BackgroundWriter:
             try:
                 self._execute(job)
             finally:
+                # Drop the finished job (and the snapshot it holds) before anyone can see this
+                # slot free: a lingering reference would keep max_pending+1 snapshots alive.
+                job = None
+                if self._error is not None and not self._frames_cleared:
+                    self._frames_cleared = True
+                    _detach_traceback(self._error)
                 self._slots.release()
                 with self._idle:
                     self._unfinished -= 1
@@ -187,11 +302,22 @@ class BackgroundWriter:
         with self._idle:
             self._unfinished += 1
         self._queue.put(job)
+        del job
+        _install_sigterm_handler()
 
-    def _wait_idle(self) -> None:
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no job is pending (at most ``timeout`` seconds); True if none is."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._idle:
             while self._unfinished:
-                self._idle.wait()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._idle.wait(remaining)
+        return True
+
+    def _wait_idle(self) -> None:
+        self.wait_idle()
 
     def flush(self) -> None:
         """Wait until every queued job is written; raise a failure if one happened."""
@@ -211,6 +337,8 @@ class BackgroundWriter:
                 self._thread.join()
                 self.closed = True
                 _OPEN_WRITERS.discard(self)
+                if not _OPEN_WRITERS:
+                    _uninstall_sigterm_handler()
             if self._error is None or self._reported:
                 return
             self._reported = True

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import math
+import operator
 import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from rollout_mock._text import json_float, short_repr
 from rollout_mock.config import RolloutMockConfig
+from rollout_mock.errors import StepArgumentError
 from rollout_mock.modes import Convention
 
 __all__ = [
@@ -34,13 +39,55 @@ STEP_NAMES = (STEP_ARG, "global_steps", "rollout_id")
 STATE_VERSION = 1
 
 
-def _as_step(value: Any) -> int | None:
-    if value is None or isinstance(value, bool):
+_STEP_FIX = (
+    "pass the step as a non-negative int (e.g. global_step=int(step)), or pass no step argument "
+    "at all to let the scheduler count calls"
+)
+
+
+def as_step(value: Any, *, method: str | None, argument: str, **context: Any) -> int | None:
+    """The step ``value`` stands for, taken exactly, or :class:`StepArgumentError`.
+
+    ``None`` means "no step" (the caller uses the scheduler's counter). Accepted: a non-negative
+    ``int``, an integral ``float`` (``3.0``), and 0-d numpy/torch integer or integral-float scalars
+    (``np.int64(3)``, ``torch.tensor(3)``). Refused, with an error naming ``method`` and
+    ``argument``: booleans, strings, fractional or non-finite floats, tensors/arrays with a
+    dimension (even of one element), anything else, and negative steps. A present but bad step
+    never falls back to the counter: a recording under the wrong step is worse than an error.
+    """
+    if value is None:
         return None
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        return None
+    original = value
+    if getattr(value, "ndim", 0) == 0 and type(value).__module__.split(".")[0] in {"numpy", "torch"}:
+        item = getattr(value, "item", None)
+        if callable(item):
+            value = item()
+    step: int | None = None
+    if isinstance(value, bool):
+        step = None
+    elif isinstance(value, int):
+        step = int(value)
+    elif isinstance(value, float):
+        step = int(value) if math.isfinite(value) and value.is_integer() else None
+    elif not isinstance(value, (str, bytes)) and getattr(value, "ndim", 0) == 0:
+        try:
+            step = operator.index(value)
+        except TypeError:
+            step = None
+    if step is None or step < 0:
+        why = "a negative step" if step is not None else f"not an integer ({type(original).__qualname__})"
+        shape = getattr(original, "shape", None)
+        if shape is not None and getattr(original, "ndim", 0):
+            why = f"a {type(original).__qualname__} of shape {tuple(shape)}, not a single number"
+        shown = short_repr(original)
+        where = ", ".join(f"{k}={v}" for k, v in context.items() if k in ("mode", "split") and v)
+        raise StepArgumentError(
+            f"[RolloutMock] {method or 'intercepted call'}{f' ({where})' if where else ''}: "
+            f"step argument {argument}={shown} is {why}; "
+            f"{_STEP_FIX}",
+            method=method, argument=argument, value=shown, **context,
+        )
+    return step
 
 
 def step_arg_position(function: Callable[..., Any] | None, *, bound: bool) -> int | None:
@@ -74,20 +121,27 @@ def step_position_in(parameters: list[inspect.Parameter]) -> int | None:
     return None
 
 
-def step_from_call(args: tuple[Any, ...], kwargs: Mapping[str, Any], position: int | None) -> int | None:
-    """The step a call carries: ``global_step`` by keyword or position, or the ``meta_info`` of
-    a DataProto-like argument (``global_step``, ROLL; ``global_steps``, verl's trainer)."""
+def step_from_call(args: tuple[Any, ...], kwargs: Mapping[str, Any], position: int | None,
+                   *, method: str | None = None, **context: Any) -> int | None:
+    """The step a call carries, or ``None`` when it carries none (then the counter is used).
+
+    Looked up in order: a keyword argument named like :data:`STEP_NAMES`; the positional
+    ``global_step``/``rollout_id`` parameter at ``position``; the ``meta_info`` mapping of a
+    DataProto-like argument (``global_step``, ROLL; ``global_steps``, verl's trainer). The first
+    one present decides: a bad value raises :class:`StepArgumentError` (see :func:`as_step`,
+    ``context`` gives its ``mode``/``split``) instead of falling back to the counter.
+    """
     for name in STEP_NAMES:
         if name in kwargs:
-            return _as_step(kwargs[name])
+            return as_step(kwargs[name], method=method, argument=name, **context)
     if position is not None and position < len(args):
-        return _as_step(args[position])
+        return as_step(args[position], method=method, argument=f"<step parameter at position {position}>", **context)
     for value in (*args, *kwargs.values()):
         meta = getattr(value, "meta_info", None)
         if isinstance(meta, Mapping):
             for name in STEP_NAMES:
                 if name in meta:
-                    return _as_step(meta[name])
+                    return as_step(meta[name], method=method, argument=f"meta_info[{name!r}]", **context)
     return None
 
 
@@ -130,20 +184,63 @@ def _hmac_key(config: RolloutMockConfig) -> bytes | None:
     return value.encode("utf-8")
 
 
+#: Bounds of a call summary (it is stored in the manifest once per step).
+SUMMARY_MAX_STR = 200
+SUMMARY_MAX_ITEMS = 32
+_NON_FINITE = {"NaN": "float('nan')", "Infinity": "float('inf')", "-Infinity": "float('-inf')"}
+
+
+def _bounded_str(text: str) -> str:
+    if len(text) <= SUMMARY_MAX_STR:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return f"{text[:SUMMARY_MAX_STR]}...<{len(text)} chars, sha256 {digest}>"
+
+
 def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return f"<{type(value).__qualname__}>"
+    """One argument as strict JSON: ``None``, bools, ints of up to 64 bits, floats (non-finite
+    ones as ``"NaN"``/``"Infinity"``/``"-Infinity"``, see :func:`rollout_mock._text.json_float`),
+    strings (long ones cut, with their length and hash so that different values still differ);
+    any other object as ``"<TypeName>"``."""
+    if value is None or isinstance(value, bool):
+        return None if value is None else bool(value)
+    if isinstance(value, int):
+        return int(value) if -(2**63) <= value < 2**64 else f"<int of {value.bit_length()} bits>"
+    if isinstance(value, float):
+        return json_float(float(value))
+    if isinstance(value, str):
+        return _bounded_str(str(value))
+    return _bounded_str(f"<{type(value).__qualname__}>")
 
 
 def call_summary(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
-    """The plain arguments of a call (numbers, strings, None); other objects by type name."""
-    return {"args": [_plain(a) for a in args], "kwargs": {k: _plain(v) for k, v in sorted(kwargs.items())}}
+    """The plain arguments of a call (numbers, strings, None); other objects by type name.
+
+    Strict JSON (it goes into ``manifest.json``) and bounded: at most :data:`SUMMARY_MAX_ITEMS`
+    positional and keyword arguments each, strings cut at :data:`SUMMARY_MAX_STR` characters.
+    Mock mode compares it with ``==`` to the recorded one; NaN equals NaN there (both ``"NaN"``).
+    """
+    summary: dict[str, Any] = {
+        "args": [_plain(a) for a in args[:SUMMARY_MAX_ITEMS]],
+        "kwargs": {_bounded_str(str(k)): _plain(v) for k, v in sorted(kwargs.items())[:SUMMARY_MAX_ITEMS]},
+    }
+    dropped = max(len(args) - SUMMARY_MAX_ITEMS, 0) + max(len(kwargs) - SUMMARY_MAX_ITEMS, 0)
+    if dropped:
+        summary["omitted"] = dropped
+    return summary
 
 
 def describe_call(call: Mapping[str, Any]) -> str:
-    parts = [repr(a) if not str(a).startswith("<") else str(a) for a in call.get("args", [])]
-    parts += [f"{k}={v!r}" for k, v in call.get("kwargs", {}).items()]
+    """A call summary as ``(arg, ..., key=value)``; non-finite floats as ``float('inf')``."""
+    def show(value: Any) -> str:
+        if isinstance(value, str) and (value.startswith("<") or value in _NON_FINITE):
+            return _NON_FINITE.get(value, value)
+        return short_repr(value, SUMMARY_MAX_STR + 60)
+
+    parts = [show(a) for a in call.get("args", [])]
+    parts += [f"{k}={show(v)}" for k, v in call.get("kwargs", {}).items()]
+    if call.get("omitted"):
+        parts.append(f"... {call['omitted']} more")
     return f"({', '.join(parts)})"
 
 

@@ -105,8 +105,14 @@ class Interceptor(RecordingMixin, ReplayMixin):
     def next_step(self, value: int) -> None:
         self._next_step = int(value)
 
-    def resolve_step(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], position: int | None) -> int:
-        explicit = step_from_call(args, kwargs, position)
+    def resolve_step(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], position: int | None,
+                     method: str | None = None) -> int:
+        """The call's own step (exact; a bad one raises
+        :class:`~rollout_mock.errors.StepArgumentError`), or the counter's next one when the
+        call carries no step at all. Either way the counter continues after it."""
+        explicit = step_from_call(
+            args, kwargs, position, method=method, mode=self.mode.value, split=self.split
+        )
         with self._lock:
             step = self._next_step if explicit is None else explicit
             self._next_step = step + 1
@@ -144,9 +150,11 @@ class Interceptor(RecordingMixin, ReplayMixin):
     def begin(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
               position: int | None) -> tuple[int, dict[str, Any]]:
         """Start an intercepted call: its step and plain-argument summary. Mock mode checks the
-        call against the recorded one; dump mode fails fast if the step cannot be recorded."""
+        call against the recorded one; dump mode fails fast if the step cannot be recorded.
+        A step argument that is present but not a non-negative integer raises
+        :class:`~rollout_mock.errors.StepArgumentError` here, before the real rollout runs."""
         self._methods_seen.add(method)
-        step = self.resolve_step(args, kwargs, position)
+        step = self.resolve_step(args, kwargs, position, method)
         call = call_summary(args, kwargs)
         if self.mode.replays:
             self.check_call(step, method, call)

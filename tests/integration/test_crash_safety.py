@@ -148,11 +148,12 @@ HELPER = textwrap.dedent(
     before = check()
     last = before[-1] if before else -1
     sched = MockScheduler(Scheduler(), CONFIG)
-    try:
-        sched.get_batch(None, global_step=0)
-        raise AssertionError("re-dumping step 0 with overwrite off was not refused")
-    except StepExistsError:
-        pass
+    if before:  # (on a loaded machine the kills can all land before step 0 is complete)
+        try:
+            sched.get_batch(None, global_step=0)
+            raise AssertionError("re-dumping step 0 with overwrite off was not refused")
+        except StepExistsError:
+            pass
     for step in range(last + 1, last + 6):
         sched.get_batch(None, global_step=step)
     sched.close()

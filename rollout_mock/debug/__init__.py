@@ -26,7 +26,7 @@ _EXPORTS: dict[str, str] = {
     "cut_dump": "rollout_mock.debug.cut",
     "CutResult": "rollout_mock.debug.cut",
     "select_rows": "rollout_mock.debug.rows",
-    "redact": "rollout_mock.debug.redact",
+    "redact_batch": "rollout_mock.debug.redact",
     "write_report": "rollout_mock.debug.report",
     "StallWatchdog": "rollout_mock.debug.watchdog",
     "format_stacks": "rollout_mock.debug.stacks",
@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.debug.cut import CutResult, cut_dump
     from rollout_mock.debug.expected import ExpectedMetrics
     from rollout_mock.debug.logprobs import LogprobReport, logprob_consistency
-    from rollout_mock.debug.redact import redact
+    from rollout_mock.debug.redact import redact_batch
     from rollout_mock.debug.report import write_report
     from rollout_mock.debug.rows import select_rows
     from rollout_mock.debug.sequences import LogprobKeys

@@ -18,7 +18,7 @@ import numpy as np
 
 from rollout_mock.batch import _is_dataproto
 
-__all__ = ["PLACEHOLDER", "TEXT_KEYS", "redact"]
+__all__ = ["PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch"]
 
 PLACEHOLDER = "<redacted>"
 #: Field names holding prompt/response text: verl/ROLL non-tensor keys, slime Sample fields.
@@ -89,3 +89,7 @@ def redact(batch: Any, *, keys: Iterable[str] = TEXT_KEYS) -> tuple[Any, list[st
         new, hit = _mapping(batch, names)
         return new, sorted(hit)
     return batch, []
+
+
+#: The package-level name (``rollout_mock.debug.redact`` is this module).
+redact_batch = redact

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import io
 import os
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Iterable
 
 __all__ = ["format_stacks", "running_loops"]
@@ -28,6 +30,23 @@ def running_loops(known: Iterable[asyncio.AbstractEventLoop] = ()) -> list[async
     return [loop for loop in loops.values() if loop.is_running() and not loop.is_closed()]
 
 
+def _await_chain(coro: object, limit: int = 64) -> list[str]:
+    """Where a suspended coroutine waits: its frame, then the frames of what it awaits, innermost
+    last (``Task.get_stack`` shows only the outermost frame, none for compiled coroutines)."""
+    lines: list[str] = []
+    for _ in range(limit):
+        if coro is None:
+            break
+        frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+        if frame is not None:
+            lines += traceback.format_list(traceback.extract_stack(frame, limit=1))
+        else:
+            name = getattr(coro, "__qualname__", type(coro).__name__)
+            lines.append(f"  <{name}> (no Python frame)\n")
+        coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
+    return lines
+
+
 def _tasks_text(loop: asyncio.AbstractEventLoop, out: io.StringIO) -> None:
     try:
         tasks = asyncio.all_tasks(loop)
@@ -36,12 +55,25 @@ def _tasks_text(loop: asyncio.AbstractEventLoop, out: io.StringIO) -> None:
         return
     out.write(f"\n--- asyncio loop {loop!r}: {len(tasks)} pending task(s)\n")
     for task in sorted(tasks, key=lambda t: t.get_name()):
-        buffer = io.StringIO()
         try:
-            task.print_stack(file=buffer)
-        except Exception as exc:  # pragma: no cover - a task torn down while printing
-            buffer.write(f"  (stack unavailable: {exc})\n")
-        out.write(f"{task!r}\n{buffer.getvalue()}")
+            chain = "".join(_await_chain(task.get_coro()))
+        except Exception as exc:  # pragma: no cover - a task torn down while we read it
+            chain = f"  (stack unavailable: {exc})\n"
+        out.write(f"{task!r}\n  awaiting (outermost first):\n{chain}")
+
+
+def _suspended_coroutines(out: io.StringIO) -> None:
+    """Every suspended Python coroutine, grouped into await chains (a GC scan). Finds what compiled
+    wrappers (Ray's async actors run methods through Cython coroutines) hide from ``Task.get_stack``."""
+    coros = [o for o in gc.get_objects() if type(o) is types.CoroutineType
+             and inspect.getcoroutinestate(o) == inspect.CORO_SUSPENDED]
+    awaited = {id(getattr(c, "cr_await", None)) for c in coros}
+    roots = [c for c in coros if id(c) not in awaited]
+    if not roots:
+        return
+    out.write(f"\n--- {len(roots)} suspended coroutine chain(s) (outermost first)\n")
+    for coro in roots:
+        out.write(f"{coro.__qualname__}:\n{''.join(_await_chain(coro))}")
 
 
 def format_stacks(known_loops: Iterable[asyncio.AbstractEventLoop] = (), *, skip_current: bool = True) -> str:
@@ -59,8 +91,11 @@ def format_stacks(known_loops: Iterable[asyncio.AbstractEventLoop] = (), *, skip
         out.write(f"\n--- thread {label}, ident {ident}\n")
         out.write("".join(traceback.format_stack(frame)))
     del frames
-    for loop in running_loops(known_loops):
+    loops = running_loops(known_loops)
+    for loop in loops:
         _tasks_text(loop, out)
+    if loops:
+        _suspended_coroutines(out)
     return out.getvalue()
 
 

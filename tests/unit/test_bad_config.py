@@ -31,6 +31,8 @@ BAD: dict[str, tuple[object, str]] = {
     "dump_rank": (-1, "greater than or equal to 0"),
     "fingerprint": ("loud", "valid choices: warn, error, off"),
     "on_disk_full": ("retry", "valid choices: fail, skip"),
+    "verdict": ("loud", "'warn', 'fail' or 'off'"),
+    "watchdog": ({"factor": 0}, "greater than 1"),
 }
 
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rollout_mock._text import short_repr
 from rollout_mock._yaml import load_yaml_file
+from rollout_mock.debug.settings import VerdictConfig, WatchdogConfig
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
 
@@ -149,6 +150,14 @@ class RolloutMockConfig(BaseModel):
     """Mock mode: how to react when this environment differs from the recorded one."""
 
     on_disk_full: DiskFullPolicy = DiskFullPolicy.FAIL
+
+    verdict: VerdictConfig = Field(default_factory=VerdictConfig)
+    """Mock mode: compare each metric logged through ``MetricsWriter(path, expected=scheduler)``
+    with the value the dump run logged (``warn``/``fail``/``off``, per-metric ``rtol``/``atol``)."""
+
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    """Write every thread's stack and the pending asyncio tasks when a call (or the time between
+    two calls) stalls: ``{enable, factor, min_seconds, absolute_seconds}``."""
 
     @field_validator("mode", mode="before")
     @classmethod

@@ -182,7 +182,7 @@ def run_pipeline(mode: str, dump_dir: Path, metrics_path: Path, *, steps: int = 
     scheduler = MockScheduler(
         None, config, factory=lambda: ToyRolloutScheduler(policy), spec=ToyRolloutScheduler
     )
-    with scheduler, MetricsWriter(metrics_path) as log:
+    with scheduler, MetricsWriter(metrics_path, expected=scheduler) as log:
         for step in range(steps):
             batch = scheduler.get_batch(StepRequest({"global_step": step}), batch_size)
             metrics[step] = train_step(policy, optimizer, batch, micro_batches=micro_batches)

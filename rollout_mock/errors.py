@@ -210,5 +210,25 @@ class TraceError(RolloutMockError, ValueError):
     """The batch has no shape that traces can be built from (or a bad argument was given)."""
 
 
+class MetricsDivergenceError(MetricsError):
+    """Mock mode with ``verdict: fail``: a logged metric differs from the value the dump run logged.
+
+    ``metric``, ``expected`` and ``actual`` name the first divergence (``step`` is its step).
+    """
+
+    def __init__(self, message: str, *, path: str | Path | None = None, step: int | None = None,
+                 metric: str | None = None, expected: float | None = None,
+                 actual: float | None = None) -> None:
+        super().__init__(message, path=path, step=step)
+        self.metric = metric
+        self.expected = expected
+        self.actual = actual
+
+
+class DebugInputError(RolloutMockError, ValueError):
+    """A debugging tool (``logprobs``, ``cut``, ``report``) got input it cannot use: no log-prob
+    keys found, a bad selection, a model that cannot be loaded. The message names the fix."""
+
+
 class MetricsWarning(UserWarning):
     """A recoverable problem in a metrics file (an incomplete last line that was skipped)."""

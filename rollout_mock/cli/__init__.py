@@ -27,6 +27,9 @@ COMMANDS: dict[str, str] = {
     "diff": "diff",
     "import": "import_roll",
     "show": "show",
+    "logprobs": "logprobs",
+    "cut": "cut",
+    "report": "report",
 }
 
 

@@ -17,10 +17,12 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from rollout_mock._text import logger
 from rollout_mock.config import RankPolicy, RolloutMockConfig
+from rollout_mock.debug.watchdog import StallWatchdog
 from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.manifest import StreamId
@@ -81,6 +83,10 @@ class Interceptor(RecordingMixin, ReplayMixin):
         self._writer: BackgroundWriter | SyncWriter | None = None
         self._prefetcher: Prefetcher | None = None
         self.closed = False
+        #: stall reports go to {dump_dir}/stalls/ (not from dump ranks that never touch the dump)
+        self.watchdog = None if not config.watchdog.enable else StallWatchdog(
+            config.watchdog, directory=config.dump_dir if self.writes or self.mode.replays else None,
+            label=str(self.stream))
         if self.mode.records:
             self._open_dump()
         else:
@@ -166,30 +172,37 @@ class Interceptor(RecordingMixin, ReplayMixin):
              kwargs: dict[str, Any], position: int | None) -> Any:
         """Run one intercepted plain call: replay, or call ``real`` and record its batch."""
         step, call = self.begin(method, args, kwargs, position)
-        if self.mode.replays:
-            return self.replay(step)
-        assert real is not None, "dump mode always has the real scheduler"
-        start = time.perf_counter()
-        batch = real(*args, **kwargs)
-        if self.records_step(step):
-            self.record(step, batch, method=method, seconds=elapsed(start), call=call)
-        return batch
+        with self._watching(method, step):
+            if self.mode.replays:
+                return self.replay(step)
+            assert real is not None, "dump mode always has the real scheduler"
+            start = time.perf_counter()
+            batch = real(*args, **kwargs)
+            if self.records_step(step):
+                self.record(step, batch, method=method, seconds=elapsed(start), call=call)
+            return batch
 
     async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
                          kwargs: dict[str, Any], position: int | None) -> Any:
         """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
         step, call = self.begin(method, args, kwargs, position)
-        if self.mode.replays:
-            return await self.replay_async(step)
-        assert real is not None, "dump mode always has the real scheduler"
-        start = time.perf_counter()
-        batch = await real(*args, **kwargs)
-        if self.records_step(step):
-            seconds = elapsed(start)
-            await asyncio.get_running_loop().run_in_executor(
-                None, lambda: self.record(step, batch, method=method, seconds=seconds, call=call)
-            )
-        return batch
+        if self.watchdog is not None:
+            self.watchdog.note_loop(asyncio.get_running_loop())
+        with self._watching(method, step):
+            if self.mode.replays:
+                return await self.replay_async(step)
+            assert real is not None, "dump mode always has the real scheduler"
+            start = time.perf_counter()
+            batch = await real(*args, **kwargs)
+            if self.records_step(step):
+                seconds = elapsed(start)
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: self.record(step, batch, method=method, seconds=seconds, call=call)
+                )
+            return batch
+
+    def _watching(self, method: str, step: int) -> AbstractContextManager[None]:
+        return nullcontext() if self.watchdog is None else self.watchdog.watch(f"{method}(step {step})")
 
     def flush(self) -> None:
         if self._writer is not None:
@@ -200,6 +213,8 @@ class Interceptor(RecordingMixin, ReplayMixin):
         if self.closed:
             return
         self.closed = True
+        if self.watchdog is not None:
+            self.watchdog.close()
         try:
             if self._writer is not None:
                 self._writer.close()

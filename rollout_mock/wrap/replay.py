@@ -46,6 +46,10 @@ class ReplayMixin:
                 else "?",
             )
         self._check_fingerprint()
+        from rollout_mock.debug.expected import describe_expected
+
+        if (note := describe_expected(self.config)) is not None:
+            logger.info(note)
         self._prefetcher = Prefetcher(self._load, self._next_recorded, enabled=self.config.prefetch)
 
     def _check_fingerprint(self) -> None:

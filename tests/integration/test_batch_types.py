@@ -11,9 +11,9 @@ import torch
 from conftest import cfg
 from tensordict import TensorDict
 
-from rollout_mock.wrap import MockScheduler
 from rollout_mock.errors import UnsafePickleError
 from rollout_mock.storage import load_step
+from rollout_mock.wrap import MockScheduler
 
 ALL_DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,

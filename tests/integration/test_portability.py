@@ -22,10 +22,10 @@ import pytest
 import torch
 
 from rollout_mock import codec
-from rollout_mock.wrap import MockScheduler
-from rollout_mock.storage import load_step
 from rollout_mock.errors import FormatVersionError
+from rollout_mock.storage import load_step
 from rollout_mock.storage.manifest import FORMAT_VERSION, read_manifest
+from rollout_mock.wrap import MockScheduler
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -12,8 +12,8 @@ import pytest
 
 from rollout_mock import cli
 from rollout_mock.compare.metrics import MetricsWriter, read_metrics
-from rollout_mock.errors import MissingExtraError
 from rollout_mock.compare.verify import verify
+from rollout_mock.errors import MissingExtraError
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

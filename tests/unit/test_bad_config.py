@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError
-from rollout_mock.config import RolloutMockConfig
-from rollout_mock.config import load_config
 
 BOOL = "valid choices: true, false"
 
@@ -31,6 +30,8 @@ BAD: dict[str, tuple[object, str]] = {
     "dump_rank": (-1, "greater than or equal to 0"),
     "fingerprint": ("loud", "valid choices: warn, error, off"),
     "on_disk_full": ("retry", "valid choices: fail, skip"),
+    "verdict": ("loud", "'warn', 'fail' or 'off'"),
+    "watchdog": ({"factor": 0}, "greater than 1"),
 }
 
 

@@ -5,10 +5,9 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
-from rollout_mock.config import RolloutMockConfig
-from rollout_mock.config import load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

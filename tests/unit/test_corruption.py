@@ -12,12 +12,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_mock.wrap import MockScheduler
-from rollout_mock.storage import load_step
-from rollout_mock.storage import open_dump
 from rollout_mock.errors import CorruptStepError, FormatVersionError, ManifestError, RolloutMockError
+from rollout_mock.storage import BatchInfo, DirectoryStore, MemoryStore, load_step, open_dump
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage import BatchInfo, DirectoryStore, MemoryStore
+from rollout_mock.wrap import MockScheduler
 
 STREAM = StreamId("train")
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -13,13 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_mock.errors import RolloutMockError
 from rollout_mock.compare.metrics import MetricsTable, MetricsWriter, read_metrics, resolve_metrics_path
-from rollout_mock.errors import InvalidMetricError
-from rollout_mock.errors import MetricsFormatError
-from rollout_mock.errors import MetricsNotFoundError
-from rollout_mock.errors import MetricsWarning
-from rollout_mock.errors import MissingExtraError
+from rollout_mock.errors import (
+    InvalidMetricError,
+    MetricsFormatError,
+    MetricsNotFoundError,
+    MetricsWarning,
+    MissingExtraError,
+    RolloutMockError,
+)
 
 
 def bits(x: float) -> bytes:

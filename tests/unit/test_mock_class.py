@@ -16,10 +16,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_mock.errors import ConfigError
-from rollout_mock.errors import SchedulerUnavailableError
+from rollout_mock.errors import ConfigError, LockedError, SchedulerUnavailableError
 from rollout_mock.wrap import mock_class
-from rollout_mock.errors import LockedError
 
 DataProto = pytest.importorskip("verl.protocol").DataProto
 

@@ -12,14 +12,16 @@ import pytest
 import torch
 from conftest import cfg
 
-from rollout_mock.errors import ConfigError
-from rollout_mock.errors import DumpNotFoundError
-from rollout_mock.errors import IncompleteDumpError
-from rollout_mock.wrap import MockScheduler
-from rollout_mock.errors import SchedulerUnavailableError
-from rollout_mock.errors import StepExistsError
-from rollout_mock.errors import StepNotFoundError
+from rollout_mock.errors import (
+    ConfigError,
+    DumpNotFoundError,
+    IncompleteDumpError,
+    SchedulerUnavailableError,
+    StepExistsError,
+    StepNotFoundError,
+)
 from rollout_mock.storage import load_step
+from rollout_mock.wrap import MockScheduler
 
 
 class RlvrScheduler:

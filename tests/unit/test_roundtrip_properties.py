@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from rollout_mock import codec
-from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage import BatchInfo, DirectoryStore, MemoryStore
+from rollout_mock.storage.manifest import StreamId
 
 STREAM = StreamId("train")
 PROPS = settings(max_examples=60, deadline=None)

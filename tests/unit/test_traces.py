@@ -13,9 +13,9 @@ import torch
 from conftest import cfg
 
 from rollout_mock import cli
-from rollout_mock.wrap import MockScheduler
 from rollout_mock.compare.traces import Trace, batch_traces, count_traces, format_traces, traces_to_jsonl
 from rollout_mock.errors import TraceError
+from rollout_mock.wrap import MockScheduler
 
 # ------------------------------------------------------------------------------------------ data
 

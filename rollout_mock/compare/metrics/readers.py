@@ -201,7 +201,8 @@ def _kind(path: Path) -> str | None:
 def resolve_metrics_path(path: str | Path) -> tuple[Path, str]:
     """Return ``(file_or_event_dir, format)`` for a metrics file or a run directory.
 
-    A directory resolves to its ``metrics.jsonl``; otherwise to its only ``*.jsonl``/``*.ndjson``
+    A dump directory (holding ``manifest.json``) resolves to the dump run's metrics that it
+    stores in ``expected/metrics.jsonl``. A directory resolves to its ``metrics.jsonl``; otherwise to its only ``*.jsonl``/``*.ndjson``
     /``*.csv`` file or, when it holds ``events.out.tfevents.*`` files, to itself (TensorBoard).
     Subdirectories are not searched. Raises :class:`MetricsNotFoundError` when nothing is found and
     :class:`MetricsFormatError` when several candidates exist or a file's type is unknown.
@@ -209,6 +210,15 @@ def resolve_metrics_path(path: str | Path) -> tuple[Path, str]:
     path = Path(path)
     if not path.exists():
         raise MetricsNotFoundError(f"{path}: no such metrics file or run directory", path=path)
+    if path.is_dir() and (path / "manifest.json").is_file():
+        expected = path / "expected" / DEFAULT_METRICS_FILE
+        if expected.is_file():
+            return expected, "jsonl"
+        raise MetricsNotFoundError(
+            f"{path} is a dump directory without the dump run's metrics ({expected}); record them by "
+            "passing expected=<scheduler> to the MetricsWriter of the dump run",
+            path=path,
+        )
     if path.is_dir():
         default = path / DEFAULT_METRICS_FILE
         if default.is_file():

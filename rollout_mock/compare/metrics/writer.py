@@ -35,9 +35,14 @@ class MetricsWriter:
 
     Usable as a context manager; :meth:`close` is idempotent; :meth:`log` after close raises.
     The writer refuses to log the same ``(step, metric)`` twice in its lifetime.
+
+    ``expected=`` a :class:`~rollout_mock.MockScheduler` (or its config): in dump mode every line
+    is also stored in the dump (``expected/metrics.jsonl``); in mock mode every metric is compared
+    with the dump run's value as it is logged (config ``verdict``; see
+    :mod:`rollout_mock.debug.expected`).
     """
 
-    def __init__(self, path: str | Path, *, fsync: bool = False) -> None:
+    def __init__(self, path: str | Path, *, fsync: bool = False, expected: object = None) -> None:
         self.path = Path(path)
         self.fsync = fsync
         self._lock = threading.Lock()
@@ -45,6 +50,11 @@ class MetricsWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._repair_torn_tail()
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._expected = None
+        if expected is not None:
+            from rollout_mock.debug.expected import attach_expected
+
+            self._expected = attach_expected(expected)
 
     def _repair_torn_tail(self) -> None:
         try:
@@ -97,6 +107,8 @@ class MetricsWriter:
                 )
             self._write_all(line, step)
             self._seen.update((step, k) for k in metrics)
+        if self._expected is not None:
+            self._expected.observe(step, metrics)
 
     def _write_all(self, data: bytes, step: int) -> None:
         assert self._fd is not None
@@ -120,6 +132,9 @@ class MetricsWriter:
 
     def close(self) -> None:
         """Fsync (when ``fsync=True``) and close the file. Calling it again does nothing."""
+        if self._expected is not None:
+            expected, self._expected = self._expected, None
+            expected.close()
         with self._lock:
             if self._fd is None:
                 return

@@ -1,0 +1,48 @@
+"""``rollout-mock report DUMP -o report.html``: one self-contained HTML file to look at a dump.
+
+Per-step plots (reward, response length, rejected samples, log-prob mismatch with
+``--logprobs-json``, the dump run's metrics when stored) and a sample browser (step → samples →
+messages), decoded with ``--tokenizer DIR`` (local only) or shown as token ids. Nothing in the
+file is fetched from the network. Exit 0 written, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "report",
+        help="write one self-contained HTML report of a dump (plots and a sample browser)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("dump_dir", metavar="DUMP", type=Path, help="dump directory (holds manifest.json)")
+    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="output file (default report.html)")
+    parser.add_argument("--split", default="train", help="the split to show (default: train)")
+    parser.add_argument("--tokenizer", type=Path, metavar="DIR", help="decode token ids with this local tokenizer directory")
+    parser.add_argument("--logprobs-json", type=Path, metavar="FILE",
+                        help="output of `rollout-mock logprobs --json`, plotted per step")
+    parser.add_argument("--max-samples", type=int, default=64, metavar="N", help="samples per step in the browser (default 64)")
+    parser.add_argument("--trust", action="store_true",
+                        help="load steps with the plain unpickler (only for dumps you trust)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from rollout_mock.cli.show import load_tokenizer
+    from rollout_mock.debug.report import write_report
+    from rollout_mock.errors import DebugInputError
+
+    if args.max_samples < 0:
+        raise DebugInputError(f"--max-samples {args.max_samples}: must be >= 0")
+    tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
+    path = write_report(args.dump_dir, args.output, split=args.split, tokenizer=tokenizer,
+                        logprobs_json=args.logprobs_json, max_samples=args.max_samples, trusted=args.trust)
+    print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB); open it in a browser (no server needed)")
+    return 0

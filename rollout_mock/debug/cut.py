@@ -1,0 +1,195 @@
+"""Minimal repro dumps: a few steps and rows of a dump, as a new dump that replays on its own.
+
+The new dump is written through the store's public API, so it has its own manifest and
+checksums; the source's environment fingerprint and calling conventions are copied, and
+``provenance.json`` records where it came from and what was kept. The source's expected metrics
+(``expected/``) are copied for the kept steps only when every row of each step is kept (metrics
+of a cut batch would not match them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rollout_mock._version import __version__
+from rollout_mock.debug._files import write_text_atomic
+from rollout_mock.debug.redact import redact as redact_batch
+from rollout_mock.debug.rows import row_count, select_keys, select_rows
+from rollout_mock.errors import DebugInputError
+
+__all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges"]
+
+PROVENANCE_FILE = "provenance.json"
+
+
+def parse_ranges(text: str, what: str = "--steps") -> list[int]:
+    """``"3,5-6"`` -> ``[3, 5, 6]`` (ascending, unique)."""
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try:
+            first, last = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise DebugInputError(f"{what} {text!r}: expected ranges like 3,5-6") from None
+        if last < first:
+            raise DebugInputError(f"{what} {text!r}: range {part.strip()} is empty")
+        out.update(range(first, last + 1))
+    return sorted(out)
+
+
+@dataclass
+class CutResult:
+    dst: Path
+    steps: dict[str, list[int]] = field(default_factory=dict)
+    rows: dict[str, dict[int, int]] = field(default_factory=dict)
+    redacted: list[str] = field(default_factory=list)
+    expected_copied: bool = False
+
+    def summary(self) -> str:
+        lines = [f"wrote {self.dst}"]
+        for stream, steps in self.steps.items():
+            counts = ", ".join(f"step {s}: {self.rows[stream][s]} rows" for s in steps)
+            lines.append(f"  {stream}: {counts}")
+        if self.redacted:
+            lines.append(f"  redacted fields: {', '.join(self.redacted)}")
+        lines.append(f"  expected metrics copied: {'yes' if self.expected_copied else 'no'}")
+        return "\n".join(lines)
+
+
+def _rows(n: int, samples: Sequence[int] | None, groups: Sequence[int] | None, group_size: int | None) -> list[int] | None:
+    if samples is not None and groups is not None:
+        raise DebugInputError("give samples or groups, not both")
+    if groups is not None:
+        if not group_size or group_size < 1:
+            raise DebugInputError("--groups needs --group-size N (rows per group, e.g. GRPO's n)")
+        if n % group_size:
+            raise DebugInputError(f"the batch has {n} rows, not a multiple of --group-size {group_size}")
+        return [g * group_size + j for g in groups for j in range(group_size)]
+    return None if samples is None else list(samples)
+
+
+def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
+    source = src / "expected"
+    if not source.is_dir():
+        return False
+    for path in sorted(source.glob("*.jsonl")):
+        kept = []
+        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+            try:
+                step = json.loads(line).get("step")
+            except json.JSONDecodeError:
+                continue  # a torn last line of a crashed run
+            if step in steps:
+                kept.append(line if line.endswith("\n") else line + "\n")
+        write_text_atomic(dst / "expected" / path.name, "".join(kept))
+    return True
+
+
+def cut_dump(
+    src: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    *,
+    steps: Sequence[int] | str,
+    samples: Sequence[int] | str | None = None,
+    groups: Sequence[int] | str | None = None,
+    group_size: int | None = None,
+    keys: Sequence[str] | str | None = None,
+    redact: bool = False,
+    splits: Sequence[str] | None = None,
+    trusted: bool = False,
+) -> CutResult:
+    """Write the chosen ``steps`` (and rows, and keys) of dump ``src`` as a new dump ``dst``.
+
+    ``steps``/``samples``/``groups`` accept lists or range strings (``"3,5-6"``). ``groups`` with
+    ``group_size`` selects whole GRPO groups (rows ``g*size .. g*size+size-1``); for AReaL lists
+    the rows are the list items (trajectories). ``keys`` keeps only those columns; ``redact``
+    replaces prompt/response text (see :mod:`rollout_mock.debug.redact`). Every stream (split,
+    name, rank) holding a chosen step is cut, or only those of ``splits``. ``dst`` must not exist
+    or be empty. Raises :class:`DebugInputError` for a step recorded in no stream.
+    """
+    from rollout_mock.storage.base import BatchInfo
+    from rollout_mock.storage.directory import DirectoryStore
+    from rollout_mock.storage.reader import open_dump
+
+    src_path, dst_path = Path(src), Path(dst)
+    step_list = parse_ranges(steps, "--steps") if isinstance(steps, str) else sorted(set(steps))
+    sample_list = parse_ranges(samples, "--samples") if isinstance(samples, str) else samples
+    group_list = parse_ranges(groups, "--groups") if isinstance(groups, str) else groups
+    key_list = [k.strip() for k in keys.split(",") if k.strip()] if isinstance(keys, str) else keys
+    if dst_path.exists() and (not dst_path.is_dir() or any(dst_path.iterdir())):
+        raise DebugInputError(f"{dst_path} exists and is not empty: cut writes a new dump; pick a new directory")
+    if dst_path.resolve() == src_path.resolve():
+        raise DebugInputError("the destination must differ from the source")
+    dump = open_dump(src_path)
+    streams = [s for s in dump.streams() if splits is None or s.split in splits]
+    found = {step for s in streams for step in dump.steps(s)}
+    missing = [s for s in step_list if s not in found]
+    if missing:
+        raise DebugInputError(
+            f"{src_path}: steps {missing} are recorded in no stream"
+            + ("" if splits is None else f" of splits {list(splits)}")
+            + f" (recorded: {sorted(found)})"
+        )
+    store = DirectoryStore(dst_path)
+    result = CutResult(dst=dst_path)
+    redacted: set[str] = set()
+    whole = True
+    try:
+        fingerprint = dump.manifest.fingerprint
+        if fingerprint:
+            store.set_fingerprint(fingerprint)
+        for stream in streams:
+            chosen = [s for s in step_list if s in dump.steps(stream)]
+            if not chosen:
+                continue
+            store.set_methods(stream, dump.manifest.methods(stream))
+            result.steps[stream.key], result.rows[stream.key] = chosen, {}
+            for step in chosen:
+                entry = dump.entry(stream, step)
+                assert entry is not None
+                batch = dump.load(step, stream, trusted=trusted)
+                index = _rows(row_count(batch), sample_list, group_list, group_size)
+                if index is not None:
+                    whole = whole and index == list(range(row_count(batch)))
+                    batch = select_rows(batch, index)
+                if key_list:
+                    batch = select_keys(batch, key_list)
+                    whole = False
+                if redact:
+                    batch, hit = redact_batch(batch)
+                    redacted.update(hit)
+                store.save(stream, step, batch, BatchInfo.of(batch), method=entry.method,
+                           rollout_seconds=entry.rollout_seconds, call=entry.call)
+                result.rows[stream.key][step] = row_count(batch)
+    except BaseException:
+        store.close()
+        shutil.rmtree(dst_path, ignore_errors=True)  # no half-written repro dump left behind
+        raise
+    store.close()
+    result.redacted = sorted(redacted)
+    if whole:
+        result.expected_copied = _copy_expected(src_path, dst_path, set(step_list))
+    provenance = {
+        "source": str(src_path.resolve()),
+        "source_created_at": dump.manifest.created_at,
+        "source_writer": dump.manifest.writer,
+        "steps": result.steps,
+        "samples": None if sample_list is None else list(sample_list),
+        "groups": None if group_list is None else list(group_list),
+        "group_size": group_size,
+        "keys": None if not key_list else list(key_list),
+        "redacted": result.redacted if redact else None,
+        "expected_copied": result.expected_copied,
+        "cut_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rollout_mock": __version__,
+    }
+    write_text_atomic(dst_path / PROVENANCE_FILE, json.dumps(provenance, indent=2, default=str) + "\n")
+    return result
+
+

@@ -1,0 +1,255 @@
+"""Finding the recorded log-probs, tokens and masks of a batch, whatever framework made it.
+
+Every sample becomes one :class:`RecordedSequence`: its unpadded token ids, and for each scored
+response token its index in those ids and the log-prob the rollout engine recorded for it. The
+log-prob of token ``t`` is the one the model gives it after seeing tokens ``0..t-1``, so it is
+recomputed from the logits at position ``t - 1``.
+
+Layouts found without flags (``keys`` overrides any name):
+
+==========  ==========================================================================================
+ROLL        ``infer_logprobs`` [B, L-1], shifted (column ``j`` is token ``j + 1``); ``input_ids`` [B, L];
+            ``response_mask`` [B, L]; ``attention_mask`` [B, L]
+verl        ``rollout_log_probs`` [B, R], the last ``R`` positions of ``input_ids`` [B, P+R];
+            ``response_mask`` [B, R] (else ``attention_mask``)
+AReaL       a list of trajectory dicts, ``logprobs`` [G, L] aligned with ``input_ids`` [G, L];
+            ``loss_mask`` [G, L]; ``None`` (rejected) items skipped
+slime       sample dicts or ``Sample`` objects (or ``{"samples": [...]}``): ``tokens``,
+            ``response_length``, ``rollout_log_probs`` and ``loss_mask`` of the last
+            ``response_length`` tokens
+==========  ==========================================================================================
+
+For column layouts the width ``X`` of the log-prob tensor against the token width ``L`` gives the
+alignment: ``X == L`` token-aligned, ``X == L - 1`` shifted, ``X < L - 1`` the last ``X`` tokens.
+A mask is read at the same columns (width ``X``) or at the tokens (width ``L``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollout_mock._text import logger
+from rollout_mock.batch import is_dataproto, is_tensordict, type_name
+from rollout_mock.errors import DebugInputError
+
+__all__ = ["LogprobKeys", "RecordedSequence", "Extraction", "extract_sequences"]
+
+
+#: Log-prob keys tried in order. ``old_log_probs`` last: in verl it is the trainer's recompute.
+LOGPROB_KEYS: tuple[str, ...] = (
+    "rollout_log_probs", "infer_logprobs", "logprobs", "rollout_logprobs", "old_log_probs",
+)
+TOKEN_KEYS: tuple[str, ...] = ("input_ids", "tokens")
+MASK_KEYS: tuple[str, ...] = ("response_mask", "loss_mask", "attention_mask")
+_LAYOUT_OF_KEY = {"rollout_log_probs": "verl", "infer_logprobs": "roll", "logprobs": "areal"}
+
+
+@dataclass(frozen=True)
+class LogprobKeys:
+    """Names of the log-prob, token and mask keys; ``None`` = found automatically."""
+
+    logprobs: str | None = None
+    tokens: str | None = None
+    mask: str | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> LogprobKeys:
+        """``"logprobs=rollout_log_probs,tokens=input_ids,mask=response_mask"`` (any subset)."""
+        if not text:
+            return cls()
+        values: dict[str, str] = {}
+        for part in text.split(","):
+            name, sep, key = part.partition("=")
+            name, key = name.strip(), key.strip()
+            if not sep or name not in ("logprobs", "tokens", "mask") or not key:
+                raise DebugInputError(
+                    f"--keys {text!r}: expected NAME=KEY pairs with NAME one of logprobs, tokens, "
+                    f"mask, e.g. --keys logprobs=infer_logprobs,mask=response_mask"
+                )
+            values[name] = key
+        return cls(**values)
+
+
+@dataclass
+class RecordedSequence:
+    """One sample: unpadded ``tokens``; ``positions`` (indices into ``tokens``, all >= 1) of the
+    scored tokens and the log-prob the rollout recorded for each (``recorded``)."""
+
+    sample: int
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    recorded: torch.Tensor
+
+
+@dataclass
+class Extraction:
+    layout: str
+    keys: dict[str, str]
+    sequences: list[RecordedSequence] = field(default_factory=list)
+    rejected: int = 0
+
+
+def _columns(obj: Any) -> dict[str, Any]:
+    """Tensor columns of a DataProto (ROLL or verl), TensorDict or dict."""
+    if is_dataproto(obj):
+        # ROLL's ``batch`` is a proxy made on every access: read its TensorDict directly.
+        state = getattr(obj, "__dict__", {})
+        inner = state["_batch"] if "_batch" in state else obj.batch
+        if inner is None:
+            return {}
+        return {str(k): v for k, v in inner.items()}
+    if isinstance(obj, Mapping) or is_tensordict(obj):
+        return {str(k): v for k, v in obj.items()}
+    raise DebugInputError(f"cannot find log-probs in a {type_name(obj)}")
+
+
+def _tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu()
+    if isinstance(value, np.ndarray) and value.dtype != object:
+        return torch.from_numpy(np.ascontiguousarray(value))
+    return None
+
+
+def _pick(columns: Mapping[str, Any], explicit: str | None, candidates: Sequence[str], what: str) -> str | None:
+    if explicit is not None:
+        if explicit not in columns:
+            raise DebugInputError(
+                f"--keys {what}={explicit}: no such key in the batch (keys: {', '.join(sorted(columns))})"
+            )
+        return explicit
+    return next((k for k in candidates if _tensor(columns.get(k)) is not None), None)
+
+
+def _columnar(columns: Mapping[str, Any], keys: LogprobKeys, out: Extraction, start: int) -> int:
+    """Append the sequences of one columnar batch; return how many rows it had."""
+    lp_key = _pick(columns, keys.logprobs, LOGPROB_KEYS, "logprobs")
+    tok_key = _pick(columns, keys.tokens, TOKEN_KEYS, "tokens")
+    if lp_key is None or tok_key is None:
+        raise DebugInputError(
+            f"no {'log-prob' if lp_key is None else 'token'} key found among {', '.join(sorted(columns))} "
+            f"(looked for {', '.join(LOGPROB_KEYS if lp_key is None else TOKEN_KEYS)}); name it with "
+            f"--keys logprobs=KEY,tokens=KEY,mask=KEY"
+        )
+    logprobs, ids = _tensor(columns[lp_key]), _tensor(columns[tok_key])
+    assert logprobs is not None and ids is not None
+    if ids.ndim == 1:
+        ids, logprobs = ids[None], logprobs[None] if logprobs.ndim == 1 else logprobs
+    attention = _tensor(columns.get("attention_mask"))
+    if attention is None or tuple(attention.shape) != tuple(ids.shape):
+        attention = torch.ones_like(ids, dtype=torch.bool)
+    mask_key = _pick(columns, keys.mask, MASK_KEYS, "mask")
+    mask = None if mask_key is None else _tensor(columns[mask_key])
+    if mask is not None and mask.ndim == 1:
+        mask = mask[None]
+    rows, length = ids.shape
+    width = logprobs.shape[-1] if logprobs.ndim == 2 else -1
+    if logprobs.ndim != 2 or logprobs.shape[0] != rows or width > length:
+        raise DebugInputError(
+            f"{lp_key} has shape {tuple(logprobs.shape)} but {tok_key} has {tuple(ids.shape)}: expected "
+            f"[{rows}, {length}] (token-aligned), [{rows}, {length - 1}] (shifted) or [{rows}, R<{length - 1}] "
+            f"(the last R tokens)"
+        )
+    offset = 0 if width == length else 1 if width == length - 1 else length - width
+    token_index = torch.arange(width) + offset
+    if mask is None:
+        column_mask = torch.ones(rows, width, dtype=torch.bool)
+    elif mask.shape[-1] == width and mask.shape[0] == rows:
+        column_mask = mask != 0
+    elif mask.shape[-1] == length and mask.shape[0] == rows:
+        column_mask = mask[:, token_index] != 0
+    else:
+        raise DebugInputError(
+            f"mask {mask_key} has shape {tuple(mask.shape)}; expected [{rows}, {width}] (like {lp_key}) or "
+            f"[{rows}, {length}] (like {tok_key}); name another with --keys mask=KEY"
+        )
+    out.keys = {"logprobs": lp_key, "tokens": tok_key, **({"mask": mask_key} if mask_key else {})}
+    attn = attention != 0
+    for row in range(rows):
+        keep = attn[row]
+        compact = torch.cumsum(keep.long(), 0) - 1
+        valid = column_mask[row] & keep[token_index] & (token_index >= 1)
+        positions = compact[token_index[valid]]
+        tokens = ids[row][keep].long()
+        ok = positions >= 1
+        out.sequences.append(RecordedSequence(
+            start + row, tokens, positions[ok], logprobs[row][valid][ok].double(),
+        ))
+    return rows
+
+
+def _sample_field(sample: Any, name: str) -> Any:
+    return sample.get(name) if isinstance(sample, Mapping) else getattr(sample, name, None)
+
+
+def _is_slime_sample(item: Any) -> bool:
+    return _sample_field(item, "tokens") is not None and _sample_field(item, "response_length") is not None
+
+
+def _flatten(items: Sequence[Any]) -> list[Any]:
+    flat: list[Any] = []
+    for item in items:
+        if isinstance(item, list | tuple):
+            flat += _flatten(item)
+        else:
+            flat.append(item)
+    return flat
+
+
+def _slime(samples: Sequence[Any], keys: LogprobKeys, out: Extraction) -> None:
+    lp_name = keys.logprobs or "rollout_log_probs"
+    tok_name = keys.tokens or "tokens"
+    mask_name = keys.mask or "loss_mask"
+    out.layout, out.keys = "slime", {"logprobs": lp_name, "tokens": tok_name, "mask": mask_name}
+    missing = 0
+    for index, sample in enumerate(samples):
+        tokens = _sample_field(sample, tok_name)
+        logprobs = _sample_field(sample, lp_name)
+        n = int(_sample_field(sample, "response_length") or 0)
+        if tokens is None or logprobs is None or n == 0:
+            missing += logprobs is None
+            continue
+        tokens = torch.as_tensor(list(tokens), dtype=torch.long)
+        logprobs = torch.as_tensor(list(logprobs), dtype=torch.float64)[-n:]
+        loss_mask = _sample_field(sample, mask_name)
+        mask = torch.ones(n, dtype=torch.bool) if loss_mask is None else torch.as_tensor(list(loss_mask))[-n:] != 0
+        positions = torch.arange(len(tokens) - n, len(tokens))[: len(logprobs)]
+        mask = mask[: len(positions)] & (positions >= 1)
+        out.sequences.append(RecordedSequence(index, tokens, positions[mask], logprobs[: len(positions)][mask]))
+    if missing:
+        logger.warning("[RolloutMock] %d slime samples have no %s; skipped", missing, lp_name)
+
+
+def extract_sequences(batch: Any, keys: LogprobKeys | None = None) -> Extraction:
+    """All scored sequences of one recorded batch (see the module docstring)."""
+    keys = keys or LogprobKeys()
+    out = Extraction(layout="columns", keys={})
+    if isinstance(batch, Mapping) and "samples" in batch and isinstance(batch["samples"], list | tuple):
+        batch = batch["samples"]
+    elif not isinstance(batch, Mapping) and isinstance(getattr(batch, "samples", None), list | tuple):
+        batch = batch.samples  # slime's RolloutFnTrainOutput
+    if isinstance(batch, list | tuple):
+        items = _flatten(batch)
+        present = [item for item in items if item is not None]
+        if present and all(_is_slime_sample(item) for item in present):
+            _slime(items, keys, out)
+            out.rejected = len(items) - len(present)
+            return out
+        start = 0
+        for i, item in enumerate(items):
+            if item is None:
+                out.rejected += 1
+                continue
+            if not (isinstance(item, Mapping) or is_tensordict(item)):
+                raise DebugInputError(f"trajectory {i} is a {type_name(item)}: expected a dict of tensors or None")
+            start += _columnar(_columns(item), keys, out, start)
+        out.layout = "areal"
+        return out
+    _columnar(_columns(batch), keys, out, 0)
+    out.layout = _LAYOUT_OF_KEY.get(out.keys.get("logprobs", ""), "columns")
+    return out

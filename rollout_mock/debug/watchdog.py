@@ -1,0 +1,167 @@
+"""Stall detection around intercepted calls: stacks of everything when a call or a gap hangs.
+
+A :class:`StallWatchdog` is told when an intercepted call starts and ends. A *call* that runs,
+or a *gap* between two calls (the training step, in practice) that lasts, longer than
+``max(min_seconds, factor × median of recent durations of that kind)`` — or than
+``absolute_seconds`` whatever the history — is a stall: the stack of every thread and the pending
+asyncio tasks of running loops are written to the log and to
+``{dump_dir}/stalls/stall-<time>-<pid>.txt`` (atomic write), once per stall.
+
+Cost when nothing stalls: a lock and a ``notify`` per call start/end; one daemon thread (started
+at the first call) sleeps on a condition until the current deadline — it never polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import statistics
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rollout_mock._text import logger
+from rollout_mock.debug.settings import WatchdogConfig
+
+__all__ = ["STALLS_DIR", "StallWatchdog"]
+
+
+STALLS_DIR = "stalls"
+
+
+class StallWatchdog:
+    """Watches one stream's calls (see the module docstring). Thread-safe; :meth:`close` stops it."""
+
+    def __init__(self, config: WatchdogConfig | None = None, *, directory: str | os.PathLike[str] | None = None,
+                 label: str = "rollout_mock") -> None:
+        self.config = config or WatchdogConfig()
+        self.directory = None if directory is None else Path(directory)
+        self.label = label
+        self._cond = threading.Condition()
+        self._calls: deque[float] = deque(maxlen=self.config.history)
+        self._gaps: deque[float] = deque(maxlen=self.config.history)
+        self._active: list[str] = []
+        self._phase: str | None = None  # None (before the first call), "call" or "gap"
+        self._since = 0.0
+        self._what = ""
+        self._token = 0
+        self._reported = -1
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._loops: weakref.WeakSet[asyncio.AbstractEventLoop] = weakref.WeakSet()
+        #: paths of the stall files written so far
+        self.reports: list[Path] = []
+
+    def __repr__(self) -> str:
+        return f"StallWatchdog({self.label}, {self.config.model_dump()})"
+
+    # ------------------------------------------------------------------ events (hot path)
+    def _switch(self, phase: str, what: str) -> None:
+        now = time.monotonic()
+        if self._phase == "call":
+            self._calls.append(now - self._since)
+        elif self._phase == "gap":
+            self._gaps.append(now - self._since)
+        self._phase, self._since, self._what = phase, now, what
+        self._token += 1
+        if self._thread is None and not self._closed:
+            self._thread = threading.Thread(target=self._run, name="rollout-mock-watchdog", daemon=True)
+            self._thread.start()
+        self._cond.notify()
+
+    def enter(self, what: str) -> None:
+        """An intercepted call starts (``what`` names it in the report)."""
+        with self._cond:
+            self._active.append(what)
+            if len(self._active) == 1:
+                self._switch("call", what)
+
+    def leave(self, what: str) -> None:
+        with self._cond:
+            if what in self._active:
+                self._active.remove(what)
+            if not self._active:
+                self._switch("gap", f"after {what}")
+
+    @contextmanager
+    def watch(self, what: str) -> Iterator[None]:
+        self.enter(what)
+        try:
+            yield
+        finally:
+            self.leave(what)
+
+    def note_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Remember an event loop whose tasks a report should list (found by a GC scan otherwise)."""
+        self._loops.add(loop)
+
+    # ------------------------------------------------------------------ monitor thread
+    def limit(self, phase: str | None = None) -> tuple[float | None, str]:
+        """The current limit in seconds for ``phase`` (default: the current one) and why."""
+        phase = phase or self._phase
+        history = self._calls if phase == "call" else self._gaps
+        candidates: list[tuple[float, str]] = []
+        if history:
+            median = statistics.median(history)
+            relative = max(self.config.min_seconds, self.config.factor * median)
+            candidates.append((relative, f"{self.config.factor:g} x median {median:.3g} s of the last "
+                                         f"{len(history)}, at least {self.config.min_seconds:g} s"))
+        if self.config.absolute_seconds is not None:
+            candidates.append((self.config.absolute_seconds, "absolute limit"))
+        if not candidates:
+            return None, "no limit yet"
+        return min(candidates)
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._closed:
+                limit, why = self.limit() if self._phase is not None else (None, "")
+                if limit is None or self._reported == self._token:
+                    self._cond.wait()
+                    continue
+                remaining = self._since + limit - time.monotonic()
+                if remaining > 0:
+                    self._cond.wait(remaining)
+                    continue
+                self._reported = token = self._token
+                phase, what, elapsed = self._phase, self._what, time.monotonic() - self._since
+                self._cond.release()
+                try:
+                    self._report(phase or "", what, elapsed, limit, why, token)
+                except Exception:  # the watchdog must never take the run down
+                    logger.exception("[RolloutMock] watchdog: writing the stall report failed")
+                finally:
+                    self._cond.acquire()
+
+    def _report(self, phase: str, what: str, elapsed: float, limit: float, why: str, token: int) -> None:
+        from rollout_mock.debug.stacks import format_stacks
+
+        if phase == "call":
+            headline = f"intercepted call {what} of {self.label} has run for {elapsed:.2f} s"
+        else:
+            headline = f"no intercepted call of {self.label} for {elapsed:.2f} s ({what})"
+        text = (f"[RolloutMock] STALL: {headline} (limit {limit:.3g} s: {why}); stacks of every thread and "
+                f"pending asyncio task follow\n{format_stacks(list(self._loops))}")
+        path = None
+        if self.directory is not None:
+            from rollout_mock.debug._files import write_text_atomic
+
+            now = time.time()
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
+            path = self.directory / STALLS_DIR / f"stall-{stamp}-{os.getpid()}.txt"
+            write_text_atomic(path, text)
+            self.reports.append(path)
+        logger.warning("%s%s", text, "" if path is None else f"\n[RolloutMock] stall report written to {path}")
+
+    def close(self) -> None:
+        """Stop the monitor thread (idempotent)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5)

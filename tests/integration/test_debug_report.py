@@ -1,0 +1,109 @@
+"""The HTML report: self-contained, escaped, and working in a real headless browser."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import cfg
+
+from rollout_mock.cli import main
+from rollout_mock.debug import write_report
+from rollout_mock.wrap import MockScheduler
+
+EVIL = "</script><script>alert(1)</script><img src=x onerror=alert(2)>"
+
+
+class VerlLike:
+    """verl-shaped batches: a plain dict of tensors plus an untrusted text column."""
+
+    def get_batch(self, data: object, global_step: int) -> dict[str, object]:
+        n = 4
+        prompt = np.empty(n, dtype=object)
+        prompt[:] = [EVIL if i == 1 else f"prompt {i}" for i in range(n)]
+        responses = torch.arange(n * 3).view(n, 3) % 7 + 1
+        return {
+            "input_ids": torch.cat([torch.full((n, 2), 9), responses], 1),
+            "prompts": torch.full((n, 2), 9),
+            "responses": responses,
+            "attention_mask": torch.ones(n, 5, dtype=torch.long),
+            "rewards": torch.tensor([0.0, 0.5, 1.0, 0.25]) + global_step,
+            "raw_prompt": prompt,
+        }
+
+
+@pytest.fixture
+def dump(dump_dir: Path) -> Path:
+    with MockScheduler(VerlLike(), cfg(dump_dir)) as mock:
+        for step in range(3):
+            mock.get_batch(None, step)
+    return dump_dir
+
+
+def test_report_is_self_contained_and_escaped(dump: Path, tmp_path: Path) -> None:
+    out = write_report(dump, tmp_path / "r.html")
+    html = out.read_text()
+    assert "alert(1)</script>" not in html and "<img src=x" not in html
+    # our own two script elements, nothing else closes a script
+    assert html.count("</script>") == 2
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)  # nothing fetched
+    assert "<svg" in html and "reward" in html
+    data = json.loads(re.search(r'id="rm-data">(.*?)</script>', html, re.S).group(1))
+    assert sorted(data["steps"]) == ["0", "1", "2"]
+    assert data["steps"]["2"]["traces"][1]["messages"][0]["content"] == EVIL  # kept as data, intact
+    assert data["steps"]["0"]["traces"][2]["reward"] == 1.0
+
+
+def test_report_cli_with_logprobs_json(dump: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    lp = tmp_path / "lp.json"
+    lp.write_text(json.dumps({"steps": [{"step": s, "token_mult_prob_error": 1.0 + s / 10} for s in range(3)]}))
+    assert main(["report", str(dump), "-o", str(tmp_path / "r.html"), "--logprobs-json", str(lp)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert "token_mult_prob_error" in (tmp_path / "r.html").read_text()
+    assert main(["report", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2
+
+
+def _browser() -> tuple[object, str]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install -y chromium); Playwright's own download does not work here")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        pytest.skip("playwright is not installed (pip install rollout_mock[report])")
+    return sync_playwright, chromium
+
+
+@pytest.mark.slow
+def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> None:
+    sync_playwright, chromium = _browser()
+    out = write_report(dump, tmp_path / "r.html")
+    errors: list[str] = []
+    dialogs: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as p:  # type: ignore[operator]
+        browser = p.chromium.launch(executable_path=chromium,
+                                    args=["--headless", "--no-sandbox", "--disable-background-networking"])
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+            page.on("request", lambda r: requests.append(r.url) if not r.url.startswith("file:") else None)
+            page.goto(out.as_uri(), timeout=30_000)
+            page.select_option("#step", "2")
+            items = page.locator("#samples li")
+            assert items.count() == 4
+            items.nth(1).click()
+            detail = page.locator("#detail").inner_text(timeout=5_000)
+            assert "step 2, sample 1" in detail
+            assert EVIL in detail  # shown as text
+            assert page.locator("svg.chart").count() >= 3
+        finally:
+            browser.close()
+    assert errors == [] and dialogs == [] and requests == []

@@ -41,7 +41,7 @@ __all__ = [
 #: verl's DataProto, and the demo's own DataProto-like class.
 _BATCH_CLASSES: set[tuple[str, str]] = {
     ("verl.protocol", "DataProto"), ("rollout_mock.demo", "RolloutBatch"),
-    ("roll.distributed.scheduler.protocol", "DataProto"),
+    ("roll.distributed.scheduler.protocol", "DataProto"), ("rollout_mock.codec.batches", "Batch"),
 }
 _FIELDS = ("batch", "non_tensor_batch", "meta_info")
 _PRIVATE = ("_batch", "_non_tensor_batch", "meta_info")

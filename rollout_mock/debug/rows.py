@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.batch import is_dataproto, is_tensordict, count_samples, type_name
+from rollout_mock.batch import count_samples, is_dataproto, is_tensordict, type_name
 from rollout_mock.errors import DebugInputError
 
 __all__ = ["row_count", "select_keys", "select_rows"]

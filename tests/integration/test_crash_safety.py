@@ -125,6 +125,12 @@ HELPER = textwrap.dedent(
         return files
 
 
+    # Warm up in the parent: the children are forked from it, so lazy imports (codec, fingerprint,
+    # watchdog) are not paid again by every child before its first write.
+    warm = MockScheduler(Scheduler(), dict(CONFIG, dump_dir=str(dump_dir) + "-warmup"))
+    warm.get_batch(None, global_step=0)
+    warm.close()
+
     rng = random.Random(seed)
     for i in range(kills):
         pid = os.fork()

@@ -67,7 +67,12 @@ class RolloutMockConfig(BaseModel):
     """``dump`` records batches, ``mock`` replays them."""
 
     dump_dir: str = "./rollout_mock_dumps"
-    """Directory holding ``manifest.json`` and ``{split}/step_{step:06d}.pkl``."""
+    """Directory holding ``manifest.json`` and ``{split}/step_{step:06d}.pkl``, or an fsspec URL
+    (``s3://bucket/prefix``, ``gs://``, ``oss://``, ``hdfs://``, ``memory://``, ``file://``)."""
+
+    storage_options: dict[str, Any] | None = None
+    """Options passed to fsspec for a URL ``dump_dir`` (e.g. ``{endpoint_url: ..., anon: false}``
+    for s3fs); credentials may also come from the standard environment (``AWS_*``)."""
 
     overwrite: bool = False
     """Dump mode: allow replacing a step that is already recorded (e.g. a dump run resumed
@@ -145,8 +150,13 @@ class RolloutMockConfig(BaseModel):
     @classmethod
     def _check_name(cls, value: str | None) -> str | None:
         if value is not None:
-            if not value or any(ch in value for ch in "/\\@") or value.startswith("."):
-                raise ValueError("must be a non-empty name without '/', '\\', '@' or a leading '.'")
+            from rollout_mock.storage.paths import NAME_PATTERN
+
+            if not NAME_PATTERN.fullmatch(value):
+                raise ValueError(
+                    f"must be a name without '/', '\\', '@', '..' or a leading '.' (pattern "
+                    f"{NAME_PATTERN.pattern}): it becomes a directory inside dump_dir"
+                )
         return value
 
     @property

@@ -8,7 +8,7 @@ from typing import Any
 from rollout_mock.config import FingerprintPolicy
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError
 from rollout_mock.storage.base import format_ranges
-from rollout_mock.storage.directory import DirectoryStore
+from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.prefetch import Prefetcher
 
 logger = logging.getLogger("rollout_mock")
@@ -18,7 +18,7 @@ class ReplayMixin:
     """The mock half of :class:`~rollout_mock.wrap.interceptor.Interceptor`."""
 
     def _open_mock(self) -> None:
-        if isinstance(self.store, DirectoryStore):
+        if isinstance(self.store, IndexedStore):
             self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
         if self.config.max_steps is not None and self.split == "train":
@@ -40,8 +40,8 @@ class ReplayMixin:
                 "(recorded streams: %s)",
                 self.config.dump_dir,
                 self.stream,
-                ", ".join(s.key for s in self.store.manifest().stream_ids()) or "none"
-                if isinstance(self.store, DirectoryStore)
+                ", ".join(s.key for s in self.store.stream_ids()) or "none"
+                if isinstance(self.store, IndexedStore)
                 else "?",
             )
         self._check_fingerprint()

@@ -14,6 +14,7 @@ from tensordict import TensorDict
 from rollout_mock.wrap import MockScheduler
 from rollout_mock.errors import UnsafePickleError
 from rollout_mock.storage import load_step
+from rollout_mock.storage.manifest import FORMAT_VERSION
 
 ALL_DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,
@@ -184,7 +185,7 @@ def test_manifest_describes_keys_without_unpickling(dump_dir: Path) -> None:
     assert entry["keys"]["input_ids"] == {"shape": [6, 4], "dtype": "int64"}
     assert entry["keys"]["uid"] == {"shape": [6], "dtype": "object"}
     assert entry["checksum"].startswith("crc32:") and entry["size"] == (dump_dir / entry["file"]).stat().st_size
-    assert manifest["format_version"] == 1 and manifest["streams"]["train"]["methods"]["get_batch"]["convention"] == "sync"
+    assert manifest["format_version"] == FORMAT_VERSION and manifest["streams"]["train"]["methods"]["get_batch"]["convention"] == "sync"
 
 
 @pytest.mark.gpu

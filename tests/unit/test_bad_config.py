@@ -15,6 +15,7 @@ BAD: dict[str, tuple[object, str]] = {
     "enable": ("maybe", BOOL),
     "mode": ("record", "valid choices: dump, mock"),
     "dump_dir": ("  ", "must not be empty"),
+    "storage_options": ("anon", "dictionary"),
     "overwrite": ("sometimes", BOOL),
     "max_steps": (0, "greater than or equal to 1"),
     "dump_steps": ("all", "list"),

@@ -107,15 +107,21 @@ class Lease:
             self._thread.start()
         return self
 
+    def renew(self) -> bool:
+        """Extend the lease if it is still ours; otherwise mark it lost and return False."""
+        current = self._current()
+        if current is None or current.get("owner") != self.owner:
+            self.lost = (f"{self.where} now names {None if current is None else current.get('owner')}, "
+                         f"not this writer ({self.owner}): it expired and was taken over")
+            return False
+        self._replace(self.rel, self._body())
+        return True
+
     def _beat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
             try:
-                current = self._current()
-                if current is None or current.get("owner") != self.owner:
-                    self.lost = (f"{self.where} now names {None if current is None else current.get('owner')}, "
-                                 f"not this writer ({self.owner}): it expired and was taken over")
+                if not self.renew():
                     return
-                self._replace(self.rel, self._body())
             except Exception as exc:  # a transient store error: try again next beat
                 logger.warning("[RolloutMock] renewing %s failed: %s", self.where, exc)
 

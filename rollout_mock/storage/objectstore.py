@@ -153,9 +153,9 @@ class FsspecStore(IndexedStore):
         writer = _BufferWriter(Digest(self.hmac_key, context))
         codec.dump(batch, writer)  # type: ignore[arg-type]
         checksum, mac = writer.digest.finish()
-        data = writer.buffer.getbuffer()
+        data = writer.buffer.getvalue()
         self.fs.pipe_file(self._p(rel), data)  # one put, or a multipart upload completed last
-        return data.nbytes, checksum, mac
+        return len(data), checksum, mac
 
     def _load_step(self, rel: str, entry: StepEntry, stream: StreamId, step: int, trusted: bool) -> Any:
         data = self._read(rel)

@@ -125,7 +125,7 @@ class DirectoryStore(IndexedStore):
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _write_step(self, rel: str, batch: Any, context: bytes) -> tuple[int, str, str | None]:
-        written = write_temp(self.path(rel), lambda w: codec.dump(batch, w), hmac_key=self.hmac_key,
+        written = write_temp(self.path(rel), lambda w: codec.encode(batch, w), hmac_key=self.hmac_key,
                              mac_context=context)
         written.commit()
         return written.size, written.checksum, written.hmac

@@ -52,7 +52,7 @@ from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
 from rollout_mock.storage.paths import check_name, open_nofollow
 
 FORMAT = "rollout_mock.dump"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 2  # 2: data-only step files (rollout_mock.codec), entry-file index, bound HMAC; 1 still read
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
 _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")

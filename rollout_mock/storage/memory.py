@@ -89,7 +89,7 @@ class MemoryStore(IndexedStore):
         return self._c.versions.get(rel)
 
     def _write_step(self, rel: str, batch: Any, context: bytes) -> tuple[int, str, str | None]:
-        data = codec.dumps(batch)
+        data = codec.encode_bytes(batch)
         digest = Digest(self.hmac_key, context)
         digest.update(data)
         checksum, mac = digest.finish()

@@ -151,7 +151,7 @@ class FsspecStore(IndexedStore):
 
     def _write_step(self, rel: str, batch: Any, context: bytes) -> tuple[int, str, str | None]:
         writer = _BufferWriter(Digest(self.hmac_key, context))
-        codec.dump(batch, writer)  # type: ignore[arg-type]
+        codec.encode(batch, writer)  # type: ignore[arg-type]
         checksum, mac = writer.digest.finish()
         data = writer.buffer.getvalue()
         self.fs.pipe_file(self._p(rel), data)  # one put, or a multipart upload completed last

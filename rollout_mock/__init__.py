@@ -24,6 +24,7 @@ _EXPORTS: dict[str, str] = {
     "Mode": "rollout_mock.modes",
     "load_step": "rollout_mock.storage.reader",
     "open_dump": "rollout_mock.storage.reader",
+    "rank_rows": "rollout_mock.storage.partial",
     "register_batch_class": "rollout_mock.codec",
     "MetricsWriter": "rollout_mock.compare.metrics",
     "read_metrics": "rollout_mock.compare.metrics",
@@ -40,6 +41,7 @@ _EXPORTS: dict[str, str] = {
     "StepExistsError": "rollout_mock.errors",
     "StepNotFoundError": "rollout_mock.errors",
     "UnsafePickleError": "rollout_mock.errors",
+    "UnsafePathError": "rollout_mock.errors",
     "WriterError": "rollout_mock.errors",
 }
 
@@ -62,10 +64,12 @@ if TYPE_CHECKING:  # pragma: no cover
         SchedulerUnavailableError,
         StepExistsError,
         StepNotFoundError,
+        UnsafePathError,
         UnsafePickleError,
         WriterError,
     )
     from rollout_mock.modes import Mode
+    from rollout_mock.storage.partial import rank_rows
     from rollout_mock.storage.reader import load_step, open_dump
     from rollout_mock.wrap import mock_class
     from rollout_mock.wrap.scheduler import MockScheduler

@@ -52,6 +52,20 @@ class RankPolicy(str, Enum):
     """Every rank writes its own file ``step_NNNNNN_rankR.pkl`` (per data-parallel head batches)."""
 
 
+class ReplayRows(BaseModel):
+    """Mock mode: this process is data-parallel rank ``dp_rank`` of ``dp_size`` and replays only
+    its rows of each recorded batch (split like ``torch.chunk`` / verl's ``DataProto.chunk``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dp_rank: int = Field(ge=0)
+    dp_size: int = Field(ge=1)
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.dp_rank >= self.dp_size:
+            raise ValueError(f"dp_rank {self.dp_rank} must be below dp_size {self.dp_size}")
+
+
 class RolloutMockConfig(BaseModel):
     """The ``rollout_mock:`` block. Build it with :func:`load_config` or directly.
 
@@ -122,6 +136,14 @@ class RolloutMockConfig(BaseModel):
 
     dump_rank: int = Field(default=0, ge=0)
 
+    replay_rows: ReplayRows | None = None
+    """Mock mode: ``{dp_rank: R, dp_size: N}`` loads only rank R's rows of each recorded batch
+    (reading only those rows' bytes from format-2 steps). ``None`` loads whole batches."""
+
+    replay_keys: list[str] | None = None
+    """Mock mode: load only these top-level keys of each recorded batch (e.g. ``[input_ids,
+    attention_mask]``). ``None`` loads every key."""
+
     fingerprint: FingerprintPolicy = FingerprintPolicy.WARN
     """Mock mode: how to react when this environment differs from the recorded one."""
 
@@ -144,6 +166,13 @@ class RolloutMockConfig(BaseModel):
             return os.fspath(value)
         if isinstance(value, str) and not value.strip():
             raise ValueError("must not be empty")
+        return value
+
+    @field_validator("replay_keys")
+    @classmethod
+    def _check_replay_keys(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or any(not k or not isinstance(k, str) for k in value)):
+            raise ValueError("must be a non-empty list of key names")
         return value
 
     @field_validator("name")

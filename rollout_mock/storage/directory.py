@@ -134,6 +134,11 @@ class DirectoryStore(IndexedStore):
         return load_verified(self.path(rel), entry, stream=stream, step=step, trusted=trusted,
                              verify=self.verify, hmac_key=self.hmac_key)
 
+    def open_source(self, rel: str) -> Any:
+        from rollout_mock.codec.source import FileSource
+
+        return FileSource(self.path(rel))
+
     # ------------------------------------------------------------------ locks
     def _lock_stream(self, stream: StreamId) -> Any:
         directory = self.path(stream.directory)

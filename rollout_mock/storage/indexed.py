@@ -121,6 +121,10 @@ class IndexedStore(StepStore):
     def _manifest_lock(self) -> AbstractContextManager[None]:
         """Exclusive access to ``manifest.json`` for a read-modify-write."""
 
+    def open_source(self, rel: str) -> Any:
+        """A :class:`~rollout_mock.codec.source.ByteSource` over ``rel`` (ranged reads)."""
+        raise NotImplementedError(f"{type(self).__name__} has no ranged reads")
+
     def _lock_lost(self, handle: Any) -> str | None:
         """Why the stream lock was lost (object-store leases), or None."""
         return None

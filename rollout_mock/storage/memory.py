@@ -103,6 +103,14 @@ class MemoryStore(IndexedStore):
         return load_bytes_verified(data, entry, where=self.where(rel), stream=stream, step=step,
                                    trusted=trusted, verify=self.verify, hmac_key=self.hmac_key)
 
+    def open_source(self, rel: str) -> Any:
+        from rollout_mock.codec.source import BytesSource
+
+        data = self._read(rel)
+        if data is None:
+            raise FileNotFoundError(self.where(rel))
+        return BytesSource(data, self.where(rel))
+
     def _lock_stream(self, stream: StreamId) -> Any:
         with self._c.lock:
             holder = self._c.writers.get(stream.key)

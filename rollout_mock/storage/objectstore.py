@@ -164,12 +164,11 @@ class FsspecStore(IndexedStore):
         return load_bytes_verified(data, entry, where=self.where(rel), stream=stream, step=step,
                                    trusted=trusted, verify=self.verify, hmac_key=self.hmac_key)
 
-    def read_range(self, rel: str, offset: int, length: int) -> bytes:
-        """Bytes ``[offset, offset + length)`` of an object (one ranged GET on S3)."""
-        return bytes(self.fs.cat_file(self._p(rel), start=offset, end=offset + length))
+    def open_source(self, rel: str) -> Any:
+        """The object as a ByteSource read with ranged GETs (``cat_file(path, start, end)``)."""
+        from rollout_mock.storage.partial import FsspecByteSource
 
-    def size(self, rel: str) -> int:
-        return int(self.fs.size(self._p(rel)))
+        return FsspecByteSource(self.fs, self._p(rel), self.where(rel))
 
     # ------------------------------------------------------------------ locks
     def _lease(self, rel: str, what: str, ttl: float) -> Lease:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,9 +129,16 @@ class Dump:
         parsed = StreamId.from_key(stream)
         return self.stream(parsed.split, parsed.name, parsed.rank)
 
-    def load(self, step: int, stream: StreamId | str = "train", *, trusted: bool = False) -> Any:
-        """Load and verify one step (``stream`` may be a split name)."""
-        return self._store.load(self._resolve(stream), step, trusted=trusted)
+    def load(self, step: int, stream: StreamId | str = "train", *, keys: Iterable[str] | None = None,
+             rows: range | slice | None = None, trusted: bool = False) -> Any:
+        """Load and verify one step (``stream`` may be a key: ``"train"``, ``"train/math@rank1"``).
+
+        ``keys`` (top-level keys) and ``rows`` (batch rows, e.g. ``rank_rows(n, dp_rank,
+        dp_size)``) read only what is needed from a format-2 step (ranged reads on object stores).
+        """
+        from rollout_mock.storage.partial import load_partial
+
+        return load_partial(self._store, self._resolve(stream), step, keys=keys, rows=rows, trusted=trusted)
 
 
 def open_dump(dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,

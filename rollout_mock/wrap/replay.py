@@ -80,8 +80,11 @@ class ReplayMixin:
         logger.warning(message)
 
     def _load(self, step: int) -> Any:
-        batch = self.store.load(self.stream, step, trusted=self.config.trust_pickle)
         entry = self.store.entry(self.stream, step)
+        if self.config.replay_rows is None and self.config.replay_keys is None:
+            batch = self.store.load(self.stream, step, trusted=self.config.trust_pickle)
+        else:
+            batch = self._load_part(step, entry)
         logger.info(
             "[RolloutMock] Loaded step %d: %s (samples=%s)",
             step,
@@ -89,6 +92,24 @@ class ReplayMixin:
             None if entry is None else entry.samples,
         )
         return batch
+
+    def _load_part(self, step: int, entry: Any) -> Any:
+        """replay_rows / replay_keys: this rank's rows and the wanted keys only."""
+        from rollout_mock.storage.partial import load_partial, rank_rows
+
+        if entry is None:
+            raise self.store.missing_step_error(self.stream, step, mode=self.mode.value)
+        rows = None
+        layout = self.config.replay_rows
+        if layout is not None:
+            if entry.samples is None:
+                raise IncompleteDumpError(
+                    f"[RolloutMock] replay_rows: step {step} of {self.stream} has no batch dimension "
+                    f"recorded ({entry.type}); replay whole batches (remove replay_rows)",
+                    mode=self.mode.value, split=self.split, step=step)
+            rows = rank_rows(entry.samples, layout.dp_rank, layout.dp_size)
+        return load_partial(self.store, self.stream, step, keys=self.config.replay_keys, rows=rows,
+                            trusted=self.config.trust_pickle)
 
     def replay(self, step: int) -> Any:
         assert self._prefetcher is not None

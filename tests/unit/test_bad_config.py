@@ -29,6 +29,8 @@ BAD: dict[str, tuple[object, str]] = {
     "hmac_key_env": (5, "string"),
     "name": ("a/b", "without '/'"),
     "ranks": ("some", "valid choices: one, all"),
+    "replay_rows": ({"dp_rank": 2, "dp_size": 2}, "must be below dp_size"),
+    "replay_keys": ([], "non-empty list"),
     "dump_rank": (-1, "greater than or equal to 0"),
     "fingerprint": ("loud", "valid choices: warn, error, off"),
     "on_disk_full": ("retry", "valid choices: fail, skip"),

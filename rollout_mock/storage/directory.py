@@ -25,7 +25,7 @@ from rollout_mock.storage.fileio import fsync_dir, is_temp_name, write_temp
 from rollout_mock.storage.index import FINGERPRINT_NAME, INDEX_DIR, STREAMS_DIR, stream_record_name
 from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StreamId, locked, remove_stale_temps, utc_now
-from rollout_mock.storage.paths import open_nofollow, resolve_inside
+from rollout_mock.storage.paths import check_relpath, open_nofollow, resolve_inside
 from rollout_mock.storage.verified import load_verified
 
 logger = logging.getLogger("rollout_mock")
@@ -56,16 +56,33 @@ class DirectoryStore(IndexedStore):
         super().__init__(hmac_key=hmac_key, verify=verify)
         self.dump_dir = Path(dump_dir)
         self._real_root: str | None = None
+        self._inside: set[str] = set()
 
     def __repr__(self) -> str:
         return f"DirectoryStore({str(self.dump_dir)!r})"
 
     # ------------------------------------------------------------------ paths
     def path(self, rel: str) -> Path:
-        """The local path of ``rel``, checked to stay inside ``dump_dir`` (symlinks resolved)."""
-        if self._real_root is None or not os.path.isdir(self._real_root):
-            self._real_root = os.path.realpath(self.dump_dir)
-        return resolve_inside(self.dump_dir, rel, real_root=self._real_root) if rel else self.dump_dir
+        """The local path of ``rel``, checked to stay inside ``dump_dir`` (symlinks resolved).
+
+        A directory found to resolve inside is remembered for this store object; the last
+        component is checked on every call (one ``lstat``, a full resolve only for symlinks).
+        """
+        if not rel:
+            return self.dump_dir
+        parent, _, name = rel.rpartition("/")
+        if parent and parent not in self._inside:
+            if self._real_root is None:
+                self._real_root = os.path.realpath(self.dump_dir)
+            resolve_inside(self.dump_dir, parent, real_root=self._real_root)
+            if os.path.isdir(self.dump_dir / parent):
+                self._inside.add(parent)
+        candidate = self.dump_dir / check_relpath(rel)
+        if os.path.islink(candidate) or not parent:
+            if self._real_root is None:
+                self._real_root = os.path.realpath(self.dump_dir)
+            resolve_inside(self.dump_dir, rel, real_root=self._real_root)
+        return candidate
 
     def path_of(self, stream: StreamId, step: int) -> Path:
         return self.path(stream.relpath(step))

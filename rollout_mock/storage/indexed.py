@@ -179,7 +179,7 @@ class IndexedStore(StepStore):
             return self._view_cache
         base = self.manifest_file()
         view = Manifest() if base is None else Manifest(
-            created_at=base.created_at, writer=base.writer, fingerprint=base.fingerprint,
+            created_at=base.created_at, writer=base.writer, fingerprint=base.fingerprint, source=base.source,
             streams={k: {**v, "steps": dict(v["steps"]), "methods": dict(v.get("methods", {}))}
                      for k, v in base.streams.items()},
         )

@@ -172,6 +172,8 @@ class Manifest:
     )
     fingerprint: dict[str, Any] | None = None
     streams: dict[str, dict[str, Any]] = field(default_factory=dict)
+    source: str | None = field(default=None, compare=False)
+    """Where it was read from (named in the errors of entries validated on use)."""
 
     # ------------------------------------------------------------------ access
     def stream(self, stream: StreamId, *, create: bool = False) -> dict[str, Any] | None:
@@ -196,7 +198,18 @@ class Manifest:
         if not data:
             return None
         raw = data["steps"].get(str(step))
-        return None if raw is None else StepEntry.from_json(raw, where=f"{stream.key} step {step}")
+        if raw is None:
+            return None
+        where = f"{stream.key} step {step}" if self.source is None else f"{self.source}: {stream.key} step {step}"
+        parsed = StepEntry.from_json(raw, where=where, path=self.source)
+        expected = stream.relpath(step)
+        if parsed.file != expected:
+            raise ManifestError(
+                f"{where}: entry names file {parsed.file!r}, expected {expected!r}; the manifest was "
+                f"edited by hand — restore it from a copy, or re-dump",
+                path=self.source,
+            )
+        return parsed
 
     def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
         data = self.streams.get(stream.key)
@@ -261,23 +274,17 @@ class Manifest:
                     f"edited by hand — restore it from a copy, or re-dump",
                     path=path,
                 )
-            for step_key, entry in stream["steps"].items():
-                if not step_key.lstrip("-").isdigit():
-                    raise ManifestError(f"{path}: stream {key!r} has step key {step_key!r}", path=path)
-                where = f"{path}: {key} step {int(step_key)}"
-                parsed = StepEntry.from_json(entry, where=where, path=path)
-                expected = stream_id.relpath(int(step_key))
-                if parsed.file != expected:
-                    raise ManifestError(
-                        f"{where}: entry names file {parsed.file!r}, expected {expected!r}; the "
-                        f"manifest was edited by hand — restore it from a copy, or re-dump",
-                        path=path,
-                    )
+            # Entries themselves are validated when used (Manifest.entry): opening a dump of
+            # 100,000 steps must not parse 100,000 entries it will not load.
+            bad = [k for k in stream["steps"] if not k.lstrip("-").isdigit()]
+            if bad:
+                raise ManifestError(f"{path}: stream {key!r} has step key {bad[0]!r}", path=path)
         return cls(
             created_at=str(data.get("created_at", "")),
             writer=dict(data.get("writer") or {}),
             fingerprint=data.get("fingerprint"),
             streams=streams,
+            source=str(path),
         )
 
 
@@ -365,5 +372,6 @@ def _dumps(manifest: Manifest) -> str:
 
 
 def dumps_manifest(manifest: Manifest) -> str:
-    """The manifest as JSON text (indent 1: readable, and fast enough at 100,000 steps)."""
-    return json.dumps(manifest.to_json(), indent=1, sort_keys=False, allow_nan=False)
+    """The manifest as compact JSON (no indent: the C encoder, ~10x faster at 100,000 steps;
+    ``rollout-mock ls --json`` pretty-prints it)."""
+    return json.dumps(manifest.to_json(), separators=(",", ":"), sort_keys=False, allow_nan=False)

@@ -376,7 +376,13 @@ class IndexedStore(StepStore):
         with self._manifest_lock():
             self._manifest_sig = None
             manifest = self.manifest_file() or Manifest()
-            entries = self._read_entries(stream, names)
+            if owned is not None:  # the lock holder's memory is the stream's index: no re-reads
+                data = manifest.stream(stream, create=True)
+                assert data is not None
+                data["steps"] = {}
+                entries: dict[int, Any] = dict(sorted(owned.steps.items()))
+            else:
+                entries = self._read_entries(stream, names)
             record = self._read(record_rel)
             decoded = None if record is None else decode_stream_record(record, self.where(record_rel))
             methods = dict(decoded[1]) if decoded else {}

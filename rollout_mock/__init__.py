@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "StepStore": "rollout_mock.storage.base",
     "DirectoryStore": "rollout_mock.storage.directory",
     "MemoryStore": "rollout_mock.storage.memory",
+    "rank_rows": "rollout_mock.storage.partial",
     "register_batch_class": "rollout_mock.codec",
     "MetricsWriter": "rollout_mock.compare.metrics",
     "read_metrics": "rollout_mock.compare.metrics",
@@ -56,6 +57,7 @@ _EXPORTS: dict[str, str] = {
     "ManifestError": "rollout_mock.errors",
     "FormatVersionError": "rollout_mock.errors",
     "UnsafePickleError": "rollout_mock.errors",
+    "UnsafePathError": "rollout_mock.errors",
     "WriterError": "rollout_mock.errors",
     "LockedError": "rollout_mock.errors",
     "SchedulerUnavailableError": "rollout_mock.errors",
@@ -105,6 +107,7 @@ if TYPE_CHECKING:  # pragma: no cover
         StepExistsError,
         StepNotFoundError,
         TraceError,
+        UnsafePathError,
         UnsafePickleError,
         VerifyInputError,
         WriterError,
@@ -113,6 +116,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.storage.base import StepStore
     from rollout_mock.storage.directory import DirectoryStore
     from rollout_mock.storage.memory import MemoryStore
+    from rollout_mock.storage.partial import rank_rows
     from rollout_mock.storage.reader import Dump, load_step, open_dump
     from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.scheduler import MockScheduler

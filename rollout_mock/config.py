@@ -81,6 +81,20 @@ class RankPolicy(str, Enum):
     """Every rank writes its own file ``step_NNNNNN_rankR.pkl`` (per data-parallel head batches)."""
 
 
+class ReplayRows(BaseModel):
+    """Mock mode: this process is data-parallel rank ``dp_rank`` of ``dp_size`` and replays only
+    its rows of each recorded batch (split like ``torch.chunk`` / verl's ``DataProto.chunk``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dp_rank: int = Field(ge=0)
+    dp_size: int = Field(ge=1)
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.dp_rank >= self.dp_size:
+            raise ValueError(f"dp_rank {self.dp_rank} must be below dp_size {self.dp_size}")
+
+
 class RolloutMockConfig(BaseModel):
     """The ``rollout_mock:`` block. Build it with :func:`load_config` or directly.
 
@@ -96,7 +110,12 @@ class RolloutMockConfig(BaseModel):
     """``dump`` records batches, ``mock`` replays them."""
 
     dump_dir: str = "./rollout_mock_dumps"
-    """Directory holding ``manifest.json`` and ``{split}/step_{step:06d}.pkl``."""
+    """Directory holding ``manifest.json`` and ``{split}/step_{step:06d}.pkl``, or an fsspec URL
+    (``s3://bucket/prefix``, ``gs://``, ``oss://``, ``hdfs://``, ``memory://``, ``file://``)."""
+
+    storage_options: dict[str, Any] | None = None
+    """Options passed to fsspec for a URL ``dump_dir`` (e.g. ``{endpoint_url: ..., anon: false}``
+    for s3fs); credentials may also come from the standard environment (``AWS_*``)."""
 
     overwrite: bool = False
     """Dump mode: allow replacing a step that is already recorded (e.g. a dump run resumed
@@ -146,6 +165,14 @@ class RolloutMockConfig(BaseModel):
 
     dump_rank: int = Field(default=0, ge=0)
 
+    replay_rows: ReplayRows | None = None
+    """Mock mode: ``{dp_rank: R, dp_size: N}`` loads only rank R's rows of each recorded batch
+    (reading only those rows' bytes from format-2 steps). ``None`` loads whole batches."""
+
+    replay_keys: list[str] | None = None
+    """Mock mode: load only these top-level keys of each recorded batch (e.g. ``[input_ids,
+    attention_mask]``). ``None`` loads every key."""
+
     fingerprint: FingerprintPolicy = FingerprintPolicy.WARN
     """Mock mode: how to react when this environment differs from the recorded one."""
 
@@ -178,12 +205,24 @@ class RolloutMockConfig(BaseModel):
             raise ValueError("must not be empty")
         return value
 
+    @field_validator("replay_keys")
+    @classmethod
+    def _check_replay_keys(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or any(not k or not isinstance(k, str) for k in value)):
+            raise ValueError("must be a non-empty list of key names")
+        return value
+
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str | None) -> str | None:
         if value is not None:
-            if not value or any(ch in value for ch in "/\\@") or value.startswith("."):
-                raise ValueError("must be a non-empty name without '/', '\\', '@' or a leading '.'")
+            from rollout_mock.storage.paths import NAME_PATTERN
+
+            if not NAME_PATTERN.fullmatch(value):
+                raise ValueError(
+                    f"must be a name without '/', '\\', '@', '..' or a leading '.' (pattern "
+                    f"{NAME_PATTERN.pattern}): it becomes a directory inside dump_dir"
+                )
         return value
 
     @property

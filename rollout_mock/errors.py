@@ -125,6 +125,11 @@ class LockedError(RolloutMockError):
     """Another live process is already writing into this split of the dump directory."""
 
 
+class UnsafePathError(RolloutMockError, ValueError):
+    """A name or path would leave ``dump_dir`` (``..``, a separator, an absolute path, a symlink
+    pointing outside), or a lock/temporary file is a symlink."""
+
+
 class SchedulerUnavailableError(RolloutMockError, AttributeError):
     """Mock mode has no real scheduler, and a method that is not replayed was called."""
 

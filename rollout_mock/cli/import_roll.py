@@ -22,7 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser = subparsers.add_parser("import", help="convert a ROLL dump directory into a rollout_mock dump",
                                    description=__doc__)
     parser.add_argument("src", type=Path, help="ROLL dump_dir (holding train/ and/or val/)")
-    parser.add_argument("dst", type=Path, help="new rollout_mock dump_dir (must not hold those steps yet)")
+    parser.add_argument("dst", help="new rollout_mock dump_dir or fsspec URL (must not hold those steps yet)")
     parser.add_argument("--trust", action="store_true",
                         help="required: ROLL's pickles can run code when loaded; only import trusted dumps")
     return parser
@@ -30,8 +30,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 def run(args: argparse.Namespace) -> int:
     from rollout_mock.storage.base import BatchInfo
-    from rollout_mock.storage.directory import DirectoryStore
     from rollout_mock.storage.manifest import StreamId
+    from rollout_mock.storage.stores import open_store
 
     if not args.trust:
         raise RolloutMockError(
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     found = [(split, path) for split in splits for path in sorted(split.iterdir()) if _STEP.match(path.name)]
     if not found:
         raise DumpNotFoundError(f"no {{split}}/step_NNNNNN.pkl files under {args.src}", path=args.src)
-    store = DirectoryStore(args.dst)
+    store = open_store(args.dst)
     try:
         for split_dir, path in found:
             step = int(_STEP.match(path.name).group(1))  # type: ignore[union-attr]
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
             with open(path, "rb") as file:
                 batch = pickle.load(file)
             entry = store.save(stream, step, batch, BatchInfo.of(batch), method="get_batch")
-            print(f"imported {path} -> {args.dst / entry.file} (samples={entry.samples}, {entry.size / 1e6:.2f} MB)")
+            print(f"imported {path} -> {store.where(entry.file)} (samples={entry.samples}, {entry.size / 1e6:.2f} MB)")
     finally:
         store.close()
     print(f"{len(found)} step(s) imported into {args.dst}; replay them with mode: mock, dump_dir: {args.dst}")

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
     parser = subparsers.add_parser("ls", help="list the streams and steps of a dump", description=__doc__)
-    parser.add_argument("dump_dir", type=Path)
+    parser.add_argument("dump_dir", help="dump directory or fsspec URL (s3://bucket/prefix; credentials from AWS_* env)")
     parser.add_argument("--keys", action="store_true", help="also list each step's keys, shapes and dtypes")
     parser.add_argument("--json", action="store_true", help="print the manifest's streams as JSON")
     return parser

@@ -24,7 +24,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("dump_dir", metavar="DUMP_DIR", type=Path, help="dump directory (holds manifest.json)")
+    parser.add_argument("dump_dir", metavar="DUMP_DIR", help="dump directory or fsspec URL (holds manifest.json)")
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, metavar="N", help="this step (default: the first recorded step)")
     which.add_argument("--steps", metavar="RANGES", help="the recorded steps in these ranges, e.g. 0-3 or 0-9,12,20-")

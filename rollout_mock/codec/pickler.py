@@ -34,7 +34,6 @@ import cloudpickle
 import numpy as np
 import torch
 
-
 #: The pickle protocol of every step file. Fixed, so files do not depend on the writer's Python.
 PROTOCOL = 5
 

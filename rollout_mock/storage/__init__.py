@@ -7,14 +7,20 @@ is wrapped.
 
 from rollout_mock.storage.base import BatchInfo, StepStore, format_ranges
 from rollout_mock.storage.directory import DirectoryStore
+from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.memory import MemoryStore
+from rollout_mock.storage.objectstore import FsspecStore
+from rollout_mock.storage.partial import load_resplit, rank_rows
 from rollout_mock.storage.reader import Dump, RecordedStep, load_step, open_dump
+from rollout_mock.storage.stores import open_store
 from rollout_mock.storage.verified import file_digest, load_verified
 
 __all__ = [
     "BatchInfo",
     "DirectoryStore",
     "Dump",
+    "FsspecStore",
+    "IndexedStore",
     "MemoryStore",
     "RecordedStep",
     "StepStore",
@@ -23,4 +29,7 @@ __all__ = [
     "load_step",
     "load_verified",
     "open_dump",
+    "open_store",
+    "rank_rows",
+    "load_resplit",
 ]

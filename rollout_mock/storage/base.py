@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import abc
-import io
 from dataclasses import dataclass
 from typing import Any
 
 from rollout_mock.batch import count_samples, describe_keys, rejected_count, type_name
-from rollout_mock.codec import safe
 from rollout_mock.errors import (
     StepExistsError,
     StepNotFoundError,
@@ -146,6 +144,3 @@ class StepStore(abc.ABC):
             path=location,
         )
 
-
-def _decode(data: io.BufferedIOBase | Any, *, trusted: bool, source: str) -> Any:
-    return safe.load(data, trusted=trusted, source=source)

@@ -1,141 +1,175 @@
-"""A dump directory on a local filesystem: atomic files, a manifest, writer locks."""
+"""A dump directory on a local filesystem: atomic renames, fsync, flock, no symlink surprises.
+
+Every file write goes to a temporary file (``O_CREAT | O_EXCL | O_NOFOLLOW``) beside its
+destination, is fsync-ed, and is then renamed over it (or hard-linked to it when it must not
+exist yet: the exclusive create of an entry file); the directory is fsync-ed after. Writer locks
+are ``flock`` on ``.writer[-rankR].lock`` files opened with ``O_NOFOLLOW``: they die with their
+process, so a crashed writer never blocks the next one. Every path goes through
+:func:`~rollout_mock.storage.paths.resolve_inside`.
+"""
 
 from __future__ import annotations
 
 import fcntl
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from rollout_mock import codec
 from rollout_mock._text import logger
-from rollout_mock.errors import (
-    CorruptStepError,
-    DumpNotFoundError,
-    LockedError,
-)
-from rollout_mock.storage.base import BatchInfo, StepStore, _exists_error, format_ranges
-from rollout_mock.storage.fileio import is_temp_name, temp_name, write_temp
+from rollout_mock.errors import DumpNotFoundError, LockedError
+from rollout_mock.storage.fileio import fsync_dir, is_temp_name, write_temp
+from rollout_mock.storage.index import FINGERPRINT_NAME, INDEX_DIR, STREAMS_DIR, stream_record_name
+from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import (
+    MANIFEST_NAME,
     Manifest,
     StepEntry,
     StreamId,
-    manifest_path,
-    read_manifest,
+    locked,
     remove_stale_temps,
-    update_manifest,
     utc_now,
 )
+from rollout_mock.storage.paths import check_relpath, open_nofollow, resolve_inside
 from rollout_mock.storage.verified import load_verified
 
 __all__ = ["DirectoryStore"]
 
 
-class DirectoryStore(StepStore):
-    """Steps as files under ``dump_dir``, indexed by ``manifest.json``.
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class DirectoryStore(IndexedStore):
+    """Steps as files under ``dump_dir`` (see :mod:`rollout_mock.storage.index` for the index).
 
     ``hmac_key`` signs steps on save and is required to match on load. ``verify=False`` skips
-    checksum verification on load (sizes are still checked).
+    checksum verification on load (sizes, and a configured HMAC, are still checked).
     """
 
     def __init__(
         self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None, verify: bool = True
     ) -> None:
+        super().__init__(hmac_key=hmac_key, verify=verify)
         self.dump_dir = Path(dump_dir)
-        self.hmac_key = hmac_key
-        self.verify = verify
-        self._manifest: Manifest | None = None
-        self._lock_fds: dict[str, int] = {}
+        self._real_root: str | None = None
+        self._inside: set[str] = set()
 
     def __repr__(self) -> str:
         return f"DirectoryStore({str(self.dump_dir)!r})"
 
-    # ------------------------------------------------------------------ manifest access
-    def manifest(self, *, refresh: bool = False) -> Manifest:
-        """The manifest (cached; ``refresh=True`` re-reads it). Empty if there is none."""
-        if self._manifest is None or refresh:
-            self._manifest = read_manifest(self.dump_dir) or Manifest()
-        return self._manifest
+    # ------------------------------------------------------------------ paths
+    def path(self, rel: str) -> Path:
+        """The local path of ``rel``, checked to stay inside ``dump_dir`` (symlinks resolved).
 
-    def require_manifest(self, *, mode: str, split: str | None = None) -> Manifest:
-        """The manifest, or :class:`DumpNotFoundError` naming what is missing and the fix."""
-        if not self.dump_dir.is_dir():
-            raise DumpNotFoundError(
-                f"[RolloutMock] dump directory not found: {self.dump_dir} (mode={mode}). Run the "
-                f"same steps in dump mode first, or fix dump_dir.",
-                mode=mode,
-                split=split,
-                path=self.dump_dir,
-            )
-        manifest = read_manifest(self.dump_dir)
-        if manifest is None:
-            pickles = sorted(self.dump_dir.glob("*/step_*.pkl"))
-            hint = (
-                f" It holds {len(pickles)} step file(s) but no manifest: it was probably written "
-                f"by ROLL or an older tool; convert it with `rollout-mock import {self.dump_dir} NEW_DIR "
-                f"--trust` and point dump_dir at NEW_DIR."
-                if pickles
-                else " Run the same steps in dump mode first, or fix dump_dir."
-            )
-            raise DumpNotFoundError(
-                f"[RolloutMock] no manifest.json in {self.dump_dir} (mode={mode}).{hint}",
-                mode=mode,
-                split=split,
-                path=manifest_path(self.dump_dir),
-            )
-        self._manifest = manifest
-        return manifest
-
-    def entry(self, stream: StreamId, step: int) -> StepEntry | None:
-        entry = self.manifest().entry(stream, step)
-        if entry is None:
-            entry = self.manifest(refresh=True).entry(stream, step)
-        return entry
-
-    def steps(self, stream: StreamId) -> list[int]:
-        return self.manifest(refresh=True).steps(stream)
-
-    def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
-        return self.manifest().methods(stream)
-
-    def set_methods(self, stream: StreamId, methods: dict[str, dict[str, Any]]) -> None:
-        def change(manifest: Manifest) -> None:
-            data = manifest.stream(stream, create=True)
-            assert data is not None
-            data["methods"].update(methods)
-
-        self._manifest = update_manifest(self.dump_dir, change)
-
-    def fingerprint(self) -> dict[str, Any] | None:
-        return self.manifest().fingerprint
-
-    def set_fingerprint(self, fingerprint: dict[str, Any]) -> None:
-        def change(manifest: Manifest) -> None:
-            if manifest.fingerprint is None:
-                manifest.fingerprint = fingerprint
-
-        self._manifest = update_manifest(self.dump_dir, change)
+        A directory found to resolve inside is remembered for this store object; the last
+        component is checked on every call (one ``lstat``, a full resolve only for symlinks).
+        """
+        if not rel:
+            return self.dump_dir
+        parent, _, name = rel.rpartition("/")
+        if parent and parent not in self._inside:
+            if self._real_root is None:
+                self._real_root = os.path.realpath(self.dump_dir)
+            resolve_inside(self.dump_dir, parent, real_root=self._real_root)
+            if os.path.isdir(self.dump_dir / parent):
+                self._inside.add(parent)
+        candidate = self.dump_dir / check_relpath(rel)
+        if os.path.islink(candidate) or not parent:
+            if self._real_root is None:
+                self._real_root = os.path.realpath(self.dump_dir)
+            resolve_inside(self.dump_dir, rel, real_root=self._real_root)
+        return candidate
 
     def path_of(self, stream: StreamId, step: int) -> Path:
-        return self.dump_dir / stream.relpath(step)
+        return self.path(stream.relpath(step))
 
-    def describe_location(self, stream: StreamId, step: int) -> str:
-        return str(self.path_of(stream, step))
+    def where(self, rel: str) -> str:
+        return str(self.dump_dir / rel) if rel else str(self.dump_dir)
 
-    def open_writer(self, stream: StreamId) -> None:
-        """Lock ``stream`` for this process and repair what a crashed writer left behind.
+    # ------------------------------------------------------------------ primitives
+    def _read(self, rel: str) -> bytes | None:
+        try:
+            return self.path(rel).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
-        A second live writer of the same stream (another process, or another unnamed scheduler
-        in this one) gets :class:`LockedError`. The lock is an ``flock``: it dies with its owner.
-        """
-        if stream.key in self._lock_fds:
-            return
-        directory = self.dump_dir / stream.directory
+    def _write_temp(self, rel: str, data: bytes) -> Any:
+        return write_temp(self.path(rel), lambda w: w.write(data) and None)
+
+    def _create(self, rel: str, data: bytes) -> bool:
+        return bool(self._write_temp(rel, data).commit_new())
+
+    def _replace(self, rel: str, data: bytes) -> None:
+        self._write_temp(rel, data).commit()
+
+    def _list(self, rel_dir: str) -> list[str]:
+        try:
+            return [n for n in os.listdir(self.path(rel_dir)) if not is_temp_name(n)]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def _remove(self, rels: list[str]) -> None:
+        parents = set()
+        for rel in rels:
+            path = self.path(rel)
+            try:
+                path.unlink()
+                parents.add(path.parent)
+            except FileNotFoundError:
+                pass
+        for parent in parents:
+            fsync_dir(parent)
+
+    def _prune_dirs(self, rel_dirs: list[str]) -> None:
+        for rel in rel_dirs:
+            try:
+                os.rmdir(self.path(rel))
+            except OSError:  # not empty (another rank's entries), or gone
+                pass
+
+    def _exists(self, rel: str) -> bool:
+        return self.path(rel).exists()
+
+    def _signature(self, rel: str) -> Any:
+        try:
+            st = self.path(rel).stat()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _write_step(self, rel: str, batch: Any, context: bytes) -> tuple[int, str, str | None]:
+        written = write_temp(self.path(rel), lambda w: codec.encode(batch, w), hmac_key=self.hmac_key,
+                             mac_context=context)
+        written.commit()
+        return written.size, written.checksum, written.hmac
+
+    def _load_step(self, rel: str, entry: StepEntry, stream: StreamId, step: int, trusted: bool) -> Any:
+        return load_verified(self.path(rel), entry, stream=stream, step=step, trusted=trusted,
+                             verify=self.verify, hmac_key=self.hmac_key)
+
+    def open_source(self, rel: str) -> Any:
+        from rollout_mock.codec.source import FileSource
+
+        return FileSource(self.path(rel))
+
+    # ------------------------------------------------------------------ locks
+    def _lock_stream(self, stream: StreamId) -> Any:
+        directory = self.path(stream.directory)
         directory.mkdir(parents=True, exist_ok=True)
+        self.path(stream.directory)  # re-check containment now that it exists
         suffix = "" if stream.rank is None else f"-rank{stream.rank}"
-        lock_path = directory / f".writer{suffix}.lock"
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_path = self.path(f"{stream.directory}/.writer{suffix}.lock")
+        fd = open_nofollow(lock_path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -151,137 +185,56 @@ class DirectoryStore(StepStore):
             ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename} since {utc_now()}".encode(), 0)
-        self._lock_fds[stream.key] = fd
-        self._recover(stream)
+        return fd
+
+    def _unlock_stream(self, stream: StreamId, handle: Any) -> None:
+        os.close(handle)
+
+    @contextmanager
+    def _manifest_lock(self) -> Iterator[None]:
+        self.path("").mkdir(parents=True, exist_ok=True)
+        with locked(self.dump_dir):
+            yield
 
     def _recover(self, stream: StreamId) -> None:
         for stale in remove_stale_temps(self.dump_dir):
             logger.warning("[RolloutMock] removing leftover temporary manifest %s", stale)
-        directory = self.dump_dir / stream.directory
         suffix = "" if stream.rank is None else f"_rank{stream.rank}"
-        pattern = re.compile(rf"^\.step_-?\d+{re.escape(suffix)}\.pkl\.tmp-")
-        for child in directory.iterdir():
-            if is_temp_name(child.name) and pattern.match(child.name):
-                logger.warning("[RolloutMock] removing leftover temporary file %s", child)
-                child.unlink(missing_ok=True)
-        manifest = self.manifest(refresh=True)
-        dangling = [
-            step for step in manifest.steps(stream) if not self.path_of(stream, step).exists()
-        ]
-        if dangling:
-            logger.warning(
-                "[RolloutMock] %s: steps %s are in the manifest but their files are missing "
-                "(a crash before the final rename); removing them from the manifest",
-                stream,
-                format_ranges(dangling),
+        pattern = re.compile(rf"^\.step_-?\d+{re.escape(suffix)}\.(pkl|json)\.tmp-|^\.{re.escape(stream_record_name(stream))}\.tmp-")
+        for name in os.listdir(self.path("")):
+            # another process's exclusive create of the fingerprint: stale once that pid is gone
+            match = re.match(rf"^\.{re.escape(FINGERPRINT_NAME)}\.tmp-(\d+)-", name)
+            if match and not _pid_alive(int(match.group(1))):
+                self.path(name).unlink(missing_ok=True)
+        for rel_dir in (stream.directory, f"{stream.directory}/{INDEX_DIR}", STREAMS_DIR):
+            try:
+                names = os.listdir(self.path(rel_dir))
+            except FileNotFoundError:
+                continue
+            for name in names:
+                if is_temp_name(name) and pattern.match(name):
+                    logger.warning("[RolloutMock] removing leftover temporary file %s", self.where(f"{rel_dir}/{name}"))
+                    self.path(f"{rel_dir}/{name}").unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ reader conveniences
+    def require_manifest(self, *, mode: str, split: str | None = None) -> Manifest:
+        if not self.dump_dir.is_dir():
+            raise DumpNotFoundError(
+                f"[RolloutMock] dump directory not found: {self.dump_dir} (mode={mode}). Run the "
+                f"same steps in dump mode first, or fix dump_dir.",
+                mode=mode, split=split, path=self.dump_dir,
             )
-
-            def change(m: Manifest) -> None:
-                data = m.stream(stream)
-                if data is not None:
-                    for step in dangling:
-                        data["steps"].pop(str(step), None)
-
-            self._manifest = update_manifest(self.dump_dir, change)
-
-    def check_writable(self, stream: StreamId, step: int, *, overwrite: bool) -> None:
-        """Raise :class:`StepExistsError` if saving ``step`` would replace a recording."""
-        if overwrite:
-            return
-        path = self.path_of(stream, step)
-        if path.exists() or self.manifest().entry(stream, step) is not None:
-            raise _exists_error(stream, step, str(path))
-
-    def save(
-        self,
-        stream: StreamId,
-        step: int,
-        batch: Any,
-        info: BatchInfo,
-        *,
-        method: str | None = None,
-        rollout_seconds: float | None = None,
-        overwrite: bool = False,
-        call: dict[str, Any] | None = None,
-    ) -> StepEntry:
-        self.check_writable(stream, step, overwrite=overwrite)
-        path = self.path_of(stream, step)
-        if overwrite and (path.exists() or self.manifest().entry(stream, step) is not None):
-            self._forget(stream, step)
-        written = write_temp(path, lambda w: codec.encode(batch, w), hmac_key=self.hmac_key)
-        entry = StepEntry(
-            file=stream.relpath(step),
-            size=written.size,
-            checksum=written.checksum,
-            hmac=written.hmac,
-            samples=info.samples,
-            type=info.type,
-            keys=info.keys,
-            written_at=utc_now(),
-            method=method,
-            rollout_seconds=rollout_seconds, call=call,
-        )
-
-        def change(manifest: Manifest) -> None:
-            data = manifest.stream(stream, create=True)
-            assert data is not None
-            data["steps"][str(step)] = entry.to_json()
-
-        try:
-            self._manifest = update_manifest(self.dump_dir, change)
-        except BaseException:
-            written.discard()
-            raise
-        written.commit()
-        return entry
-
-    def delete(self, stream: StreamId, step: int) -> None:
-        self._forget(stream, step)
-
-    def _forget(self, stream: StreamId, step: int) -> None:
-        """Remove a step's file and manifest entry (overwrite: old data goes first).
-
-        The file is first renamed to a temporary name, so a crash at any point leaves either the
-        old step intact, or an entry without a file plus a temporary file (both repaired by
-        :meth:`_recover`), never a step file that is not in the manifest.
-        """
-        path = self.path_of(stream, step)
-        doomed = path.parent / temp_name(path.name)
-        try:
-            os.replace(path, doomed)
-        except FileNotFoundError:
-            doomed = None
-
-        def change(manifest: Manifest) -> None:
-            data = manifest.stream(stream)
-            if data is not None:
-                data["steps"].pop(str(step), None)
-
-        self._manifest = update_manifest(self.dump_dir, change)
-        if doomed is not None:
-            doomed.unlink(missing_ok=True)
-
-    def close(self) -> None:
-        for fd in self._lock_fds.values():
-            os.close(fd)
-        self._lock_fds.clear()
-
-    def load(self, stream: StreamId, step: int, *, trusted: bool = False) -> Any:
-        entry = self.entry(stream, step)
-        path = self.path_of(stream, step)
-        if entry is None:
-            if path.exists():
-                raise CorruptStepError(
-                    f"[RolloutMock] {path} exists but step {step} of {stream} is not in "
-                    f"{manifest_path(self.dump_dir)}: the dump is incomplete or was copied "
-                    f"together by hand; re-dump the step",
-                    mode="mock",
-                    split=stream.split,
-                    step=step,
-                    path=path,
-                )
-            raise self.missing_step_error(stream, step, mode="mock")
-        return load_verified(
-            path, entry, stream=stream, step=step, trusted=trusted, verify=self.verify,
-            hmac_key=self.hmac_key,
-        )
+        if not self.has_dump():
+            pickles = sorted(self.dump_dir.glob("*/step_*.pkl"))
+            hint = (
+                f" It holds {len(pickles)} step file(s) but no manifest: it was probably written "
+                f"by ROLL or an older tool; convert it with `rollout-mock import {self.dump_dir} NEW_DIR "
+                f"--trust` and point dump_dir at NEW_DIR."
+                if pickles
+                else " Run the same steps in dump mode first, or fix dump_dir."
+            )
+            raise DumpNotFoundError(
+                f"[RolloutMock] no {MANIFEST_NAME} in {self.dump_dir} (mode={mode}).{hint}",
+                mode=mode, split=split, path=self.dump_dir / MANIFEST_NAME,
+            )
+        return self.manifest(refresh=True)

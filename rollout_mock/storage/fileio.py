@@ -5,7 +5,8 @@ atomic), are fsync-ed, and only then renamed; the directory is fsync-ed after th
 at any moment leaves either the old file, the new complete file, or a temporary file that
 :func:`is_temp_name` recognises and that writers delete when they open the directory.
 
-Checksums (CRC-32, plus HMAC-SHA256 when a key is given) are computed while the bytes stream
+Checksums (CRC-32, plus HMAC-SHA256 when a key is given, keyed over a context that binds the
+bytes to their stream and step: see :func:`mac_context`) are computed while the bytes stream
 through, on a helper thread for large buffers, so they overlap with the disk I/O instead of
 adding to it. ``zlib.crc32`` and ``hmac`` release the GIL on large buffers.
 """
@@ -28,6 +29,7 @@ from typing import Any, BinaryIO, TypeVar
 
 from rollout_mock.errors import DiskFullError
 from rollout_mock.storage._pages import advise_hugepages
+from rollout_mock.storage.paths import open_nofollow
 
 __all__ = [
     "Digest",
@@ -50,6 +52,13 @@ __all__ = [
 T = TypeVar("T")
 
 TEMP_MARKER = ".tmp-"
+MAC_ALGORITHM = "hmac-sha256"
+
+
+def mac_context(stream_key: str, step: int) -> bytes:
+    """What a step's MAC covers besides its bytes: swapping signed files between steps or
+    streams (or entries between manifests) breaks the signature."""
+    return b"rollout_mock/step\x00" + stream_key.encode("utf-8") + b"\x00" + str(int(step)).encode() + b"\x00"
 _INLINE_LIMIT = 1 << 20  # buffers below this are hashed on the calling thread
 _CHUNK = 16 << 20  # large reads are split so hashing chunk k overlaps reading chunk k+1
 
@@ -63,15 +72,16 @@ def is_temp_name(name: str) -> bool:
 
 
 class Digest:
-    """CRC-32 of everything fed to it, and HMAC-SHA256 when ``key`` is given.
+    """CRC-32 of everything fed to it, and HMAC-SHA256 over ``context`` + the bytes when ``key``
+    is given (reported as ``"hmac-sha256:<hex>"``).
 
     Large buffers are hashed on a helper thread, in order; :meth:`finish` waits for them. A
     buffer handed to :meth:`update` must not change until :meth:`finish` returns.
     """
 
-    def __init__(self, key: bytes | None = None) -> None:
+    def __init__(self, key: bytes | None = None, context: bytes = b"") -> None:
         self._crc = 0
-        self._mac = hmac.new(key, digestmod=hashlib.sha256) if key else None
+        self._mac = hmac.new(key, context, digestmod=hashlib.sha256) if key else None
         self._queue: queue.Queue[memoryview | None] | None = None
         self._thread: threading.Thread | None = None
         self._pending = 0
@@ -131,7 +141,7 @@ class Digest:
             self._thread = None
         if self._error is not None:
             raise self._error
-        mac = self._mac.hexdigest() if self._mac is not None else None
+        mac = f"{MAC_ALGORITHM}:{self._mac.hexdigest()}" if self._mac is not None else None
         return f"crc32:{self._crc & 0xFFFFFFFF:08x}", mac
 
 
@@ -216,6 +226,18 @@ class WrittenFile:
         os.replace(self.temp_path, self.final_path)
         fsync_dir(self.final_path.parent)
 
+    def commit_new(self) -> bool:
+        """Move into place only if ``final_path`` does not exist (a hard link: atomic and
+        exclusive); False, and the temporary file removed, if it does."""
+        try:
+            os.link(self.temp_path, self.final_path)
+        except FileExistsError:
+            return False
+        finally:
+            self.discard()
+        fsync_dir(self.final_path.parent)
+        return True
+
     def discard(self) -> None:
         try:
             os.unlink(self.temp_path)
@@ -243,6 +265,7 @@ def write_temp(
     body: Callable[[HashingWriter], None],
     *,
     hmac_key: bytes | None = None,
+    mac_context: bytes = b"",
     expected_size: int | None = None,
 ) -> WrittenFile:
     """Write ``final_path``'s future content to a temporary file beside it and fsync it.
@@ -252,8 +275,8 @@ def write_temp(
     """
     final_path.parent.mkdir(parents=True, exist_ok=True)
     temp_path = final_path.parent / temp_name(final_path.name)
-    fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    writer = HashingWriter(fd, Digest(hmac_key))
+    fd = open_nofollow(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    writer = HashingWriter(fd, Digest(hmac_key, mac_context))
     try:
         try:
             body(writer)
@@ -314,7 +337,7 @@ class ReadResult:
 
 
 def read_hashed(
-    path: Path, body: Callable[[HashingReader], T], *, hmac_key: bytes | None = None
+    path: Path, body: Callable[[HashingReader], T], *, hmac_key: bytes | None = None, mac_context: bytes = b""
 ) -> tuple[T, ReadResult]:
     """Run ``body`` over ``path`` while hashing every byte of the file.
 
@@ -322,7 +345,7 @@ def read_hashed(
     checksum and reported in :attr:`ReadResult.trailing`.
     """
     with open(path, "rb", buffering=0) as raw:
-        reader = HashingReader(raw, Digest(hmac_key))  # type: ignore[arg-type]
+        reader = HashingReader(raw, Digest(hmac_key, mac_context))  # type: ignore[arg-type]
         try:
             result = body(reader)
         except BaseException:

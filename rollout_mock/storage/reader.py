@@ -1,4 +1,5 @@
-"""Reading dumps outside a training run: one step file, or a whole dump directory.
+"""Reading dumps outside a training run: one step file, or a whole dump (a directory or an
+fsspec URL such as ``s3://bucket/prefix``).
 
 For notebooks, scripts and the CLI. Nothing here unpickles unless a batch is asked for.
 """
@@ -6,7 +7,7 @@ For notebooks, scripts and the CLI. Nothing here unpickles unless a batch is ask
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,42 +15,30 @@ from typing import Any
 from rollout_mock._text import logger
 from rollout_mock.errors import ManifestError
 from rollout_mock.storage.directory import DirectoryStore
-from rollout_mock.storage.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    StepEntry,
-    StreamId,
-    read_manifest,
-)
+from rollout_mock.storage.index import STREAMS_DIR, parse_step_relpath
+from rollout_mock.storage.indexed import IndexedStore
+from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StreamId
+from rollout_mock.storage.stores import open_store
 from rollout_mock.storage.verified import load_verified
 
 __all__ = ["Dump", "RecordedStep", "load_step", "open_dump"]
 
 
+__all__ = ["Dump", "RecordedStep", "load_step", "open_dump"]
 
-def _find_entry(path: Path) -> tuple[Path, StreamId, int, StepEntry] | None:
-    """The manifest entry listing ``path``, searching up to three directories up."""
+
+def _find_entry(path: Path) -> tuple[StreamId, int, StepEntry | None] | None:
+    """The dump holding ``path`` (one to three directories up) and the step it is, with its
+    index entry (None if the dump does not list it); None when no dump is found."""
     resolved = path.resolve()
     for dump_dir in list(resolved.parents)[:3]:
-        if not (dump_dir / MANIFEST_NAME).is_file():
+        if not ((dump_dir / MANIFEST_NAME).is_file() or (dump_dir / STREAMS_DIR).is_dir()):
             continue
-        manifest = read_manifest(dump_dir)
-        assert manifest is not None
-        relpath = resolved.relative_to(dump_dir).as_posix()
-        for stream in manifest.stream_ids():
-            data = manifest.stream(stream)
-            assert data is not None
-            for step_key, raw in data["steps"].items():
-                if raw.get("file") == relpath:
-                    entry = manifest.entry(stream, int(step_key))
-                    assert entry is not None
-                    return dump_dir, stream, int(step_key), entry
-        logger.warning(
-            "[RolloutMock] %s is not listed in %s; loading it without checksum verification",
-            path,
-            dump_dir / MANIFEST_NAME,
-        )
-        return None
+        parsed = parse_step_relpath(resolved.relative_to(dump_dir).as_posix())
+        if parsed is None:
+            return None
+        stream, step = parsed
+        return stream, step, DirectoryStore(dump_dir).entry(stream, step)
     return None
 
 
@@ -62,20 +51,25 @@ def load_step(
 ) -> Any:
     """Load one ``step_*.pkl`` on its own.
 
-    When the dump's ``manifest.json`` is beside it (one to three directories up), the file's size
-    and checksum are verified first-hand against its entry. ``trusted=True`` allows arbitrary
-    pickled objects (only for files you trust: unpickling can run code).
+    When the dump's index is beside it (one to three directories up), the file's size and
+    checksum are verified first-hand against its entry. With ``hmac_key`` the file must be
+    signed for exactly the stream and step its path names — with or without ``verify``, and a
+    file with no entry (no manifest, renamed, copied elsewhere) is refused. ``trusted=True``
+    allows arbitrary pickled objects (only for files you trust: unpickling can run code).
     """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"[RolloutMock] step file not found: {path}")
-    found = _find_entry(path) if verify else None
-    if found is None:
-        return load_verified(path, None, stream=None, step=None, trusted=trusted, verify=False)
-    _, stream, step, entry = found
-    return load_verified(
-        path, entry, stream=stream, step=step, trusted=trusted, verify=True, hmac_key=hmac_key
-    )
+    found = _find_entry(path) if (verify or hmac_key is not None) else None
+    if found is None or found[2] is None:
+        if found is not None and hmac_key is None:
+            logger.warning("[RolloutMock] %s is not listed in its dump's index; loading it without "
+                           "checksum verification", path)
+        stream, step = (found[0], found[1]) if found is not None else (None, None)
+        return load_verified(path, None, stream=stream, step=step, trusted=trusted, verify=False,
+                             hmac_key=hmac_key)
+    stream, step, entry = found
+    return load_verified(path, entry, stream=stream, step=step, trusted=trusted, verify=True, hmac_key=hmac_key)
 
 
 @dataclass(frozen=True)
@@ -83,19 +77,27 @@ class RecordedStep:
     stream: StreamId
     step: int
     entry: StepEntry
-    path: Path
+    path: Path | str
+    """A local path, or the URL of the object for object-store dumps."""
 
 
 class Dump:
-    """A read-only view of a dump directory. Listing reads only ``manifest.json``."""
+    """A read-only view of a dump. Listing reads only the index (manifest.json, plus the entry
+    files of writers that have not compacted yet); nothing is unpickled."""
 
-    def __init__(self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None) -> None:
-        self.dump_dir = Path(dump_dir)
-        self._store = DirectoryStore(self.dump_dir, hmac_key=hmac_key)
+    def __init__(self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,
+                 storage_options: dict[str, Any] | None = None, verify: bool = True) -> None:
+        self._store: IndexedStore = open_store(dump_dir, storage_options=storage_options, hmac_key=hmac_key,
+                                               verify=verify)
+        self.dump_dir: Path | str = self._store.dump_dir
         self.manifest: Manifest = self._store.require_manifest(mode="read")
 
     def __repr__(self) -> str:
         return f"Dump({str(self.dump_dir)!r})"
+
+    @property
+    def store(self) -> IndexedStore:
+        return self._store
 
     def streams(self) -> list[StreamId]:
         return self.manifest.stream_ids()
@@ -104,7 +106,7 @@ class Dump:
         stream = StreamId(split, name, rank)
         if self.manifest.stream(stream) is None:
             known = ", ".join(s.key for s in self.streams()) or "none"
-            raise ManifestError(f"{self.dump_dir}: no stream {stream.key!r} (recorded: {known})", path=self.dump_dir)
+            raise ManifestError(f"{self.dump_dir}: no stream {stream.key!r} (recorded: {known})", path=str(self.dump_dir))
         return stream
 
     def steps(self, stream: StreamId) -> list[int]:
@@ -118,15 +120,29 @@ class Dump:
             for step in self.steps(stream):
                 entry = self.entry(stream, step)
                 assert entry is not None
-                yield RecordedStep(stream, step, entry, self.dump_dir / entry.file)
+                where = self._store.where(entry.file)
+                yield RecordedStep(stream, step, entry, Path(where) if isinstance(self.dump_dir, Path) else where)
 
-    def load(self, step: int, stream: StreamId | str = "train", *, trusted: bool = False) -> Any:
-        """Load and verify one step (``stream`` may be a split name)."""
-        if isinstance(stream, str):
-            stream = self.stream(stream)
-        return self._store.load(stream, step, trusted=trusted)
+    def _resolve(self, stream: StreamId | str) -> StreamId:
+        """A StreamId, or a key such as ``"train"``, ``"train/math"``, ``"train@rank1"``."""
+        if isinstance(stream, StreamId):
+            return stream
+        parsed = StreamId.from_key(stream)
+        return self.stream(parsed.split, parsed.name, parsed.rank)
+
+    def load(self, step: int, stream: StreamId | str = "train", *, keys: Iterable[str] | None = None,
+             rows: range | slice | None = None, trusted: bool = False) -> Any:
+        """Load and verify one step (``stream`` may be a key: ``"train"``, ``"train/math@rank1"``).
+
+        ``keys`` (top-level keys) and ``rows`` (batch rows, e.g. ``rank_rows(n, dp_rank,
+        dp_size)``) read only what is needed from a format-2 step (ranged reads on object stores).
+        """
+        from rollout_mock.storage.partial import load_partial
+
+        return load_partial(self._store, self._resolve(stream), step, keys=keys, rows=rows, trusted=trusted)
 
 
-def open_dump(dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None) -> Dump:
-    """Open a dump directory for reading (``DumpNotFoundError`` if it has no manifest)."""
-    return Dump(dump_dir, hmac_key=hmac_key)
+def open_dump(dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,
+              storage_options: dict[str, Any] | None = None) -> Dump:
+    """Open a dump (a directory or an fsspec URL) for reading; ``DumpNotFoundError`` if empty."""
+    return Dump(dump_dir, hmac_key=hmac_key, storage_options=storage_options)

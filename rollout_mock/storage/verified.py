@@ -1,26 +1,28 @@
-"""Loading a step file with its checksum (and HMAC) verified before it is decoded."""
+"""Loading a step with its checksum (and bound HMAC) verified before it is decoded.
+
+With a key configured, every load path refuses a step that is not signed for *that* stream and
+step: the MAC is HMAC-SHA256 over :func:`~rollout_mock.storage.fileio.mac_context` (stream key,
+step) followed by the bytes, and is stored as ``"hmac-sha256:<hex>"``. Format-1 dumps stored a
+bare hex HMAC of the bytes alone; it cannot be bound to a stream and step, so it is refused with
+a message saying so.
+"""
 
 from __future__ import annotations
 
 import hmac
+import io
 from pathlib import Path
 from typing import Any
 
 from rollout_mock.codec import safe
-from rollout_mock.errors import (
-    CorruptStepError,
-    UnsafePickleError,
-)
-from rollout_mock.storage.fileio import Digest, read_hashed
-from rollout_mock.storage.manifest import (
-    StepEntry,
-    StreamId,
-)
+from rollout_mock.errors import CorruptStepError, UnsafePickleError
+from rollout_mock.storage.fileio import MAC_ALGORITHM, Digest, mac_context, read_hashed
+from rollout_mock.storage.manifest import StepEntry, StreamId
 
-__all__ = ["file_digest", "load_verified"]
+__all__ = ["file_digest", "load_bytes_verified", "load_verified"]
 
 
-def _corrupt(path: Path, stream: StreamId | None, step: int | None, what: str) -> CorruptStepError:
+def _corrupt(path: Path | str, stream: StreamId | None, step: int | None, what: str) -> CorruptStepError:
     where = f"step {step} of {stream}" if stream is not None else f"step {step}"
     return CorruptStepError(
         f"[RolloutMock] {path} ({where}) is corrupt: {what}. Do not use it: re-dump the step or "
@@ -30,6 +32,43 @@ def _corrupt(path: Path, stream: StreamId | None, step: int | None, what: str) -
         step=step,
         path=path,
     )
+
+
+def _require_signature(path: Path | str, entry: StepEntry | None, stream: StreamId | None,
+                       step: int | None) -> bytes:
+    """The MAC context to check, or an error when the step cannot be authenticated at all."""
+    if entry is None or stream is None or step is None:
+        raise _corrupt(path, stream, step, "an HMAC key is configured, but the file has no index "
+                       "entry naming its stream and step, so its signature cannot be checked")
+    if not entry.hmac:
+        raise _corrupt(path, stream, step, "the index has no HMAC signature for it, but a key is configured")
+    if not entry.hmac.startswith(f"{MAC_ALGORITHM}:"):
+        raise _corrupt(
+            path, stream, step,
+            f"its signature is the format-1 HMAC of the bytes alone (no {MAC_ALGORITHM}: prefix), "
+            f"which does not bind it to its stream and step; re-dump it with this rollout_mock",
+        )
+    return mac_context(stream.key, step)
+
+
+def _check(path: Path | str, entry: StepEntry, stream: StreamId | None, step: int | None,
+           checksum: str, mac: str | None, keyed: bool) -> None:
+    if checksum != entry.checksum:
+        raise _corrupt(path, stream, step, f"checksum {checksum} does not match the manifest's {entry.checksum}")
+    if keyed and not hmac.compare_digest(str(mac), str(entry.hmac)):
+        raise _corrupt(
+            path, stream, step,
+            "HMAC signature does not match: the file (or its index entry) was changed or moved "
+            "to another step or stream after dumping, or the key differs from the one used to dump",
+        )
+
+
+def _decode(file: Any, *, trusted: bool, source: str, stream: StreamId | None, step: int | None) -> Any:
+    try:
+        return safe.load(file, trusted=trusted, source=source)
+    except UnsafePickleError as exc:
+        exc.step, exc.split = step, None if stream is None else stream.split
+        raise
 
 
 def load_verified(
@@ -42,75 +81,80 @@ def load_verified(
     verify: bool = True,
     hmac_key: bytes | None = None,
 ) -> Any:
-    """Load a step file, checking size, checksum and signature against ``entry`` when given.
+    """Load a local step file, checking size, checksum and signature against ``entry``.
 
     With the safe loader the checksum is computed while the file is decoded (one read). When the
     file will be unpickled without restrictions (``trusted``) or must be authenticated
     (``hmac_key``), the whole file is verified *before* anything is unpickled, so a tampered file
-    never gets to run code. A configured ``hmac_key`` is checked even when ``verify`` is off.
+    never gets to run code. A configured ``hmac_key`` is checked even when ``verify`` is off, and
+    even without an entry (then the file is refused: it cannot be authenticated).
     """
     source = str(path)
+    context = _require_signature(path, entry, stream, step) if hmac_key is not None else b""
     try:
         size = path.stat().st_size
     except FileNotFoundError:
         raise _corrupt(path, stream, step, "the file listed in the manifest is missing") from None
     if entry is not None and size != entry.size:
         raise _corrupt(path, stream, step, f"size is {size} bytes, manifest says {entry.size}")
-    if entry is not None and hmac_key is not None:
-        verify = True
-        if not entry.hmac:
-            raise _corrupt(
-                path, stream, step, "the manifest has no HMAC signature for it, but a key is configured"
-            )
-
-    def decode(file: Any) -> Any:
-        try:
-            return safe.load(file, trusted=trusted, source=source)
-        except UnsafePickleError as exc:
-            exc.step, exc.split = step, None if stream is None else stream.split
-            raise
 
     def decode_path(failure: str) -> Any:
         with open(path, "rb") as file:
             try:
-                return decode(file)
+                return _decode(file, trusted=trusted, source=source, stream=stream, step=step)
             except UnsafePickleError:
                 raise
             except Exception as exc:
                 raise _corrupt(path, stream, step, f"{failure} ({exc!r})") from exc
 
-    if entry is None or not verify:
+    if entry is None or not (verify or hmac_key is not None):
         return decode_path("cannot be decoded")
-
-    def check(checksum: str, mac: str | None) -> None:
-        if checksum != entry.checksum:
-            raise _corrupt(
-                path, stream, step, f"checksum {checksum} does not match the manifest's {entry.checksum}"
-            )
-        if hmac_key is not None and not hmac.compare_digest(str(mac), str(entry.hmac)):
-            raise _corrupt(
-                path, stream, step,
-                "HMAC signature does not match: the file (or its manifest entry) was changed "
-                "after dumping, or the key differs from the one used to dump",
-            )
-
     if trusted or hmac_key is not None:
-        check(*file_digest(path, hmac_key))
+        _check(path, entry, stream, step, *file_digest(path, hmac_key, context), keyed=hmac_key is not None)
         return decode_path("checksum matches but decoding failed")
     try:
-        batch, result = read_hashed(path, decode)
+        batch, result = read_hashed(
+            path, lambda f: _decode(f, trusted=trusted, source=source, stream=stream, step=step)
+        )
     except Exception as exc:
-        check(*file_digest(path))
+        _check(path, entry, stream, step, *file_digest(path), keyed=False)
         if isinstance(exc, UnsafePickleError):
             raise
         raise _corrupt(path, stream, step, f"checksum matches but decoding failed ({exc!r})") from exc
-    check(result.checksum, result.hmac)
+    _check(path, entry, stream, step, result.checksum, result.hmac, keyed=False)
     return batch
 
 
-def file_digest(path: Path, hmac_key: bytes | None = None) -> tuple[str, str | None]:
-    """Checksum (and HMAC) of a whole file, streamed."""
-    digest = Digest(hmac_key)
+def load_bytes_verified(
+    data: bytes,
+    entry: StepEntry,
+    *,
+    where: str,
+    stream: StreamId,
+    step: int,
+    trusted: bool,
+    verify: bool = True,
+    hmac_key: bytes | None = None,
+) -> Any:
+    """Like :func:`load_verified` for a step already read into memory (object stores)."""
+    context = _require_signature(where, entry, stream, step) if hmac_key is not None else b""
+    if len(data) != entry.size:
+        raise _corrupt(where, stream, step, f"size is {len(data)} bytes, manifest says {entry.size}")
+    if verify or hmac_key is not None:
+        digest = Digest(hmac_key, context)
+        digest.update(data)
+        _check(where, entry, stream, step, *digest.finish(), keyed=hmac_key is not None)
+    try:
+        return _decode(io.BytesIO(data), trusted=trusted, source=where, stream=stream, step=step)
+    except UnsafePickleError:
+        raise
+    except Exception as exc:
+        raise _corrupt(where, stream, step, f"cannot be decoded ({exc!r})") from exc
+
+
+def file_digest(path: Path, hmac_key: bytes | None = None, context: bytes = b"") -> tuple[str, str | None]:
+    """Checksum (and HMAC over ``context`` + bytes) of a whole file, streamed."""
+    digest = Digest(hmac_key, context)
     with open(path, "rb", buffering=0) as file:
         while chunk := file.read(16 << 20):
             digest.update(chunk)

@@ -24,9 +24,9 @@ from rollout_mock._text import logger
 from rollout_mock.config import RankPolicy, RolloutMockConfig
 from rollout_mock.debug.watchdog import StallWatchdog
 from rollout_mock.storage.base import StepStore
-from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.prefetch import Prefetcher
+from rollout_mock.storage.stores import open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.wrap.calls import (
     STATE_VERSION,
@@ -69,8 +69,9 @@ class Interceptor(RecordingMixin, ReplayMixin):
         self.writes = self.mode.records and (
             per_rank or self.rank is None or self.rank == config.dump_rank
         )
-        self.store = store or DirectoryStore(
-            config.dump_dir, hmac_key=_hmac_key(config), verify=config.verify_checksum
+        self.store = store or open_store(
+            config.dump_dir, storage_options=config.storage_options, hmac_key=_hmac_key(config),
+            verify=config.verify_checksum,
         )
         self._next_step = 0
         self._lock = threading.Lock()

@@ -13,6 +13,7 @@ from rollout_mock.errors import DiskFullError
 from rollout_mock.storage.base import BatchInfo
 from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.fileio import free_bytes
+from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 
 __all__ = ["RecordingMixin"]
@@ -45,7 +46,7 @@ class RecordingMixin:
 
     def before_rollout(self, step: int) -> None:
         """Fail fast, before an expensive rollout, if its result could not be recorded."""
-        if self.records_step(step) and isinstance(self.store, DirectoryStore):
+        if self.records_step(step) and isinstance(self.store, IndexedStore):
             self.store.check_writable(self.stream, step, overwrite=self.config.overwrite)
         if self._writer is not None and isinstance(self._writer, BackgroundWriter):
             self._writer.raise_if_failed()

@@ -8,7 +8,7 @@ from rollout_mock._text import logger
 from rollout_mock.config import FingerprintPolicy
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError
 from rollout_mock.storage.base import format_ranges
-from rollout_mock.storage.directory import DirectoryStore
+from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.prefetch import Prefetcher
 
 __all__ = ["ReplayMixin"]
@@ -19,7 +19,7 @@ class ReplayMixin:
     """The mock half of :class:`~rollout_mock.wrap.interceptor.Interceptor`."""
 
     def _open_mock(self) -> None:
-        if isinstance(self.store, DirectoryStore):
+        if isinstance(self.store, IndexedStore):
             self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
         if self.config.max_steps is not None and self.split == "train":
@@ -41,8 +41,8 @@ class ReplayMixin:
                 "(recorded streams: %s)",
                 self.config.dump_dir,
                 self.stream,
-                ", ".join(s.key for s in self.store.manifest().stream_ids()) or "none"
-                if isinstance(self.store, DirectoryStore)
+                ", ".join(s.key for s in self.store.stream_ids()) or "none"
+                if isinstance(self.store, IndexedStore)
                 else "?",
             )
         self._check_fingerprint()
@@ -85,8 +85,11 @@ class ReplayMixin:
         logger.warning(message)
 
     def _load(self, step: int) -> Any:
-        batch = self.store.load(self.stream, step, trusted=self.config.trust_pickle)
         entry = self.store.entry(self.stream, step)
+        if self.config.replay_rows is None and self.config.replay_keys is None:
+            batch = self.store.load(self.stream, step, trusted=self.config.trust_pickle)
+        else:
+            batch = self._load_part(step, entry)
         logger.info(
             "[RolloutMock] Loaded step %d: %s (samples=%s)",
             step,
@@ -94,6 +97,24 @@ class ReplayMixin:
             None if entry is None else entry.samples,
         )
         return batch
+
+    def _load_part(self, step: int, entry: Any) -> Any:
+        """replay_rows / replay_keys: this rank's rows and the wanted keys only."""
+        from rollout_mock.storage.partial import load_partial, rank_rows
+
+        if entry is None:
+            raise self.store.missing_step_error(self.stream, step, mode=self.mode.value)
+        rows = None
+        layout = self.config.replay_rows
+        if layout is not None:
+            if entry.samples is None:
+                raise IncompleteDumpError(
+                    f"[RolloutMock] replay_rows: step {step} of {self.stream} has no batch dimension "
+                    f"recorded ({entry.type}); replay whole batches (remove replay_rows)",
+                    mode=self.mode.value, split=self.split, step=step)
+            rows = rank_rows(entry.samples, layout.dp_rank, layout.dp_size)
+        return load_partial(self.store, self.stream, step, keys=self.config.replay_keys, rows=rows,
+                            trusted=self.config.trust_pickle)
 
     def replay(self, step: int) -> Any:
         assert self._prefetcher is not None

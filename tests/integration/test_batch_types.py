@@ -13,6 +13,7 @@ from tensordict import TensorDict
 
 from rollout_mock.errors import UnsafePickleError
 from rollout_mock.storage import load_step
+from rollout_mock.storage.manifest import FORMAT_VERSION
 from rollout_mock.wrap import MockScheduler
 
 ALL_DTYPES = [
@@ -184,7 +185,7 @@ def test_manifest_describes_keys_without_unpickling(dump_dir: Path) -> None:
     assert entry["keys"]["input_ids"] == {"shape": [6, 4], "dtype": "int64"}
     assert entry["keys"]["uid"] == {"shape": [6], "dtype": "object"}
     assert entry["checksum"].startswith("crc32:") and entry["size"] == (dump_dir / entry["file"]).stat().st_size
-    assert manifest["format_version"] == 2 and manifest["streams"]["train"]["methods"]["get_batch"]["convention"] == "sync"
+    assert manifest["format_version"] == FORMAT_VERSION and manifest["streams"]["train"]["methods"]["get_batch"]["convention"] == "sync"
 
 
 @pytest.mark.gpu

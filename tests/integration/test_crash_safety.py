@@ -6,11 +6,12 @@ off) that resumes after the last complete step and dumps small steps until it is
 after a random 3-100 ms. After every kill the helper checks the invariants of
 ``rollout_mock.storage``:
 
-* ``manifest.json`` is always readable (never half-written);
-* every ``step_*.pkl`` that exists is listed, verifies against its entry, and holds exactly the
+* the index (``manifest.json`` plus entry files) is always readable (never half-written);
+* every indexed step has its ``step_*.pkl``, verifies against its entry, and holds exactly the
   batch that was dumped for that step (never a silently wrong batch);
-* the complete steps are contiguous from 0; at most the last step has an entry without a file
-  (a kill between the manifest update and the rename), and readers ignore it and temp files;
+* the indexed steps are contiguous from 0; at most the next step has a data file without an
+  entry (a kill between the data rename and the entry commit), and readers ignore it and temp
+  files;
 
 and at the end a clean dump run resumes after the last complete step, cleans every leftover
 temporary file and leaves a fully verifiable dump.
@@ -48,6 +49,8 @@ HELPER = textwrap.dedent(
     kills = int(sys.argv[2])
     seed = int(sys.argv[3])
     fingerprint()  # cached: children do not pay for it
+    from rollout_mock.config import load_config
+    load_config({"enable": False})  # imports omegaconf once, here, not in every child
     stream = StreamId("train")
     torch.set_num_threads(1)
 
@@ -89,30 +92,26 @@ HELPER = textwrap.dedent(
 
 
     def check(final=False):
-        manifest = read_manifest(dump_dir)  # must never raise
-        if manifest is None:
-            stats["no_manifest_yet"] += 1
-            assert not list(dump_dir.glob("train/step_*.pkl")), "step files without a manifest"
-            return []
-        entries = set(manifest.steps(stream))
+        store = DirectoryStore(dump_dir)
+        indexed = set(store.steps(stream))  # manifest + entry files: must never raise
         files = sorted(int(p.name[5:11]) for p in dump_dir.glob("train/step_*.pkl"))
-        orphans = sorted(set(files) - entries)
-        assert not orphans, f"step files not in the manifest: {orphans}"
-        assert files == list(range(len(files))), f"complete steps not contiguous: {files}"
-        dangling = sorted(entries - set(files))
+        if read_manifest(dump_dir) is None and not indexed:
+            stats["no_manifest_yet"] += 1
+        assert sorted(indexed) == list(range(len(indexed))), f"indexed steps not contiguous: {sorted(indexed)}"
+        dangling = sorted(indexed - set(files))
+        assert not dangling, f"indexed steps without data (the entry is committed last): {dangling}"
+        orphans = sorted(set(files) - indexed)
         if final:
-            assert not dangling, dangling
-        else:
-            assert dangling in ([], [len(files)]), f"unexpected entries without files: {dangling}"
-        stats["dangling_entries"] += len(dangling)
-        names = [p.name for p in dump_dir.iterdir()] + [p.name for p in (dump_dir / "train").iterdir()] \
-            if (dump_dir / "train").is_dir() else [p.name for p in dump_dir.iterdir()]
+            assert not orphans, orphans
+        else:  # a kill between the data rename and the entry link: invisible to readers
+            assert orphans in ([], [len(indexed)]), f"unexpected unindexed step files: {orphans}"
+        stats["dangling_entries"] += len(orphans)
+        names = [p.name for p in dump_dir.rglob("*")]
         stats["temp_files_seen"] += sum(1 for n in names if is_temp_name(n) and n.startswith(".step_"))
         stats["manifest_temps_seen"] += sum(1 for n in names if is_temp_name(n) and n.startswith(".manifest"))
-        # readers ignore temp files and dangling entries: list, then load every complete step
-        store = DirectoryStore(dump_dir)
-        for step in files:
-            entry = manifest.entry(stream, step)
+        # readers ignore temp files and unindexed data: load every indexed step
+        for step in sorted(indexed):
+            entry = store.entry(stream, step)
             key = (entry.size, entry.checksum)
             if verified.get(step) == key and not final:
                 continue
@@ -121,8 +120,8 @@ HELPER = textwrap.dedent(
             if final:
                 assert same(load_step(dump_dir / entry.file), batch_for(step))
             verified[step] = key
-        stats["max_step"] = max(files, default=-1)
-        return files
+        stats["max_step"] = max(indexed, default=-1)
+        return sorted(indexed)
 
 
     # Warm up in the parent: the children are forked from it, so lazy imports (codec, fingerprint,

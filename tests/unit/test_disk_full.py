@@ -92,20 +92,20 @@ def test_enospc_gives_disk_full_error_with_sizes_and_path(tmp_path: Path, monkey
     assert_nothing_partial(tmp_path, [0])
 
 
-def test_enospc_while_writing_the_manifest_leaves_no_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_enospc_while_writing_the_index_entry_leaves_no_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = DirectoryStore(tmp_path)
     store.open_writer(STREAM)
     store.save(STREAM, 0, batch_for(0), BatchInfo.of(batch_for(0)))
-    # the step file itself fits; the manifest rewrite (in the dump dir itself) does not
+    # the step file itself fits; its entry file (the commit point) does not
     real_write = os.write
 
     def write(fd: int, data: object) -> int:
-        if ".manifest.json.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
+        if "/.index/.step_" in os.readlink(f"/proc/self/fd/{fd}"):
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data)
 
     monkeypatch.setattr(fileio.os, "write", write)
-    with pytest.raises(DiskFullError, match="manifest.json"):
+    with pytest.raises(DiskFullError, match=r"\.index/step_000001\.json"):
         store.save(STREAM, 1, batch_for(1), BatchInfo.of(batch_for(1)))
     monkeypatch.undo()
     store.close()

@@ -1,0 +1,160 @@
+"""Replaying onto any data-parallel layout, reading only what is needed.
+
+* :func:`rank_rows` — the rows a data-parallel rank gets, the way the frameworks' own ``chunk``
+  splits a batch (``torch.chunk`` / verl's ``DataProto.chunk``: contiguous, ``ceil(n / size)``
+  rows per rank, the last ranks shorter or empty);
+* :class:`FsspecByteSource` — a step object read with ranged requests (``cat_file(start, end)``:
+  one HTTP range GET on S3), for :func:`rollout_mock.codec.open_step`;
+* :func:`load_partial` — a step's ``keys`` and ``rows`` from any indexed store: a format-2 step
+  reads its header and only the chunks covering them (each chunk's CRC is checked by the codec);
+  with an HMAC key the whole object is read and authenticated first (a MAC covers the whole
+  file), then the selection is decoded.
+* :func:`load_resplit` — per-rank dumps (``ranks: all``) replayed on another rank count: the
+  recorded ranks' rows are concatenated in rank order and split again for the new layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rollout_mock.errors import IncompleteDumpError, RolloutMockError
+from rollout_mock.storage.manifest import StreamId
+
+__all__ = ["FsspecByteSource", "load_partial", "load_resplit", "rank_rows"]
+
+
+def rank_rows(n_rows: int, dp_rank: int, dp_size: int) -> range:
+    """Rows ``dp_rank`` of ``dp_size`` gets from a batch of ``n_rows`` (torch.chunk's split)."""
+    if dp_size < 1 or not 0 <= dp_rank < dp_size or n_rows < 0:
+        raise ValueError(f"rank_rows: need 0 <= dp_rank < dp_size and n_rows >= 0, got "
+                         f"n_rows={n_rows}, dp_rank={dp_rank}, dp_size={dp_size}")
+    per = -(-n_rows // dp_size) if n_rows else 0
+    start = min(dp_rank * per, n_rows)
+    return range(start, min(start + per, n_rows))
+
+
+class FsspecByteSource:
+    """A ByteSource over one object of an fsspec filesystem (ranged reads, no full download)."""
+
+    def __init__(self, fs: Any, path: str, name: str, size: int | None = None) -> None:
+        self.fs, self.path, self.name = fs, path, name
+        self._size = size
+        self.requests = 0
+        self.bytes_read = 0
+
+    def size(self) -> int:
+        if self._size is None:
+            self._size = int(self.fs.size(self.path))
+        return self._size
+
+    def read_range(self, offset: int, length: int) -> bytes:
+        from rollout_mock.errors import CorruptStepError
+
+        if offset < 0 or length < 0 or offset + length > self.size():
+            raise CorruptStepError(f"{self.name}: read of {length} bytes at {offset} is past the end "
+                                   f"({self.size()} bytes): the object is truncated or corrupt", path=self.name)
+        data = bytes(self.fs.cat_file(self.path, start=offset, end=offset + length)) if length else b""
+        self.requests += 1
+        self.bytes_read += len(data)
+        if len(data) != length:
+            raise CorruptStepError(f"{self.name}: short read ({len(data)} of {length} bytes at {offset})",
+                                   path=self.name)
+        return data
+
+    def readinto_range(self, offset: int, buffer: Any) -> None:
+        target = memoryview(buffer).cast("B")
+        target[:] = self.read_range(offset, target.nbytes)
+
+
+def load_partial(store: Any, stream: StreamId, step: int, *, keys: Iterable[str] | None = None,
+                 rows: range | slice | None = None, trusted: bool = False) -> Any:
+    """``keys`` (top-level) and ``rows`` of a recorded step, reading as little as possible."""
+    from rollout_mock.codec import open_step
+    from rollout_mock.codec.decode import normalize_rows
+    from rollout_mock.codec.step import select
+    from rollout_mock.storage.verified import _corrupt
+
+    if keys is None and rows is None:
+        return store.load(stream, step, trusted=trusted)
+    if store.hmac_key is not None:  # authenticate the whole object, then select
+        batch = store.load(stream, step, trusted=trusted)
+        return select(batch, None if keys is None else frozenset(keys), normalize_rows(rows))
+    entry = store.entry(stream, step)
+    if entry is None:
+        raise store.missing_step_error(stream, step, mode="mock")
+    source = store.open_source(stream.relpath(step))
+    if source.size() != entry.size:
+        raise _corrupt(source.name, stream, step, f"size is {source.size()} bytes, manifest says {entry.size}")
+    return open_step(source, trusted=trusted).load(keys=keys, rows=rows)
+
+
+def _rows_of(batch: Any) -> int:
+    from rollout_mock.batch import count_samples
+
+    n = count_samples(batch)
+    if n is None:
+        raise RolloutMockError(f"cannot re-split a {type(batch).__name__}: it has no batch dimension")
+    return int(n)
+
+
+def load_resplit(store: Any, split: str, step: int, *, dp_rank: int, dp_size: int, name: str | None = None,
+                 trusted: bool = False) -> Any:
+    """This rank's rows of ``step`` when the dump was recorded per rank (``ranks: all``) on a
+    possibly different number of ranks: concatenate the recorded ranks in order, split again.
+
+    Refuses (with the reason) when the recorded ranks are not contiguous from 0 or the batch type
+    cannot be concatenated (only dicts of tensors/arrays, TensorDicts and verl DataProtos can).
+    """
+    recorded = sorted(s.rank for s in store.stream_ids()
+                      if s.split == split and s.name == name and s.rank is not None and store.contains(s, step))
+    if not recorded or recorded != list(range(len(recorded))):
+        raise IncompleteDumpError(
+            f"[RolloutMock] cannot re-split step {step} of {split}: recorded ranks are {recorded or 'none'}, "
+            f"expected 0..R-1 (a per-rank dump with every rank's file)", mode="mock", split=split, step=step)
+    if len(recorded) == dp_size:
+        return store.load(StreamId(split, name, dp_rank), step, trusted=trusted)
+    parts = [store.load(StreamId(split, name, r), step, trusted=trusted) for r in recorded]
+    whole = _concat(parts, split, step)
+    return _take(whole, rank_rows(_rows_of(whole), dp_rank, dp_size))
+
+
+def _concat(parts: list[Any], split: str, step: int) -> Any:
+    import numpy as np
+    import torch
+
+    first = parts[0]
+    if hasattr(first, "concat") and hasattr(type(first), "concat"):  # verl DataProto
+        return type(first).concat(parts)
+    if isinstance(first, dict):
+        out = {}
+        for key, value in first.items():
+            values = [p[key] for p in parts]
+            if isinstance(value, torch.Tensor):
+                out[key] = torch.cat(values)
+            elif isinstance(value, np.ndarray):
+                out[key] = np.concatenate(values)
+            elif all(v == value for v in values):
+                out[key] = value  # per-step metadata, identical on every rank
+            else:
+                raise RolloutMockError(
+                    f"[RolloutMock] cannot re-split step {step} of {split}: key {key!r} is a "
+                    f"{type(value).__name__} that differs between ranks and has no batch dimension; "
+                    f"replay on the recorded rank count instead", split=split, step=step)
+        return out
+    try:
+        from tensordict import TensorDict
+
+        if isinstance(first, TensorDict):
+            return torch.cat(parts)
+    except ImportError:  # pragma: no cover
+        pass
+    raise RolloutMockError(f"[RolloutMock] cannot re-split step {step} of {split}: a {type(first).__name__} "
+                           f"cannot be concatenated; replay on the recorded rank count instead",
+                           split=split, step=step)
+
+
+def _take(batch: Any, rows: range) -> Any:
+    from rollout_mock.codec.step import select
+
+    return select(batch, None, slice(rows.start, rows.stop))

@@ -42,6 +42,21 @@ class FingerprintPolicy(str, Enum):
     OFF = "off"
 
 
+class MissingStepPolicy(str, Enum):
+    """What mock mode does when a call asks for a step the dump does not hold."""
+
+    ERROR = "error"
+    """Raise :class:`~rollout_mock.errors.StepNotFoundError` listing the recorded steps (default)."""
+
+    REPEAT_NEAREST = "repeat_nearest"
+    """Serve the nearest recorded step instead (the closest earlier one, else the closest later
+    one: verl's ``action: repeat``), with a warning naming both steps."""
+
+    RECORD = "record"
+    """Run the real scheduler for that step and record it into the dump (needs the real
+    scheduler: an instance or a ``factory``; ``mock_class`` runs the class's ``__init__`` then)."""
+
+
 class RankPolicy(str, Enum):
     """Which torch.distributed ranks write in dump mode."""
 
@@ -122,6 +137,27 @@ class RolloutMockConfig(BaseModel):
 
     on_disk_full: DiskFullPolicy = DiskFullPolicy.FAIL
 
+    on_missing_step: MissingStepPolicy = MissingStepPolicy.ERROR
+    """Mock mode: a call for a step that is not recorded. ``error`` (default) raises
+    StepNotFoundError; ``repeat_nearest`` serves the nearest recorded step (earlier first; verl's
+    ``action: repeat``); ``record`` runs the real scheduler (an instance or ``factory`` must be
+    given) and records the step into the dump. With ``repeat_nearest``/``record`` the
+    ``max_steps`` pre-flight check only warns."""
+
+    subsample: float | None = Field(default=None, gt=0, le=1)
+    """Mock mode: serve only this fraction of each replayed batch (slime's
+    ``--load-debug-rollout-data-subsample``). Deterministic: of ``n`` rows (samples; list items
+    for AReaL/slime) ``k = max(1, int(n * subsample))`` are kept, the first ``k // 2`` and the last
+    ``k - k // 2``, as slime does. ``None`` serves whole batches."""
+
+    step_offset: int = 0
+    """Mock mode: run step ``M`` replays dump step ``M + step_offset``, e.g. ``-100`` for a run
+    resumed at step 100 that replays a dump recorded from step 0. Steps in ``step_map`` win."""
+
+    step_map: dict[int, int] | None = None
+    """Mock mode: explicit ``{run_step: dump_step}`` pairs (e.g. ``{0: 30}`` to start a run on the
+    dump's step 30); other steps use ``step_offset``."""
+
     @field_validator("mode", mode="before")
     @classmethod
     def _parse_mode(cls, value: Any) -> Any:
@@ -148,6 +184,19 @@ class RolloutMockConfig(BaseModel):
             if not value or any(ch in value for ch in "/\\@") or value.startswith("."):
                 raise ValueError("must be a non-empty name without '/', '\\', '@' or a leading '.'")
         return value
+
+    @field_validator("step_map")
+    @classmethod
+    def _check_step_map(cls, value: dict[int, int] | None) -> dict[int, int] | None:
+        if value is not None and any(dump_step < 0 for dump_step in value.values()):
+            raise ValueError("dump steps must be >= 0")
+        return value
+
+    def dump_step(self, run_step: int) -> int:
+        """The recorded step that run step ``run_step`` replays (``step_map``, else ``step_offset``)."""
+        if self.step_map is not None and run_step in self.step_map:
+            return self.step_map[run_step]
+        return run_step + self.step_offset
 
     @property
     def dump_path(self) -> Path:

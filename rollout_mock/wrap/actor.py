@@ -113,7 +113,12 @@ def _build_mock_subclass(
             apply_from_env()
         if not replays:
             cls.__init__(self, *args, **kwargs)
+            from rollout_mock.adapters._native import disable_native_roll_mock
+
+            disable_native_roll_mock(self)
         self._rollout_mock = _InstanceMock(cls, resolved, split, method_names, name, rank)
+        if replays:  # on_missing_step: record builds the real scheduler on first need
+            self._rollout_mock.init_args = (args, kwargs)
 
     namespace: dict[str, Any] = {"__init__": __init__, "__module__": cls.__module__}
     if replays:
@@ -203,6 +208,24 @@ class _InstanceMock:
         # this one releases the dump directory afterwards (ray.kill gives no chance for either).
         atexit.register(_close_quietly, weakref.ref(self))
 
+    init_args: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    def resolver(self, owner: Any, cls: type, method: str) -> Any:
+        """A callable building the real method of ``owner`` on demand (mock mode, record policy):
+        runs ``cls.__init__`` with the constructor's arguments the first time."""
+        def resolve() -> Any:
+            if self.init_args is not None:
+                args, kwargs = self.init_args
+                self.init_args = None
+                logger.info("[RolloutMock] running %s.__init__ (on_missing_step=record)", cls.__qualname__)
+                cls.__init__(owner, *args, **kwargs)
+                from rollout_mock.adapters._native import disable_native_roll_mock
+
+                disable_native_roll_mock(owner)
+            return functools.partial(getattr(cls, method), owner)
+
+        return resolve
+
     def info(self) -> dict[str, Any]:
         interceptor = self.interceptor
         return {
@@ -237,14 +260,16 @@ def _class_level_method(cls: type, method: str) -> Any:
     if inspect.iscoroutinefunction(original):
         async def async_method(self: Any, *args: Any, **kwargs: Any) -> Any:
             state: _InstanceMock = self.__dict__["_rollout_mock"]
-            real = functools.partial(original, self)
-            return await state.interceptor.call_async(method, real, args, kwargs, state.positions[method])
+            real = functools.partial(original, self) if state.init_args is None else None
+            return await state.interceptor.call_async(method, real, args, kwargs, state.positions[method],
+                                                      state.resolver(self, cls, method))
 
         return functools.wraps(original)(async_method)
 
     def sync_method(self: Any, *args: Any, **kwargs: Any) -> Any:
         state: _InstanceMock = self.__dict__["_rollout_mock"]
-        real = functools.partial(original, self)
-        return state.interceptor.call(method, real, args, kwargs, state.positions[method])
+        real = functools.partial(original, self) if state.init_args is None else None
+        return state.interceptor.call(method, real, args, kwargs, state.positions[method],
+                                      state.resolver(self, cls, method))
 
     return functools.wraps(original)(sync_method)

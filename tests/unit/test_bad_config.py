@@ -31,6 +31,10 @@ BAD: dict[str, tuple[object, str]] = {
     "dump_rank": (-1, "greater than or equal to 0"),
     "fingerprint": ("loud", "valid choices: warn, error, off"),
     "on_disk_full": ("retry", "valid choices: fail, skip"),
+    "on_missing_step": ("skip", "valid choices: error, repeat_nearest, record"),
+    "subsample": (1.5, "less than or equal to 1"),
+    "step_offset": ("ten", "integer"),
+    "step_map": ({0: -1}, "dump steps must be >= 0"),
 }
 
 

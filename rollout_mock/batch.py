@@ -38,6 +38,16 @@ def _is_dataproto(obj: Any) -> bool:
     return all(hasattr(obj, attr) for attr in ("batch", "non_tensor_batch", "meta_info"))
 
 
+def _parts(batch: Any) -> tuple[Any, Any]:
+    """A DataProto's tensor and non-tensor storage. ROLL's ``batch``/``non_tensor_batch`` are
+    properties returning a new BatchProxy (no ``len``/``iter``/``values``): read ``_batch`` and
+    ``_non_tensor_batch`` when the object has them."""
+    state = getattr(batch, "__dict__", {})
+    if "_non_tensor_batch" in state:
+        return state.get("_batch"), state["_non_tensor_batch"]
+    return batch.batch, batch.non_tensor_batch
+
+
 def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
     if len(out) >= _MAX_KEYS:
         return
@@ -49,6 +59,8 @@ def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
         items = obj.items()
     elif isinstance(obj, Mapping):
         items = obj.items()
+    elif callable(getattr(type(obj), "keys", None)) and callable(getattr(type(obj), "__getitem__", None)):
+        items = [(key, obj[key]) for key in sorted(obj.keys(), key=str)]  # mapping-like (BatchProxy)
     else:
         return
     for key, value in items:
@@ -59,9 +71,11 @@ def describe_keys(batch: Any) -> dict[str, dict[str, Any]]:
     """Flat ``{dotted.key: {"shape": [...], "dtype": "..."}}`` of the batch's arrays."""
     out: dict[str, dict[str, Any]] = {}
     if _is_dataproto(batch):
-        if batch.batch is not None:
-            _walk("batch", batch.batch, out)
-        _walk("non_tensor_batch", batch.non_tensor_batch or {}, out)
+        tensors, non_tensors = _parts(batch)
+        if tensors is not None:
+            _walk("batch", tensors, out)
+        if non_tensors is not None:
+            _walk("non_tensor_batch", non_tensors, out)
     elif isinstance(batch, list):
         items = [item for item in batch if item is not None]
         merged: dict[str, dict[str, Any]] = {}
@@ -85,9 +99,10 @@ def count_samples(batch: Any) -> int | None:
             return len(batch)
         except TypeError:
             pass
-        non_tensor = batch.non_tensor_batch or {}
-        for value in non_tensor.values():
-            return len(value)
+        non_tensor = _parts(batch)[1] or {}
+        if isinstance(non_tensor, Mapping):
+            for value in non_tensor.values():
+                return len(value)
         return None
     if isinstance(batch, list):
         return len(batch)

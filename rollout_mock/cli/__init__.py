@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "env": "env",
     "verify": "verify",
     "diff": "diff",
-    "import": "import_roll",
+    "import": "import_dump",
     "show": "show",
 }
 

@@ -9,7 +9,7 @@ import inspect
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rollout_mock.config import RolloutMockConfig, load_config
@@ -34,13 +34,23 @@ def _is_async_class(cls: type) -> bool:
     return False
 
 
+def _bound_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The constructor's arguments by parameter name (defaults applied), for split/name callables."""
+    try:
+        bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+    except TypeError:
+        return dict(kwargs)
+    bound.apply_defaults()
+    return {k: v for k, v in list(bound.arguments.items())[1:]}
+
+
 def mock_class(
     cls: type,
     config: Any,
     *,
-    split: str = "train",
+    split: str | Callable[[dict[str, Any]], str] = "train",
     methods: Iterable[str] = ("get_batch",),
-    name: str | None = None,
+    name: str | Callable[[dict[str, Any]], str | None] | None = None,
     rank: int | None = None,
     apply_determinism: bool = True,
 ) -> Any:
@@ -65,6 +75,8 @@ def mock_class(
       ``rollout_mock_info()``. They are ``async`` when ``cls`` is an async actor class, so they
       do not block its event loop. A normal process exit (``__ray_terminate__``,
       ``ray.actor.exit_actor()``, interpreter exit) also flushes pending steps.
+    * ``split`` and ``name`` may be callables of the constructor's arguments (a dict by parameter
+      name), e.g. ``split=lambda a: a["mode"]`` for ROLL's ``RolloutScheduler(..., mode="val")``.
     * With ``apply_determinism`` (default), the instance first calls
       :func:`rollout_mock.determinism.apply_from_env`, a no-op unless ``DETERMINISTIC_MODE=1`` is
       in the environment: with ``.options(runtime_env=ray_runtime_env())`` the actor is
@@ -98,9 +110,9 @@ def mock_class(
 def _build_mock_subclass(
     cls: type,
     resolved: RolloutMockConfig,
-    split: str,
+    split: Any,
     method_names: tuple[str, ...],
-    name: str | None,
+    name: Any,
     rank: int | None,
     apply_determinism: bool,
 ) -> type:
@@ -116,7 +128,13 @@ def _build_mock_subclass(
             from rollout_mock.adapters._native import disable_native_roll_mock
 
             disable_native_roll_mock(self)
-        self._rollout_mock = _InstanceMock(cls, resolved, split, method_names, name, rank)
+        if callable(split) or callable(name):
+            arguments = _bound_arguments(cls, args, kwargs)
+            this_split = split(arguments) if callable(split) else split
+            this_name = name(arguments) if callable(name) else name
+        else:
+            this_split, this_name = split, name
+        self._rollout_mock = _InstanceMock(cls, resolved, this_split, method_names, this_name, rank)
         if replays:  # on_missing_step: record builds the real scheduler on first need
             self._rollout_mock.init_args = (args, kwargs)
 
@@ -133,7 +151,7 @@ def _build_mock_subclass(
                 f"replayed; add the method that needs {attribute!r} to `methods` if it returns "
                 f"batches, or do not call it in mock mode.",
                 mode=resolved.mode.value,
-                split=split,
+                split=split if isinstance(split, str) else None,
             )
 
         namespace["__getattr__"] = __getattr__

@@ -1,0 +1,60 @@
+"""Finding the dump a read-only command was pointed at, and saying so when it is elsewhere."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rollout_mock.errors import DumpNotFoundError
+from rollout_mock.storage.manifest import MANIFEST_NAME
+
+__all__ = ["find_dumps", "resolve_dump"]
+
+
+def find_dumps(root: Path, depth: int = 2) -> list[Path]:
+    """Folders holding ``manifest.json`` one to ``depth`` levels below ``root``."""
+    found: list[Path] = []
+    level = [root]
+    for _ in range(depth):
+        below: list[Path] = []
+        for folder in level:
+            try:
+                children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+            except OSError:
+                continue
+            for child in children:
+                (found if (child / MANIFEST_NAME).is_file() else below).append(child)
+        level = below
+    return found
+
+
+def resolve_dump(path: Path, command: str, rest: str = "") -> Path:
+    """``path`` when it holds a dump; otherwise a DumpNotFoundError that says where dumps are
+    (one or two levels down), or what kind of folder it is, with the command to run instead."""
+    if (path / MANIFEST_NAME).is_file():
+        return path
+    if not path.exists():
+        raise DumpNotFoundError(f"no such folder: {path}", path=path)
+    if not path.is_dir():
+        raise DumpNotFoundError(f"{path} is a file; pass the dump folder (the one holding {MANIFEST_NAME})", path=path)
+    suffix = f" {rest}" if rest else ""
+    below = find_dumps(path)
+    if below:
+        listing = "; ".join(f"rollout-mock {command} {p}{suffix}" for p in below[:5])
+        more = f" (and {len(below) - 5} more)" if len(below) > 5 else ""
+        raise DumpNotFoundError(
+            f"{path} is not a dump itself (no {MANIFEST_NAME}), but {len(below)} dump(s) are inside it{more}: "
+            f"{listing}", path=path,
+        )
+    from rollout_mock.adapters.foreign import detect_format
+
+    fmt = detect_format(path)
+    if fmt is not None:
+        raise DumpNotFoundError(
+            f"{path} is a {fmt} dump, not a rollout_mock one (no {MANIFEST_NAME}); convert it once: "
+            f"rollout-mock import {path} {path}_imported --trust  (then: rollout-mock {command} {path}_imported{suffix})",
+            path=path,
+        )
+    raise DumpNotFoundError(
+        f"{path} holds no dump ({MANIFEST_NAME} not found here or two levels below); pass the dump_dir "
+        f"a dump-mode run wrote", path=path,
+    )

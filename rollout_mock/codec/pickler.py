@@ -1,6 +1,11 @@
-"""Encoding batches as standard pickles that are fast to write and read.
+"""FORMAT 1 (legacy): batches as standard protocol-5 pickles.
 
-A step file is an ordinary pickle (protocol 5): ``pickle.load(open(path, "rb"))`` returns the
+New dumps use format 2 (:mod:`rollout_mock.codec.encode`); this writer is kept so that tests can
+produce format-1 files exactly as older releases did (``dump_v1``), and its ``_rebuild_*``
+functions are what ``pickle.load`` of a format-1 file calls (trusted loads only; the safe path
+interprets format-1 files without them, see :mod:`rollout_mock.codec.legacy`).
+
+A format-1 step file is an ordinary pickle (protocol 5): ``pickle.load(open(path, "rb"))`` returns the
 batch as long as ``rollout_mock`` is importable. What makes it fast:
 
 * tensors and numpy arrays are reduced to a small rebuild call whose argument is a
@@ -129,27 +134,7 @@ del _rebuild
 
 
 # --------------------------------------------------------------------------- batch classes
-#: verl's DataProto, and the demo's own DataProto-like class (so that demo dumps open safely
-#: without importing the demo first).
-_BATCH_CLASSES: set[tuple[str, str]] = {("verl.protocol", "DataProto"), ("rollout_mock.demo", "RolloutBatch")}
-
-
-def register_batch_class(cls: type) -> type:
-    """Store instances of ``cls`` by their attribute dict and allow it in the safe loader.
-
-    Use it for DataProto-like classes whose ``__getstate__`` is slow (e.g. serialises tensors
-    into bytes). Returns ``cls`` so it can be used as a class decorator.
-    """
-    _BATCH_CLASSES.add((cls.__module__, cls.__qualname__))
-    return cls
-
-
-def is_batch_class(cls: type) -> bool:
-    return (cls.__module__, cls.__qualname__) in _BATCH_CLASSES
-
-
-def batch_class_names() -> frozenset[tuple[str, str]]:
-    return frozenset(_BATCH_CLASSES)
+from rollout_mock.codec.batches import _BATCH_CLASSES  # noqa: E402  (the registry lives there)
 
 
 # --------------------------------------------------------------------------- reduction
@@ -272,7 +257,7 @@ class _BatchPickler(cloudpickle.Pickler):
 
 
 # --------------------------------------------------------------------------- public functions
-def dump(obj: Any, file: BinaryIO) -> None:
+def dump_v1(obj: Any, file: BinaryIO) -> None:
     """Pickle ``obj`` into ``file`` with tensor data streamed in-band, without copies.
 
     ``file`` should be unbuffered or lightly buffered: large tensor payloads are handed to its
@@ -281,9 +266,9 @@ def dump(obj: Any, file: BinaryIO) -> None:
     _BatchPickler(file).dump(obj)
 
 
-def dumps(obj: Any) -> bytes:
+def dumps_v1(obj: Any) -> bytes:
     buffer = io.BytesIO()
-    dump(obj, buffer)
+    dump_v1(obj, buffer)
     return buffer.getvalue()
 
 
@@ -293,7 +278,7 @@ def loads_unrestricted(data: bytes) -> Any:
 
 
 @dataclass
-class Snapshot:
+class SnapshotV1:
     """A batch captured in memory: a small pickle stream plus owned copies of its buffers.
 
     Independent of the original batch: mutating the batch after :func:`capture` returns does not
@@ -312,7 +297,7 @@ class Snapshot:
         return pickle.loads(self.stream, buffers=self.buffers)
 
 
-def capture(obj: Any) -> Snapshot:
+def capture_v1(obj: Any) -> SnapshotV1:
     """Snapshot ``obj`` with one copy of its tensor/array data (the time of one memcpy)."""
     buffers: list[pickle.PickleBuffer] = []
 
@@ -331,4 +316,4 @@ def capture(obj: Any) -> Snapshot:
     pickler.clear_memo()
     pickler._keep_alive.clear()
     pickler = None
-    return Snapshot(stream.getvalue(), buffers)
+    return SnapshotV1(stream.getvalue(), buffers)

@@ -1,4 +1,11 @@
-"""A restricted unpickler: loads what rollout_mock writes, refuses anything else.
+"""The safe loader's compatibility surface (``load``, ``OPT_IN``, ``is_allowed``).
+
+Since format 2 the safe path runs no unpickler at all (see :mod:`rollout_mock.codec.step` and
+:mod:`rollout_mock.codec.legacy`). The history below describes what the former restricted
+unpickler allowed; :data:`_ALLOWED` is now only informational (and the list of builtin data
+types the format-1 interpreter knows).
+
+Former design:
 
 Like ``torch.load(weights_only=True)``, the default loader resolves only an allow-list of globals:
 rollout_mock's own rebuild functions, plain containers, torch dtypes/devices/sizes, and
@@ -18,15 +25,10 @@ reconstructors (crafted ``numpy.dtype`` states have crashed the interpreter).
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Callable
+import warnings
 from typing import Any, BinaryIO
 
-import torch
-
-from rollout_mock import codec
-from rollout_mock.codec import batch_class_names
-from rollout_mock.errors import UnsafePickleError
+from rollout_mock.codec.batches import batch_class_names
 
 #: Functions in :mod:`rollout_mock.codec` that step files may reference. A test checks that every
 #: ``codec._rebuild_*`` function is listed here, so a new one cannot be forgotten.
@@ -79,10 +81,17 @@ OPT_IN = (
 
 
 def allow_global(module: str, name: str) -> None:
-    """Allow ``module.name`` in the safe loader (for your own small, trusted types).
+    """Deprecated: the safe loader no longer resolves globals at all.
 
-    Only allow plain data types whose construction cannot run arbitrary code.
+    Format-2 files hold no globals; format-1 files are read by a data-only interpreter that only
+    knows rollout_mock's own rebuild functions and builtin data types. Register batch classes
+    with :func:`rollout_mock.register_batch_class` instead; anything else needs a trusted load.
     """
+    warnings.warn(
+        "rollout_mock.codec.safe.allow_global is deprecated and has no effect on the safe loader; "
+        "use register_batch_class for batch classes or a trusted load",
+        DeprecationWarning, stacklevel=2,
+    )
     _ALLOWED.add((module, name))
 
 
@@ -90,55 +99,14 @@ def is_allowed(module: str, name: str) -> bool:
     return (module, name) in _ALLOWED or (module, name) in batch_class_names()
 
 
-def _checked_rebuild_object(source: str) -> Callable[[type, dict[str, Any]], Any]:
-    def rebuild(cls: type, state: dict[str, Any]) -> Any:
-        if not isinstance(cls, type) or not codec.is_batch_class(cls) or not isinstance(state, dict):
-            name = f"{getattr(cls, '__module__', '?')}.{getattr(cls, '__qualname__', repr(cls))}"
-            raise UnsafePickleError(
-                f"{source}: refusing to rebuild {name} from an attribute dict: only registered "
-                f"batch classes may be (rollout_mock.register_batch_class). If you trust this "
-                f"dump, load it with {OPT_IN}.",
-                path=source,
-            )
-        return codec._rebuild_object(cls, state)
+def load(file: BinaryIO | Any, *, trusted: bool, source: str = "<stream>") -> Any:
+    """Decode one step (format 1 or 2) from a binary file object; restricted unless ``trusted``.
 
-    return rebuild
+    Safe mode never unpickles: format 2 is parsed as data, format 1 is interpreted by
+    :mod:`rollout_mock.codec.legacy`. Prefer :func:`rollout_mock.codec.decode` with a ByteSource.
+    """
+    from rollout_mock.codec.source import BytesSource
+    from rollout_mock.codec.step import decode
 
-
-class SafeUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that resolves only allow-listed globals (see module docstring)."""
-
-    def __init__(self, file: BinaryIO, *, source: str = "<stream>") -> None:
-        super().__init__(file)
-        self._source = source
-
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "rollout_mock.codec" and name == "_rebuild_object":
-            return _checked_rebuild_object(self._source)
-        if is_allowed(module, name):
-            return super().find_class(module, name)
-        if module == "torch" and "." not in name:
-            value = getattr(torch, name, None)
-            if isinstance(value, torch.dtype):
-                return value
-        raise UnsafePickleError(
-            f"{self._source}: refusing to load global {module}.{name}: the safe loader only "
-            f"allows what rollout_mock writes (tensors, arrays, plain containers, registered "
-            f"batch classes). If you trust this dump, load it with {OPT_IN}; for your own "
-            f"batch class, call rollout_mock.register_batch_class(cls).",
-            path=self._source,
-        )
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise UnsafePickleError(
-            f"{self._source}: refusing a persistent id ({type(pid).__name__}): rollout_mock never "
-            f"writes one. If you trust this dump, load it with {OPT_IN}.",
-            path=self._source,
-        )
-
-
-def load(file: BinaryIO, *, trusted: bool, source: str = "<stream>") -> Any:
-    """Unpickle one object from ``file``; restricted unless ``trusted``."""
-    if trusted:
-        return pickle.Unpickler(file).load()
-    return SafeUnpickler(file, source=source).load()
+    data = file.read()
+    return decode(BytesSource(data, source), trusted=trusted)

@@ -207,7 +207,7 @@ class DirectoryStore(StepStore):
         path = self.path_of(stream, step)
         if overwrite and (path.exists() or self.manifest().entry(stream, step) is not None):
             self._forget(stream, step)
-        written = write_temp(path, lambda w: codec.dump(batch, w), hmac_key=self.hmac_key)
+        written = write_temp(path, lambda w: codec.encode(batch, w), hmac_key=self.hmac_key)
         entry = StepEntry(
             file=stream.relpath(step),
             size=written.size,

@@ -47,7 +47,7 @@ from rollout_mock.errors import FormatVersionError, ManifestError
 from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
 
 FORMAT = "rollout_mock.dump"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: data-only step files (rollout_mock.codec); 1: pickles, still read
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
 _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")

@@ -70,7 +70,7 @@ class MemoryStore(StepStore):
     ) -> StepEntry:
         if not overwrite and (stream.key, step) in self._data:
             raise _exists_error(stream, step, f"memory:{stream.relpath(step)}")
-        data = codec.dumps(batch)
+        data = codec.encode_bytes(batch)
         digest = Digest()
         digest.update(data)
         checksum, _ = digest.finish()

@@ -199,7 +199,7 @@ def test_manifest_entry_edited_by_hand(dump: Path, change: Callable[[dict[str, A
         (lambda d: d.pop("streams"), ManifestError, '"streams" is missing'),
         (lambda d: d["streams"]["train"].pop("steps"), ManifestError, 'has no "steps"'),
         (lambda d: d["streams"]["train"]["steps"].__setitem__("one", {}), ManifestError, "step key 'one'"),
-        (lambda d: d.update(format_version=2), FormatVersionError, "format version 2"),
+        (lambda d: d.update(format_version=3), FormatVersionError, "format version 3"),
         (lambda d: d.update(format_version=0), FormatVersionError, "unknown on-disk format version 0"),
     ],
 )
@@ -214,7 +214,7 @@ def test_manifest_structure_edited_by_hand(dump: Path, change: Callable[[dict[st
 
 def test_newer_format_says_upgrade(dump: Path) -> None:
     edit_manifest(dump, lambda d: d.update(format_version=99))
-    with pytest.raises(FormatVersionError, match=r"reads versions up to 1; upgrade rollout_mock"):
+    with pytest.raises(FormatVersionError, match=r"reads versions up to 2; upgrade rollout_mock"):
         open_dump(dump)
 
 

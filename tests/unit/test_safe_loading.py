@@ -287,8 +287,10 @@ def test_hmac_refuses_files_changed_after_dumping(tmp_path: Path, monkeypatch: p
         with pytest.raises(CorruptStepError, match="HMAC"):
             sched.get_batch(None)
     assert not marker.exists()
-    # without a key the CRC-fixed change goes unnoticed: that is what the key is for
-    assert load_step(path)["x"][0] != 1
+    # without a key, the per-chunk CRC-32 of format 2 still notices this accidental-looking
+    # change (a deliberate attacker would fix that CRC too: that is what the key is for)
+    with pytest.raises(CorruptStepError, match="CRC-32"):
+        load_step(path)
     # a different key refuses even the untouched step
     monkeypatch.setenv(KEY_ENV, "secret-2")
     with MockScheduler(None, config) as sched, pytest.raises(CorruptStepError, match="HMAC"):

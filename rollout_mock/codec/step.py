@@ -1,0 +1,255 @@
+"""The public read API: :func:`open_step`, :func:`decode`, :func:`sniff_version`."""
+
+from __future__ import annotations
+
+import bisect
+import io
+import pickle
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from rollout_mock.codec import chunks as _chunks
+from rollout_mock.codec.decode import NodeDecoder, crc_check, normalize_rows
+from rollout_mock.codec.header import Layout, check_tree, max_expansion_default, read_layout
+from rollout_mock.codec.layout import PREFIX_HEAD
+from rollout_mock.codec.source import BytesSource, as_source
+from rollout_mock.errors import CorruptStepError, RolloutMockError
+
+__all__ = ["StepView", "decode", "open_step", "sniff_version"]
+
+
+def sniff_version(prefix: bytes | memoryview) -> int:
+    """1 or 2 from the first bytes of a step file (at least 32); CorruptStepError otherwise."""
+    head = bytes(prefix[: len(PREFIX_HEAD)])
+    if head == PREFIX_HEAD:
+        return 2
+    if head[:1] == b"\x80" and len(head) >= 2 and 2 <= head[1] <= 5:
+        return 1
+    raise CorruptStepError(f"not a rollout_mock step file (starts with {head[:8]!r})")
+
+
+def _corrupt(name: str, exc: BaseException) -> CorruptStepError:
+    error = CorruptStepError(
+        f"{name}: the step file cannot be decoded: {exc}. It is corrupt or was not written by "
+        f"rollout_mock: re-dump the step or restore the dump from a copy.",
+        path=name,
+    )
+    error.__cause__ = exc
+    return error
+
+
+def _guard(where: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``call``; anything but a rollout_mock error becomes a CorruptStepError naming ``where``."""
+    try:
+        return call(*args, **kwargs)
+    except RolloutMockError as exc:
+        if exc.path is None:
+            exc.path = where
+        raise
+    except (Exception, RecursionError, MemoryError) as exc:  # hostile input: never leak a bare error
+        raise _corrupt(where, exc) from exc
+
+
+class _SourceReader:
+    """Reads and CRC-checks chunks of a format-2 file."""
+
+    def __init__(self, source: Any, layout: Layout) -> None:
+        self.source = source
+        self.layout = layout
+        self.table = layout.table
+
+    def _chunk(self, index: int) -> Any:
+        offset, stored, raw, crc, codec, shuf = self.table[index]
+        data = self.source.read_range(self.layout.data_base + offset, stored)
+        crc_check(data, crc, index)
+        return _chunks.decompress(data, codec, shuf, raw)
+
+    def whole(self, ref: list[int], nbytes: int | None) -> torch.Tensor:
+        first, count = ref
+        total = sum(self.table[i][2] for i in range(first, first + count))
+        if nbytes is not None and total != nbytes:
+            raise ValueError("data size mismatch")
+        out = torch.empty(total, dtype=torch.uint8)
+        target = out.numpy()
+        direct = hasattr(self.source, "readinto_range")
+        pos = 0
+        for i in range(first, first + count):
+            offset, stored, raw, crc, codec, shuf = self.table[i]
+            part = target[pos: pos + raw]
+            if codec == 0 and direct:
+                self.source.readinto_range(self.layout.data_base + offset, part)
+                crc_check(part, crc, i)
+            else:
+                part[:] = memoryview(self._chunk(i)).cast("B")
+            pos += raw
+        return out
+
+    def span(self, ref: list[int], lo: int, hi: int) -> torch.Tensor:
+        """Bytes [lo, hi) of a reference; reads (and checks) only the chunks covering them."""
+        first, count = ref
+        starts = [0]
+        for i in range(first, first + count):
+            starts.append(starts[-1] + self.table[i][2])
+        if not 0 <= lo <= hi <= starts[-1]:
+            raise ValueError("row range outside the data")
+        out = torch.empty(hi - lo, dtype=torch.uint8)
+        target = out.numpy()
+        k = max(0, bisect.bisect_right(starts, lo) - 1)
+        while k < count and starts[k] < hi:
+            data = memoryview(self._chunk(first + k)).cast("B")
+            a, b = max(lo, starts[k]), min(hi, starts[k + 1])
+            target[a - lo: b - lo] = data[a - starts[k]: b - starts[k]]
+            k += 1
+        return out
+
+
+def _root_keys(root: Any) -> list[str]:
+    if type(root) is dict:
+        tag = root.get("$")
+        if tag is None:
+            return list(root)
+        if tag == "tensordict":
+            return [k for k, _ in root["items"]]
+        if tag == "batch" and root.get("kind") == "dataproto":
+            keys: list[str] = []
+            for name in ("batch", "non_tensor_batch"):
+                field = root.get(name)
+                if type(field) is dict and field.get("$") is None:
+                    keys += [k for k in field if k not in keys]
+                elif type(field) is dict and field.get("$") == "tensordict":
+                    keys += [k for k, _ in field["items"] if k not in keys]
+            return keys
+    if type(root) is list:
+        keys = []
+        for item in root:
+            if type(item) is dict and item.get("$") is None:
+                keys += [k for k in item if k not in keys]
+        return keys
+    return []
+
+
+class StepView:
+    """A step file opened lazily: the header is read, the data is read by :meth:`load`."""
+
+    def __init__(self, source: Any, *, trusted: bool = False, batch_class: type | None = None,
+                 max_expansion: float | None = None) -> None:
+        self.source = as_source(source)
+        self.name = str(getattr(self.source, "name", "<source>"))
+        self.trusted = trusted
+        self.batch_class = batch_class
+        size = _guard(self.name, self.source.size)
+        prefix = _guard(self.name, self.source.read_range, 0, min(size, len(PREFIX_HEAD)))
+        self.format_version = _guard(self.name, sniff_version, prefix)
+        self._layout: Layout | None = None
+        self._v1: Any = None
+        self._v1_loaded = False
+        if self.format_version == 2:
+            self._layout = _guard(self.name, read_layout, self.source)
+            declared = _guard(self.name, check_tree, self._layout.root, self._layout.table)
+            self._layout.declared_raw = declared
+            limit = (max_expansion or max_expansion_default()) * size + (1 << 20)
+            if declared > limit:
+                raise CorruptStepError(
+                    f"{self.name}: the step declares {declared} bytes of data in a {size}-byte file "
+                    f"(more than {max_expansion or max_expansion_default():g}x + 1 MiB); refusing to "
+                    f"allocate it. If the data is legitimately this compressible, raise the limit "
+                    f"with max_expansion= or ROLLOUT_MOCK_MAX_EXPANSION.",
+                    path=self.name,
+                )
+
+    @property
+    def nbytes(self) -> int:
+        """Raw bytes of tensor/array data in the step (format 2) or the file size (format 1)."""
+        if self._layout is not None:
+            return self._layout.declared_raw
+        return int(self.source.size())
+
+    def keys(self) -> list[str]:
+        """Top-level keys: batch + non-tensor keys of a batch, a dict's or TensorDict's keys."""
+        if self._layout is not None:
+            return _root_keys(self._layout.root)
+        return _keys_of(self._load_v1())
+
+    def _load_v1(self) -> Any:
+        if not self._v1_loaded:
+            from rollout_mock.codec.legacy import load_v1
+
+            data = _guard(self.name, self.source.read_range, 0, self.source.size())
+            if self.trusted:
+                self._v1 = _guard(self.name, pickle.loads, bytes(data))
+            else:
+                self._v1 = _guard(self.name, load_v1, data, name=self.name, batch_class=self.batch_class)
+            self._v1_loaded = True
+        return self._v1
+
+    def load(self, keys: Iterable[str] | None = None, rows: slice | range | None = None) -> Any:
+        """Decode the step, optionally only ``keys`` and the batch rows ``rows``."""
+        wanted = None if keys is None else frozenset(keys)
+        sel = normalize_rows(rows)
+        if self._layout is None:
+            return select(self._load_v1(), wanted, sel)
+        decoder = NodeDecoder(_SourceReader(self.source, self._layout), trusted=self.trusted,
+                              batch_class=self.batch_class, name=self.name)
+        return _guard(self.name, _decode_root, decoder, self._layout.root, wanted, sel)
+
+
+def _decode_root(decoder: NodeDecoder, root: Any, keys: frozenset[str] | None, rows: slice | None) -> Any:
+    if keys is None and rows is None:
+        return decoder.value(root)
+    if type(root) is dict:
+        tag = root.get("$")
+        if tag is None:
+            return {k: decoder.value(v, rows) for k, v in root.items() if keys is None or k in keys}
+        if tag == "tensordict":
+            return decoder.tensordict(root, rows, keys)
+        if tag == "batch":
+            return decoder.batch(root, rows, keys)
+    if type(root) is list:
+        items = root if rows is None else [root[i] for i in range(len(root))[rows]]
+        return [_decode_root(decoder, x, keys, None) if type(x) is dict and x.get("$") is None
+                else decoder.value(x) for x in items]
+    return decoder.value(root, rows)
+
+
+def _keys_of(obj: Any) -> list[str]:
+    from rollout_mock.codec.select import keys_of
+
+    return keys_of(obj)
+
+
+def select(obj: Any, keys: frozenset[str] | None, rows: slice | None) -> Any:
+    from rollout_mock.codec.select import select as _select
+
+    return _select(obj, keys, rows)
+
+
+def open_step(source: Any, *, trusted: bool = False, batch_class: type | None = None,
+              max_expansion: float | None = None) -> StepView:
+    """Open a step lazily (reads only the header of a format-2 file)."""
+    return StepView(source, trusted=trusted, batch_class=batch_class, max_expansion=max_expansion)
+
+
+def decode(source: Any, *, trusted: bool = False, keys: Iterable[str] | None = None,
+           rows: slice | range | None = None, batch_class: type | None = None,
+           max_expansion: float | None = None) -> Any:
+    """Decode a step file of format 1 or 2 from a ByteSource, a path or bytes.
+
+    Safe by default: format 2 is decoded without pickle; format 1 by a data-only interpreter of
+    the pickle subset rollout_mock wrote. ``trusted=True`` unpickles opaque blobs (format 2) or
+    runs plain pickle (format 1).
+    """
+    view = StepView(source, trusted=trusted, batch_class=batch_class, max_expansion=max_expansion)
+    return view.load(keys=keys, rows=rows)
+
+
+def _load_v2(data: bytes) -> Any:
+    """What ``pickle.load`` of a format-2 file calls: the safe decoder over the container."""
+    from rollout_mock.codec.layout import PREFIX, SUFFIX
+
+    whole = io.BytesIO()
+    whole.write(PREFIX(len(data)))
+    whole.write(data)
+    whole.write(SUFFIX)
+    return decode(BytesSource(whole.getbuffer(), "<pickle stream>"))

@@ -118,7 +118,11 @@ class RolloutScheduler(RolloutMockMixinDouble):
         ids, am, pm, rm, logp = _rows(c.seed, global_step, n, c.sequence_length, c.prompt_length)
         scores = torch.zeros(n, c.sequence_length)
         scores[:, -1] = torch.arange(n, dtype=torch.float)
-        obj = lambda xs: np.array(list(xs), dtype=object)  # noqa: E731
+        def obj(xs):  # 1-D object array even when the items are lists (np.array would make 2-D)
+            items = list(xs)
+            arr = np.empty(len(items), dtype=object)
+            arr[:] = items
+            return arr
         batch = self.DataProto.from_single_dict({
             "input_ids": ids, "attention_mask": am, "position_ids": (am.cumsum(-1) - 1).clamp(min=0),
             "response_mask": rm, "prompt_mask": pm, "scores": scores, "infer_logprobs": logp[:, 1:],

@@ -37,13 +37,23 @@ LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def install_roll(root: Path) -> None:
-    """A ``roll`` package made of the doubles, at ROLL's module paths."""
+    """A ``roll`` package made of the doubles, at ROLL's module paths.
+
+    ``ROLLOUT_MOCK_TEST_ROLL_PKG`` (local checks only) names a folder holding a ``roll`` package
+    with ROLL's real, unmodified ``protocol.py``/``remote_protocol.py`` (heavy imports stubbed):
+    it is used instead of the protocol double; the schedulers stay doubles."""
     pkg = root / "roll" / "distributed" / "scheduler"
+    real = os.environ.get("ROLLOUT_MOCK_TEST_ROLL_PKG")
+    if real:
+        shutil.copytree(Path(real) / "roll", root / "roll", dirs_exist_ok=True)
+        for extra in (p for p in Path(real).iterdir() if p.is_dir() and p.name != "roll"):
+            shutil.copytree(extra, root / extra.name, dirs_exist_ok=True)
     pkg.mkdir(parents=True, exist_ok=True)
     for d in (root / "roll", root / "roll" / "distributed", pkg):
         (d / "__init__.py").touch()
-    shutil.copyfile(DOUBLES / "roll_protocol.py", pkg / "protocol.py")
-    (pkg / "remote_protocol.py").write_text("from roll.distributed.scheduler.protocol import BatchProxy  # noqa\n")
+    if not real:
+        shutil.copyfile(DOUBLES / "roll_protocol.py", pkg / "protocol.py")
+        (pkg / "remote_protocol.py").write_text("from roll.distributed.scheduler.protocol import BatchProxy  # noqa\n")
     shutil.copyfile(DOUBLES / "roll_schedulers.py", pkg / "rollout_scheduler.py")
     (pkg / "generate_scheduler.py").write_text(
         "from roll.distributed.scheduler.rollout_scheduler import DynamicSamplingScheduler  # noqa\n")

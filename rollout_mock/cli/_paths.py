@@ -33,9 +33,9 @@ def resolve_dump(path: Path, command: str, rest: str = "") -> Path:
     if (path / MANIFEST_NAME).is_file():
         return path
     if not path.exists():
-        raise DumpNotFoundError(f"no such folder: {path}", path=path)
+        raise DumpNotFoundError(f"dump directory not found: no such folder: {path}", path=path)
     if not path.is_dir():
-        raise DumpNotFoundError(f"{path} is a file; pass the dump folder (the one holding {MANIFEST_NAME})", path=path)
+        raise DumpNotFoundError(f"dump directory not found: {path} is a file; pass the dump folder (the one holding {MANIFEST_NAME})", path=path)
     suffix = f" {rest}" if rest else ""
     below = find_dumps(path)
     if below:
@@ -55,6 +55,6 @@ def resolve_dump(path: Path, command: str, rest: str = "") -> Path:
             path=path,
         )
     raise DumpNotFoundError(
-        f"{path} holds no dump ({MANIFEST_NAME} not found here or two levels below); pass the dump_dir "
+        f"{path} holds no dump (no {MANIFEST_NAME} here or two levels below); pass the dump_dir "
         f"a dump-mode run wrote", path=path,
     )

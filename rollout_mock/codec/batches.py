@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from rollout_mock.errors import ConfigError
+from rollout_mock.errors import ConfigError, UnsafePickleError
 
 __all__ = [
     "Batch", "batch_class_names", "build_batch", "class_path", "is_batch_class",
@@ -41,7 +41,7 @@ __all__ = [
 #: verl's DataProto, and the demo's own DataProto-like class.
 _BATCH_CLASSES: set[tuple[str, str]] = {
     ("verl.protocol", "DataProto"), ("rollout_mock.demo", "RolloutBatch"),
-    ("roll.distributed.scheduler.protocol", "DataProto"),
+    ("roll.distributed.scheduler.protocol", "DataProto"), ("rollout_mock.codec.batches", "Batch"),
 }
 _FIELDS = ("batch", "non_tensor_batch", "meta_info")
 _PRIVATE = ("_batch", "_non_tensor_batch", "meta_info")
@@ -184,6 +184,8 @@ def _constructible(cls: type) -> bool:
         return False
     if getattr(cls, "__abstractmethods__", None):
         return False
+    if _static(cls, "__del__") is not None:  # a finalizer would run on file-chosen attributes
+        return False
     return type(cls) is type or type(cls).__module__ == "abc"
 
 
@@ -217,7 +219,11 @@ def build_batch(kind: str, path: str, layout: str, fields: dict[str, Any], extra
             cls = found
     if kind == "object":
         if cls is None:
-            return Batch(meta_info=dict(extra), source_class=path)
+            raise UnsafePickleError(
+                f"refusing to rebuild {path} from an attribute dict: it is not a registered batch "
+                f"class of this process (rollout_mock.register_batch_class; its module must be "
+                f"imported before loading). A trusted load does not help here: register the class.",
+            )
         obj = object.__new__(cls)
         object.__getattribute__(obj, "__dict__").update(extra)
         return obj

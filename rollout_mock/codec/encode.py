@@ -171,11 +171,15 @@ class _Encoder:
             return obj if -(1 << 63) <= obj < (1 << 63) else {"$": "int", "v": str(obj)}
         if cls is float:
             return self._float(obj)
+        if isinstance(obj, torch.Tensor) and getattr(obj, "is_nested", False):
+            try:
+                parts = obj.unbind()
+            except Exception:  # an exotic nested layout: keep the step, trusted loads only
+                return self._blob(obj, path, "a nested tensor that cannot be unbound")
+            layout = "jagged" if obj.layout is torch.jagged else "strided"
+            return {"$": "nested", "layout": layout,
+                    "items": [self.node(t, f"{path}[{i}]") for i, t in enumerate(parts)]}
         if cls is torch.Tensor or cls is torch.nn.Parameter:
-            if obj.is_nested:
-                layout = "jagged" if obj.layout is torch.jagged else "strided"
-                return {"$": "nested", "layout": layout,
-                        "items": [self.node(t, f"{path}[{i}]") for i, t in enumerate(obj.unbind())]}
             if obj.layout is torch.strided and not obj.is_quantized and obj.device.type != "meta":
                 return self._tensor(obj, path)
             return self._blob(obj, path, f"{obj.layout} tensor")

@@ -184,7 +184,7 @@ def test_manifest_describes_keys_without_unpickling(dump_dir: Path) -> None:
     assert entry["keys"]["input_ids"] == {"shape": [6, 4], "dtype": "int64"}
     assert entry["keys"]["uid"] == {"shape": [6], "dtype": "object"}
     assert entry["checksum"].startswith("crc32:") and entry["size"] == (dump_dir / entry["file"]).stat().st_size
-    assert manifest["format_version"] == 1 and manifest["streams"]["train"]["methods"]["get_batch"]["convention"] == "sync"
+    assert manifest["format_version"] == 2 and manifest["streams"]["train"]["methods"]["get_batch"]["convention"] == "sync"
 
 
 @pytest.mark.gpu

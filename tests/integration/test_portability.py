@@ -1,4 +1,4 @@
-"""Portability: a fixed pickle protocol, a checked format version, and other Python versions.
+"""Portability: a fixed on-disk format (format 2 is also a protocol-5 pickle), a checked format version, and other Python versions.
 
 The other Python interpreters found here (pyenv, /usr/bin) have no torch or numpy, so they cannot
 import rollout_mock; what they *can* do is decode a step file written by this Python with their
@@ -29,41 +29,54 @@ from rollout_mock.storage.manifest import FORMAT_VERSION, read_manifest
 
 pytestmark = pytest.mark.timeout(120)
 
-DECODER = r'''
-import hashlib, io, json, pickle, sys
+DECODER = r"""
+import hashlib, io, json, pickle, struct, sys
 
-class Rebuild:
-    def __init__(self, name):
-        self.name = name
-    def __call__(self, *args):
-        return {"rebuild": self.name, "args": args}
+def load_v2(container):
+    # format 2, parsed with the standard library only: container head, JSON header, chunks
+    magic, header_len, data_offset, data_len, _crc, _ = struct.unpack_from("<8sQQQII", container, 0)
+    assert magic == b"RMSTEP\x00\x02", magic
+    header = json.loads(bytes(container[40:40 + header_len]))
+    data = container[data_offset:data_offset + data_len]
+    table = header["chunks"]
+
+    def raw(ref):
+        first, count = ref
+        out = b""
+        for offset, stored, size, _crc, codec, _shuffle in table[first:first + count]:
+            assert codec == 0
+            out += bytes(data[offset:offset + stored])
+        return out
+
+    def summary(node):
+        if isinstance(node, list):
+            return [summary(v) for v in node]
+        if not isinstance(node, dict):
+            return node
+        tag = node.get("$")
+        if tag is None:
+            return {k: summary(v) for k, v in node.items()}
+        if tag in ("tensor", "ndarray"):
+            return {"rebuild": tag, "dtype": node["dtype"], "shape": node["shape"],
+                    "sha256": hashlib.sha256(raw(node["c"])).hexdigest()}
+        if tag == "int":
+            return int(node["v"])
+        if tag == "objarray":
+            return {"rebuild": tag, "shape": node["shape"], "items": summary(node["items"])}
+        return {"tag": tag, "fields": {k: summary(v) for k, v in sorted(node.items()) if k != "$"}}
+
+    return summary(header["root"])
 
 class StubUnpickler(pickle.Unpickler):
     def find_class(self, module, name):
-        if module == "rollout_mock.codec" and name.startswith("_rebuild_"):
-            return Rebuild(name)
-        if module == "builtins" and name in ("list", "dict", "tuple", "set", "frozenset"):
-            return super().find_class(module, name)
+        if module == "rollout_mock.codec" and name == "_load_v2":
+            return load_v2
         raise pickle.UnpicklingError("unexpected global %s.%s" % (module, name))
-
-def summary(obj):
-    if isinstance(obj, dict) and "rebuild" in obj:
-        args = list(obj["args"])
-        if obj["rebuild"] in ("_rebuild_tensor", "_rebuild_ndarray"):
-            args[0] = hashlib.sha256(bytes(args[0])).hexdigest()
-        return {"rebuild": obj["rebuild"], "args": [summary(a) for a in args]}
-    if isinstance(obj, dict):
-        return {str(k): summary(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [summary(v) for v in obj]
-    if isinstance(obj, bytes):
-        return obj.hex()
-    return obj
 
 with open(sys.argv[1], "rb") as file:
     data = file.read()
-print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "summary": summary(StubUnpickler(io.BytesIO(data)).load())}, sort_keys=True))
-'''
+print(json.dumps({"python": "%d.%d" % sys.version_info[:2], "summary": StubUnpickler(io.BytesIO(data)).load()}, sort_keys=True))
+"""
 
 
 def batch_for(step: int) -> dict[str, object]:
@@ -183,7 +196,7 @@ def test_decoder_agrees_with_the_real_batch(step_file: Path, tmp_path: Path) -> 
     for key in ("input_ids", "logprobs", "mask"):
         rebuilt = here[key]
         digest = hashlib.sha256(batch[key].contiguous().view(torch.uint8).numpy().tobytes()).hexdigest()
-        assert rebuilt["rebuild"] == "_rebuild_tensor" and rebuilt["args"][0] == digest
+        assert rebuilt["rebuild"] == "tensor" and rebuilt["sha256"] == digest
     assert here["meta_info"] == {"global_step": 7, "big": 2**70, "name": "ünïcode"}
 
 

@@ -1,0 +1,189 @@
+"""A corpus of malicious step files (format 1 pickles and format 2 containers).
+
+Used by the adversarial tests in-process and by a subprocess under an address-space limit.
+Every payload here must make the safe loader raise a RolloutMockError subclass.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+MARK, STOP, REDUCE, BUILD, NEWOBJ, NEWOBJ_EX = b"(", b".", b"R", b"b", b"\x81", b"\x92"
+PROTO5 = b"\x80\x05"
+
+#: Every global the old safe loader admitted (rebuild functions, builtins, torch, batch classes).
+OLD_ALLOWED = [
+    *(("rollout_mock.codec", n) for n in ("_rebuild_tensor", "_rebuild_parameter", "_rebuild_ndarray",
+                                          "_rebuild_object_array", "_rebuild_np_scalar",
+                                          "_rebuild_tensordict", "_rebuild_object")),
+    *(("builtins", n) for n in ("set", "frozenset", "complex", "slice", "range", "bytearray", "list",
+                                "dict", "tuple", "int", "float", "str", "bool")),
+    *(("collections", n) for n in ("OrderedDict", "defaultdict", "deque", "Counter")),
+    ("torch", "Size"), ("torch", "device"), ("torch", "float32"),
+    *(("datetime", n) for n in ("datetime", "date", "time", "timedelta", "timezone")),
+    ("tensordict._td", "TensorDict"), ("tensordict.tensordict", "TensorDict"),
+    ("verl.protocol", "DataProto"), ("rollout_mock.demo", "RolloutBatch"),
+]
+
+
+def glob(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def binunicode(text: str) -> bytes:
+    raw = text.encode()
+    return b"X" + struct.pack("<I", len(raw)) + raw
+
+
+def long1(value: int) -> bytes:
+    raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+def hostile_args() -> bytes:
+    """(b"", "float32", (4 GiB,)): an empty buffer with a huge shape, as a REDUCE argument tuple."""
+    return MARK + b"C\x00" + binunicode("float32") + long1(1 << 32) + b"\x85" + b"t"
+
+
+def call_programs(marker: Path) -> Iterator[tuple[str, bytes]]:
+    """Every old-allowed global x every opcode that calls, builds or instantiates."""
+    state = b"N}" + binunicode("pwned_attr") + binunicode(str(marker)) + b"s\x86"  # (None, {attr: path})
+    for module, name in OLD_ALLOWED:
+        g = glob(module, name)
+        tag = f"{module}.{name}"
+        yield f"REDUCE {tag}", PROTO5 + g + hostile_args() + REDUCE + STOP
+        yield f"NEWOBJ {tag}", PROTO5 + g + b")" + NEWOBJ + STOP
+        yield f"NEWOBJ_EX {tag}", PROTO5 + g + b")}" + NEWOBJ_EX + STOP
+        yield f"BUILD {tag}", PROTO5 + g + state + BUILD + STOP
+        yield f"INST {tag}", PROTO5 + MARK + b"i" + module.encode() + b"\n" + name.encode() + b"\n" + STOP
+        yield f"OBJ {tag}", PROTO5 + MARK + g + b"o" + STOP
+    yield "EXT1", PROTO5 + b"\x82\x01" + STOP
+    yield "EXT2", PROTO5 + b"\x83\x01\x00" + STOP
+    yield "EXT4", PROTO5 + b"\x84\x01\x00\x00\x00" + STOP
+    yield "PERSID", PROTO5 + b"P0\n" + STOP
+    yield "BINPERSID", PROTO5 + binunicode("x") + b"Q" + STOP
+    yield "os.system", PROTO5 + glob("os", "system") + binunicode(f"touch {marker}") + b"\x85" + REDUCE + STOP
+    yield "builtins.eval", PROTO5 + glob("builtins", "eval") + binunicode(f"open({str(marker)!r},'w')") + b"\x85" + REDUCE + STOP
+
+
+def named_attacks(marker: Path) -> Iterator[tuple[str, bytes]]:
+    """The concrete attacks of the campaign (issue 10), as regression cases."""
+    import io
+
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save({"x": 1}, buffer)
+    verl_state = b"}" + binunicode("batch") + b"C\x00s"  # any dict: BUILD would call __setstate__
+    yield "verl DataProto NEWOBJ+BUILD", PROTO5 + glob("verl.protocol", "DataProto") + b")" + NEWOBJ + verl_state + BUILD + STOP
+    yield "verl DataProto REDUCE+BUILD", PROTO5 + glob("verl.protocol", "DataProto") + b")" + REDUCE + verl_state + BUILD + STOP
+    yield "Counter.most_common BUILD", (PROTO5 + glob("collections", "Counter") + b"N}" + binunicode("most_common")
+                                       + glob("builtins", "str") + b"s\x86" + BUILD + STOP)
+    bomb32 = PROTO5 + glob("builtins", "bytearray") + long1(1 << 32) + b"\x85" + REDUCE + STOP
+    yield f"{len(bomb32)}-byte 4 GiB bytearray", bomb32
+    uninit = PROTO5 + glob("rollout_mock.codec", "_rebuild_tensor") + MARK + b"C\x00" + b"\x8c\x07float32" \
+        + b"J\x00\x40\x00\x00" + b"\x85" + b"t" + REDUCE + STOP
+    yield f"{len(uninit)}-byte uninitialised tensor", uninit
+    tup: Any = ()
+    for _ in range(60):
+        tup = (tup, tup)
+    bomb = pickle.dumps(tup, protocol=5)
+    yield f"{len(bomb)}-byte shared-tuple bomb", bomb
+    yield "deep tuple nesting", PROTO5 + b")" + b"\x85" * 5000 + STOP
+    yield "self-referencing list", PROTO5 + b"]\x94h\x00a" + STOP
+    yield "huge BYTEARRAY8 length", PROTO5 + b"\x96" + struct.pack("<Q", 1 << 40) + b"abc" + STOP
+    yield "huge BINBYTES8 length", PROTO5 + b"\x8e" + struct.pack("<Q", 1 << 40) + b"abc" + STOP
+    yield "huge memo index", PROTO5 + b"N" + b"r" + struct.pack("<I", 0xFFFFFFF0) + b"j" + struct.pack("<I", 0) + STOP
+    yield "out-of-band buffer", PROTO5 + b"\x97" + STOP
+    yield "huge LONG4", PROTO5 + b"\x8b" + struct.pack("<i", 1 << 30) + STOP
+
+
+# --------------------------------------------------------------------------- format 2 forging
+def forge(doc: Any, data: bytes = b"", *, header_bytes: bytes | None = None, crc: int | None = None) -> bytes:
+    """A format-2 file with a correct prefix, suffix and header CRC around ``doc`` and ``data``."""
+    # the format-2 layout, spelled out here (independent of the code under test)
+    CONTAINER_HEAD, DATA_MAGIC = struct.Struct("<8sQQQII"), b"RMSTEP\x00\x02"
+    PREFIX_HEAD, SUFFIX = b"\x80\x05crollout_mock.codec\n_load_v2\n\x8e", b"\x85R."
+    PREFIX_LEN = len(PREFIX_HEAD) + 8
+
+    def PREFIX(n: int) -> bytes:  # noqa: N802
+        return PREFIX_HEAD + struct.pack("<Q", n)
+
+    header = header_bytes if header_bytes is not None else json.dumps(doc).encode()
+    data_offset = CONTAINER_HEAD.size + len(header)
+    data_offset += (-(PREFIX_LEN + data_offset)) % 64
+    head = CONTAINER_HEAD.pack(DATA_MAGIC, len(header), data_offset, len(data),
+                               zlib.crc32(header) if crc is None else crc, 0)
+    container = head + header + bytes(data_offset - len(head) - len(header)) + data
+    return PREFIX(len(container)) + container + SUFFIX
+
+
+def doc(root: Any, table: list[list[int]]) -> dict[str, Any]:
+    return {"format": "rollout_mock.step", "version": 2, "root": root, "chunks": table}
+
+
+def tensor(dtype: str, shape: list[int], first: int = 0, count: int = 1) -> dict[str, Any]:
+    return {"$": "tensor", "dtype": dtype, "shape": shape, "c": [first, count]}
+
+
+def format2_lies() -> Iterator[tuple[str, bytes]]:
+    data = bytes(64)
+    ok_chunk = [0, 64, 64, zlib.crc32(data), 0, 0]
+    yield "shape larger than data", forge(doc(tensor("float32", [1 << 30]), [ok_chunk]), data)
+    yield "empty data, huge shape", forge(doc(tensor("float32", [1 << 40], 0, 0), []))
+    yield "offset outside data", forge(doc(tensor("float32", [16]), [[1 << 40, 64, 64, 0, 0, 0]]), data)
+    yield "stored length outside data", forge(doc(tensor("float32", [16]), [[0, 1 << 40, 64, 0, 0, 0]]), data)
+    yield "raw size lie (uncompressed)", forge(doc(tensor("float32", [1 << 20]), [[0, 64, 4 << 20, 0, 0, 0]]), data)
+    yield "object dtype array", forge(doc({"$": "ndarray", "dtype": "|O", "shape": [8], "c": [0, 1]}, [ok_chunk]), data)
+    yield "void dtype array", forge(doc({"$": "ndarray", "dtype": "|V64", "shape": [1], "c": [0, 1]}, [ok_chunk]), data)
+    yield "structured dtype", forge(doc({"$": "ndarray", "dtype": "[('a','O')]", "shape": [1], "c": [0, 1]}, [ok_chunk]), data)
+    yield "unknown torch dtype", forge(doc(tensor("qint8", [64]), [ok_chunk]), data)
+    yield "chunk count beyond table", forge(doc(tensor("float32", [16], 0, 1 << 30), [ok_chunk]), data)
+    big = bytes(1 << 16)
+    yield "one chunk referenced by many tensors", forge(
+        doc([tensor("uint8", [1 << 16]) for _ in range(5000)], [[0, 1 << 16, 1 << 16, zlib.crc32(big), 0, 0]]), big)
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(64 << 20))
+    pad = bomb + bytes(-len(bomb) % 64)
+    yield "zstd bomb", forge(doc(tensor("uint8", [64 << 20]), [[0, len(bomb), 64 << 20, zlib.crc32(bomb), 1, 0]]), pad)
+    small = zstandard.ZstdCompressor(write_content_size=False).compress(bytes(1000))
+    yield "zstd without content size", forge(doc(tensor("uint8", [1000]), [[0, len(small), 1000, zlib.crc32(small), 1, 0]]),
+                                             small + bytes(-len(small) % 64))
+    lie = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(4000))
+    yield "zstd frame larger than declared", forge(doc(tensor("uint8", [1000]), [[0, len(lie), 1000, zlib.crc32(lie), 1, 0]]),
+                                                   lie + bytes(-len(lie) % 64))
+    yield "deep nesting", forge(None, header_bytes=b'{"format":"rollout_mock.step","version":2,"chunks":[],"root":'
+                                + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    yield "deep tagged nesting", forge(doc(_nest_tuples(200), []))
+    yield "objarray count lie", forge(doc({"$": "objarray", "shape": [1 << 40], "items": []}, []))
+    yield "huge int digits", forge(doc({"$": "int", "v": "9" * 100_000}, []))
+    yield "pickle blob (safe mode)", forge(doc({"$": "pickle", "what": "os.system", "path": "x", "c": [0, 1]}, [ok_chunk]), data)
+    yield "bad header CRC", forge(doc(None, []), crc=1)
+    yield "truncated", forge(doc(tensor("float32", [16]), [ok_chunk]), data)[:-10]
+    yield "length field lie", forge(doc(None, []))[:31] + struct.pack("<Q", 1 << 50) + forge(doc(None, []))[39:]
+    yield "not JSON", forge(None, header_bytes=b"{not json")
+    yield "bad chunk CRC", forge(doc(tensor("float32", [16]), [[0, 64, 64, 12345, 0, 0]]), data)
+    yield "bool bytes", forge(doc(tensor("bool", [64]), [[0, 64, 64, zlib.crc32(b"\x07" * 64), 0, 0]]), b"\x07" * 64)
+    yield "batch class with __del__", forge(doc({"$": "batch", "kind": "object", "class": "tempfile:_TemporaryFileCloser",
+                                                 "layout": "dict", "extra": [["name", "/etc/passwd"], ["delete", True]]}, []))
+    yield "unknown tag", forge(doc({"$": "eval", "v": "1"}, []))
+    yield "nested tensors of huge components", forge(doc({"$": "nested", "layout": "strided",
+                                                          "items": [tensor("float32", [1 << 30], 0, 0)]}, []))
+
+
+def _nest_tuples(depth: int) -> Any:
+    node: Any = 1
+    for _ in range(depth):
+        node = {"$": "tuple", "v": [node]}
+    return node
+
+
+def corpus(marker: Path) -> list[tuple[str, bytes]]:
+    return [*call_programs(marker), *named_attacks(marker), *format2_lies()]

@@ -1,0 +1,293 @@
+"""Standing adversarial suite (issue 10.6): malicious step files must be refused, without side
+effects, in bounded memory and time.
+
+Loads go through ``rollout_mock.codec.safe.load`` (the storage layer's entry point, present
+before and after format 2), so the same suite can be run against older code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rollout_mock.codec import safe
+from rollout_mock.errors import RolloutMockError
+sys.path.insert(0, str(Path(__file__).parent))
+import adversarial_corpus as C  # noqa: E402
+
+MARKER = Path("/tmp/rollout_mock_adversarial_PWNED")
+
+
+def _classes() -> list[Any]:
+    found = []
+    for module, name in C.OLD_ALLOWED:
+        try:
+            value = getattr(importlib.import_module(module), name)
+        except Exception:
+            continue
+        if isinstance(value, type):
+            found.append(value)
+    return found
+
+
+CLASSES = _classes()
+
+
+def _warm_up() -> None:
+    """Decode legitimate files of both formats once, so lazy imports inside torch/tensordict that
+    any load triggers do not count as side effects of the hostile ones."""
+    import numpy as np
+    import torch
+    from tensordict import TensorDict
+
+    from rollout_mock import codec
+
+    batch = {"t": TensorDict({"a": torch.ones(2, 2)}, batch_size=[2]), "n": np.zeros(2),
+             "o": np.array([1, "x"], dtype=object), "p": torch.nn.Parameter(torch.ones(1)),
+             "s": np.float32(1), "z": torch.zeros(0), "b": torch.ones(2, dtype=torch.bool)}
+    for name in ("dumps_v1", "encode_bytes", "dumps"):  # (older code has only dumps)
+        writer = getattr(codec, name, None)
+        if writer is not None:
+            load(writer(batch))
+
+
+
+
+def _state() -> tuple[Any, ...]:
+    return (
+        {cls: {k: id(v) for k, v in vars(cls).items()} for cls in CLASSES},
+        frozenset(sys.modules),
+    )
+
+
+def load(data: bytes) -> Any:
+    return safe.load(io.BytesIO(data), trusted=False, source="<adversarial>")
+
+
+def refused(data: bytes) -> RolloutMockError:
+    before = _state()
+    try:
+        load(data)
+    except RolloutMockError as exc:
+        error = exc
+    else:
+        raise AssertionError("the safe loader accepted a malicious step file")
+    assert _state() == before, "decoding changed class attributes or imported modules"
+    assert not MARKER.exists()
+    chain: BaseException | None = error
+    while chain is not None:  # a refusal must come from a check, not from running out of memory
+        assert not isinstance(chain, MemoryError), chain
+        chain = chain.__cause__ or chain.__context__
+    return error
+
+
+_warm_up()
+CASES = C.corpus(MARKER)
+
+
+@pytest.mark.parametrize(("name", "data"), CASES, ids=[name for name, _ in CASES])
+def test_malicious_step_is_refused(name: str, data: bytes) -> None:
+    MARKER.unlink(missing_ok=True)
+    tracemalloc.start()
+    started = time.perf_counter()
+    try:
+        refused(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert time.perf_counter() - started < 5
+    assert peak <= 8 * len(data) + (16 << 20), f"{name}: {peak} bytes traced for a {len(data)}-byte file"
+
+
+def test_named_attack_sizes_match_the_report() -> None:
+    names = [name for name, _ in C.named_attacks(MARKER)]
+    assert "32-byte 4 GiB bytearray" in names, names
+    assert "59-byte uninitialised tensor" in names, names
+    assert any(name.endswith("-byte shared-tuple bomb") and int(name.split("-")[0]) < 300 for name in names), names
+
+
+def test_corpus_under_an_address_space_limit(tmp_path: Path) -> None:
+    """All payloads decoded in a child with RLIMIT_AS = its size after imports + 512 MiB."""
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import io, json, resource, sys, time\n"
+        "from pathlib import Path\n"
+        "sys.path.insert(0, %r)\n"
+        "import torch, numpy, tensordict\n"
+        "from rollout_mock.codec import safe\n"
+        "from rollout_mock.errors import RolloutMockError\n"
+        "import adversarial_corpus as C\n"
+        "cases = C.corpus(Path(%r))\n"
+        "vm = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), resource.RLIM_INFINITY))\n"
+        "out = []\n"
+        "for name, data in cases:\n"
+        "    t = time.perf_counter()\n"
+        "    try:\n"
+        "        safe.load(io.BytesIO(data), trusted=False)\n"
+        "        result = 'accepted'\n"
+        "    except RolloutMockError as exc:\n"
+        "        result, chain = 'refused', exc\n"
+        "        while chain is not None:\n"
+        "            if isinstance(chain, MemoryError) or \"can't allocate\" in str(chain):\n"
+        "                result = 'out of memory'\n"
+        "            chain = chain.__cause__ or chain.__context__\n"
+        "    except BaseException as exc:\n"
+        "        result = 'leaked ' + type(exc).__name__\n"
+        "    out.append([name, len(data), result, round(time.perf_counter() - t, 3)])\n"
+        "print(json.dumps(out))\n" % (str(Path(__file__).parent), str(MARKER))
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    bad = [r for r in results if r[2] != "refused" or r[3] > 5]
+    assert not bad, bad
+    assert not MARKER.exists()
+
+
+# --------------------------------------------------------------------------- property-based
+_GLOBALS = st.sampled_from(C.OLD_ALLOWED)
+_ATOMS = st.one_of(
+    st.just(b"N"), st.just(b")"), st.just(b"}"), st.just(b"]"), st.just(b"C\x00"),
+    st.integers(-(1 << 70), 1 << 70).map(C.long1),
+    st.text(max_size=8).map(C.binunicode),
+    st.binary(max_size=16).map(lambda b: b"C" + bytes([len(b)]) + b),
+    st.sampled_from(["float32", "bool", "<f4", "|O", "object"]).map(C.binunicode),
+)
+
+
+@st.composite
+def _args(draw: Any) -> bytes:
+    items = draw(st.lists(_ATOMS, max_size=4))
+    return C.MARK + b"".join(items) + b"t"
+
+
+_CALLS = st.sampled_from([b"\x81", b"\x92", b"b", b"o", b"i", b"\x82\x01", b"P0\n"])
+
+
+@st.composite
+def _attack_program(draw: Any) -> bytes:
+    module, name = draw(_GLOBALS)
+    opcode = draw(_CALLS)
+    g = C.glob(module, name)
+    args = draw(_args())
+    if opcode == b"\x81":
+        body = g + args + opcode
+    elif opcode == b"\x92":
+        body = g + args + b"}" + opcode
+    elif opcode == b"b":
+        body = g + b"N" + args + opcode
+    elif opcode == b"o":
+        body = C.MARK + g + args[1:-1] + opcode
+    elif opcode == b"i":
+        body = C.MARK + args[1:-1] + b"i" + module.encode() + b"\n" + name.encode() + b"\n"
+    else:
+        body = opcode
+    prefix = draw(st.sampled_from([b"", b"N0", b"\x95\x00\x00\x00\x00\x00\x00\x00\x00"]))
+    return C.PROTO5 + prefix + body + C.STOP
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(_attack_program())
+def test_generated_call_programs_are_refused(program: bytes) -> None:
+    refused(program)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(module_name=_GLOBALS, args=_args())
+def test_generated_reduce_programs_are_refused_or_plain_data(module_name: tuple[str, str], args: bytes) -> None:
+    program = C.PROTO5 + C.glob(*module_name) + args + C.REDUCE + C.STOP
+    before = _state()
+    try:
+        value = load(program)
+    except RolloutMockError:
+        pass
+    else:  # only the validating factories of plain data types may succeed
+        assert type(value).__module__ in ("builtins", "collections", "datetime", "torch")
+    assert _state() == before and not MARKER.exists()
+
+
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(
+    dtype=st.sampled_from(["float32", "int64", "bool", "bfloat16", "complex128", "qint8", "object", 7, None]),
+    shape=st.lists(st.integers(-2, 1 << 45), max_size=6),
+    table=st.lists(st.tuples(st.integers(-1, 1 << 41), st.integers(-1, 1 << 41), st.integers(-1, 1 << 41),
+                             st.integers(0, 2), st.integers(0, 9)), max_size=4),
+    ref=st.tuples(st.integers(-1, 8), st.integers(-1, 1 << 32)),
+    data_len=st.sampled_from([0, 64, 4096]),
+)
+def test_generated_header_lies_are_refused(dtype: Any, shape: list[int], table: list[Any], ref: tuple[int, int],
+                                           data_len: int) -> None:
+    import math
+
+    chunks = [[o, s, r, 0, c, sh] for o, s, r, c, sh in table]
+    # make it a lie for sure: the tensor's size never matches the bytes it references
+    raw = sum(chunks[i][2] for i in range(ref[0], ref[0] + ref[1]) if 0 <= i < len(chunks)) if ref[1] < 10 else -1
+    sizes = {"float32": 4, "int64": 8, "bool": 1, "bfloat16": 2, "complex128": 16}
+    if dtype in sizes and all(d >= 0 for d in shape) and math.prod(shape) * sizes[dtype] == raw:
+        shape = [*shape, 3]
+        if math.prod(shape) * sizes[dtype] == raw:  # raw == 0
+            shape = [*shape[:-1], 1, 1] if raw else [1]
+    node = {"$": "tensor", "dtype": dtype, "shape": shape, "c": list(ref)}
+    data = C.forge(C.doc(node, chunks), bytes(data_len))
+    tracemalloc.start()
+    try:
+        refused(data)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 8 * len(data) + (16 << 20)
+
+
+_NODES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=4),
+              st.fixed_dictionaries({"$": st.sampled_from(["tensor", "ndarray", "bytes", "pickle", "objarray",
+                                                           "tensordict", "batch", "nested", "int", "float",
+                                                           "npscalar", "map", "tuple", "bogus"])},
+                                    optional={"shape": st.lists(st.integers(0, 1 << 40), max_size=3),
+                                              "c": st.lists(st.integers(0, 3), min_size=2, max_size=2),
+                                              "dtype": st.sampled_from(["float32", "<f4", "|O", "uint8"]),
+                                              "hex": st.text("0123456789abcdef", max_size=20)})),
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.text(max_size=3), children, max_size=4),
+                               st.builds(lambda v: {"$": "tuple", "v": v}, st.lists(children, max_size=3)),
+                               st.builds(lambda v: {"$": "objarray", "shape": [len(v) + 1], "items": v},
+                                         st.lists(children, max_size=3))),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(root=_NODES)
+def test_random_headers_decode_or_fail_cleanly(root: Any) -> None:
+    """Random node trees: a rollout_mock error or a value; never another error, never big memory."""
+    data = bytes(256)
+    table = [[0, 64, 64, 0x758D6336, 0, 0], [64, 64, 64, 0x758D6336, 0, 0], [0, 256, 256, 0x0D968558, 0, 0]]
+    blob = C.forge(C.doc(root, table), data)
+    before = _state()
+    tracemalloc.start()
+    try:
+        try:
+            load(blob)
+        except RolloutMockError:
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert _state() == before
+    assert peak <= 8 * len(blob) + (16 << 20)

@@ -63,14 +63,19 @@ def dataproto_parts(obj: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
     ``non_tensor_batch`` may be a proxy (ROLL's ``BatchProxy``: ``len``/iteration/``==`` do not
     behave like a dict); it is read through ``keys()`` and ``__getitem__`` only.
     """
-    non_tensor = obj.non_tensor_batch
+    state = getattr(obj, "__dict__", {})
+    if "_non_tensor_batch" in state:  # ROLL >= 0.3: batch/non_tensor_batch are BatchProxy properties
+        tensors, non_tensor = state.get("_batch"), state["_non_tensor_batch"]
+    else:
+        tensors, non_tensor = obj.batch, obj.non_tensor_batch
     if non_tensor is None:
         plain: dict[str, Any] = {}
     elif isinstance(non_tensor, dict):
         plain = dict(non_tensor)
     else:
         plain = {key: non_tensor[key] for key in sorted(non_tensor.keys(), key=str)}
-    return obj.batch, plain, dict(obj.meta_info or {})
+    return tensors, plain, dict(obj.meta_info or {})
+
 
 
 def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
@@ -84,6 +89,8 @@ def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
         items = obj.items()
     elif isinstance(obj, Mapping):
         items = obj.items()
+    elif callable(getattr(type(obj), "keys", None)) and callable(getattr(type(obj), "__getitem__", None)):
+        items = [(key, obj[key]) for key in sorted(obj.keys(), key=str)]  # mapping-like (BatchProxy)
     else:
         return
     for key, value in items:

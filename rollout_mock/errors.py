@@ -237,3 +237,7 @@ class DebugInputError(RolloutMockError, ValueError):
 
 class MetricsWarning(UserWarning):
     """A recoverable problem in a metrics file (an incomplete last line that was skipped)."""
+
+
+class ForeignDumpError(RolloutMockError, ValueError):
+    """A foreign dump (ROLL, verl, AReaL, slime) could not be recognised or read."""

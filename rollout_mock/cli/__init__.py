@@ -25,7 +25,7 @@ COMMANDS: dict[str, str] = {
     "env": "env",
     "verify": "verify",
     "diff": "diff",
-    "import": "import_roll",
+    "import": "import_dump",
     "show": "show",
     "logprobs": "logprobs",
     "cut": "cut",
@@ -38,8 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rollout-mock",
         description="Record and replay RL rollout batches; verify that training numerics did not change.",
     )
+    from rollout_mock._version import __version__
+
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"rollout-mock {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, module_name in COMMANDS.items():
         module = importlib.import_module(f"rollout_mock.cli.{module_name}")
         sub_parser = module.add_parser(sub)
@@ -50,6 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # `rollout-mock` alone: say what it can do
+        parser.print_help()
+        print("\nstart with: rollout-mock demo   (records and replays a toy run, then verifies it)")
+        return 0
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(message)s",

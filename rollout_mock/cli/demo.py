@@ -61,10 +61,28 @@ def _print_table(dump: dict[int, dict[str, float]], mock: dict[int, dict[str, fl
 def run(args: argparse.Namespace) -> int:
     from rollout_mock.compare.verify import format_report, verify
     from rollout_mock.demo import run_pipeline
+    from rollout_mock.errors import RolloutMockError
+    from rollout_mock.storage.manifest import MANIFEST_NAME
 
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rollout-mock-demo-"))
-    workdir.mkdir(parents=True, exist_ok=True)
+    if workdir.exists() and not workdir.is_dir():
+        raise RolloutMockError(f"--workdir {workdir} is a file; pass a folder, e.g. "
+                               f"rollout-mock demo --workdir {workdir}.d")
     dump_dir = workdir / "dump"
+    if (dump_dir / MANIFEST_NAME).is_file() or (workdir.is_dir() and any(workdir.iterdir())):
+        fresh = workdir.parent / (workdir.name + "-2")
+        n = 2
+        while fresh.exists():
+            n += 1
+            fresh = workdir.parent / f"{workdir.name}-{n}"
+        raise RolloutMockError(
+            f"--workdir {workdir} is not empty (a previous demo's dump would be overwritten); "
+            f"use a new folder: rollout-mock demo --workdir {fresh}  (or delete {workdir})")
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RolloutMockError(f"--workdir {workdir}: cannot create it ({exc.strerror}); pick a writable "
+                               f"folder, e.g. rollout-mock demo --workdir /tmp/rollout-mock-demo") from None
     common = {"steps": args.steps, "batch_size": args.batch_size}
     print(f"rollout-mock demo: {args.steps} GRPO steps on a toy policy, CPU; files in {workdir}\n")
 

@@ -3,7 +3,8 @@
 Steps whose manifest checksums are equal are identical without being loaded; the others are
 loaded one step at a time (both sides) and compared: shapes, dtypes, bitwise equality (NaN-aware),
 max abs difference, first differing sample. Exit 0 identical (or within ``--atol/--rtol``),
-1 different (including streams, steps or keys present on one side only), 2 bad input.
+1 different (including streams, steps or keys present on one side only), 2 bad input (also: a
+step file missing, truncated or corrupt on either side; the report still lists every step).
 """
 
 from __future__ import annotations
@@ -39,6 +40,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--atol", type=float, default=0.0, metavar="X",
                         help="numeric keys pass when |a-b| <= atol + rtol*|b| (default 0: bitwise)")
     parser.add_argument("--rtol", type=float, default=0.0, metavar="X", help="see --atol (default 0)")
+    parser.add_argument("--ignore-meta", action="append", default=[], metavar="KEY",
+                        help="leave this meta_info key out of the comparison (repeatable)")
+    parser.add_argument("--ignore-timing", action="store_true",
+                        help="leave out meta_info keys naming a time or duration (e.g. ROLL's "
+                             "get_batch_return_start_time, verl's timing)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     return parser
@@ -52,9 +58,14 @@ def run(args: argparse.Namespace) -> int:
         value = getattr(args, name)
         if not (value >= 0 and math.isfinite(value)):
             raise DiffInputError(f"--{name} {value}: must be a finite number >= 0")
+
+    from rollout_mock.cli._paths import resolve_dump
+
+    dump_a = resolve_dump(args.dump_a, "diff", str(args.dump_b))
+    dump_b = resolve_dump(args.dump_b, "diff", "")
     report = diff_dumps(
-        args.dump_a,
-        args.dump_b,
+        dump_a,
+        dump_b,
         steps=args.steps,
         split=args.split,
         trusted=args.trust,
@@ -62,10 +73,19 @@ def run(args: argparse.Namespace) -> int:
         atol=args.atol,
         rtol=args.rtol,
         progress=False if args.no_progress else None,
+        ignore_meta=tuple(args.ignore_meta),
+        ignore_timing=args.ignore_timing,
     )
     if args.json:
         print(json.dumps(report.to_json(), indent=1, allow_nan=False))
     else:
         print(format_diff(report))
     sys.stdout.flush()
+    broken = [(st.stream, s) for st in report.streams for s in st.steps if s.status == "unreadable"]
+    if broken:
+        stream, first = broken[0]
+        print(f"rollout-mock diff: error: {len(broken)} step file(s) missing, truncated or corrupt "
+              f"(first: step {first.step} of {stream}: {first.note}); restore them from the original "
+              f"dump or re-dump those steps, or leave them out with --steps", file=sys.stderr)
+        return 2
     return 0 if report.ok else 1

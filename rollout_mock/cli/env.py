@@ -83,6 +83,33 @@ def _print_json(
     print(json.dumps(out, indent=2, sort_keys=True))
 
 
+def explain(diffs: list[FingerprintDifference]) -> list[str]:
+    """Why the fields differ, one line per kind, with what to do."""
+    lines: list[str] = []
+    env = [d.field for d in diffs if d.field.startswith("env.")]
+    flags = [d.field for d in diffs if d.field.startswith("torch_flags.")]
+    versions = [d.field for d in diffs if d.numerics_relevant and not d.field.startswith(("env.", "torch_flags."))]
+    if env:
+        lines.append(
+            f"- {', '.join(f.removeprefix('env.') for f in env)}: the dump was recorded by a process with these "
+            "variables set (rollout_mock.determinism.apply(), which the demo and ray_runtime_env use, sets them "
+            "inside that process); this shell does not have them. Not a problem by itself: the replaying process "
+            "must have them, so call determinism.apply() in your training script or export them at launch.")
+    if flags:
+        lines.append(
+            f"- {', '.join(f.removeprefix('torch_flags.') for f in flags)}: torch switches set inside the recording "
+            "process by determinism.apply(); this `rollout-mock env` process has torch's defaults. The training "
+            "process that replays must switch them the same way (determinism.apply() does).")
+    if versions:
+        lines.append(
+            f"- {', '.join(versions)}: a different library/driver/GPU than the dump's: replayed numbers may differ "
+            "in the low bits; use the same versions to compare bit for bit.")
+    info = [d.field for d in diffs if not d.numerics_relevant]
+    if info:
+        lines.append(f"- {', '.join(info)}: informational only; they do not change numerics.")
+    return lines
+
+
 def _print_text(
     fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]
 ) -> None:
@@ -91,6 +118,10 @@ def _print_text(
         print()
         print(f"compared with the fingerprint recorded in {manifest_path(dump_dir)}:")
         print(format_differences(diffs))
+        reasons = explain(diffs)
+        if reasons:
+            print("\nwhy they differ:")
+            print("\n".join(reasons))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,6 +129,10 @@ def run(args: argparse.Namespace) -> int:
     current = fingerprint()
     diffs: list[FingerprintDifference] = []
     if args.dump_dir is not None:
+        from rollout_mock.cli._paths import resolve_dump
+
+        if args.dump_dir.is_dir():  # a parent folder: say where the dump is
+            args.dump_dir = resolve_dump(args.dump_dir, "env --dump-dir")
         diffs = compare_fingerprints(load_dump_fingerprint(args.dump_dir), current)
     (_print_json if args.json else _print_text)(current, args.dump_dir, diffs)
     return 1 if any(d.numerics_relevant for d in diffs) else 0

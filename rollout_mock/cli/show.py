@@ -28,7 +28,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     which = parser.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, metavar="N", help="this step (default: the first recorded step)")
     which.add_argument("--steps", metavar="RANGES", help="the recorded steps in these ranges, e.g. 0-3 or 0-9,12,20-")
-    parser.add_argument("--split", default="train", help="the split to read (default: train)")
+    parser.add_argument("--split", default="train",
+                        help="the split to read (default: train; all its named streams, e.g. ROLL's "
+                             "per-domain train/math, train/code), or one stream key such as train/math")
     parser.add_argument("--max", type=int, default=32, metavar="N", dest="max_traces",
                         help="at most N traces per step; rejected trajectories count (default: 32)")
     parser.add_argument("--tokenizer", type=Path, metavar="DIR",
@@ -77,21 +79,45 @@ def _selected_steps(args: argparse.Namespace, recorded: list[int]) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_mock.compare.traces import (
-        batch_traces,
-        count_traces,
-        format_traces,
-        traces_to_jsonl,
-    )
     from rollout_mock.errors import TraceError
     from rollout_mock.storage.reader import open_dump
 
     if args.max_traces < 0:
         raise TraceError(f"--max {args.max_traces}: must be >= 0")
+    from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.errors import StepNotFoundError
+    from rollout_mock.storage.base import format_ranges
+
     tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
-    dump = open_dump(args.dump_dir)
-    stream = dump.stream(args.split)
-    for i, step in enumerate(_selected_steps(args, dump.steps(stream))):
+    dump = open_dump(resolve_dump(args.dump_dir, "show"))
+    streams = [s for s in dump.streams() if s.key == args.split]
+    if not streams:
+        streams = [s for s in dump.streams() if s.split == args.split and s.rank is None]
+    if not streams:
+        known = ", ".join(s.key for s in dump.streams()) or "none"
+        raise StepNotFoundError(
+            f"{dump.dump_dir} has no stream {args.split!r} (recorded: {known}); pass one with --split",
+            split=args.split, path=dump.dump_dir,
+        )
+    i = 0
+    for stream in streams:
+        i = _show_stream(args, dump, stream, tokenizer, i, format_ranges)
+    sys.stdout.flush()
+    return 0
+
+
+def _show_stream(args: argparse.Namespace, dump: Any, stream: Any, tokenizer: Any, i: int, format_ranges: Any) -> int:
+    from rollout_mock.compare.traces import batch_traces, count_traces, format_traces, traces_to_jsonl
+    from rollout_mock.errors import StepNotFoundError
+
+    recorded = dump.steps(stream)
+    for step in _selected_steps(args, recorded):
+        if step not in recorded:
+            raise StepNotFoundError(
+                f"step {step} is not in {dump.dump_dir} (stream {stream}: recorded steps "
+                f"{format_ranges(recorded)}); pick one of those with --step",
+                split=stream.split, step=step, path=dump.dump_dir,
+            )
         batch = dump.load(step, stream, trusted=args.trust)
         traces = batch_traces(batch, max_traces=args.max_traces, tokenizer=tokenizer, step=step)
         if args.jsonl:
@@ -101,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         rejected = sum(t.status == "rejected" for t in traces)
         print(("\n" if i else "") + f"=== {stream} step {step}: {len(traces)} of {total if total is not None else '?'} "
               f"traces shown ({rejected} rejected)")
+        i += 1
         if traces:
             print(format_traces(traces))
-    sys.stdout.flush()
-    return 0
+    return i

@@ -18,7 +18,7 @@ from typing import Any
 
 from rollout_mock.compare.metrics import MetricsTable, read_metrics
 from rollout_mock.compare.verify import format_report, verify
-from rollout_mock.errors import MissingExtraError, VerifyInputError
+from rollout_mock.errors import VerifyInputError
 
 __all__ = ["add_parser", "parse_tolerances", "run"]
 
@@ -103,11 +103,12 @@ def run(args: argparse.Namespace) -> int:
         selected = [m.strip() for m in args.metrics.split(",") if m.strip()]
         if not selected:
             raise VerifyInputError(f"--metrics {args.metrics!r}: no metric names given")
+    plot_missing = False
     if args.plot:
         try:
             import matplotlib  # noqa: F401
-        except ImportError as exc:
-            raise MissingExtraError("--plot needs matplotlib: pip install rollout_mock[plot]") from exc
+        except ImportError:
+            plot_missing = True  # the report still prints; the plot is skipped with a hint
 
     baseline, candidate = _read(args.baseline), _read(args.candidate)
     names = selected if selected is not None else sorted(set(baseline) | set(candidate))
@@ -119,7 +120,11 @@ def run(args: argparse.Namespace) -> int:
         atol={**{m: atol for m in names}, **atol_over},
     )
     plot_path: Path | None = None
-    if args.plot:
+    if plot_missing:
+        print(f"rollout-mock verify: --plot {args.plot} skipped: matplotlib is not installed; "
+              f"install the extra with: pip install 'rollout_mock[plot]'  (or: pip install matplotlib)",
+              file=sys.stderr)
+    elif args.plot:
         from rollout_mock.compare.plot import plot_report
 
         plot_path = plot_report(baseline, candidate, report, args.plot)

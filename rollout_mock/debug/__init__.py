@@ -31,13 +31,14 @@ _EXPORTS: dict[str, str] = {
     "StallWatchdog": "rollout_mock.debug.watchdog",
     "format_stacks": "rollout_mock.debug.stacks",
     "ExpectedMetrics": "rollout_mock.debug.expected",
-    "VerdictConfig": "rollout_mock.debug.settings",
-    "WatchdogConfig": "rollout_mock.debug.settings",
+    "VerdictConfig": "rollout_mock.config.debug_settings",
+    "WatchdogConfig": "rollout_mock.config.debug_settings",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
     from rollout_mock.debug.cut import CutResult, cut_dump
     from rollout_mock.debug.expected import ExpectedMetrics
     from rollout_mock.debug.logprobs import LogprobReport, logprob_consistency
@@ -45,7 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.debug.report import write_report
     from rollout_mock.debug.rows import select_rows
     from rollout_mock.debug.sequences import LogprobKeys
-    from rollout_mock.debug.settings import VerdictConfig, WatchdogConfig
     from rollout_mock.debug.stacks import format_stacks
     from rollout_mock.debug.watchdog import StallWatchdog
 

@@ -114,8 +114,8 @@ def cut_dump(
     or be empty. Raises :class:`DebugInputError` for a step recorded in no stream.
     """
     from rollout_mock.storage.base import BatchInfo
-    from rollout_mock.storage.directory import DirectoryStore
     from rollout_mock.storage.reader import open_dump
+    from rollout_mock.storage.stores import open_store
 
     src_path, dst_path = Path(src), Path(dst)
     step_list = parse_ranges(steps, "--steps") if isinstance(steps, str) else sorted(set(steps))
@@ -136,7 +136,7 @@ def cut_dump(
             + ("" if splits is None else f" of splits {list(splits)}")
             + f" (recorded: {sorted(found)})"
         )
-    store = DirectoryStore(dst_path)
+    store = open_store(dst_path)
     result = CutResult(dst=dst_path)
     redacted: set[str] = set()
     whole = True

@@ -29,7 +29,7 @@ from typing import Any
 from rollout_mock._text import logger
 from rollout_mock.compare.metrics.values import DEFAULT_METRICS_FILE, decode_value, encode_value
 from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.debug.settings import VerdictAction
+from rollout_mock.config.debug_settings import VerdictAction
 from rollout_mock.errors import MetricsDivergenceError, MetricsError
 
 __all__ = ["EXPECTED_DIR", "ExpectedMetrics", "attach_expected", "expected_path"]

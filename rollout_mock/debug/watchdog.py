@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rollout_mock._text import logger
-from rollout_mock.debug.settings import WatchdogConfig
+from rollout_mock.config.debug_settings import WatchdogConfig
 
 __all__ = ["STALLS_DIR", "StallWatchdog"]
 

@@ -8,7 +8,7 @@ import functools
 import inspect
 import os
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rollout_mock._text import logger
@@ -35,13 +35,23 @@ def _is_async_class(cls: type) -> bool:
     return False
 
 
+def _bound_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The constructor's arguments by parameter name (defaults applied), for split/name callables."""
+    try:
+        bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+    except TypeError:
+        return dict(kwargs)
+    bound.apply_defaults()
+    return {k: v for k, v in list(bound.arguments.items())[1:]}
+
+
 def mock_class(
     cls: type,
     config: Any,
     *,
-    split: str = "train",
+    split: str | Callable[[dict[str, Any]], str] = "train",
     methods: Iterable[str] = ("get_batch",),
-    name: str | None = None,
+    name: str | Callable[[dict[str, Any]], str | None] | None = None,
     rank: int | None = None,
     apply_determinism: bool = True,
 ) -> Any:
@@ -66,6 +76,8 @@ def mock_class(
       ``rollout_mock_info()``. They are ``async`` when ``cls`` is an async actor class, so they
       do not block its event loop. A normal process exit (``__ray_terminate__``,
       ``ray.actor.exit_actor()``, interpreter exit) also flushes pending steps.
+    * ``split`` and ``name`` may be callables of the constructor's arguments (a dict by parameter
+      name), e.g. ``split=lambda a: a["mode"]`` for ROLL's ``RolloutScheduler(..., mode="val")``.
     * With ``apply_determinism`` (default), the instance first calls
       :func:`rollout_mock.determinism.apply_from_env`, a no-op unless ``DETERMINISTIC_MODE=1`` is
       in the environment: with ``.options(runtime_env=ray_runtime_env())`` the actor is
@@ -99,9 +111,9 @@ def mock_class(
 def _build_mock_subclass(
     cls: type,
     resolved: RolloutMockConfig,
-    split: str,
+    split: Any,
     method_names: tuple[str, ...],
-    name: str | None,
+    name: Any,
     rank: int | None,
     apply_determinism: bool,
 ) -> type:
@@ -114,7 +126,18 @@ def _build_mock_subclass(
             apply_from_env()
         if not replays:
             cls.__init__(self, *args, **kwargs)
-        self._rollout_mock = _InstanceMock(cls, resolved, split, method_names, name, rank)
+            from rollout_mock.adapters._native import disable_native_roll_mock
+
+            disable_native_roll_mock(self)
+        if callable(split) or callable(name):
+            arguments = _bound_arguments(cls, args, kwargs)
+            this_split = split(arguments) if callable(split) else split
+            this_name = name(arguments) if callable(name) else name
+        else:
+            this_split, this_name = split, name
+        self._rollout_mock = _InstanceMock(cls, resolved, this_split, method_names, this_name, rank)
+        if replays:  # on_missing_step: record builds the real scheduler on first need
+            self._rollout_mock.init_args = (args, kwargs)
 
     namespace: dict[str, Any] = {"__init__": __init__, "__module__": cls.__module__}
     if replays:
@@ -129,7 +152,7 @@ def _build_mock_subclass(
                 f"replayed; add the method that needs {attribute!r} to `methods` if it returns "
                 f"batches, or do not call it in mock mode.",
                 mode=resolved.mode.value,
-                split=split,
+                split=split if isinstance(split, str) else None,
             )
 
         namespace["__getattr__"] = __getattr__
@@ -204,6 +227,24 @@ class _InstanceMock:
         # this one releases the dump directory afterwards (ray.kill gives no chance for either).
         atexit.register(_close_quietly, weakref.ref(self))
 
+    init_args: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+
+    def resolver(self, owner: Any, cls: type, method: str) -> Any:
+        """A callable building the real method of ``owner`` on demand (mock mode, record policy):
+        runs ``cls.__init__`` with the constructor's arguments the first time."""
+        def resolve() -> Any:
+            if self.init_args is not None:
+                args, kwargs = self.init_args
+                self.init_args = None
+                logger.info("[RolloutMock] running %s.__init__ (on_missing_step=record)", cls.__qualname__)
+                cls.__init__(owner, *args, **kwargs)
+                from rollout_mock.adapters._native import disable_native_roll_mock
+
+                disable_native_roll_mock(owner)
+            return functools.partial(getattr(cls, method), owner)
+
+        return resolve
+
     def info(self) -> dict[str, Any]:
         interceptor = self.interceptor
         return {
@@ -238,14 +279,16 @@ def _class_level_method(cls: type, method: str) -> Any:
     if inspect.iscoroutinefunction(original):
         async def async_method(self: Any, *args: Any, **kwargs: Any) -> Any:
             state: _InstanceMock = self.__dict__["_rollout_mock"]
-            real = functools.partial(original, self)
-            return await state.interceptor.call_async(method, real, args, kwargs, state.positions[method])
+            real = functools.partial(original, self) if state.init_args is None else None
+            return await state.interceptor.call_async(method, real, args, kwargs, state.positions[method],
+                                                      state.resolver(self, cls, method))
 
         return functools.wraps(original)(async_method)
 
     def sync_method(self: Any, *args: Any, **kwargs: Any) -> Any:
         state: _InstanceMock = self.__dict__["_rollout_mock"]
-        real = functools.partial(original, self)
-        return state.interceptor.call(method, real, args, kwargs, state.positions[method])
+        real = functools.partial(original, self) if state.init_args is None else None
+        return state.interceptor.call(method, real, args, kwargs, state.positions[method],
+                                      state.resolver(self, cls, method))
 
     return functools.wraps(original)(sync_method)

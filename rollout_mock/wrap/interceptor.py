@@ -142,7 +142,7 @@ class Interceptor(RecordingMixin, ReplayMixin):
         recorded call's — e.g. another ``batch_size`` than the dump was made with."""
         if method in self._call_warned:
             return
-        entry = self.store.entry(self.stream, step)
+        entry = self.store.entry(self.stream, self.config.dump_step(step))
         recorded = None if entry is None else entry.call
         if recorded is None or recorded == call:
             return
@@ -170,12 +170,22 @@ class Interceptor(RecordingMixin, ReplayMixin):
         return step, call
 
     def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
-             kwargs: dict[str, Any], position: int | None) -> Any:
-        """Run one intercepted plain call: replay, or call ``real`` and record its batch."""
+             kwargs: dict[str, Any], position: int | None,
+             resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
+        """Run one intercepted plain call: replay, or call ``real`` and record its batch.
+
+        ``resolve`` builds the real method on demand (mock mode, ``on_missing_step: record``)."""
         step, call = self.begin(method, args, kwargs, position)
         with self._watching(method, step):
             if self.mode.replays:
-                return self.replay(step)
+                source = self.replay_source(step)
+                if source is not None:
+                    return self.replay_at(source)
+                real = self._live(method, real, resolve)
+                start = time.perf_counter()
+                batch = real(*args, **kwargs)
+                self.record_missing(self.config.dump_step(step), batch, method=method, seconds=elapsed(start), call=call)
+                return batch
             assert real is not None, "dump mode always has the real scheduler"
             start = time.perf_counter()
             batch = real(*args, **kwargs)
@@ -184,14 +194,26 @@ class Interceptor(RecordingMixin, ReplayMixin):
             return batch
 
     async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
-                         kwargs: dict[str, Any], position: int | None) -> Any:
+                         kwargs: dict[str, Any], position: int | None,
+                         resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
         """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
         step, call = self.begin(method, args, kwargs, position)
         if self.watchdog is not None:
             self.watchdog.note_loop(asyncio.get_running_loop())
         with self._watching(method, step):
             if self.mode.replays:
-                return await self.replay_async(step)
+                source = self.replay_source(step)
+                if source is not None:
+                    return await self.replay_at_async(source)
+                real = self._live(method, real, resolve)
+                start = time.perf_counter()
+                batch = await real(*args, **kwargs)
+                seconds = elapsed(start)
+                target = self.config.dump_step(step)
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: self.record_missing(target, batch, method=method, seconds=seconds, call=call)
+                )
+                return batch
             assert real is not None, "dump mode always has the real scheduler"
             start = time.perf_counter()
             batch = await real(*args, **kwargs)
@@ -204,6 +226,22 @@ class Interceptor(RecordingMixin, ReplayMixin):
 
     def _watching(self, method: str, step: int) -> AbstractContextManager[None]:
         return nullcontext() if self.watchdog is None else self.watchdog.watch(f"{method}(step {step})")
+
+    def _live(self, method: str, real: Callable[..., Any] | None,
+              resolve: Callable[[], Callable[..., Any]] | None) -> Callable[..., Any]:
+        """The real method for ``on_missing_step: record``, or a ConfigError saying what is missing."""
+        if real is None and resolve is not None:
+            real = resolve()
+        if real is None:
+            from rollout_mock.errors import ConfigError
+
+            raise ConfigError(
+                f"[RolloutMock] on_missing_step=record (mode=mock, split={self.split}): a step of "
+                f"{self.stream} is not recorded and there is no real scheduler to run {method}: pass "
+                f"the scheduler, or factory=<callable that builds it>, to MockScheduler",
+                mode=self.mode.value, split=self.split,
+            )
+        return real
 
     def flush(self) -> None:
         if self._writer is not None:

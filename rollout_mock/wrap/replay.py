@@ -1,12 +1,22 @@
-"""Mock mode: the pre-flight check, the fingerprint check and serving recorded steps."""
+"""Mock mode: the pre-flight check, the fingerprint check and serving recorded steps.
+
+Replay policies (all in the ``rollout_mock:`` block, see :mod:`rollout_mock.config`):
+
+* which recorded step a call gets: run step ``M`` replays dump step ``step_map[M]`` if given,
+  else ``M + step_offset`` (resume a run mid-way on a dump);
+* a step that is not recorded (``on_missing_step``): ``error`` (StepNotFoundError),
+  ``repeat_nearest`` (the nearest recorded step, earlier first: verl's ``action: repeat``), or
+  ``record`` (the interceptor runs the real scheduler and records the step);
+* ``subsample``: only a deterministic fraction of each replayed batch is served.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from rollout_mock._text import logger
-from rollout_mock.config import FingerprintPolicy
-from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError
+from rollout_mock.config import FingerprintPolicy, MissingStepPolicy
+from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, StepNotFoundError
 from rollout_mock.storage.base import format_ranges
 from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.prefetch import Prefetcher
@@ -22,14 +32,25 @@ class ReplayMixin:
         if isinstance(self.store, IndexedStore):
             self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
+        self._repeat_warned: set[int] = set()
+        lenient = self.config.on_missing_step is not MissingStepPolicy.ERROR
         if self.config.max_steps is not None and self.split == "train":
-            missing = sorted(set(range(self.config.max_steps)) - set(recorded))
-            if missing:
+            wanted = {self.config.dump_step(step) for step in range(self.config.max_steps)}
+            missing = sorted(wanted - set(recorded))
+            if missing and lenient:
+                logger.warning(
+                    "[RolloutMock] %s of %s lacks steps %s of the max_steps=%d run; "
+                    "on_missing_step=%s serves them anyway",
+                    self.stream, self.config.dump_dir, format_ranges(missing), self.config.max_steps,
+                    self.config.on_missing_step.value,
+                )
+            elif missing:
                 raise IncompleteDumpError(
                     f"[RolloutMock] pre-flight check failed (mode=mock): max_steps="
                     f"{self.config.max_steps} but {self.stream} of {self.config.dump_dir} lacks steps "
                     f"{format_ranges(missing)} (recorded: {format_ranges(recorded)}). Lower max_steps, "
-                    f"or dump the missing steps first.",
+                    f"or dump the missing steps first (or set on_missing_step: repeat_nearest / "
+                    f"record).",
                     mode=self.mode.value,
                     split=self.split,
                     step=missing[0],
@@ -116,13 +137,86 @@ class ReplayMixin:
         return load_partial(self.store, self.stream, step, keys=self.config.replay_keys, rows=rows,
                             trusted=self.config.trust_pickle)
 
-    def replay(self, step: int) -> Any:
+    def replay_source(self, step: int) -> int | None:
+        """The recorded step that serves run step ``step``; ``None`` when the step must be run
+        and recorded live (``on_missing_step: record``). Raises :class:`StepNotFoundError` under
+        ``on_missing_step: error`` (and when nothing at all is recorded)."""
+        source = self.config.dump_step(step)
+        if self.store.contains(self.stream, source):
+            return source
+        policy = self.config.on_missing_step
+        if policy is MissingStepPolicy.RECORD:
+            return None
+        recorded = self.store.steps(self.stream)
+        if policy is MissingStepPolicy.REPEAT_NEAREST and recorded:
+            earlier = [s for s in recorded if s < source]
+            nearest = earlier[-1] if earlier else recorded[0]
+            if source not in self._repeat_warned:
+                self._repeat_warned.add(source)
+                logger.warning(
+                    "[RolloutMock] step %d of %s is not recorded; on_missing_step=repeat_nearest "
+                    "serves recorded step %d instead", source, self.stream, nearest,
+                )
+            return nearest
+        base = self.store.missing_step_error(self.stream, source, mode=self.mode.value)
+        mapped = "" if source == step else f" (run step {step} maps to dump step {source})"
+        raise StepNotFoundError(
+            f"{base}{mapped}\nTo go on anyway: on_missing_step: repeat_nearest (serve the nearest "
+            f"recorded step) or on_missing_step: record (run the real scheduler for it).",
+            mode=self.mode.value, split=self.split, step=source, path=base.path,
+        )
+
+    def _served(self, batch: Any) -> Any:
+        if self.config.subsample is not None:
+            from rollout_mock.wrap.subsample import subsample_batch
+
+            return subsample_batch(batch, self.config.subsample)
+        return batch
+
+    def replay_at(self, source: int) -> Any:
+        """Serve recorded step ``source`` (through the prefetcher, then ``subsample``)."""
         assert self._prefetcher is not None
-        return self._prefetcher.get(step)
+        return self._served(self._prefetcher.get(source))
+
+    async def replay_at_async(self, source: int) -> Any:
+        assert self._prefetcher is not None
+        return self._served(await self._prefetcher.get_async(source))
+
+    def replay(self, step: int) -> Any:
+        """Serve run step ``step`` under the replay policies (``record`` is not possible here:
+        there is no call to run; it raises StepNotFoundError)."""
+        source = self.replay_source(step)
+        if source is None:
+            raise self.store.missing_step_error(self.stream, self.config.dump_step(step), mode=self.mode.value)
+        return self.replay_at(source)
 
     async def replay_async(self, step: int) -> Any:
-        assert self._prefetcher is not None
-        return await self._prefetcher.get_async(step)
+        source = self.replay_source(step)
+        if source is None:
+            raise self.store.missing_step_error(self.stream, self.config.dump_step(step), mode=self.mode.value)
+        return await self.replay_at_async(source)
+
+    # ------------------------------------------------------------------ on_missing_step: record
+    def _open_recorder(self) -> None:
+        """Mock mode, ``on_missing_step: record``: take the stream's writer lock on first use."""
+        if getattr(self, "_recorder_open", False):
+            return
+        self.store.open_writer(self.stream)
+        self._recorder_open = True
+
+    def record_missing(self, source: int, batch: Any, *, method: str, seconds: float | None,
+                       call: dict[str, Any] | None) -> None:
+        """Write a batch produced live for a missing step (synchronously: it is rare)."""
+        from rollout_mock.storage.base import BatchInfo
+
+        self._open_recorder()
+        entry = self.store.save(self.stream, source, batch, BatchInfo.of(batch), method=method,
+                                rollout_seconds=seconds, overwrite=False, call=call)
+        logger.warning(
+            "[RolloutMock] step %d of %s was not recorded: on_missing_step=record ran the real "
+            "scheduler and recorded it (%s, %.2f MB)",
+            source, self.stream, self.store.describe_location(self.stream, source), entry.size / 1e6,
+        )
 
     @property
     def last_stall(self) -> float:

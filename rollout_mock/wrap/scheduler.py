@@ -7,6 +7,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
 from rollout_mock.modes import Convention
@@ -16,6 +17,17 @@ from rollout_mock.wrap.interceptor import Interceptor
 
 __all__ = ["MockScheduler"]
 
+
+
+def _disable_native(scheduler: Any) -> None:
+    """ROLL's own rollout mock would write the same files: switch it off (see adapters._native)."""
+    from rollout_mock.adapters._native import disable_native_roll_mock, disable_native_roll_mock_in_actor
+    from rollout_mock.wrap.calls import is_ray_actor_method
+
+    if is_ray_actor_method(getattr(scheduler, "get_batch", None)):
+        disable_native_roll_mock_in_actor(scheduler)
+    else:
+        disable_native_roll_mock(scheduler)
 
 
 class _RemoteMethod:
@@ -149,6 +161,7 @@ class MockScheduler:
         self.interceptor: Interceptor | None = None
         self._intercepted: dict[str, Any] = {}
         needs_real = not self.enabled or self.config.mode.records
+        self._factory = factory
         if scheduler is None and factory is not None and needs_real:
             scheduler = factory()
         if scheduler is None and needs_real:
@@ -160,6 +173,8 @@ class MockScheduler:
         self.scheduler = scheduler
         if not self.enabled:
             return
+        if scheduler is not None and self.config.mode.records:
+            _disable_native(scheduler)
         self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank)
         conventions = self._conventions(scheduler, spec)
         if self.config.mode.records and self.interceptor.writes:
@@ -194,22 +209,41 @@ class MockScheduler:
             info[method] = recorded[method]
         return info
 
+    def _resolve(self, method: str) -> Any:
+        """The real ``method``, building the scheduler with ``factory`` if needed (mock mode,
+        ``on_missing_step: record``); ``None`` when there is neither."""
+        if self.scheduler is None and self._factory is not None:
+            logger.info("[RolloutMock] building the real scheduler (on_missing_step=record)")
+            self.scheduler = self._factory()
+            _disable_native(self.scheduler)
+        return None if self.scheduler is None else getattr(self.scheduler, method)
+
     def _make(self, method: str, info: Mapping[str, Any]) -> Any:
         convention = Convention(info["convention"])
         position = info.get("step_arg")
         interceptor = self.interceptor
         assert interceptor is not None
         real = None if self.scheduler is None else getattr(self.scheduler, method)
+        resolve = functools.partial(self._resolve, method)
 
         if convention is Convention.RAY:
             def call_remote(options: dict[str, Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
                 import ray
 
                 step, call = interceptor.begin(method, args, kwargs, position)
+                live = real
                 if interceptor.mode.replays:
-                    return ray.put(interceptor.replay(step))
-                assert real is not None
-                remote = real.options(**options) if options else real
+                    source = interceptor.replay_source(step)
+                    if source is not None:
+                        return ray.put(interceptor.replay_at(source))
+                    live = interceptor._live(method, real, resolve)
+                    remote = live.options(**options) if options else live
+                    batch = ray.get(remote.remote(*args, **kwargs))
+                    interceptor.record_missing(interceptor.config.dump_step(step), batch, method=method,
+                                               seconds=None, call=call)
+                    return ray.put(batch)
+                assert live is not None
+                remote = live.options(**options) if options else live
                 ref = remote.remote(*args, **kwargs)
                 if interceptor.records_step(step):
                     # Ray objects are immutable: no snapshot needed; fetch on the writer thread.
@@ -220,14 +254,14 @@ class MockScheduler:
 
         if convention is Convention.ASYNC:
             async def call_async(*args: Any, **kwargs: Any) -> Any:
-                return await interceptor.call_async(method, real, args, kwargs, position)
+                return await interceptor.call_async(method, real, args, kwargs, position, resolve)
 
             if real is not None:
                 functools.update_wrapper(call_async, real)
             return call_async
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            return interceptor.call(method, real, args, kwargs, position)
+            return interceptor.call(method, real, args, kwargs, position, resolve)
 
         if real is not None:
             functools.update_wrapper(call, real)

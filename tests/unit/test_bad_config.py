@@ -35,6 +35,10 @@ BAD: dict[str, tuple[object, str]] = {
     "on_disk_full": ("retry", "valid choices: fail, skip"),
     "verdict": ("loud", "'warn', 'fail' or 'off'"),
     "watchdog": ({"factor": 0}, "greater than 1"),
+    "on_missing_step": ("skip", "valid choices: error, repeat_nearest, record"),
+    "subsample": (1.5, "less than or equal to 1"),
+    "step_offset": ("ten", "integer"),
+    "step_map": ({0: -1}, "dump steps must be >= 0"),
 }
 
 

@@ -55,7 +55,7 @@ def test_ordinary_aliases_still_work(tmp_path: Path) -> None:
 
 
 def test_an_oversized_file_is_refused_before_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("rollout_mock.config.MAX_CONFIG_BYTES", 1000)
+    monkeypatch.setattr("rollout_mock.config.loading.MAX_CONFIG_BYTES", 1000)
     path = tmp_path / "big.yaml"
     path.write_text("rollout_mock:\n  enable: true\n" + "# padding\n" * 200)
     with pytest.raises(ConfigError, match="too large"):

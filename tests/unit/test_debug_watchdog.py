@@ -12,7 +12,7 @@ import pytest
 from conftest import cfg
 
 from rollout_mock.config import load_config
-from rollout_mock.debug.settings import WatchdogConfig
+from rollout_mock.config.debug_settings import WatchdogConfig
 from rollout_mock.debug.watchdog import StallWatchdog
 from rollout_mock.wrap import MockScheduler
 

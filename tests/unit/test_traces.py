@@ -265,8 +265,8 @@ def test_cli_show_errors_are_one_line(areal_dump: Path, tmp_path: Path, capsys: 
     cases = [
         (["--tokenizer", str(tmp_path / "empty")], "not a tokenizer directory"),
         (["--tokenizer", str(tmp_path / "nowhere")], "not a directory"),
-        (["--step", "9"], "Mock file not found"),
-        (["--steps", "5-8"], "Mock file not found"),
+        (["--step", "9"], "step 9 is not in"),
+        (["--steps", "5-8"], "step 5 is not in"),
         (["--split", "val"], "no stream 'val'"),
         (["--max", "-1"], "--max -1"),
     ]

@@ -36,11 +36,28 @@ def _short(value: Any) -> str:
 
 
 
+def _is_mapping_like(obj: Any) -> bool:
+    """A Mapping, or an object with ``keys()`` and ``[key]`` (ROLL's BatchProxy: no ``len``,
+    ``iter``, ``values`` or ``==``; only ``keys()``, returning a set, and ``__getitem__``)."""
+    if isinstance(obj, Mapping):
+        return True
+    if isinstance(obj, (type, torch.Tensor, np.ndarray, str, bytes)):
+        return False
+    return callable(getattr(type(obj), "keys", None)) and callable(getattr(type(obj), "__getitem__", None))
+
+
+def _mapping_children(obj: Any) -> dict[str, Any]:
+    if isinstance(obj, Mapping):
+        return {str(k): v for k, v in obj.items()}
+    return {str(k): obj[k] for k in sorted(obj.keys(), key=str)}  # keys() may be a set
+
+
 def _is_container(obj: Any) -> bool:
     return (
         isinstance(obj, (Mapping, torch.Tensor, np.ndarray))
         or is_tensordict(obj)
         or is_dataproto(obj)
+        or _is_mapping_like(obj)
         or (dataclasses.is_dataclass(obj) and not isinstance(obj, type))
     )
 
@@ -59,7 +76,7 @@ def _node_kind(obj: Any) -> str:
         return "dataproto"
     if is_tensordict(obj):
         return "tensordict"
-    if isinstance(obj, Mapping):
+    if _is_mapping_like(obj):
         return "mapping"
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return "dataclass"
@@ -73,7 +90,9 @@ def _children(obj: Any) -> dict[str, Any]:
     if kind == "dataproto":
         tensors, non_tensor, meta = dataproto_parts(obj)
         return {"batch": tensors, "non_tensor_batch": non_tensor, "meta_info": meta}
-    if kind in ("tensordict", "mapping"):
+    if kind == "mapping":
+        return _mapping_children(obj)
+    if kind == "tensordict":
         return {str(k): v for k, v in obj.items()}
     if kind == "dataclass":
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
@@ -106,6 +125,8 @@ def _same_value(x: Any, y: Any) -> bool:
         return len(x) == len(y) and all(_same_value(i, j) for i, j in zip(x, y))
     if isinstance(x, Mapping):
         return x.keys() == y.keys() and all(_same_value(x[k], y[k]) for k in x)
+    if x is None:
+        return True
     if _is_container(x):
         a, b = _children(x), _children(y)
         return list(a) == list(b) and all(_same_value(a[k], b[k]) for k in a)
@@ -258,7 +279,33 @@ def _first_seq_difference(x: Any, y: Any) -> int | None:
     return None
 
 
-def _walk(prefix: str, a: Any, b: Any, atol: float, rtol: float, out: list[KeyDiff], counter: list[int]) -> None:
+#: meta_info keys that only say when or how long: ``--ignore-timing`` skips them (any depth).
+_TIMING_WORDS = ("time", "timing", "timestamp", "duration", "elapsed", "seconds", "latency")
+
+
+def is_timing_key(name: str) -> bool:
+    """Whether a ``meta_info`` key names a time or a duration (``get_batch_return_start_time``,
+    verl's ``timing``, ``time/rollout``...)."""
+    lowered = name.lower()
+    return any(word in lowered for word in _TIMING_WORDS)
+
+
+def _ignored(key: str, ignore_meta: frozenset[str], ignore_timing: bool) -> bool:
+    parts = key.split(".")
+    if "meta_info" not in parts:
+        return False
+    below = parts[parts.index("meta_info") + 1:]
+    if not below:
+        return False
+    if ".".join(below) in ignore_meta or below[0] in ignore_meta:
+        return True
+    return ignore_timing and any(is_timing_key(p) for p in below)
+
+
+def _walk(prefix: str, a: Any, b: Any, atol: float, rtol: float, out: list[KeyDiff], counter: list[int],
+          ignore: tuple[frozenset[str], bool] = (frozenset(), False)) -> None:
+    if (ignore[0] or ignore[1]) and _ignored(prefix, *ignore):
+        return
     kind_a, kind_b = _node_kind(a), _node_kind(b)
     key = prefix or "<batch>"
     if kind_a != kind_b or (kind_a == "sequence" and type(a) is not type(b)):
@@ -288,6 +335,8 @@ def _walk(prefix: str, a: Any, b: Any, atol: float, rtol: float, out: list[KeyDi
     ca, cb = _children(a), _children(b)
     for name in list(ca) + [k for k in cb if k not in ca]:
         child = _join(prefix, name)
+        if (ignore[0] or ignore[1]) and _ignored(child, *ignore):
+            continue
         if name not in cb:
             counter[0] += 1
             out.append(KeyDiff(key=child, status="only_in_a", kind=_leaf_kind(ca[name]), a=_short(ca[name])))
@@ -295,7 +344,7 @@ def _walk(prefix: str, a: Any, b: Any, atol: float, rtol: float, out: list[KeyDi
             counter[0] += 1
             out.append(KeyDiff(key=child, status="only_in_b", kind=_leaf_kind(cb[name]), b=_short(cb[name])))
         else:
-            _walk(child, ca[name], cb[name], atol, rtol, out, counter)
+            _walk(child, ca[name], cb[name], atol, rtol, out, counter, ignore)
 
 
 def _leaf_kind(value: Any) -> str:
@@ -303,9 +352,16 @@ def _leaf_kind(value: Any) -> str:
     return kind if kind in ("tensor", "ndarray", "object_array") else "value"
 
 
-def compare_batches(a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0) -> tuple[list[KeyDiff], int]:
-    """Compare two batches; return the non-identical keys and the number of keys compared."""
+def compare_batches(
+    a: Any, b: Any, *, atol: float = 0.0, rtol: float = 0.0,
+    ignore_meta: tuple[str, ...] | list[str] | frozenset[str] = (), ignore_timing: bool = False,
+) -> tuple[list[KeyDiff], int]:
+    """Compare two batches; return the non-identical keys and the number of keys compared.
+
+    Mapping-like containers (dicts, TensorDicts, ROLL's BatchProxy) are compared key by key via
+    ``keys()`` and ``[key]`` only. ``ignore_meta``: ``meta_info`` keys (or dotted paths below it)
+    left out; ``ignore_timing``: also every ``meta_info`` key naming a time or duration."""
     out: list[KeyDiff] = []
     counter = [0]
-    _walk("", a, b, atol, rtol, out, counter)
+    _walk("", a, b, atol, rtol, out, counter, (frozenset(ignore_meta), ignore_timing))
     return out, counter[0]

@@ -74,7 +74,9 @@ class StepDiff:
 
     ``status``: ``"identical"`` (same checksum: not loaded), ``"equal"`` (loaded: same content,
     different file bytes), ``"close"`` (within tolerance), ``"different"``,
-    ``"checksum_differs"`` (``quick`` mode: not loaded), ``"only_in_a"``, ``"only_in_b"``.
+    ``"checksum_differs"`` (``quick`` mode: not loaded), ``"only_in_a"``, ``"only_in_b"``,
+    ``"unreadable"`` (a step file is missing, truncated, changed or undecodable on a side: ``note``
+    says which and why; never identical).
     """
 
     step: int
@@ -86,6 +88,7 @@ class StepDiff:
     samples_b: int | None = None
     keys_compared: int = 0
     keys: tuple[KeyDiff, ...] = ()
+    note: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -109,6 +112,7 @@ class StepDiff:
             "keys_compared": self.keys_compared,
             "first_differing_sample": self.first_differing_sample,
             "keys": [k.to_json() for k in self.keys],
+            "note": self.note,
         }
 
 
@@ -274,6 +278,8 @@ def format_diff(report: DiffReport, *, max_steps: int = MAX_STEPS_SHOWN, max_key
         ]
         if st.count("close"):
             counts.append(f"{st.count('close')} within tolerance")
+        if st.count("unreadable"):
+            counts.append(f"{st.count('unreadable')} unreadable (missing, truncated or corrupt)")
         if st.count("checksum_differs"):
             counts.append(f"{st.count('checksum_differs')} with different checksums (not loaded: --quick)")
         counts.append(f"{st.count('different')} different")
@@ -281,14 +287,17 @@ def format_diff(report: DiffReport, *, max_steps: int = MAX_STEPS_SHOWN, max_key
         lines.append(f"stream {st.stream}: {common} steps in both: " + ", ".join(counts))
         shown = 0
         for s in st.steps:
-            if s.status not in ("different", "close", "checksum_differs"):
+            if s.status not in ("different", "close", "checksum_differs", "unreadable"):
                 continue
             if shown == max_steps:
-                rest = sum(x.status in ("different", "close", "checksum_differs") for x in st.steps) - shown
+                rest = sum(x.status in ("different", "close", "checksum_differs", "unreadable") for x in st.steps) - shown
                 lines.append(f"  ... {rest} more differing steps (--json lists all)")
                 break
             shown += 1
             head = f"  step {s.step}:"
+            if s.status == "unreadable":
+                lines.append(f"{head} UNREADABLE: {s.note}")
+                continue
             if s.status == "checksum_differs":
                 head += " checksums differ"
             else:

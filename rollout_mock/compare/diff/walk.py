@@ -10,7 +10,7 @@ from rollout_mock._progress import progress_bar
 from rollout_mock.compare.diff.batches import compare_batches
 from rollout_mock.compare.diff.report import DiffReport, KeyDiff, StepDiff, StreamDiff
 from rollout_mock.determinism.fingerprint import compare_fingerprints
-from rollout_mock.errors import DiffInputError
+from rollout_mock.errors import CorruptStepError, DiffInputError, StepNotFoundError
 from rollout_mock.storage.manifest import StepEntry, StreamId
 from rollout_mock.storage.reader import Dump, open_dump
 
@@ -46,6 +46,35 @@ def _selected(step: int, ranges: list[tuple[int, int | None]] | None) -> bool:
 
 def _same_file(x: StepEntry, y: StepEntry) -> bool:
     return x.checksum == y.checksum and x.size == y.size
+
+
+def _verify(dump: Dump, entry: StepEntry, side: str) -> str | None:
+    """Why ``entry``'s file does not match the manifest (missing, size, checksum), or ``None``.
+
+    Reads the whole file through the dump's store (local file or object), so a checksum that
+    matches in both manifests is only trusted for files that really carry it.
+    """
+    from rollout_mock.storage.fileio import Digest
+
+    where = dump.store.where(entry.file)
+    try:
+        source = dump.store.open_source(entry.file)
+        size = source.size()
+    except OSError as exc:
+        return f"{side}: {where} is missing or unreadable ({exc.__class__.__name__}: {exc})"
+    if size != entry.size:
+        return f"{side}: {where} has {size} bytes, its manifest says {entry.size} (truncated or changed)"
+    digest = Digest()
+    offset = 0
+    while offset < size:
+        chunk = bytes(source.read_range(offset, min(16 << 20, size - offset)))
+        digest.update(chunk)
+        offset += len(chunk)
+    checksum, _ = digest.finish()
+    if checksum != entry.checksum:
+        return f"{side}: {where} does not match its checksum in the manifest (changed or corrupt)"
+    return None
+
 
 
 def _fingerprint_differences(a: Dump, b: Dump) -> tuple[str, ...]:
@@ -95,13 +124,20 @@ def diff_dumps(
     rtol: float = 0.0,
     progress: bool | None = False,
     progress_stream: TextIO | None = None,
+    ignore_meta: tuple[str, ...] | list[str] = (),
+    ignore_timing: bool = False,
 ) -> DiffReport:
     """Compare two dumps (see the module docstring).
 
     ``steps``: a ``"0-9,12"`` spec or parsed ranges; ``split``: only streams of that split;
     ``trusted``: load with the plain unpickler (arbitrary objects; only for trusted dumps);
     ``quick``: never load, compare manifests only (checksums, keys, shapes, dtypes);
-    ``progress``: draw a bar on stderr (``None``: when stderr is a TTY).
+    ``progress``: draw a bar on stderr (``None``: when stderr is a TTY);
+    ``ignore_meta`` / ``ignore_timing``: ``meta_info`` keys left out (see ``compare_batches``).
+
+    Every step file is checked against its manifest entry (present, size, checksum) before it
+    counts as identical: a missing, truncated or changed file is an ``unreadable`` step, so a
+    damaged copy is never reported identical (also with ``quick``, which reads but never unpickles).
 
     Raises :class:`~rollout_mock.errors.DumpNotFoundError` / ``ManifestError`` for a path that
     is not a readable dump, :class:`DiffInputError` for bad arguments, and the loading errors
@@ -155,6 +191,10 @@ def diff_dumps(
                     ))
                     continue
                 meta = {"type_a": ea.type, "type_b": eb.type, "samples_a": ea.samples, "samples_b": eb.samples}
+                broken = [why for why in (_verify(a, ea, "A"), _verify(b, eb, "B")) if why]
+                if broken:
+                    results.append(StepDiff(step, "unreadable", note="; ".join(broken), **meta))
+                    continue
                 if _same_file(ea, eb):
                     results.append(StepDiff(step, "identical", **meta))
                     continue
@@ -162,11 +202,16 @@ def diff_dumps(
                     results.append(StepDiff(step, "checksum_differs", keys=_manifest_keys(ea, eb), **meta))
                     continue
                 bar.set_description(f"{key} step {step}", refresh=False)
-                batch_a = a.load(step, sa, trusted=trusted)
-                bar.update(ea.size)
-                batch_b = b.load(step, sb, trusted=trusted)
-                bar.update(eb.size)
-                keys, compared = compare_batches(batch_a, batch_b, atol=atol, rtol=rtol)
+                try:
+                    batch_a = a.load(step, sa, trusted=trusted)
+                    bar.update(ea.size)
+                    batch_b = b.load(step, sb, trusted=trusted)
+                    bar.update(eb.size)
+                except (CorruptStepError, StepNotFoundError) as exc:
+                    results.append(StepDiff(step, "unreadable", note=str(exc).splitlines()[0], **meta))
+                    continue
+                keys, compared = compare_batches(batch_a, batch_b, atol=atol, rtol=rtol,
+                                                 ignore_meta=tuple(ignore_meta), ignore_timing=ignore_timing)
                 del batch_a, batch_b
                 if not keys:
                     status = "equal"

@@ -17,7 +17,6 @@ used literally (e.g. as a directory name).
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 from collections.abc import Mapping
@@ -28,72 +27,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rollout_mock._text import short_repr
-from rollout_mock._yaml import load_yaml_file
-from rollout_mock.debug.settings import VerdictConfig, WatchdogConfig
+from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
+from rollout_mock.config.policies import DiskFullPolicy, FingerprintPolicy, MissingStepPolicy, RankPolicy, ReplayRows
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
 
-__all__ = [
-    "BLOCK_KEY",
-    "DiskFullPolicy",
-    "FingerprintPolicy",
-    "RankPolicy",
-    "RolloutMockConfig",
-    "build_config",
-    "load_config",
-]
+__all__ = ["BLOCK_KEY", "MAX_ERROR_LINES", "RolloutMockConfig", "build_config"]
 
 BLOCK_KEY = "rollout_mock"
-#: Largest YAML config file read (a training config is a few kB).
-MAX_CONFIG_BYTES = 4 * 1024 * 1024
-#: Most nodes a YAML document may have once its aliases are expanded.
-MAX_YAML_NODES = 200_000
 #: Most problems listed in one :class:`ConfigError`.
 MAX_ERROR_LINES = 20
 _MAX_MESSAGE = 300
-
-
-class DiskFullPolicy(str, Enum):
-    """What dump mode does when the disk fills up."""
-
-    FAIL = "fail"
-    """Raise :class:`~rollout_mock.errors.DiskFullError` (default): the run stops."""
-
-    SKIP = "skip"
-    """Log a loud warning, stop dumping, and let training continue without a recording."""
-
-
-class FingerprintPolicy(str, Enum):
-    """What mock mode does when its environment differs from the one that recorded the dump."""
-
-    WARN = "warn"
-    ERROR = "error"
-    OFF = "off"
-
-
-class RankPolicy(str, Enum):
-    """Which torch.distributed ranks write in dump mode."""
-
-    ONE = "one"
-    """Only ``dump_rank`` writes (default): every rank sees the same batch."""
-
-    ALL = "all"
-    """Every rank writes its own file ``step_NNNNNN_rankR.pkl`` (per data-parallel head batches)."""
-
-
-class ReplayRows(BaseModel):
-    """Mock mode: this process is data-parallel rank ``dp_rank`` of ``dp_size`` and replays only
-    its rows of each recorded batch (split like ``torch.chunk`` / verl's ``DataProto.chunk``)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    dp_rank: int = Field(ge=0)
-    dp_size: int = Field(ge=1)
-
-    def model_post_init(self, __context: Any) -> None:
-        if self.dp_rank >= self.dp_size:
-            raise ValueError(f"dp_rank {self.dp_rank} must be below dp_size {self.dp_size}")
-
 
 class RolloutMockConfig(BaseModel):
     """The ``rollout_mock:`` block. Build it with :func:`load_config` or directly.
@@ -186,6 +130,27 @@ class RolloutMockConfig(BaseModel):
     """Write every thread's stack and the pending asyncio tasks when a call (or the time between
     two calls) stalls: ``{enable, factor, min_seconds, absolute_seconds}``."""
 
+    on_missing_step: MissingStepPolicy = MissingStepPolicy.ERROR
+    """Mock mode: a call for a step that is not recorded. ``error`` (default) raises
+    StepNotFoundError; ``repeat_nearest`` serves the nearest recorded step (earlier first; verl's
+    ``action: repeat``); ``record`` runs the real scheduler (an instance or ``factory`` must be
+    given) and records the step into the dump. With ``repeat_nearest``/``record`` the
+    ``max_steps`` pre-flight check only warns."""
+
+    subsample: float | None = Field(default=None, gt=0, le=1)
+    """Mock mode: serve only this fraction of each replayed batch (slime's
+    ``--load-debug-rollout-data-subsample``). Deterministic: of ``n`` rows (samples; list items
+    for AReaL/slime) ``k = max(1, int(n * subsample))`` are kept, the first ``k // 2`` and the last
+    ``k - k // 2``, as slime does. ``None`` serves whole batches."""
+
+    step_offset: int = 0
+    """Mock mode: run step ``M`` replays dump step ``M + step_offset``, e.g. ``-100`` for a run
+    resumed at step 100 that replays a dump recorded from step 0. Steps in ``step_map`` win."""
+
+    step_map: dict[int, int] | None = None
+    """Mock mode: explicit ``{run_step: dump_step}`` pairs (e.g. ``{0: 30}`` to start a run on the
+    dump's step 30); other steps use ``step_offset``."""
+
     @field_validator("mode", mode="before")
     @classmethod
     def _parse_mode(cls, value: Any) -> Any:
@@ -224,6 +189,19 @@ class RolloutMockConfig(BaseModel):
                     f"{NAME_PATTERN.pattern}): it becomes a directory inside dump_dir"
                 )
         return value
+
+    @field_validator("step_map")
+    @classmethod
+    def _check_step_map(cls, value: dict[int, int] | None) -> dict[int, int] | None:
+        if value is not None and any(dump_step < 0 for dump_step in value.values()):
+            raise ValueError("dump steps must be >= 0")
+        return value
+
+    def dump_step(self, run_step: int) -> int:
+        """The recorded step that run step ``run_step`` replays (``step_map``, else ``step_offset``)."""
+        if self.step_map is not None and run_step in self.step_map:
+            return self.step_map[run_step]
+        return run_step + self.step_offset
 
     @property
     def dump_path(self) -> Path:
@@ -285,144 +263,3 @@ def build_config(block: Mapping[str, Any]) -> RolloutMockConfig:
         return RolloutMockConfig(**plain)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, plain)) from None
-
-
-def _to_plain(source: Any) -> Any:
-    """OmegaConf containers and dataclasses to plain Python containers."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is optional
-        DictConfig = None  # type: ignore[assignment,misc]
-    if DictConfig is not None and isinstance(source, DictConfig):
-        return OmegaConf.to_container(source, resolve=True)
-    if dataclasses.is_dataclass(source) and not isinstance(source, type):
-        return dataclasses.asdict(source)
-    return source
-
-
-def _has_interpolation(value: Any, seen: set[int] | None = None) -> bool:
-    if isinstance(value, str):
-        return "${" in value
-    if isinstance(value, (Mapping, list, tuple)):
-        seen = set() if seen is None else seen
-        if id(value) in seen:
-            return False
-        seen.add(id(value))
-        items = value.values() if isinstance(value, Mapping) else value
-        return any(_has_interpolation(item, seen) for item in items)
-    return False
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return short_repr(text[0] if text else "", _MAX_MESSAGE).strip("'\"")
-
-
-def _resolve_interpolations(root: Mapping[Any, Any]) -> Mapping[Any, Any]:
-    """``root`` with the ``${...}`` values of its ``rollout_mock`` block (or of ``root`` itself,
-    if it is the block) resolved by OmegaConf against the whole of ``root``. Without omegaconf,
-    or when a value cannot be resolved: :class:`ConfigError` naming the key."""
-    whole = BLOCK_KEY in root
-    block = root[BLOCK_KEY] if whole else root
-    if not isinstance(block, Mapping):
-        return root
-    keys = [key for key, value in block.items() if _has_interpolation(value)]
-    if not keys:
-        return root
-    first = f"{BLOCK_KEY}.{keys[0]}"
-    try:
-        from omegaconf import OmegaConf
-    except ImportError:
-        raise ConfigError(
-            f"{first}: {short_repr(block[keys[0]])} is a ${{...}} interpolation, and omegaconf is not "
-            f"installed to resolve it; `pip install omegaconf` (or the verl extra), or write the "
-            f"value out"
-        ) from None
-    try:
-        config = OmegaConf.create(dict(root))
-    except Exception:  # e.g. a value type OmegaConf does not support elsewhere in the file
-        try:
-            config = OmegaConf.create({BLOCK_KEY: dict(block)} if whole else dict(block))
-        except Exception as exc:
-            raise ConfigError(f"{first}: cannot resolve ${{...}} interpolations: {_first_line(exc)}") from None
-    node = config[BLOCK_KEY] if whole else config
-    resolved = dict(block)
-    for key in keys:
-        try:
-            value = node[key]
-            resolved[key] = OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
-        except Exception as exc:
-            raise ConfigError(
-                f"{BLOCK_KEY}.{key}: cannot resolve {short_repr(block[key])}: "
-                f"{type(exc).__name__}: {_first_line(exc)}"
-            ) from None
-    return {**root, BLOCK_KEY: resolved} if whole else resolved
-
-
-def load_config(source: Any) -> RolloutMockConfig:
-    """Build a :class:`RolloutMockConfig` from any of the forms users have at hand.
-
-    ``source`` may be:
-
-    * a :class:`RolloutMockConfig` (returned as is);
-    * a path (``str`` or ``PathLike``) to a YAML file: either a whole training config holding a
-      ``rollout_mock:`` key, or just the block. It is read with the bounded safe loader of
-      :mod:`rollout_mock._yaml` (size, alias-expansion and nesting limits);
-    * a mapping holding a ``rollout_mock`` key, or the block itself;
-    * an OmegaConf ``DictConfig`` of either shape, or a dataclass (ROLL's ``RolloutMockConfig``
-      or a pipeline config with a ``rollout_mock`` attribute).
-
-    ``${...}`` interpolations in the block of a YAML file or plain mapping are resolved with
-    OmegaConf (against the whole file) when omegaconf is installed, and are otherwise a
-    :class:`ConfigError` naming the key; a ``DictConfig`` is resolved by OmegaConf itself.
-
-    When a whole config is given and the block has no ``max_steps``, the top-level
-    ``max_steps`` (ROLL's) is used for the mock-mode pre-flight check.
-    """
-    if isinstance(source, RolloutMockConfig):
-        return source
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        loaded = load_yaml_file(path, max_bytes=MAX_CONFIG_BYTES, max_nodes=MAX_YAML_NODES)
-        if loaded is None:
-            raise ConfigError(f"{path}: the file is empty; expected a '{BLOCK_KEY}:' block")
-        try:
-            return _from_object(loaded, interpolate=True)
-        except ConfigError as exc:
-            raise ConfigError(f"{path}: {exc}") from None
-    return _from_object(source, interpolate=True)
-
-
-def _from_object(source: Any, *, interpolate: bool) -> RolloutMockConfig:
-    if isinstance(source, RolloutMockConfig):
-        return source
-    if _is_dictconfig(source):
-        interpolate = False  # OmegaConf resolves its own interpolations in _to_plain
-    source = _to_plain(source)
-    if not isinstance(source, Mapping):
-        block_attr = getattr(source, BLOCK_KEY, None)
-        if block_attr is not None:
-            return _from_object(block_attr, interpolate=interpolate)
-        raise ConfigError(
-            f"cannot read a {BLOCK_KEY} config from {type(source).__name__}; pass a YAML path, "
-            f"a mapping, an OmegaConf DictConfig or a RolloutMockConfig"
-        )
-    if BLOCK_KEY in source:
-        block = _to_plain(source[BLOCK_KEY])
-        if block is None:
-            block = {}
-        if not isinstance(block, Mapping):
-            raise ConfigError(f"{BLOCK_KEY}: expected a mapping of options, got {short_repr(block)}")
-        source = {**source, BLOCK_KEY: dict(block)}
-        if interpolate:
-            source = _resolve_interpolations(source)
-        block = dict(source[BLOCK_KEY])
-        top_max_steps = source.get("max_steps")
-        if "max_steps" not in block and isinstance(top_max_steps, int) and top_max_steps > 0:
-            block["max_steps"] = top_max_steps
-        return build_config(block)
-    return build_config(_resolve_interpolations(source) if interpolate else source)
-
-
-def _is_dictconfig(source: Any) -> bool:
-    return type(source).__module__.startswith("omegaconf") and type(source).__name__ == "DictConfig"

@@ -1,0 +1,34 @@
+"""One-line integrations with RL frameworks, and readers of their own rollout dumps.
+
+* :mod:`~rollout_mock.adapters.roll`  — ``ray.remote(roll_scheduler(RolloutScheduler, pipeline_config))``
+* :mod:`~rollout_mock.adapters.verl`  — ``wrap_verl_rollout(trainer)`` after ``init_workers()``
+* :mod:`~rollout_mock.adapters.areal` — ``wrap_areal(engine, cfg, step=lambda: global_step)``
+* :mod:`~rollout_mock.adapters.slime` — ``--rollout-function-path rollout_mock.adapters.slime.generate_rollout``
+* :mod:`~rollout_mock.adapters.foreign` — ``open_foreign`` / ``import_foreign`` for ROLL, verl
+  ``skip.rollout``, AReaL ``trajectory_debug`` and slime debug rollout dumps.
+
+Names are imported lazily: ``import rollout_mock.adapters`` imports no framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "roll_scheduler": "roll", "roll_handle": "roll", "roll_config": "roll",
+    "wrap_verl_rollout": "verl", "VerlRollout": "verl",
+    "wrap_areal": "areal", "ArealRollout": "areal",
+    "open_foreign": "foreign", "import_foreign": "foreign", "detect_format": "foreign",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rollout_mock.adapters' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rollout_mock.adapters.{module}"), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,191 @@
+"""slime: a rollout function to pass to ``--rollout-function-path`` (and ``--eval-function-path``).
+
+::
+
+    python train.py ... --rollout-function-path rollout_mock.adapters.slime.generate_rollout \\
+                        --eval-function-path rollout_mock.adapters.slime.generate_rollout
+    # with, in the environment of the rollout manager (Ray: runtime_env env_vars):
+    ROLLOUT_MOCK_CONFIG=rollout_mock.yaml         # a YAML file holding the rollout_mock: block
+    # or, without a file:
+    ROLLOUT_MOCK_MODE=dump|mock ROLLOUT_MOCK_DUMP_DIR=./rollout_dumps/run1
+
+:func:`generate_rollout` has slime's signature ``(args, rollout_id, data_source, evaluation=False)``.
+Dump mode calls the real rollout (``ROLLOUT_MOCK_SLIME_ROLLOUT``, default slime's
+``slime.rollout.sglang_rollout.generate_rollout``), records its output and returns it unchanged;
+mock mode returns the recorded output (``RolloutFnTrainOutput`` / ``RolloutFnEvalOutput`` of
+``Sample`` objects) and never imports or starts the real rollout, so sglang is not needed (run
+slime with ``--debug-train-only`` so it does not start the engines either). The step is
+``rollout_id``; evaluation rollouts go to the ``val`` split. Configuration can also come from
+``args`` fields: ``args.rollout_mock_config`` (path or mapping) and ``args.rollout_mock_rollout``
+(the wrapped function's path) win over the environment.
+
+The record is plain data (``Sample.to_dict()`` dicts, nested as the rollout returned them), so a
+dump replays in safe mode; ``rollout-mock import`` converts slime's own
+``--save-debug-rollout-data`` files into the same record.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+import os
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.errors import ConfigError
+
+__all__ = [
+    "DEFAULT_ROLLOUT", "RECORD_FORMAT", "generate_rollout", "output_from_record", "record_from_flat",
+    "record_from_output", "reset",
+]
+
+DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
+RECORD_FORMAT = "rollout_mock.slime"
+_lock = threading.Lock()
+_wrappers: dict[tuple[Any, ...], Any] = {}
+
+
+# ---------------------------------------------------------------------------- record format
+def _to_dict(sample: Any) -> Any:
+    if isinstance(sample, list):
+        return [_to_dict(s) for s in sample]
+    if isinstance(sample, Mapping):
+        return dict(sample)
+    return sample.to_dict()
+
+
+def record_from_output(output: Any, *, evaluation: bool) -> dict[str, Any]:
+    """slime's rollout output (new-style or legacy bare list/dict) as a plain-data record."""
+    metrics = getattr(output, "metrics", None)
+    if evaluation:
+        data = getattr(output, "data", output)
+        return {
+            "format": RECORD_FORMAT, "kind": "eval", "metrics": metrics,
+            "data": {name: {k: (_to_dict(v) if k == "samples" else v) for k, v in info.items()}
+                     for name, info in data.items()},
+        }
+    samples = getattr(output, "samples", output)
+    return {"format": RECORD_FORMAT, "kind": "train", "metrics": metrics, "samples": _to_dict(samples)}
+
+
+def record_from_flat(samples: list[dict[str, Any]], *, evaluation: bool) -> dict[str, Any]:
+    """A record from slime's debug file (flat ``Sample.to_dict()`` list)."""
+    if evaluation:
+        return {"format": RECORD_FORMAT, "kind": "eval", "metrics": None, "data": {"debug": {
+            "rewards": [s.get("reward") for s in samples],
+            "truncated": [s.get("status") == "truncated" for s in samples],
+            "samples": list(samples)}}}
+    groups = [list(g) for _, g in itertools.groupby(samples, key=lambda s: s.get("group_index"))]
+    return {"format": RECORD_FORMAT, "kind": "train", "metrics": None, "samples": groups}
+
+
+def _sample_class() -> Any:
+    from slime.utils.types import Sample
+
+    return Sample
+
+
+def _from_dict(item: Any, sample_cls: Any) -> Any:
+    if isinstance(item, list):
+        return [_from_dict(i, sample_cls) for i in item]
+    return sample_cls.from_dict(item)
+
+
+def output_from_record(record: Mapping[str, Any]) -> Any:
+    """The record as slime's output: ``RolloutFnTrainOutput``/``RolloutFnEvalOutput`` of Samples
+    (bare list / dict with an older slime that lacks ``slime.rollout.base_types``)."""
+    if record.get("format") != RECORD_FORMAT:
+        raise ConfigError(f"not a rollout_mock slime record (format={record.get('format')!r})")
+    sample_cls = _sample_class()
+    try:
+        from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+    except ImportError:  # older slime: legacy returns
+        RolloutFnEvalOutput = RolloutFnTrainOutput = None  # type: ignore[assignment,misc]
+    if record.get("kind") == "eval":
+        data = {name: {k: (_from_dict(v, sample_cls) if k == "samples" else v) for k, v in info.items()}
+                for name, info in record["data"].items()}
+        return data if RolloutFnEvalOutput is None else RolloutFnEvalOutput(data=data, metrics=record.get("metrics"))
+    samples = _from_dict(record["samples"], sample_cls)
+    return samples if RolloutFnTrainOutput is None else RolloutFnTrainOutput(samples=samples, metrics=record.get("metrics"))
+
+
+# ---------------------------------------------------------------------------- configuration
+def _config(args: Any) -> RolloutMockConfig:
+    source = getattr(args, "rollout_mock_config", None) or os.environ.get("ROLLOUT_MOCK_CONFIG")
+    if source:
+        return load_config(source)
+    mode = os.environ.get("ROLLOUT_MOCK_MODE")
+    if mode:
+        block: dict[str, Any] = {"enable": True, "mode": mode}
+        if os.environ.get("ROLLOUT_MOCK_DUMP_DIR"):
+            block["dump_dir"] = os.environ["ROLLOUT_MOCK_DUMP_DIR"]
+        return load_config(block)
+    raise ConfigError(
+        "rollout_mock.adapters.slime.generate_rollout: no configuration. Set ROLLOUT_MOCK_CONFIG="
+        "<yaml with a rollout_mock: block>, or ROLLOUT_MOCK_MODE=dump|mock and ROLLOUT_MOCK_DUMP_DIR=<dir>, "
+        "or args.rollout_mock_config"
+    )
+
+
+def _import_function(path: str) -> Any:
+    module_name, _, attribute = path.rpartition(".")
+    if not module_name:
+        raise ConfigError(f"rollout function path {path!r}: expected module.function")
+    if module_name == __name__ and attribute == "generate_rollout":
+        raise ConfigError(f"rollout function path {path!r} points at this wrapper itself")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+class _Rollout:
+    """What MockScheduler wraps: the real rollout, returning the plain-data record."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._function: Any = None
+        self.last_output: Any = None
+
+    def generate_rollout(self, args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+        if self._function is None:
+            self._function = _import_function(self.path)
+        output = self._function(args, rollout_id, data_source, evaluation=evaluation)
+        self.last_output = output
+        return record_from_output(output, evaluation=evaluation)
+
+
+def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
+    config = _config(args)
+    path = getattr(args, "rollout_mock_rollout", None) or os.environ.get("ROLLOUT_MOCK_SLIME_ROLLOUT") or DEFAULT_ROLLOUT
+    split = "val" if evaluation else "train"
+    key = (config.model_dump_json(), path, split)
+    with _lock:
+        if key not in _wrappers:
+            from rollout_mock.wrap.scheduler import MockScheduler
+
+            inner = _Rollout(path)
+            # The real rollout is only imported when called (dump mode, on_missing_step: record).
+            _wrappers[key] = (MockScheduler(inner, config, split=split, methods=("generate_rollout",)), inner)
+        return _wrappers[key]
+
+
+def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+    """slime's rollout-function contract, recorded or replayed (see the module docstring)."""
+    mock, inner = _wrapper(args, evaluation)
+    if not mock.enabled:
+        return _import_function(inner.path)(args, rollout_id, data_source, evaluation=evaluation)
+    inner.last_output = None
+    record = mock.generate_rollout(args, rollout_id, data_source, evaluation=evaluation)
+    if inner.last_output is not None:  # the real rollout ran: hand back its own objects
+        output, inner.last_output = inner.last_output, None
+        return output
+    return output_from_record(record)
+
+
+def reset() -> None:
+    """Close every wrapper (flushing pending dumps); the next call reads the configuration again."""
+    with _lock:
+        wrappers = list(_wrappers.values())
+        _wrappers.clear()
+    for mock, _ in wrappers:
+        mock.close()

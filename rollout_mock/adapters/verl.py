@@ -1,0 +1,100 @@
+"""verl: one call wraps the trainer's rollout.
+
+::
+
+    trainer.init_workers()
+    wrap_verl_rollout(trainer)            # reads trainer.config.rollout_mock (or pass a config)
+    trainer.fit()
+
+verl's ``RayPPOTrainer`` gets every rollout from ``generate_sequences(prompts: DataProto)`` on
+``trainer.async_rollout_manager`` (verl >= 0.6, ``AgentLoopManager``) or, in older versions,
+``trainer.actor_rollout_wg``; :func:`wrap_verl_rollout` replaces whichever the trainer has with a
+:class:`VerlRollout`. The step is ``prompts.meta_info["global_steps"]`` (set by the trainer);
+validation batches (``meta_info["validate"]`` true) are recorded and replayed in the ``val``
+split, training batches in ``train``. Every other attribute passes through to the real object.
+
+verl's own ``skip.rollout`` dumps are read by :mod:`rollout_mock.adapters.import_verl`
+(``open_foreign(path, trust=True)`` or ``rollout-mock import``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from rollout_mock.config import load_config
+from rollout_mock.errors import ConfigError
+
+__all__ = ["ATTRIBUTES", "VerlRollout", "is_validation", "wrap_verl_rollout"]
+
+#: Trainer attributes holding the rollout, newest verl first.
+ATTRIBUTES = ("async_rollout_manager", "actor_rollout_wg")
+
+
+def is_validation(prompts: Any) -> bool:
+    meta = getattr(prompts, "meta_info", None)
+    return isinstance(meta, Mapping) and bool(meta.get("validate", False))
+
+
+class VerlRollout:
+    """``generate_sequences`` recorded/replayed per split; everything else passes through."""
+
+    def __init__(self, rollout: Any, config: Any, *, method: str = "generate_sequences") -> None:
+        from rollout_mock.wrap.scheduler import MockScheduler
+
+        self._rollout = rollout
+        self._method = method
+        cfg = load_config(config)
+        self._splits = {
+            split: MockScheduler(rollout, cfg, split=split, methods=(method,)) for split in ("train", "val")
+        }
+
+    def __repr__(self) -> str:
+        return f"VerlRollout({self._rollout!r})"
+
+    def generate_sequences(self, prompts: Any, *args: Any, **kwargs: Any) -> Any:
+        split = "val" if is_validation(prompts) else "train"
+        return getattr(self._splits[split], self._method)(prompts, *args, **kwargs)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") or attribute in ("_rollout", "_splits", "_method"):
+            raise AttributeError(attribute)
+        if attribute == self._method:
+            return self.generate_sequences
+        return getattr(self._rollout, attribute)
+
+    def close(self) -> None:
+        """Flush pending dumps of both splits (also done at interpreter exit)."""
+        for mock in self._splits.values():
+            mock.close()
+
+
+def wrap_verl_rollout(trainer: Any, config: Any = None, *, attribute: str | None = None) -> VerlRollout | None:
+    """Wrap ``trainer``'s rollout object in place and return the wrapper (``None`` if disabled).
+
+    ``config``: the ``rollout_mock:`` block in any form :func:`load_config` takes; default
+    ``trainer.config`` (verl's OmegaConf config holding ``rollout_mock:``, e.g. from
+    ``+rollout_mock.enable=true +rollout_mock.mode=dump +rollout_mock.dump_dir=...``).
+    """
+    if config is None:
+        config = getattr(trainer, "config", None)
+        if config is None:
+            raise ConfigError("wrap_verl_rollout: the trainer has no .config; pass config=")
+        if "rollout_mock" not in config:
+            return None
+    cfg = load_config(config)
+    if not cfg.enable:
+        return None
+    names = (attribute,) if attribute else ATTRIBUTES
+    for name in names:
+        rollout = getattr(trainer, name, None)
+        if rollout is not None and callable(getattr(rollout, "generate_sequences", None)):
+            if isinstance(rollout, VerlRollout):
+                return rollout
+            wrapped = VerlRollout(rollout, cfg)
+            setattr(trainer, name, wrapped)
+            return wrapped
+    raise ConfigError(
+        f"wrap_verl_rollout: the trainer has none of {', '.join(names)} with generate_sequences; "
+        f"call it after trainer.init_workers()"
+    )

@@ -1,0 +1,23 @@
+"""The ``rollout_mock:`` configuration block: the pydantic model, its choices, and loading it.
+
+ROLL's block (``enable``, ``mode``, ``dump_dir``) loads unchanged; see
+:mod:`rollout_mock.config.model` for every key and :mod:`rollout_mock.config.loading` for how
+YAML files, mappings and OmegaConf objects are read.
+"""
+
+from rollout_mock.config.debug_settings import VerdictAction, VerdictConfig, WatchdogConfig
+from rollout_mock.config.loading import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_config
+from rollout_mock.config.model import BLOCK_KEY, MAX_ERROR_LINES, RolloutMockConfig, build_config
+from rollout_mock.config.policies import (
+    DiskFullPolicy,
+    FingerprintPolicy,
+    MissingStepPolicy,
+    RankPolicy,
+    ReplayRows,
+)
+
+__all__ = [
+    "BLOCK_KEY", "MAX_CONFIG_BYTES", "MAX_ERROR_LINES", "MAX_YAML_NODES", "DiskFullPolicy",
+    "FingerprintPolicy", "MissingStepPolicy", "RankPolicy", "ReplayRows", "RolloutMockConfig",
+    "VerdictAction", "VerdictConfig", "WatchdogConfig", "build_config", "load_config",
+]

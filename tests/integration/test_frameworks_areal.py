@@ -1,0 +1,105 @@
+"""AReaL: wrap_areal around an engine with AReaL's prepare_batch shape, and the trajectory_debug
+files of PR #1407 (written here with torch.save, as AReaL's PPOTrainer._save_trajectory does).
+AReaL itself does not import on this CPU environment (it pins torch<2.11): see the docs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rollout_mock.adapters.areal import wrap_areal
+from rollout_mock.adapters.foreign import open_foreign
+from rollout_mock.cli import main
+from rollout_mock.storage.reader import open_dump
+
+
+def trajectories(step: int, n: int = 3) -> list[Any]:
+    """prepare_batch's return: list of dicts of [group, L] tensors; None = rejected."""
+    out: list[Any] = []
+    for i in range(n):
+        length = 4 + i
+        g = torch.Generator().manual_seed(step * 10 + i)
+        out.append({
+            "input_ids": torch.randint(0, 50, (2, length), generator=g, dtype=torch.int64).to(torch.int32),
+            "loss_mask": torch.tensor([[0, 0] + [1] * (length - 2)] * 2, dtype=torch.int32),
+            "logprobs": torch.randn(2, length, generator=g),
+            "versions": torch.full((2, length), step, dtype=torch.int32),
+            "attention_mask": torch.ones(2, length, dtype=torch.bool),
+            "rewards": torch.tensor([1.0, 0.0]),
+        })
+    out.append(None)
+    return out
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def prepare_batch(self, dataloader: Any, workflow: Any, workflow_kwargs: Any = None,
+                      should_accept_fn: Any = None, group_size: int = 1, dynamic_bs: bool = False) -> list[Any]:
+        self.calls += 1
+        return trajectories(self.calls)
+
+    def rollout_batch(self, data: list[Any], workflow: Any, workflow_kwargs: Any = None, group_size: int = 1) -> list[Any]:
+        return trajectories(100 + len(data))
+
+
+def same(a: list[Any], b: list[Any]) -> None:
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        if y is None:
+            assert x is None
+            continue
+        assert x.keys() == y.keys()
+        for key in y:
+            assert x[key].dtype == y[key].dtype and torch.equal(x[key], y[key]), key
+
+
+def test_wrap_areal_with_trainer_global_step(tmp_path: Path) -> None:
+    global_step = 0
+    rollout = wrap_areal(Engine(), {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")},
+                         step=lambda: global_step)
+    recorded = []
+    for global_step in (5, 6, 7):  # a run resumed at step 5: files are named by the trainer's step
+        recorded.append(rollout.prepare_batch(None, workflow=None, group_size=2))
+    rollout.close()
+    assert open_dump(tmp_path / "d").steps(open_dump(tmp_path / "d").stream("train")) == [5, 6, 7]
+    engine = Engine()
+    replay = wrap_areal(engine, {"enable": True, "mode": "mock", "dump_dir": str(tmp_path / "d")},
+                        step=lambda: global_step)
+    for global_step, expected in zip((5, 6, 7), recorded):
+        same(replay.prepare_batch(None, workflow=None, group_size=2), expected)
+    assert engine.calls == 0
+    replay.close()
+
+
+def test_read_and_import_trajectory_debug_files(tmp_path: Path) -> None:
+    src = tmp_path / "debug_trajectories"
+    src.mkdir()
+    single = {s: trajectories(s) for s in (0, 1)}
+    for step, batch in single.items():
+        torch.save(batch, src / f"step_{step:06d}.pt")  # single controller
+    spmd = tmp_path / "spmd"
+    spmd.mkdir()
+    for rank in (0, 1):
+        torch.save(trajectories(rank + 50), spmd / f"step_{3:06d}_dp_{rank}.pt")
+    foreign = open_foreign(src, trust=True)
+    assert foreign.format == "areal" and foreign.steps("train") == [0, 1]
+    same(foreign.load(1), single[1])
+    assert main(["import", str(src), str(tmp_path / "a"), "--trust"]) == 0
+    dump = open_dump(tmp_path / "a")
+    same(dump.load(0, "train"), single[0])  # safe mode
+    assert main(["import", str(spmd), str(tmp_path / "b"), "--trust"]) == 0
+    ranks = sorted(s.key for s in open_dump(tmp_path / "b").streams())
+    assert ranks == ["train@rank0", "train@rank1"]
+
+
+def test_areal_does_not_import_here() -> None:
+    try:
+        import areal  # noqa: F401
+    except ImportError:
+        return
+    pytest.skip("AReaL is importable here: the wrapper still needs only prepare_batch's shape")

@@ -10,17 +10,28 @@ import torch
 #: name -> (batch size, prompt length, response length); ~186 KB of tensor data per sample.
 SIZES: dict[str, tuple[int, int, int]] = {
     "small": (104, 1024, 3072),  # ~20 MB
+    "medium": (1812, 1024, 3072),  # ~0.35 GB
     "large": (4096, 1024, 3072),  # ~0.78 GB
 }
 
+#: bytes per sample of the (prompt 1024, response 3072) shape: tensors + ~2.4 KB of strings.
+SAMPLE_BYTES = 3 * 4096 * 8 + 3072 * 8 + 3072 * 4 * 5 + 3072 * 2 + 2665
 
-def make_dataproto(size: str, seed: int = 0) -> Any:
-    """10 tensors (int64 ids/masks/positions, float32 log-probs/values/advantages, a bfloat16
+
+def samples_for(nbytes: int) -> int:
+    """The batch size whose DataProto holds about ``nbytes`` (at least one sample)."""
+    return max(1, round(nbytes / SAMPLE_BYTES))
+
+
+def make_dataproto(size: str | int, seed: int = 0) -> Any:
+    """``size``: a name in :data:`SIZES` or a number of samples (prompt 1024, response 3072).
+
+    10 tensors (int64 ids/masks/positions, float32 log-probs/values/advantages, a bfloat16
     tensor), object arrays of uid and raw prompt strings, and meta_info, as verl builds them."""
     from tensordict import TensorDict
     from verl.protocol import DataProto
 
-    batch, prompt, response = SIZES[size]
+    batch, prompt, response = SIZES[size] if isinstance(size, str) else (size, 1024, 3072)
     length = prompt + response
     gen = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 150_000, (batch, length), generator=gen, dtype=torch.int64)

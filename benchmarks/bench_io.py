@@ -1,6 +1,6 @@
 """Dump/load throughput of rollout_mock against the physical limit and the peers, on one batch.
 
-    python benchmarks/bench_io.py [--size small|large|both] [--repeat N] [--json out.json]
+    python benchmarks/bench_io.py [--size small|medium|large|both] [--repeat N] [--json out.json]
                                   [--dir DIR] [--cold] [--update-readme]
 
 For each size, on the same realistic verl DataProto (see _data.py) and in one run:
@@ -394,7 +394,7 @@ def machine() -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--size", choices=["small", "large", "both"], default="both")
+    parser.add_argument("--size", choices=[*SIZES, "both"], default="both")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", type=Path, default=None, help="default: benchmarks/results/bench_io-<time>.json")
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: benchmarks/results/tmp)")
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--update-readme", action="store_true",
                         help="replace the Results section of benchmarks/README.md with this run")
     args = parser.parse_args(argv)
-    sizes = list(SIZES) if args.size == "both" else [args.size]
+    sizes = ["small", "large"] if args.size == "both" else [args.size]
     work = Path(tempfile.mkdtemp(prefix="bench_io_", dir=args.dir or _default_dir()))
     cold = args.cold and drop_caches()
     if args.cold and not cold:

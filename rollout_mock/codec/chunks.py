@@ -10,17 +10,12 @@ chunk's declared raw size.
 
 from __future__ import annotations
 
-import zlib
 from typing import Any
 
 import numpy as np
 
+from rollout_mock import _crc
 from rollout_mock.errors import MissingExtraError
-
-try:  # pragma: no cover - depends on the environment
-    from isal import isal_zlib as _crc_impl
-except ImportError:  # pragma: no cover
-    _crc_impl = zlib  # type: ignore[assignment]
 
 __all__ = ["CODECS", "crc32", "compress", "decompress", "shuffle", "unshuffle"]
 
@@ -30,7 +25,8 @@ _CODEC_NAMES = {v: k for k, v in CODECS.items()}
 
 
 def crc32(data: Any, value: int = 0) -> int:
-    return _crc_impl.crc32(data, value) & 0xFFFFFFFF
+    """CRC-32 of a chunk (:func:`rollout_mock._crc.crc32`: ISA-L when installed, else zlib)."""
+    return _crc.crc32(data, value) & 0xFFFFFFFF
 
 
 def _zstd() -> Any:

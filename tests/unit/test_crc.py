@@ -1,0 +1,97 @@
+"""The fast CRC-32 (ISA-L) gives zlib's values, alone, chunked and through Digest; zlib is the fallback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_mock import _crc
+from rollout_mock.storage.fileio import Digest, HashingWriter, read_hashed
+
+isal_zlib = pytest.importorskip("isal.isal_zlib")
+
+
+def test_isal_is_the_implementation_when_installed() -> None:
+    assert _crc.FAST and _crc.IMPLEMENTATION == "isal"
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.binary(max_size=20_000), cuts=st.lists(st.integers(0, 20_000), max_size=6))
+def test_same_values_as_zlib_whole_and_chunked(data: bytes, cuts: list[int]) -> None:
+    assert isal_zlib.crc32(data) == zlib.crc32(data)
+    assert _crc.crc32(data) == zlib.crc32(data)
+    bounds = sorted({0, len(data), *(c for c in cuts if c <= len(data))})
+    value = 0
+    for start, end in zip(bounds, bounds[1:]):
+        value = _crc.crc32(memoryview(data)[start:end], value)
+    assert value == zlib.crc32(data)
+
+
+def test_same_values_on_large_random_buffers() -> None:
+    # several MiB: the GIL-releasing, vectorised paths of both libraries, and a non-zero start
+    data = os.urandom(5 << 20) + b"tail"
+    assert _crc.crc32(data) == zlib.crc32(data)
+    assert _crc.crc32(data, 0x12345678) == zlib.crc32(data, 0x12345678)
+    view = memoryview(data)
+    assert _crc.crc32(view[3 << 20 :], _crc.crc32(view[: 3 << 20])) == zlib.crc32(data)
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_digest_matches_zlib_for_mixed_update_sizes(threaded: bool) -> None:
+    pieces = [os.urandom(n) for n in (0, 7, 3 << 20, 100, 2 << 20, 1, (1 << 20) - 1)]
+    digest = Digest(threaded=threaded)
+    for piece in pieces:
+        digest.update(piece)
+    checksum, mac = digest.finish()
+    assert checksum == f"crc32:{zlib.crc32(b''.join(pieces)):08x}"
+    assert mac is None
+
+
+def test_digest_defaults_inline_with_isal_and_threaded_with_hmac() -> None:
+    assert Digest().threaded is False
+    assert Digest(b"key").threaded is True
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_writer_and_reader_checksums_agree_with_zlib(tmp_path: Path, threaded: bool) -> None:
+    data = os.urandom((5 << 20) + 12345)
+    path = tmp_path / "f.bin"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        writer = HashingWriter(fd, Digest(threaded=threaded))
+        writer.write(data[:10])
+        writer.write(memoryview(data)[10:])
+        written, _ = writer.digest.finish()
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data and writer.size == len(data)
+    expected = f"crc32:{zlib.crc32(data):08x}"
+    assert written == expected
+    half, result = read_hashed(path, lambda r: r.read(len(data) // 2))
+    assert len(half) == len(data) // 2 and result.trailing == len(data) - len(half)
+    assert result.checksum == expected
+
+
+def test_zlib_fallback_when_isal_is_missing(tmp_path: Path) -> None:
+    script = (
+        "import sys, os, zlib\n"
+        "sys.modules['isal'] = None  # makes `import isal...` raise ImportError\n"
+        "from rollout_mock import _crc\n"
+        "from rollout_mock.storage.fileio import Digest\n"
+        "data = os.urandom(3 << 20)\n"
+        "assert not _crc.FAST and _crc.IMPLEMENTATION == 'zlib', _crc.IMPLEMENTATION\n"
+        "assert _crc.crc32(data, 5) == zlib.crc32(data, 5)\n"
+        "d = Digest(); assert d.threaded\n"
+        "d.update(data); assert d.finish()[0] == f'crc32:{zlib.crc32(data):08x}'\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"

@@ -316,6 +316,20 @@ def capture(obj: Any) -> Snapshot:
     return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans)
 
 
+#: Steps at least this large prepare (compress, checksum) their chunks on two threads.
+_PARALLEL_BYTES = 8 << 20
+_POOL: Any = None
+
+
+def _pool() -> Any:
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollout-mock-encode")
+    return _POOL
+
+
 def _pad(n: int) -> int:
     return (-n) % ALIGN
 
@@ -325,10 +339,21 @@ def encode_snapshot(snapshot: Snapshot, file: BinaryIO, *, compression: str = "n
     table: list[list[int]] = []
     stored: list[Any] = []
     offset = 0
-    for raw, itemsize in snapshot.chunks:
+
+    def prepare(chunk: tuple[Any, int]) -> tuple[Any, int, int, int]:
+        raw, itemsize = chunk
         data, codec_id, shuf = _chunks.compress(raw, compression, itemsize)
+        return data, codec_id, shuf, _chunks.crc32(data)
+
+    # compression and CRC-32 release the GIL: large steps use both cores
+    total = sum(raw.nbytes for raw, _ in snapshot.chunks)
+    if len(snapshot.chunks) > 1 and total >= _PARALLEL_BYTES:
+        prepared = list(_pool().map(prepare, snapshot.chunks))
+    else:
+        prepared = [prepare(chunk) for chunk in snapshot.chunks]
+    for (raw, _itemsize), (data, codec_id, shuf, crc) in zip(snapshot.chunks, prepared, strict=True):
         size = len(memoryview(data).cast("B")) if not isinstance(data, bytes) else len(data)
-        table.append([offset, size, raw.nbytes, _chunks.crc32(data), codec_id, shuf])
+        table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
         stored.append(data)
         offset += size + _pad(size)
     header = json.dumps({"format": "rollout_mock.step", "version": FORMAT_VERSION, "root": snapshot.root,
@@ -353,8 +378,14 @@ def encode_snapshot(snapshot: Snapshot, file: BinaryIO, *, compression: str = "n
     put(head)
     put(header)
     put(bytes(data_offset - CONTAINER_HEAD.size - len(header)))
-    for data in stored:
-        put(data)
+    # A writer that checksums what it writes can take each chunk's CRC as computed above
+    # instead of hashing the chunk a second time (HashingWriter.write_known).
+    write_known = getattr(file, "write_known", None)
+    for data, row in zip(stored, table, strict=True):
+        if write_known is not None:
+            written += write_known(data, row[3])
+        else:
+            put(data)
         pad = _pad(len(memoryview(data).cast("B")))
         if pad:
             put(bytes(pad))

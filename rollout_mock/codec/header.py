@@ -40,7 +40,6 @@ __all__ = ["DEFAULT_MAX_EXPANSION", "Layout", "check_tree", "read_layout"]
 #: (compressed) file can make the reader allocate. Raise it with ``max_expansion=`` or the
 #: environment variable ROLLOUT_MOCK_MAX_EXPANSION for legitimately very compressible data.
 DEFAULT_MAX_EXPANSION = 64
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
 _TAGS_WITH_DATA = {"tensor", "ndarray", "bytes", "bytearray", "pickle"}
 _MAX_DIM = 1 << 48
 _DEVICE = re.compile(r"(cpu|cuda|meta|mps|xpu|npu|hpu)(:[0-9]{1,4})?")
@@ -63,15 +62,46 @@ class Layout:
     declared_raw: int = 0
 
 
-def _json_depth(text: bytes) -> int:
-    stripped = _STRING.sub(b'""', text)
-    arr = np.frombuffer(stripped, dtype=np.uint8)
-    if not arr.size:
-        return 0
-    delta = np.zeros(arr.size, dtype=np.int64)
-    delta[(arr == 0x5B) | (arr == 0x7B)] = 1
-    delta[(arr == 0x5D) | (arr == 0x7D)] = -1
-    return int(np.cumsum(delta).max())
+_TOKENS = re.compile(rb'[\[\]{}"\\]')
+
+
+def _json_depth(text: bytes, limit: int | None = None) -> int:
+    """Deepest ``[``/``{`` nesting of a JSON text, brackets inside strings ignored.
+
+    The regex engine skips everything but brackets, quotes and backslashes, so a header made of
+    long strings (prompts) costs a few thousand steps; stops early once ``limit`` is exceeded.
+    """
+    depth = best = 0
+    in_string = False
+    skip = -1
+    for match in _TOKENS.finditer(text):
+        pos = match.start()
+        if pos < skip:
+            continue
+        char = text[pos]
+        if in_string:
+            if char == 0x5C:
+                skip = pos + 2  # the escaped character is not a token
+            elif char == 0x22:
+                in_string = False
+        elif char == 0x22:
+            in_string = True
+        elif char == 0x5B or char == 0x7B:
+            depth += 1
+            if depth > best:
+                best = depth
+                if limit is not None and best > limit:
+                    return best
+        elif char == 0x5D or char == 0x7D:
+            depth -= 1
+    return best
+
+
+def _parse_header(header: bytes) -> Any:
+    """``json.loads`` of a header whose nesting was measured first (bounded by :data:`MAX_DEPTH`)."""
+    if _json_depth(header, MAX_DEPTH) > MAX_DEPTH:
+        raise ValueError(f"header nesting depth exceeds {MAX_DEPTH}")
+    return json.loads(header)
 
 
 def read_layout(source: Any) -> Layout:
@@ -96,10 +126,7 @@ def read_layout(source: Any) -> Layout:
     header = bytes(source.read_range(head_end, header_len))
     if _chunks.crc32(header) != header_crc:
         raise ValueError("header CRC-32 mismatch")
-    depth = _json_depth(header)
-    if depth > MAX_DEPTH:
-        raise ValueError(f"header nesting depth {depth} exceeds {MAX_DEPTH}")
-    doc = json.loads(header)
+    doc = _parse_header(header)
     if not isinstance(doc, dict) or doc.get("format") != "rollout_mock.step" or doc.get("version") != 2:
         raise ValueError("header is not a rollout_mock format-2 header")
     table = doc.get("chunks")

@@ -52,6 +52,20 @@ def _guard(where: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         raise _corrupt(where, exc) from exc
 
 
+#: Tensors at least this large are read by two threads.
+_PARALLEL_BYTES = 8 << 20
+_POOL: Any = None
+
+
+def _pool() -> Any:
+    global _POOL
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollout-mock-read")
+    return _POOL
+
+
 class _SourceReader:
     """Reads and CRC-checks chunks of a format-2 file."""
 
@@ -74,16 +88,27 @@ class _SourceReader:
         out = torch.empty(total, dtype=torch.uint8)
         target = out.numpy()
         direct = hasattr(self.source, "readinto_range")
+        jobs = []
         pos = 0
         for i in range(first, first + count):
+            jobs.append((i, target[pos: pos + self.table[i][2]]))
+            pos += self.table[i][2]
+
+        def fill(job: tuple[int, Any]) -> None:
+            i, part = job
             offset, stored, raw, crc, codec, shuf = self.table[i]
-            part = target[pos: pos + raw]
             if codec == 0 and direct:
                 self.source.readinto_range(self.layout.data_base + offset, part)
                 crc_check(part, crc, i)
             else:
                 part[:] = memoryview(self._chunk(i)).cast("B")
-            pos += raw
+
+        if len(jobs) > 1 and total >= _PARALLEL_BYTES:
+            # reads (and page faults of the fresh memory) and CRCs release the GIL: two at once
+            list(_pool().map(fill, jobs))
+        else:
+            for job in jobs:
+                fill(job)
         return out
 
     def span(self, ref: list[int], lo: int, hi: int) -> torch.Tensor:
@@ -165,6 +190,40 @@ class StepView:
         if self._layout is not None:
             return self._layout.declared_raw
         return int(self.source.size())
+
+    def file_crc32(self) -> int:
+        """The CRC-32 of the whole file as the writer computed it, from the chunk table's CRCs
+        and the bytes between chunks (header, padding, suffix): nothing of the data is read.
+
+        Every chunk :meth:`load` uses is checked against its table CRC, so when this value
+        matches the manifest's checksum and the load succeeds, the file is exactly the one that
+        was written. Format-1 files (no chunk table) are hashed whole.
+        """
+        from rollout_mock import _crc
+
+        if self._layout is None:
+            size = self.source.size()
+            value, pos = 0, 0
+            while pos < size:
+                piece = self.source.read_range(pos, min(16 << 20, size - pos))
+                value = _crc.crc32(piece, value)
+                pos += len(piece)
+            return value & 0xFFFFFFFF
+        layout = self._layout
+        rows = sorted(self._layout.table, key=lambda row: row[0])
+        value, pos = 0, 0
+        for offset, stored, _raw, crc, _codec, _shuf in rows:
+            start = layout.data_base + offset
+            if start < pos:
+                raise CorruptStepError(f"{self.name}: chunks overlap; the file is corrupt", path=self.name)
+            if start > pos:
+                value = _crc.crc32(self.source.read_range(pos, start - pos), value)
+            value = _crc.crc32_combine(value & 0xFFFFFFFF, crc, stored)
+            pos = start + stored
+        size = self.source.size()
+        if pos < size:
+            value = _crc.crc32(self.source.read_range(pos, size - pos), value)
+        return value & 0xFFFFFFFF
 
     def keys(self) -> list[str]:
         """Top-level keys: batch + non-tensor keys of a batch, a dict's or TensorDict's keys."""

@@ -140,6 +140,18 @@ class Digest:
         assert self._queue is not None
         self._queue.put(view)
 
+    @property
+    def needs_bytes(self) -> bool:
+        """Whether every byte must be fed (an HMAC); otherwise :meth:`update_known` may be used."""
+        return self._mac is not None
+
+    def update_known(self, crc: int, length: int) -> None:
+        """Append ``length`` bytes whose CRC-32 the caller already computed (no HMAC only)."""
+        if self._mac is not None:
+            raise ValueError("an HMAC needs the bytes themselves: use update()")
+        self._drain()
+        self._crc = _crc.crc32_combine(self._crc & 0xFFFFFFFF, crc, length)
+
     def finish(self) -> tuple[str, str | None]:
         """Wait for pending hashing and return ``("crc32:xxxxxxxx", hmac_hex_or_None)``."""
         self._drain()
@@ -184,6 +196,26 @@ class HashingWriter:
                 if exc.errno != errno.ENOSPC:
                     raise
                 self.disk_full = exc
+        self.size += total
+        return total
+
+    def write_known(self, data: Any, crc: int) -> int:
+        """Write ``data`` whose CRC-32 is ``crc`` (computed by the caller): no second pass over
+        the bytes unless an HMAC needs them."""
+        if self.digest.needs_bytes:
+            return self.write(data)
+        view = memoryview(data).cast("B")
+        total = view.nbytes
+        if self.disk_full is None:
+            try:
+                done = 0
+                while done < total:
+                    done += os.write(self._fd, view[done:])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.disk_full = exc
+        self.digest.update_known(crc, total)
         self.size += total
         return total
 

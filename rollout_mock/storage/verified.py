@@ -98,6 +98,10 @@ def load_verified(
     if entry is not None and size != entry.size:
         raise _corrupt(path, stream, step, f"size is {size} bytes, manifest says {entry.size}")
 
+    if _format_version(path) == 2:
+        return _load_v2(path, entry, stream=stream, step=step, trusted=trusted, verify=verify,
+                        hmac_key=hmac_key, context=context)
+
     def decode_path(failure: str) -> Any:
         with open(path, "rb") as file:
             try:
@@ -123,6 +127,58 @@ def load_verified(
         raise _corrupt(path, stream, step, f"checksum matches but decoding failed ({exc!r})") from exc
     _check(path, entry, stream, step, result.checksum, result.hmac, keyed=False)
     return batch
+
+
+def _format_version(path: Path) -> int | None:
+    from rollout_mock.codec import sniff_version
+
+    with open(path, "rb") as file:
+        head = file.read(64)
+    try:
+        return sniff_version(head)
+    except CorruptStepError:
+        return None
+
+
+def _load_v2(path: Path, entry: StepEntry | None, *, stream: StreamId | None, step: int | None,
+             trusted: bool, verify: bool, hmac_key: bytes | None, context: bytes) -> Any:
+    """A format-2 file: read straight into the tensors' memory, every chunk CRC-checked.
+
+    The whole-file checksum of the manifest is checked *before* any data is decoded, without a
+    pass over the data: :meth:`StepView.file_crc32` combines the chunk table's CRCs with the bytes
+    between the chunks, and each chunk is then checked against its table CRC as it is read. With
+    an HMAC key the whole file is authenticated first (that needs every byte).
+    """
+    from rollout_mock.codec import open_step
+    from rollout_mock.codec.source import FileSource
+
+    if hmac_key is not None and entry is not None:
+        _check(path, entry, stream, step, *file_digest(path, hmac_key, context), keyed=True)
+    source = FileSource(path)
+    try:
+        try:
+            view = open_step(source, trusted=trusted)
+            if entry is not None and verify and hmac_key is None:
+                checksum = f"crc32:{view.file_crc32():08x}"
+                _check(path, entry, stream, step, checksum, None, keyed=False)
+            return view.load()
+        except UnsafePickleError as exc:
+            exc.step, exc.split = step, None if stream is None else stream.split
+            raise
+        except CorruptStepError as exc:
+            if exc.step is not None:
+                raise
+            if entry is not None and (verify or hmac_key is not None):
+                # say what changed: a checksum that differs names the cause (the file was
+                # damaged or replaced); only a matching one means a decoder problem
+                checksum, _ = file_digest(path)
+                if checksum != entry.checksum:
+                    raise _corrupt(path, stream, step, f"checksum {checksum} does not match the "
+                                   f"manifest's {entry.checksum} ({exc})") from exc
+                raise _corrupt(path, stream, step, f"checksum matches but decoding failed ({exc})") from exc
+            raise _corrupt(path, stream, step, f"cannot be decoded ({exc})") from exc
+    finally:
+        source.close()
 
 
 def load_bytes_verified(

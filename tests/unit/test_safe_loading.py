@@ -286,9 +286,10 @@ def test_hmac_refuses_files_changed_after_dumping(tmp_path: Path, monkeypatch: p
         with pytest.raises(CorruptStepError, match="HMAC"):
             sched.get_batch(None)
     assert not marker.exists()
-    # without a key, the per-chunk CRC-32 of format 2 still notices this accidental-looking
-    # change (a deliberate attacker would fix that CRC too: that is what the key is for)
-    with pytest.raises(CorruptStepError, match="CRC-32"):
+    # without a key, the per-chunk CRC-32s of format 2 (combined into the whole-file checksum
+    # before any data is decoded) still notice this accidental-looking change (a deliberate
+    # attacker would fix those CRCs too: that is what the key is for)
+    with pytest.raises(CorruptStepError, match="CRC-32|checksum"):
         load_step(path)
     # a different key refuses even the untouched step
     monkeypatch.setenv(KEY_ENV, "secret-2")

@@ -231,3 +231,25 @@ def test_roll_dataproto_with_proxy_fields(roll: Any) -> None:
     del sys.modules["roll.distributed.scheduler.protocol"]
     fallback = codec.decode(data)
     assert type(fallback) is Batch and fallback.source_class == "roll.distributed.scheduler.protocol:DataProto"
+
+
+@given(st.recursive(st.none() | st.integers() | st.text(alphabet='ab"\\[]{}', max_size=6),
+                    lambda children: st.lists(children, max_size=3)
+                    | st.dictionaries(st.text(alphabet='k"\\[{', max_size=3), children, max_size=3),
+                    max_leaves=30))
+def test_header_depth_ignores_brackets_in_strings(value: object) -> None:
+    import json
+    import re
+
+    from rollout_mock.codec.header import _json_depth
+
+    text = json.dumps(value).encode()
+    stripped = re.sub(rb'"(?:[^"\\]|\\.)*"', b'""', text)
+    depth = best = 0
+    for char in stripped:
+        if char in b"[{":
+            depth += 1
+            best = max(best, depth)
+        elif char in b"]}":
+            depth -= 1
+    assert _json_depth(text) == best

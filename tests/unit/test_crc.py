@@ -95,3 +95,40 @@ def test_zlib_fallback_when_isal_is_missing(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+@given(st.binary(max_size=5000), st.binary(max_size=5000))
+def test_crc32_combine_equals_the_crc_of_the_concatenation(a: bytes, b: bytes) -> None:
+    import zlib
+
+    from rollout_mock import _crc
+
+    whole = zlib.crc32(a + b)
+    assert _crc.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == whole
+    assert _crc._py_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == whole  # the no-ISA-L fallback
+
+
+def test_a_saved_step_reports_the_checksum_of_its_bytes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The whole-file CRC the writer records without a second pass equals the file's real CRC,
+    and the loader's table-based CRC equals both."""
+    import zlib
+
+    import torch
+
+    from rollout_mock import DirectoryStore
+    from rollout_mock.codec import open_step
+    from rollout_mock.codec.source import FileSource
+    from rollout_mock.storage.base import BatchInfo
+    from rollout_mock.storage.manifest import StreamId
+
+    batch = {"x": torch.randn(3000, 1000), "ids": torch.arange(7), "text": ["a", "b"]}
+    store = DirectoryStore(tmp_path)
+    stream = StreamId("train")
+    store.open_writer(stream)
+    entry = store.save(stream, 0, batch, BatchInfo.of(batch))
+    store.close()
+    path = tmp_path / entry.file
+    real = f"crc32:{zlib.crc32(path.read_bytes()):08x}"
+    assert entry.checksum == real
+    with FileSource(path) as source:
+        assert f"crc32:{open_step(source).file_crc32():08x}" == real

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 from _data import SIZES, clone_all, make_dataproto, object_bytes, tensor_bytes  # noqa: E402
 
 from rollout_mock import codec
@@ -104,16 +105,8 @@ def raw_write(path: Path, payload: np.ndarray) -> None:
 
 
 def raw_read(path: Path, nbytes: int) -> np.ndarray:
-    out = np.empty(nbytes, dtype=np.uint8)  # fresh memory (numpy advises huge pages)
-    view = memoryview(out)
-    with open(path, "rb", buffering=0) as file:
-        done = 0
-        while done < nbytes:
-            count = file.readinto(view[done:])
-            if not count:
-                break
-            done += count
-    return out
+    """The whole file into fresh memory (the shared baseline of benchmarks/_common.py)."""
+    return _common.raw_read(path)
 
 
 def unlink(path: Path) -> None:

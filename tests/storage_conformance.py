@@ -16,13 +16,7 @@ from typing import Any
 import pytest
 import torch
 
-from rollout_mock.errors import (
-    CorruptStepError,
-    LockedError,
-    StepExistsError,
-    StepNotFoundError,
-    UnsafePathError,
-)
+from rollout_mock import CorruptStepError, LockedError, StepExistsError, StepNotFoundError, UnsafePathError
 from rollout_mock.storage import BatchInfo
 from rollout_mock.storage.index import entry_relpath
 from rollout_mock.storage.indexed import IndexedStore

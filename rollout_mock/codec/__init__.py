@@ -54,6 +54,7 @@ from rollout_mock.codec.batches import (
     is_batch_class,
     register_batch_class,
 )
+from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.encode import Snapshot, capture, encode, encode_bytes, encode_snapshot
 from rollout_mock.codec.layout import FORMAT_VERSION
 from rollout_mock.codec.pickler import (
@@ -79,7 +80,7 @@ dump = encode
 dumps = encode_bytes
 
 __all__ = [
-    "FORMAT_VERSION", "PROTOCOL", "Batch", "ByteSource", "BytesSource", "FileSource", "Snapshot",
+    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "FileSource", "Snapshot",
     "StepView", "batch_class_names", "capture", "decode", "dtype_name", "dump", "dump_v1", "dumps",
     "dumps_v1", "encode", "encode_bytes", "encode_snapshot", "is_batch_class", "loads_unrestricted",
     "open_step", "register_batch_class", "sniff_version", "torch_dtype",

@@ -31,6 +31,8 @@ import torch
 
 from rollout_mock._text import logger
 from rollout_mock.codec import chunks as _chunks
+from rollout_mock.codec._threads import PARALLEL_BYTES, pool
+from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.batches import class_path, split_batch
 from rollout_mock.codec.layout import (
     ALIGN,
@@ -80,8 +82,11 @@ class _Encoder:
     With ``snapshot=True`` every chunk is an owned copy (the caller may mutate the batch next).
     """
 
-    def __init__(self, *, snapshot: bool) -> None:
+    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None) -> None:
         self.snapshot = snapshot
+        self.pool = pool
+        #: buffers taken from ``pool`` (given back by Snapshot.release)
+        self.pooled: list[torch.Tensor] = []
         #: (raw uint8 memoryview, itemsize for shuffling)
         self.chunks: list[tuple[memoryview, int]] = []
         self._owners: list[Any] = []
@@ -103,6 +108,16 @@ class _Encoder:
             self.chunks.append((view[start: start + step], itemsize))
         return [first, len(self.chunks) - first]
 
+    def _copy(self, raw: torch.Tensor) -> torch.Tensor:
+        """An owned copy of a flat uint8 tensor: into a pooled buffer when there is a pool."""
+        if self.pool is None or raw.numel() < (1 << 16):
+            return raw.clone()
+        base = self.pool.take(raw.numel())
+        self.pooled.append(base)
+        copy = base[: raw.numel()]
+        copy.copy_(raw)
+        return copy
+
     def _tensor(self, tensor: torch.Tensor, path: str) -> Any:
         name = str(tensor.dtype).removeprefix("torch.")
         if name not in TORCH_DTYPES:
@@ -112,7 +127,7 @@ class _Encoder:
         flat, fresh = _tensor_bytes(tensor)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         if self.snapshot and not fresh:
-            raw = raw.clone()
+            raw = self._copy(raw)
         shape = list(tensor.shape)
         row = raw.numel() // shape[0] if shape and shape[0] else 0
         node: dict[str, Any] = {"$": "tensor", "dtype": name, "shape": shape,
@@ -135,7 +150,7 @@ class _Encoder:
             array, fresh = np.ascontiguousarray(array), True
         raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
         if self.snapshot and not fresh:
-            raw = raw.copy()
+            raw = self._copy(torch.from_numpy(raw)).numpy() if self.pool is not None else raw.copy()
         row = raw.size // array.shape[0] if array.ndim and array.shape[0] else 0
         node = {"$": "ndarray", "dtype": array.dtype.str, "shape": list(array.shape),
                 "c": self._add_raw(raw, array.dtype.itemsize, row)}
@@ -298,10 +313,20 @@ class Snapshot:
     chunks: list[tuple[memoryview, int]] = field(default_factory=list)
     owners: list[Any] = field(default_factory=list, repr=False)
     spans: dict[int, memoryview] = field(default_factory=dict, repr=False)
+    pool: BufferPool | None = field(default=None, repr=False)
+    pooled: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def nbytes(self) -> int:
         return sum(view.nbytes for view, _ in self.chunks)
+
+    def release(self) -> None:
+        """Give pooled buffers back (after the snapshot was written): the snapshot, and any batch
+        :meth:`materialize` built from it, must not be used afterwards; it is emptied."""
+        self.chunks, self.owners, self.spans = [], [], {}
+        if self.pool is not None:
+            self.pool.give(self.pooled)
+        self.pooled = []
 
     def materialize(self, *, batch_class: type | None = None) -> Any:
         from rollout_mock.codec.decode import materialize_snapshot
@@ -309,25 +334,12 @@ class Snapshot:
         return materialize_snapshot(self, batch_class=batch_class)
 
 
-def capture(obj: Any) -> Snapshot:
-    """Snapshot ``obj`` with one copy of its tensor/array data."""
-    encoder = _Encoder(snapshot=True)
+def capture(obj: Any, *, pool: BufferPool | None = None) -> Snapshot:
+    """Snapshot ``obj`` with one copy of its tensor/array data (into ``pool``'s buffers, if given:
+    call :meth:`Snapshot.release` once the snapshot is written)."""
+    encoder = _Encoder(snapshot=True, pool=pool)
     root = encoder.node(obj)
-    return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans)
-
-
-#: Steps at least this large prepare (compress, checksum) their chunks on two threads.
-_PARALLEL_BYTES = 8 << 20
-_POOL: Any = None
-
-
-def _pool() -> Any:
-    global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollout-mock-encode")
-    return _POOL
+    return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled)
 
 
 def _pad(n: int) -> int:
@@ -347,8 +359,8 @@ def encode_snapshot(snapshot: Snapshot, file: BinaryIO, *, compression: str = "n
 
     # compression and CRC-32 release the GIL: large steps use both cores
     total = sum(raw.nbytes for raw, _ in snapshot.chunks)
-    if len(snapshot.chunks) > 1 and total >= _PARALLEL_BYTES:
-        prepared = list(_pool().map(prepare, snapshot.chunks))
+    if len(snapshot.chunks) > 1 and total >= PARALLEL_BYTES:
+        prepared = list(pool().map(prepare, snapshot.chunks))
     else:
         prepared = [prepare(chunk) for chunk in snapshot.chunks]
     for (raw, _itemsize), (data, codec_id, shuf, crc) in zip(snapshot.chunks, prepared, strict=True):

@@ -18,8 +18,6 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec.layout import (
     CONTAINER_HEAD,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from rollout_mock.codec import chunks as _chunks
+from rollout_mock.codec._threads import PARALLEL_BYTES, pool
 from rollout_mock.codec.decode import NodeDecoder, crc_check, normalize_rows
 from rollout_mock.codec.header import Layout, check_tree, max_expansion_default, read_layout
 from rollout_mock.codec.layout import PREFIX_HEAD
@@ -52,20 +53,6 @@ def _guard(where: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         raise _corrupt(where, exc) from exc
 
 
-#: Tensors at least this large are read by two threads.
-_PARALLEL_BYTES = 8 << 20
-_POOL: Any = None
-
-
-def _pool() -> Any:
-    global _POOL
-    if _POOL is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollout-mock-read")
-    return _POOL
-
-
 class _SourceReader:
     """Reads and CRC-checks chunks of a format-2 file."""
 
@@ -103,9 +90,9 @@ class _SourceReader:
             else:
                 part[:] = memoryview(self._chunk(i)).cast("B")
 
-        if len(jobs) > 1 and total >= _PARALLEL_BYTES:
+        if len(jobs) > 1 and total >= PARALLEL_BYTES:
             # reads (and page faults of the fresh memory) and CRCs release the GIL: two at once
-            list(_pool().map(fill, jobs))
+            list(pool().map(fill, jobs))
         else:
             for job in jobs:
                 fill(job)

@@ -35,6 +35,7 @@ class RecordingMixin:
             pass
         if self.config.background:
             self._writer = BackgroundWriter(max_pending=self.config.max_pending, on_error=self._on_write_error)
+            self._buffers = codec.BufferPool(keep=self.config.max_pending)
         else:
             self._writer = SyncWriter(on_error=self._on_write_error)
 
@@ -61,11 +62,17 @@ class RecordingMixin:
         describe = f"step {step} of {self.stream}"
 
         def make_job() -> WriteJob:
-            if isinstance(self._writer, BackgroundWriter) and snapshot:
-                produce: Callable[[], Any] = codec.capture(batch).materialize
-            else:
-                produce = lambda: batch  # noqa: E731
-            return WriteJob(lambda: self._save(step, produce(), info, method, seconds, call), describe)
+            if not (isinstance(self._writer, BackgroundWriter) and snapshot):
+                return WriteJob(lambda: self._save(step, batch, info, method, seconds, call), describe)
+            snap = codec.capture(batch, pool=getattr(self, "_buffers", None))
+
+            def run() -> None:
+                try:
+                    self._save(step, snap.materialize(), info, method, seconds, call)
+                finally:
+                    snap.release()  # written (or failed): its buffers serve the next step
+
+            return WriteJob(run, describe)
 
         self._writer.submit_when_free(make_job, describe)
 

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rollout_mock import RolloutMockError
 from rollout_mock.codec import safe
-from rollout_mock.errors import RolloutMockError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import adversarial_corpus as C  # noqa: E402

@@ -11,10 +11,8 @@ import torch
 from conftest import cfg
 from tensordict import TensorDict
 
-from rollout_mock.errors import UnsafePickleError
-from rollout_mock.storage import load_step
+from rollout_mock import MockScheduler, UnsafePickleError, load_step
 from rollout_mock.storage.manifest import FORMAT_VERSION
-from rollout_mock.wrap import MockScheduler
 
 ALL_DTYPES = [
     torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64, torch.complex128,

@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from conftest import cfg
 
+from rollout_mock import MockScheduler
 from rollout_mock.cli import main
-from rollout_mock.wrap import MockScheduler
 
 
 class Returns:

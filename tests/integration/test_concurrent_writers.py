@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout_mock.errors import LockedError
-from rollout_mock.wrap import MockScheduler
+from rollout_mock import LockedError, MockScheduler
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -15,11 +15,9 @@ pytest.importorskip("transformers")
 
 from debug_helpers import make_samples, save_tiny_model, tiny_model, verl_batch  # noqa: E402
 
+from rollout_mock import MetricsWriter, MockScheduler, open_dump, read_metrics
 from rollout_mock.cli import main  # noqa: E402
-from rollout_mock.compare.metrics import MetricsWriter, read_metrics  # noqa: E402
 from rollout_mock.errors import MetricsDivergenceError  # noqa: E402
-from rollout_mock.storage.reader import open_dump  # noqa: E402
-from rollout_mock.wrap import MockScheduler  # noqa: E402
 
 
 class Recorded:

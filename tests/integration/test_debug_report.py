@@ -12,9 +12,9 @@ import pytest
 import torch
 from conftest import cfg
 
+from rollout_mock import MockScheduler
 from rollout_mock.cli import main
 from rollout_mock.debug import write_report
-from rollout_mock.wrap import MockScheduler
 
 EVIL = "</script><script>alert(1)</script><img src=x onerror=alert(2)>"
 

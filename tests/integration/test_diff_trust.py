@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 import torch
 
+from rollout_mock import MockScheduler, diff_dumps
 from rollout_mock.cli import main
-from rollout_mock.compare.diff import diff_dumps
-from rollout_mock.wrap import MockScheduler
 
 
 class Returns:

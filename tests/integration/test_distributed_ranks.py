@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from rollout_mock.storage import load_step
+from rollout_mock import load_step
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not available")
 

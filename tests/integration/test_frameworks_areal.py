@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+from rollout_mock import open_dump
 from rollout_mock.adapters.areal import wrap_areal
 from rollout_mock.adapters.foreign import open_foreign
 from rollout_mock.cli import main
-from rollout_mock.storage.reader import open_dump
 
 
 def trajectories(step: int, n: int = 3) -> list[Any]:

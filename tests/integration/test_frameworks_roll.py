@@ -24,9 +24,9 @@ import torch
 
 ray = pytest.importorskip("ray")
 
+from rollout_mock import open_dump
 from rollout_mock.adapters.roll import roll_config, roll_handle, roll_scheduler  # noqa: E402
 from rollout_mock.cli import main  # noqa: E402
-from rollout_mock.storage.reader import open_dump  # noqa: E402
 
 pytestmark = pytest.mark.ray
 

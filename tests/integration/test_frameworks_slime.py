@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from rollout_mock import open_dump
 from rollout_mock.adapters import slime as adapter
 from rollout_mock.cli import main
-from rollout_mock.storage.reader import open_dump
 
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 

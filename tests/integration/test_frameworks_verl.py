@@ -14,10 +14,10 @@ verl_protocol = pytest.importorskip("verl.protocol")
 DataProto = verl_protocol.DataProto
 pytestmark = pytest.mark.verl
 
+from rollout_mock import open_dump
 from rollout_mock.adapters.foreign import open_foreign  # noqa: E402
 from rollout_mock.adapters.verl import VerlRollout, wrap_verl_rollout  # noqa: E402
 from rollout_mock.cli import main  # noqa: E402
-from rollout_mock.storage.reader import open_dump  # noqa: E402
 
 
 def output(step: int, validate: bool = False) -> Any:

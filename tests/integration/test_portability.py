@@ -21,11 +21,8 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_mock import codec
-from rollout_mock.errors import FormatVersionError
-from rollout_mock.storage import load_step
+from rollout_mock import FormatVersionError, MockScheduler, codec, load_step
 from rollout_mock.storage.manifest import FORMAT_VERSION, read_manifest
-from rollout_mock.wrap import MockScheduler
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import restored_process_state
 
-from rollout_mock.compare.diff import diff_dumps
+from rollout_mock import diff_dumps, verify
 from rollout_mock.compare.pytest_plugin import assert_metrics_match
-from rollout_mock.compare.verify import verify
 from rollout_mock.demo import run_pipeline
 
 pytest_plugins = ["pytester"]

@@ -30,6 +30,7 @@ ray = pytest.importorskip("ray")
 verl_protocol = pytest.importorskip("verl.protocol")
 DataProto = verl_protocol.DataProto
 
+from rollout_mock import LockedError, MockScheduler, load_step, mock_class
 from rollout_mock.determinism import (  # noqa: E402
     FINGERPRINT_ENV_VARS,
     PROFILE_VAR,
@@ -37,9 +38,6 @@ from rollout_mock.determinism import (  # noqa: E402
     SEED_VAR,
     ray_runtime_env,
 )
-from rollout_mock.errors import LockedError
-from rollout_mock.storage import load_step
-from rollout_mock.wrap import MockScheduler, mock_class
 
 pytestmark = pytest.mark.ray
 

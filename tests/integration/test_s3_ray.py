@@ -11,7 +11,7 @@ import pytest
 import torch
 from storage_conformance import s3_server  # noqa: F401
 
-from rollout_mock.storage import open_dump
+from rollout_mock import open_dump
 from rollout_mock.storage.manifest import StreamId
 
 ray = pytest.importorskip("ray")

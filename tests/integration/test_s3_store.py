@@ -16,10 +16,9 @@ import pytest
 import torch
 from storage_conformance import TRAIN, StoreConformance, batch_for, s3_server, same, save  # noqa: F401
 
-from rollout_mock import MockScheduler
+from rollout_mock import LockedError, MockScheduler, open_dump
 from rollout_mock.cli import main as cli_main
-from rollout_mock.errors import LockedError
-from rollout_mock.storage import FsspecStore, open_dump
+from rollout_mock.storage import FsspecStore
 
 pytestmark = pytest.mark.timeout(120)
 

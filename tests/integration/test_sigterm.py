@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-from rollout_mock.storage import load_step
-from rollout_mock.storage.reader import open_dump
+from rollout_mock import load_step, open_dump
 
 STEPS = 6
 

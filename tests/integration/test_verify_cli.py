@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_mock import cli
-from rollout_mock.compare.metrics import MetricsWriter, read_metrics
-from rollout_mock.compare.verify import verify
-from rollout_mock.errors import MissingExtraError
+from rollout_mock import MetricsWriter, MissingExtraError, cli, read_metrics, verify
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

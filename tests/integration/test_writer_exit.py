@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout_mock.storage import load_step
+from rollout_mock import load_step
 
 STEPS = 6
 

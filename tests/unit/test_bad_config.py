@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.errors import ConfigError
+from rollout_mock import ConfigError, RolloutMockConfig, load_config
 
 BOOL = "valid choices: true, false"
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from rollout_mock import MockScheduler
 from rollout_mock.cli import build_parser, main
-from rollout_mock.wrap import MockScheduler
 
 
 class Returns:

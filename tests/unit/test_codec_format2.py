@@ -17,9 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from rollout_mock import codec
+from rollout_mock import CorruptStepError, UnsafePickleError, codec
 from rollout_mock.codec import Batch, BytesSource, FileSource
-from rollout_mock.errors import CorruptStepError, UnsafePickleError
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]

@@ -5,9 +5,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.errors import ConfigError
-from rollout_mock.modes import Mode
+from rollout_mock import ConfigError, Mode, RolloutMockConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from rollout_mock import load_config
-from rollout_mock.errors import ConfigError
+from rollout_mock import ConfigError, load_config
 
 
 def _bomb(levels: int, key: str = "dump_dir") -> str:

@@ -12,10 +12,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_mock.errors import CorruptStepError, FormatVersionError, ManifestError, RolloutMockError
-from rollout_mock.storage import BatchInfo, DirectoryStore, MemoryStore, load_step, open_dump
+from rollout_mock import (
+    CorruptStepError,
+    DirectoryStore,
+    FormatVersionError,
+    ManifestError,
+    MemoryStore,
+    MockScheduler,
+    RolloutMockError,
+    load_step,
+    open_dump,
+)
+from rollout_mock.storage import BatchInfo
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.wrap import MockScheduler
 
 STREAM = StreamId("train")
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 from conftest import cfg
 
-from rollout_mock.config import load_config
+from rollout_mock import MockScheduler, load_config
 from rollout_mock.config.debug_settings import WatchdogConfig
 from rollout_mock.debug.watchdog import StallWatchdog
-from rollout_mock.wrap import MockScheduler
 
 
 class HangingScheduler:

@@ -17,8 +17,8 @@ import torch
 
 import rollout_mock.determinism as det
 import rollout_mock.determinism.process as det_apply
+from rollout_mock import ConfigError, DumpNotFoundError, ManifestError, RolloutMockError
 from rollout_mock.cli import env as env_cmd
-from rollout_mock.errors import ConfigError, DumpNotFoundError, ManifestError, RolloutMockError
 from rollout_mock.storage.manifest import Manifest
 
 ROLL_ENV = {

@@ -17,11 +17,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rollout_mock.errors import DiskFullError, WriterError
-from rollout_mock.storage import BatchInfo, DirectoryStore, fileio, load_step
+from rollout_mock import DirectoryStore, DiskFullError, MockScheduler, WriterError, load_step
+from rollout_mock.storage import BatchInfo, fileio
 from rollout_mock.storage.fileio import is_temp_name
 from rollout_mock.storage.manifest import StreamId, read_manifest
-from rollout_mock.wrap import MockScheduler
 
 STREAM = StreamId("train")
 

@@ -10,9 +10,8 @@ import pytest
 import torch
 from conftest import cfg
 
+from rollout_mock import FingerprintMismatchError, MockScheduler
 from rollout_mock.determinism import fingerprint
-from rollout_mock.errors import FingerprintMismatchError
-from rollout_mock.wrap import MockScheduler
 
 
 class Scheduler:

@@ -13,15 +13,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_mock.compare.metrics import MetricsTable, MetricsWriter, read_metrics, resolve_metrics_path
-from rollout_mock.errors import (
+from rollout_mock import (
     InvalidMetricError,
     MetricsFormatError,
     MetricsNotFoundError,
     MetricsWarning,
+    MetricsWriter,
     MissingExtraError,
     RolloutMockError,
+    read_metrics,
 )
+from rollout_mock.compare.metrics import MetricsTable, resolve_metrics_path
 
 
 def bits(x: float) -> bytes:

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_mock.errors import ConfigError, LockedError, SchedulerUnavailableError
-from rollout_mock.wrap import mock_class
+from rollout_mock import ConfigError, LockedError, SchedulerUnavailableError, mock_class
 
 DataProto = pytest.importorskip("verl.protocol").DataProto
 

@@ -12,16 +12,16 @@ import pytest
 import torch
 from conftest import cfg
 
-from rollout_mock.errors import (
+from rollout_mock import (
     ConfigError,
     DumpNotFoundError,
     IncompleteDumpError,
+    MockScheduler,
     SchedulerUnavailableError,
     StepExistsError,
     StepNotFoundError,
+    load_step,
 )
-from rollout_mock.storage import load_step
-from rollout_mock.wrap import MockScheduler
 
 
 class RlvrScheduler:

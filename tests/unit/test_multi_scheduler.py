@@ -10,9 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from rollout_mock.errors import LockedError, StepNotFoundError
-from rollout_mock.storage import load_step
-from rollout_mock.wrap import MockScheduler
+from rollout_mock import LockedError, MockScheduler, StepNotFoundError, load_step
 from rollout_mock.wrap.calls import step_arg_position
 from rollout_mock.wrap.scheduler import _spec_methods
 

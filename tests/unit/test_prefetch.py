@@ -14,8 +14,8 @@ import pytest
 import torch
 from conftest import cfg
 
+from rollout_mock import MockScheduler
 from rollout_mock.storage.prefetch import Prefetcher
-from rollout_mock.wrap import MockScheduler
 
 WAIT = 5.0
 

@@ -10,8 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_mock.errors import ConfigError, StepNotFoundError
-from rollout_mock.wrap import MockScheduler, mock_class
+from rollout_mock import ConfigError, MockScheduler, StepNotFoundError, mock_class
 from rollout_mock.wrap.subsample import keep_rows, subsample_batch
 
 

@@ -16,12 +16,10 @@ import pytest
 import torch
 from conftest import cfg
 
-from rollout_mock import codec
-from rollout_mock.errors import RolloutMockError, StepArgumentError, WriterError
-from rollout_mock.storage import DirectoryStore
+from rollout_mock import DirectoryStore, MockScheduler, RolloutMockError, WriterError, codec
+from rollout_mock.errors import StepArgumentError
 from rollout_mock.storage import writer as writer_module
 from rollout_mock.storage.writer import BackgroundWriter, WriteJob
-from rollout_mock.wrap import MockScheduler
 
 
 class Scheduler:
@@ -173,9 +171,9 @@ def _tracking_capture(monkeypatch: pytest.MonkeyPatch) -> tuple[list[weakref.ref
     alive_before: list[int] = []
     real = codec.capture
 
-    def capture(obj: Any) -> Any:
+    def capture(obj: Any, **kwargs: Any) -> Any:
         alive_before.append(sum(r() is not None for r in refs))
-        snapshot = real(obj)
+        snapshot = real(obj, **kwargs)
         refs.append(weakref.ref(snapshot))
         return snapshot
 

@@ -17,8 +17,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from rollout_mock import codec
-from rollout_mock.storage import BatchInfo, DirectoryStore, MemoryStore
+from rollout_mock import DirectoryStore, MemoryStore, codec
+from rollout_mock.storage import BatchInfo
 from rollout_mock.storage.manifest import StreamId
 
 STREAM = StreamId("train")

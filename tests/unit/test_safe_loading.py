@@ -18,12 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_mock import codec
+from rollout_mock import CorruptStepError, MockScheduler, UnsafePickleError, codec, load_step
 from rollout_mock.codec import safe
-from rollout_mock.errors import CorruptStepError, UnsafePickleError
-from rollout_mock.storage import file_digest, load_step
+from rollout_mock.storage import file_digest
 from rollout_mock.storage.manifest import read_manifest
-from rollout_mock.wrap import MockScheduler
 
 OPT_IN = ("trust_pickle: true", "trusted=True", "--trust")
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 from storage_conformance import StoreConformance
 
-from rollout_mock.storage import DirectoryStore, FsspecStore, MemoryStore
+from rollout_mock import DirectoryStore, MemoryStore
+from rollout_mock.storage import FsspecStore
 from rollout_mock.storage.indexed import IndexedStore
 
 

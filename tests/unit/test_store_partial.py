@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from rollout_mock import MockScheduler, open_dump, rank_rows
-from rollout_mock.errors import IncompleteDumpError
-from rollout_mock.storage import BatchInfo, DirectoryStore, FsspecStore, load_resplit
+from rollout_mock import DirectoryStore, IncompleteDumpError, MockScheduler, open_dump, rank_rows
+from rollout_mock.storage import BatchInfo, FsspecStore, load_resplit
 from rollout_mock.storage.manifest import StreamId
 
 ROWS = 64

@@ -11,9 +11,17 @@ from typing import Any
 import pytest
 import torch
 
-from rollout_mock import MockScheduler, load_step, open_dump
-from rollout_mock.errors import ConfigError, CorruptStepError, ManifestError, UnsafePathError
-from rollout_mock.storage import BatchInfo, DirectoryStore
+from rollout_mock import (
+    ConfigError,
+    CorruptStepError,
+    DirectoryStore,
+    ManifestError,
+    MockScheduler,
+    UnsafePathError,
+    load_step,
+    open_dump,
+)
+from rollout_mock.storage import BatchInfo
 from rollout_mock.storage.manifest import StreamId
 
 

@@ -12,10 +12,8 @@ import pytest
 import torch
 from conftest import cfg
 
-from rollout_mock import cli
-from rollout_mock.compare.traces import Trace, batch_traces, count_traces, format_traces, traces_to_jsonl
-from rollout_mock.errors import TraceError
-from rollout_mock.wrap import MockScheduler
+from rollout_mock import MockScheduler, TraceError, batch_traces, cli
+from rollout_mock.compare.traces import Trace, count_traces, format_traces, traces_to_jsonl
 
 # ------------------------------------------------------------------------------------------ data
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rollout_mock.compare.metrics import MetricsTable, MetricsWriter
+from rollout_mock import MetricsWriter, VerifyInputError, verify
+from rollout_mock.compare.metrics import MetricsTable
 from rollout_mock.compare.pytest_plugin import assert_metrics_match
-from rollout_mock.compare.verify import format_report, verify
-from rollout_mock.errors import VerifyInputError
+from rollout_mock.compare.verify import format_report
 
 pytest_plugins = ["pytester"]
 

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from rollout_mock.errors import WriterError
+from rollout_mock import WriterError
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 
 WAIT = 5.0  # seconds; generous upper bound for things that should happen at once

@@ -104,7 +104,15 @@ class DirectoryStore(IndexedStore):
             return None
 
     def _write_temp(self, rel: str, data: bytes) -> Any:
-        return write_temp(self.path(rel), lambda w: w.write(data) and None)
+        # Another writer compacting at the same moment may remove an index directory that just
+        # became empty (``_prune_dirs``) between our mkdir and our temporary file: try again.
+        for attempt in range(3):
+            try:
+                return write_temp(self.path(rel), lambda w: w.write(data) and None)
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
 
     def _create(self, rel: str, data: bytes) -> bool:
         return bool(self._write_temp(rel, data).commit_new())
@@ -128,7 +136,10 @@ class DirectoryStore(IndexedStore):
             except FileNotFoundError:
                 pass
         for parent in parents:
-            fsync_dir(parent)
+            try:
+                fsync_dir(parent)
+            except FileNotFoundError:  # pruned by another writer's compaction: nothing to sync
+                pass
 
     def _prune_dirs(self, rel_dirs: list[str]) -> None:
         for rel in rel_dirs:

@@ -48,7 +48,7 @@ from _data import SIZES, clone_all, make_dataproto, object_bytes, tensor_bytes  
 
 from rollout_mock import codec
 from rollout_mock.wrap import MockScheduler
-from rollout_mock.storage.manifest import StreamId, update_manifest  # noqa: E402
+from rollout_mock.storage.manifest import StreamId  # noqa: E402
 from rollout_mock.storage import BatchInfo, DirectoryStore  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -58,14 +58,7 @@ STREAM = StreamId("train")
 
 
 # --------------------------------------------------------------------------- helpers
-def drop_caches() -> bool:
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as file:
-            file.write("1\n")
-        return True
-    except OSError:
-        return False
+drop_caches = _common.drop_caches
 
 
 def timed(run: Callable[[], Any], repeat: int, *, before: Callable[[], Any] | None = None,
@@ -183,22 +176,11 @@ def replay_stalls(dump_dir: Path, steps: int, train_seconds: float, prefetch: bo
     return stalls
 
 
-def link_steps(dump_dir: Path, steps: int) -> None:
-    """Steps 1..steps-1 as hard links of step 0 (same bytes and checksum, no extra disk)."""
-    store = DirectoryStore(dump_dir)
-    entry = store.entry(STREAM, 0)
-    assert entry is not None
+def record_steps(store: DirectoryStore, batch: Any, info: Any, steps: int) -> None:
+    """Steps 1..steps-1 written through the store's public API (step 0 is already there)."""
     for step in range(1, steps):
-        os.link(store.path_of(STREAM, 0), store.path_of(STREAM, step))
-
-    def change(manifest: Any) -> None:
-        data = manifest.stream(STREAM, create=True)
-        for step in range(1, steps):
-            raw = dict(data["steps"]["0"])
-            raw["file"] = STREAM.relpath(step)
-            data["steps"][str(step)] = raw
-
-    update_manifest(dump_dir, change)
+        store.save(STREAM, step, batch, info)
+    store.close()
 
 
 # --------------------------------------------------------------------------- one size
@@ -255,9 +237,10 @@ def bench_size(size: str, repeat: int, work: Path, cold: bool) -> dict[str, Any]
     for _ in range(repeat):
         for key, run in writes.items():
             # untimed: remove what the previous round wrote (unlink is slow on this disk)
-            for path in [targets.get(key)] + [store.path_of(STREAM, step) for step in saved]:
-                if path is not None:
-                    unlink(path)
+            if targets.get(key) is not None:
+                unlink(targets[key])
+            for step in saved:
+                store.delete(STREAM, step)  # the file and its index entry
             saved.clear()
             gc.collect()
             os.sync()  # untimed: every method starts with no dirty pages of earlier rounds
@@ -266,7 +249,8 @@ def bench_size(size: str, repeat: int, work: Path, cold: bool) -> dict[str, Any]
             samples[key].append(time.perf_counter() - start)
             del result
     for step in saved:
-        unlink(store.path_of(STREAM, step))
+        store.delete(STREAM, step)
+    saved.clear()
     for _ in range(repeat):
         for key, run in reads.items():
             if reading is not None:
@@ -298,7 +282,7 @@ def bench_size(size: str, repeat: int, work: Path, cold: bool) -> dict[str, Any]
     # replay stall with and without prefetch ---------------------------------------------
     print(f"== {size}: replay stall", flush=True)
     steps = 5
-    link_steps(dump_dir, steps)
+    record_steps(store, batch, info, steps)
     train = 1.5 * r["rm_load_s"]
     without = replay_stalls(dump_dir, steps, train, prefetch=False)
     with_pf = replay_stalls(dump_dir, steps, train, prefetch=True)

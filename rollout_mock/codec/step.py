@@ -15,7 +15,7 @@ from rollout_mock.codec._threads import PARALLEL_BYTES, pool
 from rollout_mock.codec.decode import NodeDecoder, crc_check, normalize_rows
 from rollout_mock.codec.header import Layout, check_tree, max_expansion_default, read_layout
 from rollout_mock.codec.layout import PREFIX_HEAD
-from rollout_mock.codec.source import BytesSource, as_source
+from rollout_mock.codec.source import BytesSource, FileSource, as_source
 from rollout_mock.errors import CorruptStepError, RolloutMockError
 
 __all__ = ["StepView", "decode", "open_step", "sniff_version"]
@@ -90,8 +90,9 @@ class _SourceReader:
             else:
                 part[:] = memoryview(self._chunk(i)).cast("B")
 
-        if len(jobs) > 1 and total >= PARALLEL_BYTES:
-            # reads (and page faults of the fresh memory) and CRCs release the GIL: two at once
+        if len(jobs) > 1 and total >= PARALLEL_BYTES and isinstance(self.source, FileSource):
+            # local reads (and page faults of the fresh memory) and CRCs release the GIL: two at
+            # once (remote sources keep their own request pattern)
             list(pool().map(fill, jobs))
         else:
             for job in jobs:

@@ -56,3 +56,31 @@ def restored_process_state() -> Iterator[None]:
         random.setstate(rng[0])
         np.random.set_state(rng[1])
         torch.set_rng_state(rng[2])
+
+
+@contextmanager
+def local_ray_cluster(num_cpus: int = 2, *, hide: tuple[str, ...] = (),
+                      runtime_env: dict[str, Any] | None = None) -> Iterator[None]:
+    """A real Ray cluster on 127.0.0.1 for the length of the block; ``hide`` names environment
+    variables kept away from it (and put back afterwards); ``runtime_env`` goes to ``ray.init``."""
+    import ray
+
+    loopback = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+    saved = {name: os.environ.pop(name) for name in (*hide, "RAY_ADDRESS", loopback) if name in os.environ}
+    # Ray turns "127.0.0.1" into the machine's outward address unless clustering is off: keep the
+    # whole test cluster on the loopback interface.
+    os.environ[loopback] = "0"
+    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
+    saved_flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if saved_flag is not None:
+        constants.ENABLE_RAY_CLUSTER = False
+    try:
+        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
+                 runtime_env=runtime_env)
+        yield
+    finally:
+        ray.shutdown()
+        if saved_flag is not None:
+            constants.ENABLE_RAY_CLUSTER = saved_flag
+        os.environ.pop(loopback, None)
+        os.environ.update(saved)

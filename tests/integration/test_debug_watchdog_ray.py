@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from conftest import local_ray_cluster
 
 ray = pytest.importorskip("ray")
 
@@ -18,26 +19,12 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 # the actor's process cannot import this test module: ship its classes by value
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster() -> Iterator[None]:
-    saved = {name: os.environ.pop(name) for name in ("RAY_ADDRESS", LOOPBACK_ENV) if name in os.environ}
-    os.environ[LOOPBACK_ENV] = "0"
-    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
-    saved_flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    if saved_flag is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    with local_ray_cluster(1):
         yield
-    finally:
-        ray.shutdown()
-        if saved_flag is not None:
-            constants.ENABLE_RAY_CLUSTER = saved_flag
-        os.environ.pop(LOOPBACK_ENV, None)
-        os.environ.update(saved)
 
 
 class AsyncScheduler:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import local_ray_cluster
 
 ray = pytest.importorskip("ray")
 
@@ -32,7 +33,6 @@ pytestmark = pytest.mark.ray
 
 DOUBLES = Path(__file__).resolve().parents[1] / "doubles"
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 def install_roll(root: Path) -> None:
@@ -67,20 +67,10 @@ def roll_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     sys.path.insert(0, str(root))
     saved_pp = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), saved_pp]))
-    os.environ[LOOPBACK_ENV] = "0"
-    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
-    saved_flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    if saved_flag is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1",
-             runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
     try:
-        yield root
+        with local_ray_cluster(2, runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}}):
+            yield root
     finally:
-        ray.shutdown()
-        if saved_flag is not None:
-            constants.ENABLE_RAY_CLUSTER = saved_flag
-        os.environ.pop(LOOPBACK_ENV, None)
         if saved_pp is None:
             os.environ.pop("PYTHONPATH", None)
         else:

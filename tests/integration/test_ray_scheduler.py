@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import local_ray_cluster
 
 ray = pytest.importorskip("ray")
 verl_protocol = pytest.importorskip("verl.protocol")
@@ -42,7 +43,6 @@ from rollout_mock.determinism import (  # noqa: E402
 pytestmark = pytest.mark.ray
 
 GATE_TIMEOUT_S = 30.0
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,24 +181,8 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster() -> Iterator[None]:
     """One local cluster for the module; determinism variables of this shell are hidden from it."""
-    hidden = (*FINGERPRINT_ENV_VARS, SEED_VAR, PROFILE_VAR, "RAY_ADDRESS", LOOPBACK_ENV)
-    saved = {name: os.environ.pop(name) for name in hidden if name in os.environ}
-    # Ray turns "127.0.0.1" into the machine's outward address unless clustering is off: keep the
-    # whole test cluster on the loopback interface.
-    os.environ[LOOPBACK_ENV] = "0"
-    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
-    saved_flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    if saved_flag is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    with local_ray_cluster(2, hide=(*FINGERPRINT_ENV_VARS, SEED_VAR, PROFILE_VAR)):
         yield
-    finally:
-        ray.shutdown()
-        if saved_flag is not None:
-            constants.ENABLE_RAY_CLUSTER = saved_flag
-        os.environ.pop(LOOPBACK_ENV, None)
-        os.environ.update(saved)
 
 
 def cfg(dump_dir: Path, mode: str, **extra: Any) -> dict[str, Any]:

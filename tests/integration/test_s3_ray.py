@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import local_ray_cluster
 from storage_conformance import s3_server  # noqa: F401
 
 from rollout_mock import open_dump
@@ -20,26 +21,12 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
 
 ACTORS = 4
 STEPS = 5
-LOOPBACK_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 @pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    saved = os.environ.pop("RAY_ADDRESS", None)
-    os.environ.setdefault(LOOPBACK_ENV, "0")
-    constants = getattr(getattr(ray, "_private", None), "ray_constants", None)
-    saved_flag = getattr(constants, "ENABLE_RAY_CLUSTER", None)
-    if saved_flag is not None:
-        constants.ENABLE_RAY_CLUSTER = False
-    try:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address="127.0.0.1")
+    with local_ray_cluster(2):
         yield
-    finally:
-        ray.shutdown()
-        if saved_flag is not None:
-            constants.ENABLE_RAY_CLUSTER = saved_flag
-        if saved is not None:
-            os.environ["RAY_ADDRESS"] = saved
 
 
 def test_many_actors_dump_into_one_s3_dump(ray_cluster: None, s3_server: dict[str, Any]) -> None:

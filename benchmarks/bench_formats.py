@@ -208,10 +208,22 @@ def make_formats(work: Path, keys: list[str] | None = None, *, pad_to: int | Non
         state["step"] += 1
         store.save(STREAM, state["step"], batch, BatchInfo.of(batch))
 
+    def lazy_rm(verify: bool, keys: list[str] | None, rows: range | None) -> Callable[[], Any]:
+        def run() -> Any:
+            from rollout_mock.storage.partial import open_view
+
+            view = open_view(store, STREAM, state["step"], mapped=True, verify=verify)
+            return view.load(keys=keys, rows=rows) if keys is not None or rows is not None else view.keys()
+        return run
+
     formats["rm"] = Format("rm", "rollout_mock DirectoryStore.save / load (CRC-32 verified)", rm_dir, write_rm,
                            lambda: store.load(STREAM, state["step"]), prepare_rm,
                            "CRC-32, fsync, manifest, atomic rename; verified load",
-                           {"unverified": lambda: unverified.load(STREAM, state["step"]), "state": state})
+                           {"unverified": lambda: unverified.load(STREAM, state["step"]), "state": state,
+                            "lazy": {"rm_open": lazy_rm(True, None, None),
+                                     "rm_key": lazy_rm(True, ["input_ids"], None),
+                                     "rm_rows": lazy_rm(True, None, range(0, 8)),
+                                     "rm_key_unchecked": lazy_rm(False, ["input_ids"], None)}})
     if keys is not None:
         formats = {key: formats[key] for key in keys}
     return formats
@@ -279,7 +291,8 @@ def peer_table(size: str, repeat: int, cold: bool, work: Path, peak: bool) -> di
     formats = make_formats(work, pad_to=rm_file)
     print(f"[{time.perf_counter() - _T0:5.0f} s] == peers: timing writes and loads", flush=True)
     r["formats"] = time_formats(batch, formats, repeat, cold, {
-        "rm_unverified": formats["rm"].extra["unverified"], "safetensors_lazy": formats["safetensors"].extra["lazy"]})
+        "rm_unverified": formats["rm"].extra["unverified"], "safetensors_lazy": formats["safetensors"].extra["lazy"],
+        **formats["rm"].extra["lazy"]})
     loaded = formats["rm"].load()
     assert all(torch.equal(loaded.batch[k], v) for k, v in batch.batch.items())
     assert list(loaded.non_tensor_batch["raw_prompt"]) == list(batch.non_tensor_batch["raw_prompt"])
@@ -350,7 +363,7 @@ def size_curve(max_size: int, cold: bool, work: Path) -> list[dict[str, Any]]:
         sub.mkdir()
         formats = make_formats(sub, ["raw", "torch", "rm"])
         repeat = 11 if target <= 16 << 20 else 5 if target <= 256 << 20 else 3
-        times = time_formats(batch, formats, repeat, cold)
+        times = time_formats(batch, formats, repeat, cold, {"rm_key": formats["rm"].extra["lazy"]["rm_key"]})
         rows.append({"target": target, "batch_bytes": tensor_bytes(batch) + object_bytes(batch),
                      "repeat": repeat, "formats": times})
         del batch
@@ -438,6 +451,13 @@ def report_peers(r: dict[str, Any]) -> str:
                  f"{r['batch_bytes'] / unv / 1e9:.2f} | {raw_l / unv:.2f}x | | |")
     lazy = f["safetensors_lazy"]["load"]["median"]
     lines.append(f"| safetensors `load_file` alone (lazy mmap, info) | | | | {lazy:.3f} | | | | |")
+    lazy_rows = [("rm_open", "rollout_mock `Dump.open(step)` + `keys()` (mapped, size+CRC checked from the table)"),
+                 ("rm_key", "rollout_mock mapped `load(keys=['input_ids'])`, CRC-checked"),
+                 ("rm_rows", "rollout_mock mapped `load(rows=range(8))`, every key, CRC-checked"),
+                 ("rm_key_unchecked", "rollout_mock mapped `load(keys=['input_ids'])`, `verify=False` (unchecked)")]
+    for key, label in lazy_rows:
+        if key in f:
+            lines.append(f"| {label} (lazy, info) | | | | {f[key]['load']['median']:.4f} | | | | |")
     b = r["blocking"]
     lines += [
         "",
@@ -474,18 +494,19 @@ def report_sizes(rows: list[dict[str, Any]], cold: bool) -> str:
         f"#### Scaling over batch size ({'cold' if cold else 'page-cache'} reads), medians",
         "",
         "| batch | raw write s | rm save s | save vs raw | torch.save s | raw read s | rm load s | "
-        "load vs raw | torch.load s | load vs torch.load |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "load vs raw | torch.load s | load vs torch.load | rm mapped open + 1 key (checked) s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in rows:
         if "skipped" in row:
-            lines.append(f"| {human(row['target'])} | skipped: {row['skipped']} ||||||||| ")
+            lines.append(f"| {human(row['target'])} | skipped: {row['skipped']} |||||||||| ")
             continue
         f = row["formats"]
         rw, rs, ts = (f[k]["write"]["median"] for k in ("raw", "rm", "torch"))
         rr, rl, tl = (f[k]["load"]["median"] for k in ("raw", "rm", "torch"))
+        lazy = f"{f['rm_key']['load']['median']:.4f}" if "rm_key" in f else ""
         lines.append(f"| {human(row['batch_bytes'])} | {rw:.4f} | {rs:.4f} | {rw / rs:.2f}x | {ts:.4f} | "
-                     f"{rr:.4f} | {rl:.4f} | {rr / rl:.2f}x | {tl:.4f} | {tl / rl:.2f}x |")
+                     f"{rr:.4f} | {rl:.4f} | {rr / rl:.2f}x | {tl:.4f} | {tl / rl:.2f}x | {lazy} |")
     return "\n".join(lines)
 
 

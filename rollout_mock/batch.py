@@ -33,7 +33,9 @@ def type_name(obj: Any) -> str:
 
 def _leaf(value: Any) -> dict[str, Any] | None:
     if isinstance(value, torch.Tensor):
-        return {"shape": list(value.shape), "dtype": str(value.dtype).removeprefix("torch.")}
+        # a jagged nested tensor's ragged dimension is a SymInt: recorded as null (unknown)
+        shape = [d if type(d) is int else None for d in value.shape]
+        return {"shape": shape, "dtype": str(value.dtype).removeprefix("torch.")}
     if isinstance(value, np.ndarray):
         return {"shape": list(value.shape), "dtype": value.dtype.name}
     return None

@@ -118,7 +118,7 @@ def _show_stream(args: argparse.Namespace, dump: Any, stream: Any, tokenizer: An
                 f"{format_ranges(recorded)}); pick one of those with --step",
                 split=stream.split, step=step, path=dump.dump_dir,
             )
-        batch = dump.load(step, stream, trusted=args.trust)
+        batch = dump.load(step, stream, trusted=args.trust, mapped=True)
         traces = batch_traces(batch, max_traces=args.max_traces, tokenizer=tokenizer, step=step)
         if args.jsonl:
             sys.stdout.write(traces_to_jsonl(traces, step))

@@ -72,7 +72,7 @@ from rollout_mock.codec.pickler import (
     loads_unrestricted,
     torch_dtype,
 )
-from rollout_mock.codec.source import ByteSource, BytesSource, FileSource
+from rollout_mock.codec.source import ByteSource, BytesSource, FileSource, MappedSource
 from rollout_mock.codec.step import StepView, _load_v2, decode, open_step, sniff_version
 
 #: Deprecated aliases: ``dump``/``dumps`` write format 2 now.
@@ -80,7 +80,7 @@ dump = encode
 dumps = encode_bytes
 
 __all__ = [
-    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "FileSource", "Snapshot",
+    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "FileSource", "MappedSource", "Snapshot",
     "StepView", "batch_class_names", "capture", "decode", "dtype_name", "dump", "dump_v1", "dumps",
     "dumps_v1", "encode", "encode_bytes", "encode_snapshot", "is_batch_class", "loads_unrestricted",
     "open_step", "register_batch_class", "sniff_version", "torch_dtype",

@@ -69,19 +69,22 @@ class NodeDecoder:
             if nbytes == 0:
                 out = torch.zeros(shape, dtype=dtype)
             else:
-                out = self._view(self.reader.whole(node["c"], nbytes), dtype, shape)
+                out = self._view(self.reader.whole(node["c"], nbytes, defer=True), dtype, shape)
         if node.get("param"):
             return torch.nn.Parameter(out, requires_grad=bool(node.get("grad")))
         if node.get("grad"):
             out.requires_grad_(True)
         return out
 
-    @staticmethod
-    def _view(raw: torch.Tensor, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
+    def _view(self, raw: torch.Tensor, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         if math.prod(shape) == 0:
             return torch.zeros(shape, dtype=dtype)
-        if dtype is torch.bool and bool((raw > 1).any()):
-            raise ValueError("bool tensor holds bytes other than 0 and 1")
+        if dtype is torch.bool:
+            def check() -> None:
+                if bool((raw > 1).any()):
+                    raise ValueError("bool tensor holds bytes other than 0 and 1")
+
+            getattr(self.reader, "after", lambda run: run())(check)
         return raw.view(dtype).reshape(shape)
 
     def ndarray(self, node: dict[str, Any], rows: slice | None = None) -> np.ndarray:
@@ -103,7 +106,7 @@ class NodeDecoder:
             if nbytes == 0:
                 out = np.zeros(shape, dtype=dtype)
             else:
-                out = self.reader.whole(node["c"], nbytes).numpy().view(dtype).reshape(shape)
+                out = self.reader.whole(node["c"], nbytes, defer=True).numpy().view(dtype).reshape(shape)
         if node.get("ro"):
             out.flags.writeable = False
         return out
@@ -177,7 +180,9 @@ class NodeDecoder:
             if rows is not None:
                 items = [items[i] for i in _rows_range(rows, len(items))]
             layout = torch.jagged if node["layout"] == "jagged" else torch.strided
-            return torch.nested.nested_tensor([self.value(x) for x in items], layout=layout)
+            parts = [self.value(x) for x in items]
+            getattr(self.reader, "flush", lambda: None)()  # nested_tensor copies: data first
+            return torch.nested.nested_tensor(parts, layout=layout)
         return self._small(node, tag)
 
     def _small(self, node: dict[str, Any], tag: str) -> Any:
@@ -253,7 +258,7 @@ class _MemoryReader:
         self.chunks = chunks
         self.spans = spans
 
-    def whole(self, ref: list[int], nbytes: int | None) -> torch.Tensor:
+    def whole(self, ref: list[int], nbytes: int | None, *, defer: bool = False) -> torch.Tensor:
         first, count = ref
         span = self.spans.get(first)
         if span is not None and span.nbytes == 0:

@@ -32,8 +32,8 @@ import torch
 from rollout_mock._text import logger
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec._threads import PARALLEL_BYTES, pool
-from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.batches import class_path, split_batch
+from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.layout import (
     ALIGN,
     CHUNK_BYTES,

@@ -1,9 +1,8 @@
 """Reading and validating the fixed prefix, container head and JSON header of format-2 files.
 
 Everything here treats the file as hostile: every length is checked against the file size
-before anything is read or allocated, the JSON nesting depth is measured before the JSON is
-parsed, and :func:`check_tree` validates every node (required fields, types, dtypes from the
-allow-list, ``prod(shape) * itemsize == bytes referenced``, chunk references inside the table)
+before anything is read or allocated, the JSON parser's nesting is bounded, and
+:func:`check_tree` validates every node (required fields, types, dtypes from the allow-list, ``prod(shape) * itemsize == bytes referenced``, chunk references inside the table)
 and totals the raw bytes the file declares, which must stay under ``max_expansion`` times the
 file size (plus 1 MiB).
 """
@@ -60,46 +59,17 @@ class Layout:
     declared_raw: int = 0
 
 
-_TOKENS = re.compile(rb'[\[\]{}"\\]')
-
-
-def _json_depth(text: bytes, limit: int | None = None) -> int:
-    """Deepest ``[``/``{`` nesting of a JSON text, brackets inside strings ignored.
-
-    The regex engine skips everything but brackets, quotes and backslashes, so a header made of
-    long strings (prompts) costs a few thousand steps; stops early once ``limit`` is exceeded.
-    """
-    depth = best = 0
-    in_string = False
-    skip = -1
-    for match in _TOKENS.finditer(text):
-        pos = match.start()
-        if pos < skip:
-            continue
-        char = text[pos]
-        if in_string:
-            if char == 0x5C:
-                skip = pos + 2  # the escaped character is not a token
-            elif char == 0x22:
-                in_string = False
-        elif char == 0x22:
-            in_string = True
-        elif char == 0x5B or char == 0x7B:
-            depth += 1
-            if depth > best:
-                best = depth
-                if limit is not None and best > limit:
-                    return best
-        elif char == 0x5D or char == 0x7D:
-            depth -= 1
-    return best
-
-
 def _parse_header(header: bytes) -> Any:
-    """``json.loads`` of a header whose nesting was measured first (bounded by :data:`MAX_DEPTH`)."""
-    if _json_depth(header, MAX_DEPTH) > MAX_DEPTH:
-        raise ValueError(f"header nesting depth exceeds {MAX_DEPTH}")
-    return json.loads(header)
+    """``json.loads`` of a hostile header, with its nesting bounded.
+
+    The C scanner guards its own recursion (``RecursionError`` near the interpreter's limit, so
+    a million ``[`` cost microseconds and no memory), and :func:`check_tree` then enforces
+    :data:`MAX_DEPTH` on the parsed tree before anything recurses over it.
+    """
+    try:
+        return json.loads(header)
+    except RecursionError:
+        raise ValueError(f"header nesting depth exceeds {MAX_DEPTH}") from None
 
 
 def read_layout(source: Any) -> Layout:
@@ -192,8 +162,6 @@ def check_tree(root: Any, table: list[list[int]]) -> int:
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
         node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise ValueError("node nesting too deep")
         kind = type(node)
         if node is None or kind in (bool, int, str):
             continue
@@ -201,6 +169,8 @@ def check_tree(root: Any, table: list[list[int]]) -> int:
             if not math.isfinite(node):
                 raise ValueError("non-finite float outside a float node")
             continue
+        if depth >= MAX_DEPTH:  # the (MAX_DEPTH + 1)-th nested list or object
+            raise ValueError(f"node nesting deeper than {MAX_DEPTH}")
         if kind is list:
             stack.extend((x, depth + 1) for x in node)
             continue

@@ -6,19 +6,25 @@ needs (the header, then the chunks covering the requested keys and rows), so a l
 costs one small read. ``readinto_range(offset, buffer)`` is optional: when present, tensor data is
 read straight into the tensor's memory (one copy instead of two).
 
-Implementations here: :class:`BytesSource` (bytes in memory) and :class:`FileSource` (a local
-file, ``os.pread``/``os.preadv``). Storage back ends may add their own by duck typing.
+Implementations here: :class:`BytesSource` (bytes in memory), :class:`FileSource` (a local
+file, ``os.pread``/``os.preadv``) and :class:`MappedSource` (a local file mapped into memory:
+``map_range`` hands out its bytes without reading or copying them, for lazy opens). Storage back
+ends may add their own by duck typing.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rollout_mock.errors import CorruptStepError
 
-__all__ = ["ByteSource", "BytesSource", "FileSource", "as_source"]
+__all__ = ["HEAD_BYTES", "ByteSource", "BytesSource", "FileSource", "MappedSource", "as_source"]
+
+#: A :class:`FileSource` reads this much of the file's start when it opens (one system call).
+HEAD_BYTES = 256 << 10
 
 
 @runtime_checkable
@@ -67,7 +73,14 @@ class FileSource:
         self.path = Path(path)
         self.name = str(path)
         self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-        self._size = os.fstat(self._fd).st_size
+        try:
+            self._size = os.fstat(self._fd).st_size
+            # the prefix, container head and header of a step are read in many small pieces:
+            # one read serves them (and the whole of a small step)
+            self._head = memoryview(os.pread(self._fd, min(self._size, HEAD_BYTES), 0))
+        except BaseException:
+            os.close(self._fd)
+            raise
 
     def size(self) -> int:
         return self._size
@@ -75,6 +88,8 @@ class FileSource:
     def read_range(self, offset: int, length: int) -> bytes | memoryview:
         if offset < 0 or length < 0 or offset + length > self._size:
             raise _short(self.name, offset, length, max(0, self._size - offset), self._size)
+        if offset + length <= self._head.nbytes:
+            return self._head[offset: offset + length]
         buffer = bytearray(length)
         self.readinto_range(offset, buffer)
         return memoryview(buffer)
@@ -84,6 +99,9 @@ class FileSource:
         total = target.nbytes
         if offset < 0 or offset + total > self._size:
             raise _short(self.name, offset, total, max(0, self._size - offset), self._size)
+        if offset + total <= self._head.nbytes:
+            target[:] = self._head[offset: offset + total]
+            return
         done = 0
         while done < total:
             got = os.preadv(self._fd, [target[done:]], offset + done)
@@ -107,6 +125,42 @@ class FileSource:
             self.close()
         except Exception:  # pragma: no cover - interpreter shutdown
             pass
+
+
+class MappedSource(FileSource):
+    """A local file mapped copy-on-write (``MAP_PRIVATE``): :meth:`map_range` returns a writable
+    view of the file's bytes that reads nothing until touched; writing to it changes this
+    process's copy only, never the file.
+
+    Tensors built on these views keep the mapping alive after :meth:`close`. A step file must
+    not be truncated in place while mapped (touching a page past the new end raises SIGBUS, as
+    with any memory map, e.g. safetensors'); rollout_mock never does that to a committed step:
+    it writes a new file and renames it.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self._map: mmap.mmap | None = None
+        if self._size:
+            try:
+                self._map = mmap.mmap(self._fd, self._size, access=mmap.ACCESS_COPY)
+            except BaseException:
+                os.close(self._fd)
+                raise
+        self._mapped = memoryview(self._map) if self._map is not None else memoryview(b"")
+
+    def map_range(self, offset: int, length: int) -> memoryview:
+        """Bytes ``[offset, offset + length)`` of the file, mapped (no read, no copy)."""
+        if offset < 0 or length < 0 or offset + length > self._size:
+            raise _short(self.name, offset, length, max(0, self._size - offset), self._size)
+        return self._mapped[offset: offset + length]
+
+    def read_range(self, offset: int, length: int) -> bytes | memoryview:
+        return self.map_range(offset, length)
+
+    def readinto_range(self, offset: int, buffer: Any) -> None:
+        target = memoryview(buffer).cast("B")
+        target[:] = self.map_range(offset, target.nbytes)
 
 
 def as_source(source: Any) -> Any:

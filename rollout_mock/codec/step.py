@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import bisect
 import io
+import os
 import pickle
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
-from rollout_mock.codec import chunks as _chunks
-from rollout_mock.codec._threads import PARALLEL_BYTES, pool
-from rollout_mock.codec.decode import NodeDecoder, crc_check, normalize_rows
+from rollout_mock.codec.chunkread import ChunkReader
+from rollout_mock.codec.decode import NodeDecoder, normalize_rows
 from rollout_mock.codec.header import Layout, check_tree, max_expansion_default, read_layout
 from rollout_mock.codec.layout import PREFIX_HEAD
-from rollout_mock.codec.source import BytesSource, FileSource, as_source
+from rollout_mock.codec.source import BytesSource, FileSource, MappedSource, as_source
 from rollout_mock.errors import CorruptStepError, RolloutMockError
 
 __all__ = ["StepView", "decode", "open_step", "sniff_version"]
@@ -53,71 +50,6 @@ def _guard(where: str, call: Any, *args: Any, **kwargs: Any) -> Any:
         raise _corrupt(where, exc) from exc
 
 
-class _SourceReader:
-    """Reads and CRC-checks chunks of a format-2 file."""
-
-    def __init__(self, source: Any, layout: Layout) -> None:
-        self.source = source
-        self.layout = layout
-        self.table = layout.table
-
-    def _chunk(self, index: int) -> Any:
-        offset, stored, raw, crc, codec, shuf = self.table[index]
-        data = self.source.read_range(self.layout.data_base + offset, stored)
-        crc_check(data, crc, index)
-        return _chunks.decompress(data, codec, shuf, raw)
-
-    def whole(self, ref: list[int], nbytes: int | None) -> torch.Tensor:
-        first, count = ref
-        total = sum(self.table[i][2] for i in range(first, first + count))
-        if nbytes is not None and total != nbytes:
-            raise ValueError("data size mismatch")
-        out = torch.empty(total, dtype=torch.uint8)
-        target = out.numpy()
-        direct = hasattr(self.source, "readinto_range")
-        jobs = []
-        pos = 0
-        for i in range(first, first + count):
-            jobs.append((i, target[pos: pos + self.table[i][2]]))
-            pos += self.table[i][2]
-
-        def fill(job: tuple[int, Any]) -> None:
-            i, part = job
-            offset, stored, raw, crc, codec, shuf = self.table[i]
-            if codec == 0 and direct:
-                self.source.readinto_range(self.layout.data_base + offset, part)
-                crc_check(part, crc, i)
-            else:
-                part[:] = memoryview(self._chunk(i)).cast("B")
-
-        if len(jobs) > 1 and total >= PARALLEL_BYTES and isinstance(self.source, FileSource):
-            # local reads (and page faults of the fresh memory) and CRCs release the GIL: two at
-            # once (remote sources keep their own request pattern)
-            list(pool().map(fill, jobs))
-        else:
-            for job in jobs:
-                fill(job)
-        return out
-
-    def span(self, ref: list[int], lo: int, hi: int) -> torch.Tensor:
-        """Bytes [lo, hi) of a reference; reads (and checks) only the chunks covering them."""
-        first, count = ref
-        starts = [0]
-        for i in range(first, first + count):
-            starts.append(starts[-1] + self.table[i][2])
-        if not 0 <= lo <= hi <= starts[-1]:
-            raise ValueError("row range outside the data")
-        out = torch.empty(hi - lo, dtype=torch.uint8)
-        target = out.numpy()
-        k = max(0, bisect.bisect_right(starts, lo) - 1)
-        while k < count and starts[k] < hi:
-            data = memoryview(self._chunk(first + k)).cast("B")
-            a, b = max(lo, starts[k]), min(hi, starts[k + 1])
-            target[a - lo: b - lo] = data[a - starts[k]: b - starts[k]]
-            k += 1
-        return out
-
-
 def _root_keys(root: Any) -> list[str]:
     if type(root) is dict:
         tag = root.get("$")
@@ -144,14 +76,27 @@ def _root_keys(root: Any) -> list[str]:
 
 
 class StepView:
-    """A step file opened lazily: the header is read, the data is read by :meth:`load`."""
+    """A step file opened lazily: the header is read, the data is read by :meth:`load`.
+
+    ``mapped=True`` (local files) maps the file instead of reading it: :meth:`load` returns
+    tensors and arrays that *are* the mapped file's pages (no copy, nothing read until touched,
+    copy-on-write), so a few keys or rows of a multi-GB step cost milliseconds. ``verify``
+    (default) still CRC-checks every chunk :meth:`load` hands out, which reads those chunks;
+    ``verify=False`` reads nothing at all, and the view says so: :attr:`verified` is False.
+    """
 
     def __init__(self, source: Any, *, trusted: bool = False, batch_class: type | None = None,
-                 max_expansion: float | None = None) -> None:
+                 max_expansion: float | None = None, mapped: bool = False, verify: bool = True) -> None:
+        if mapped and isinstance(source, FileSource) and not isinstance(source, MappedSource):
+            source = source.path
+        if mapped and isinstance(source, (str, os.PathLike)):
+            source = _guard(str(source), MappedSource, source)
         self.source = as_source(source)
         self.name = str(getattr(self.source, "name", "<source>"))
         self.trusted = trusted
         self.batch_class = batch_class
+        #: Whether :meth:`load` checks the CRC-32 of every chunk it returns (False: unchecked).
+        self.verified = verify
         size = _guard(self.name, self.source.size)
         prefix = _guard(self.name, self.source.read_range, 0, min(size, len(PREFIX_HEAD)))
         self.format_version = _guard(self.name, sniff_version, prefix)
@@ -237,9 +182,12 @@ class StepView:
         sel = normalize_rows(rows)
         if self._layout is None:
             return select(self._load_v1(), wanted, sel)
-        decoder = NodeDecoder(_SourceReader(self.source, self._layout), trusted=self.trusted,
-                              batch_class=self.batch_class, name=self.name)
-        return _guard(self.name, _decode_root, decoder, self._layout.root, wanted, sel)
+        reader = ChunkReader(self.source, self._layout, verify=self.verified)
+        decoder = NodeDecoder(reader, trusted=self.trusted, batch_class=self.batch_class, name=self.name)
+        reader.pending = []
+        result = _guard(self.name, _decode_root, decoder, self._layout.root, wanted, sel)
+        _guard(self.name, reader.finish)
+        return result
 
 
 def _decode_root(decoder: NodeDecoder, root: Any, keys: frozenset[str] | None, rows: slice | None) -> Any:
@@ -273,9 +221,11 @@ def select(obj: Any, keys: frozenset[str] | None, rows: slice | None) -> Any:
 
 
 def open_step(source: Any, *, trusted: bool = False, batch_class: type | None = None,
-              max_expansion: float | None = None) -> StepView:
-    """Open a step lazily (reads only the header of a format-2 file)."""
-    return StepView(source, trusted=trusted, batch_class=batch_class, max_expansion=max_expansion)
+              max_expansion: float | None = None, mapped: bool = False, verify: bool = True) -> StepView:
+    """Open a step lazily (reads only the header of a format-2 file); ``mapped``/``verify``:
+    see :class:`StepView`."""
+    return StepView(source, trusted=trusted, batch_class=batch_class, max_expansion=max_expansion,
+                    mapped=mapped, verify=verify)
 
 
 def decode(source: Any, *, trusted: bool = False, keys: Iterable[str] | None = None,

@@ -33,6 +33,14 @@ class StoreBackend(StepStore):
     def _create(self, rel: str, data: bytes) -> bool:
         """Create ``rel`` atomically *only if absent*; False if it exists."""
 
+    def _create_entry(self, rel: str, data: bytes) -> bool:
+        """:meth:`_create` for a step's entry file (the commit point). A backend may defer the
+        entry's durability to :meth:`sync` when a crash can only lose it, never tear it."""
+        return self._create(rel, data)
+
+    def sync(self) -> None:
+        """Make every step committed so far durable (a no-op where commits already are)."""
+
     @abc.abstractmethod
     def _replace(self, rel: str, data: bytes) -> None:
         """Atomically create or replace ``rel``."""
@@ -71,8 +79,9 @@ class StoreBackend(StepStore):
     def _manifest_lock(self) -> AbstractContextManager[None]:
         """Exclusive access to ``manifest.json`` for a read-modify-write."""
 
-    def open_source(self, rel: str) -> Any:
-        """A :class:`~rollout_mock.codec.source.ByteSource` over ``rel`` (ranged reads)."""
+    def open_source(self, rel: str, *, mapped: bool = False) -> Any:
+        """A :class:`~rollout_mock.codec.source.ByteSource` over ``rel`` (ranged reads); ``mapped``:
+        a memory-mapped local file where the backend has one (others ignore it)."""
         raise NotImplementedError(f"{type(self).__name__} has no ranged reads")
 
     def _lock_lost(self, handle: Any) -> str | None:

@@ -21,7 +21,7 @@ from typing import Any
 from rollout_mock import codec
 from rollout_mock._text import logger
 from rollout_mock.errors import DumpNotFoundError, LockedError
-from rollout_mock.storage.fileio import fsync_dir, is_temp_name, write_temp
+from rollout_mock.storage.fileio import fsync_dir, fsync_path, is_temp_name, write_temp
 from rollout_mock.storage.index import FINGERPRINT_NAME, INDEX_DIR, STREAMS_DIR, stream_record_name
 from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import (
@@ -49,6 +49,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+#: Entry files committed without fsync are synced at the latest after this many steps.
+_SYNC_EVERY = 1024
+
+
 class DirectoryStore(IndexedStore):
     """Steps as files under ``dump_dir`` (see :mod:`rollout_mock.storage.index` for the index).
 
@@ -63,6 +67,7 @@ class DirectoryStore(IndexedStore):
         self.dump_dir = Path(dump_dir)
         self._real_root: str | None = None
         self._inside: set[str] = set()
+        self._unsynced: list[Path] = []  # entry files committed without fsync (see _create_entry)
 
     def __repr__(self) -> str:
         return f"DirectoryStore({str(self.dump_dir)!r})"
@@ -103,12 +108,12 @@ class DirectoryStore(IndexedStore):
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def _write_temp(self, rel: str, data: bytes) -> Any:
+    def _write_temp(self, rel: str, data: bytes, *, durable: bool = True) -> Any:
         # Another writer compacting at the same moment may remove an index directory that just
         # became empty (``_prune_dirs``) between our mkdir and our temporary file: try again.
         for attempt in range(3):
             try:
-                return write_temp(self.path(rel), lambda w: w.write(data) and None)
+                return write_temp(self.path(rel), lambda w: w.write(data) and None, durable=durable)
             except FileNotFoundError:
                 if attempt == 2:
                     raise
@@ -116,6 +121,29 @@ class DirectoryStore(IndexedStore):
 
     def _create(self, rel: str, data: bytes) -> bool:
         return bool(self._write_temp(rel, data).commit_new())
+
+    def _create_entry(self, rel: str, data: bytes) -> bool:
+        """The entry file without fsyncs (one per step is the step file's): a crash can lose it,
+        never tear a visible step. A lost or torn entry leaves its step invisible (readers ignore
+        it), and the step file it pointed at was fsync-ed before. :meth:`sync` (called by
+        ``close``) and compaction into manifest.json make the entries durable."""
+        if not self._write_temp(rel, data, durable=False).commit_new(durable=False):
+            return False
+        self._unsynced.append(self.path(rel))
+        if len(self._unsynced) >= _SYNC_EVERY:
+            self.sync()
+        return True
+
+    def sync(self) -> None:
+        """fsync the entry files committed since the last sync, then their directories."""
+        pending, self._unsynced = self._unsynced, []
+        for path in pending:
+            fsync_path(path)
+        for directory in {path.parent for path in pending}:
+            try:
+                fsync_dir(directory)
+            except FileNotFoundError:  # pruned by a compaction: its entries are in the manifest
+                pass
 
     def _replace(self, rel: str, data: bytes) -> None:
         self._write_temp(rel, data).commit()
@@ -168,10 +196,10 @@ class DirectoryStore(IndexedStore):
         return load_verified(self.path(rel), entry, stream=stream, step=step, trusted=trusted,
                              verify=self.verify, hmac_key=self.hmac_key)
 
-    def open_source(self, rel: str) -> Any:
-        from rollout_mock.codec.source import FileSource
+    def open_source(self, rel: str, *, mapped: bool = False) -> Any:
+        from rollout_mock.codec.source import FileSource, MappedSource
 
-        return FileSource(self.path(rel))
+        return (MappedSource if mapped else FileSource)(self.path(rel))
 
     # ------------------------------------------------------------------ locks
     def _lock_stream(self, stream: StreamId) -> Any:

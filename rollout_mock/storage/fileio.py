@@ -27,32 +27,26 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any
 
 from rollout_mock import _crc
 from rollout_mock.errors import DiskFullError
-from rollout_mock.storage._pages import advise_hugepages
 from rollout_mock.storage.paths import open_nofollow
 
 __all__ = [
     "Digest",
-    "HashingReader",
     "HashingWriter",
-    "ReadResult",
-    "T",
     "TEMP_MARKER",
     "WrittenFile",
     "disk_full_error",
     "free_bytes",
     "fsync_dir",
+    "fsync_path",
     "is_temp_name",
-    "read_hashed",
     "temp_name",
     "write_bytes_atomic",
     "write_temp",
 ]
-
-T = TypeVar("T")
 
 TEMP_MARKER = ".tmp-"
 MAC_ALGORITHM = "hmac-sha256"
@@ -220,42 +214,6 @@ class HashingWriter:
         return total
 
 
-class HashingReader:
-    """A minimal binary file object for the C unpickler that hashes everything it reads."""
-
-    def __init__(self, file: BinaryIO, digest: Digest) -> None:
-        self._file = file
-        self.digest = digest
-        self.consumed = 0
-
-    def read(self, size: int = -1) -> bytes:
-        data = self._file.read(size)
-        self.digest.update(data)
-        self.consumed += len(data)
-        return data
-
-    def readline(self, size: int = -1) -> bytes:
-        data = self._file.readline(size)
-        self.digest.update(data)
-        self.consumed += len(data)
-        return data
-
-    def readinto(self, buffer: Any) -> int:
-        view = memoryview(buffer).cast("B")
-        advise_hugepages(view)  # a fresh buffer from the unpickler: fault it in 2 MiB at a time
-        step = _CHUNK if self.digest.threaded else _PIECE
-        total = 0
-        while total < view.nbytes:
-            chunk = view[total : total + step]
-            count = self._file.readinto(chunk)
-            if not count:
-                break
-            self.digest.update(chunk[:count])
-            total += count
-        self.consumed += total
-        return total
-
-
 @dataclass(frozen=True)
 class WrittenFile:
     """A fully written, fsync-ed temporary file, not yet renamed into place."""
@@ -271,16 +229,18 @@ class WrittenFile:
         os.replace(self.temp_path, self.final_path)
         fsync_dir(self.final_path.parent)
 
-    def commit_new(self) -> bool:
+    def commit_new(self, *, durable: bool = True) -> bool:
         """Move into place only if ``final_path`` does not exist (a hard link: atomic and
-        exclusive); False, and the temporary file removed, if it does."""
+        exclusive); False, and the temporary file removed, if it does. ``durable=False`` skips
+        the directory fsync (the caller makes the name durable later)."""
         try:
             os.link(self.temp_path, self.final_path)
         except FileExistsError:
             return False
         finally:
             self.discard()
-        fsync_dir(self.final_path.parent)
+        if durable:
+            fsync_dir(self.final_path.parent)
         return True
 
     def discard(self) -> None:
@@ -288,6 +248,18 @@ class WrittenFile:
             os.unlink(self.temp_path)
         except FileNotFoundError:
             pass
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file that was written without it (absent files are fine: deleted since)."""
+    try:
+        fd = open_nofollow(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -312,8 +284,10 @@ def write_temp(
     hmac_key: bytes | None = None,
     mac_context: bytes = b"",
     expected_size: int | None = None,
+    durable: bool = True,
 ) -> WrittenFile:
-    """Write ``final_path``'s future content to a temporary file beside it and fsync it.
+    """Write ``final_path``'s future content to a temporary file beside it and fsync it
+    (``durable=False``: no fsync; the caller syncs it later, see :func:`fsync_path`).
 
     On any error the temporary file is removed and the error re-raised; ``ENOSPC`` becomes
     :class:`DiskFullError` naming the bytes needed, the bytes free and the path.
@@ -328,7 +302,8 @@ def write_temp(
             if writer.disk_full is not None:
                 raise writer.disk_full
             checksum, mac = writer.digest.finish()
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
     except BaseException as exc:
@@ -365,39 +340,3 @@ def write_bytes_atomic(final_path: Path, data: bytes) -> None:
     """Atomically replace ``final_path`` with ``data`` (temp file, fsync, rename, dir fsync)."""
     written = write_temp(final_path, lambda w: w.write(data) and None)
     written.commit()
-
-
-@dataclass(frozen=True)
-class ReadResult:
-    """What :func:`read_hashed` saw: the bytes ``body`` parsed, the file's total, its digests."""
-
-    parsed: int
-    total: int
-    checksum: str
-    hmac: str | None
-
-    @property
-    def trailing(self) -> int:
-        return self.total - self.parsed
-
-
-def read_hashed(
-    path: Path, body: Callable[[HashingReader], T], *, hmac_key: bytes | None = None, mac_context: bytes = b""
-) -> tuple[T, ReadResult]:
-    """Run ``body`` over ``path`` while hashing every byte of the file.
-
-    Bytes left unread by ``body`` are read and hashed too, so trailing data is caught by the
-    checksum and reported in :attr:`ReadResult.trailing`.
-    """
-    with open(path, "rb", buffering=0) as raw:
-        reader = HashingReader(raw, Digest(hmac_key, mac_context))  # type: ignore[arg-type]
-        try:
-            result = body(reader)
-        except BaseException:
-            reader.digest.finish()
-            raise
-        parsed = reader.consumed
-        while reader.read(_CHUNK if reader.digest.threaded else _PIECE):
-            pass
-        checksum, mac = reader.digest.finish()
-    return result, ReadResult(parsed, reader.consumed, checksum, mac)

@@ -278,7 +278,7 @@ class IndexedStore(StoreBackend):
         """Make the step visible: create its entry file, exclusively (the conditional write
         that refuses a concurrent writer of the same step)."""
         rel, data = entry_relpath(stream, step), encode_entry(stream, step, entry)
-        if self._create(rel, data):
+        if self._create_entry(rel, data):
             return
         existing = self._read(rel)
         if existing is None or decode_entry(existing, stream, step, self.where(rel)) in (None, INVALID):
@@ -332,6 +332,10 @@ class IndexedStore(StoreBackend):
     def close(self) -> None:
         """Compact every stream this object writes into manifest.json and release the locks."""
         errors: list[BaseException] = []
+        try:
+            self.sync()
+        except BaseException as exc:
+            errors.append(exc)
         for key, owned in list(self._owned.items()):
             stream = StreamId.from_key(key)
             try:

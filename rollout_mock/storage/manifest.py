@@ -40,7 +40,7 @@ import platform
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -138,7 +138,8 @@ class StepEntry:
     """The call's plain arguments (``{"args": [...], "kwargs": {...}}``), checked in mock mode."""
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        # a shallow copy per field (``asdict`` deep-copies ``keys``: 0.3 ms a step on a small batch)
+        return {name: getattr(self, name) for name in _ENTRY_FIELDS}
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, where: str, path: Path | str | None = None) -> StepEntry:
@@ -172,6 +173,9 @@ class StepEntry:
                 f"damaged — restore it from a copy, or re-dump",
                 path=path,
             ) from None
+
+
+_ENTRY_FIELDS = tuple(f.name for f in fields(StepEntry))
 
 
 @dataclass

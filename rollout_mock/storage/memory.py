@@ -103,7 +103,7 @@ class MemoryStore(IndexedStore):
         return load_bytes_verified(data, entry, where=self.where(rel), stream=stream, step=step,
                                    trusted=trusted, verify=self.verify, hmac_key=self.hmac_key)
 
-    def open_source(self, rel: str) -> Any:
+    def open_source(self, rel: str, *, mapped: bool = False) -> Any:
         from rollout_mock.codec.source import BytesSource
 
         data = self._read(rel)

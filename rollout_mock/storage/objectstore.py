@@ -161,7 +161,7 @@ class FsspecStore(IndexedStore):
         return load_bytes_verified(data, entry, where=self.where(rel), stream=stream, step=step,
                                    trusted=trusted, verify=self.verify, hmac_key=self.hmac_key)
 
-    def open_source(self, rel: str) -> Any:
+    def open_source(self, rel: str, *, mapped: bool = False) -> Any:
         """The object as a ByteSource read with ranged GETs (``cat_file(path, start, end)``)."""
         from rollout_mock.storage.partial import FsspecByteSource
 

@@ -21,7 +21,7 @@ from typing import Any
 from rollout_mock.errors import IncompleteDumpError, RolloutMockError
 from rollout_mock.storage.manifest import StreamId
 
-__all__ = ["FsspecByteSource", "load_partial", "load_resplit", "rank_rows"]
+__all__ = ["FsspecByteSource", "load_partial", "load_resplit", "open_view", "rank_rows"]
 
 
 def rank_rows(n_rows: int, dp_rank: int, dp_size: int) -> range:
@@ -68,25 +68,58 @@ class FsspecByteSource:
 
 
 def load_partial(store: Any, stream: StreamId, step: int, *, keys: Iterable[str] | None = None,
-                 rows: range | slice | None = None, trusted: bool = False) -> Any:
-    """``keys`` (top-level) and ``rows`` of a recorded step, reading as little as possible."""
-    from rollout_mock.codec import open_step
+                 rows: range | slice | None = None, trusted: bool = False, mapped: bool = False) -> Any:
+    """``keys`` (top-level) and ``rows`` of a recorded step, reading as little as possible
+    (``mapped``: local files are mapped, not read: see :func:`open_view`)."""
     from rollout_mock.codec.decode import normalize_rows
     from rollout_mock.codec.step import select
-    from rollout_mock.storage.verified import _corrupt
 
-    if keys is None and rows is None:
-        return store.load(stream, step, trusted=trusted)
-    if store.hmac_key is not None:  # authenticate the whole object, then select
+    if store.hmac_key is not None and not mapped:  # authenticate the whole object, then select
         batch = store.load(stream, step, trusted=trusted)
+        if keys is None and rows is None:
+            return batch
         return select(batch, None if keys is None else frozenset(keys), normalize_rows(rows))
+    if keys is None and rows is None and not mapped:
+        return store.load(stream, step, trusted=trusted)
+    return open_view(store, stream, step, trusted=trusted, mapped=mapped).load(keys=keys, rows=rows)
+
+
+def open_view(store: Any, stream: StreamId, step: int, *, trusted: bool = False, mapped: bool = True,
+              verify: bool = True) -> Any:
+    """A recorded step opened lazily (:class:`~rollout_mock.codec.step.StepView`): only its
+    header is read. ``mapped`` (local dumps): its data is mapped, not read, and what ``load``
+    returns *is* the file's pages (copy-on-write).
+
+    ``verify`` (default): the file's size and its whole-file CRC-32 are checked against the index
+    first (the CRC from the chunk table: nothing of the data is read), and every chunk ``load``
+    returns is CRC-checked as it is handed out. ``verify=False`` reads and checks nothing beyond
+    the header; the view's ``verified`` attribute is then False. With an HMAC key the whole file
+    is read once and authenticated first, whatever ``verify`` says (a MAC covers every byte).
+    """
+    from rollout_mock.codec import open_step
+    from rollout_mock.storage.verified import _check, _corrupt, _require_signature, source_digest
+
     entry = store.entry(stream, step)
     if entry is None:
         raise store.missing_step_error(stream, step, mode="mock")
-    source = store.open_source(stream.relpath(step))
+    try:
+        rel = stream.relpath(step)  # (a backend of one's own may not know ``mapped``)
+        source = store.open_source(rel, mapped=True) if mapped else store.open_source(rel)
+    except FileNotFoundError:
+        raise _corrupt(store.where(stream.relpath(step)), stream, step,
+                       "the file listed in the manifest is missing") from None
     if source.size() != entry.size:
         raise _corrupt(source.name, stream, step, f"size is {source.size()} bytes, manifest says {entry.size}")
-    return open_step(source, trusted=trusted).load(keys=keys, rows=rows)
+    if store.hmac_key is not None:  # authenticate the very bytes the view will hand out
+        context = _require_signature(source.name, entry, stream, step)
+        _check(source.name, entry, stream, step, *source_digest(source, store.hmac_key, context), keyed=True)
+    view = open_step(source, trusted=trusted, verify=verify)
+    if verify:
+        checksum = f"crc32:{view.file_crc32():08x}"
+        if checksum != entry.checksum:
+            raise _corrupt(source.name, stream, step, f"checksum {checksum} does not match the "
+                           f"manifest's {entry.checksum}")
+    return view
 
 
 def _rows_of(batch: Any) -> int:

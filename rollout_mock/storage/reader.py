@@ -131,15 +131,32 @@ class Dump:
         return self.stream(parsed.split, parsed.name, parsed.rank)
 
     def load(self, step: int, stream: StreamId | str = "train", *, keys: Iterable[str] | None = None,
-             rows: range | slice | None = None, trusted: bool = False) -> Any:
+             rows: range | slice | None = None, trusted: bool = False, mapped: bool = False) -> Any:
         """Load and verify one step (``stream`` may be a key: ``"train"``, ``"train/math@rank1"``).
 
         ``keys`` (top-level keys) and ``rows`` (batch rows, e.g. ``rank_rows(n, dp_rank,
         dp_size)``) read only what is needed from a format-2 step (ranged reads on object stores).
+        ``mapped`` (local dumps): tensors are the step file's mapped pages, not a copy (see
+        :meth:`open`); every chunk returned is still CRC-checked.
         """
         from rollout_mock.storage.partial import load_partial
 
-        return load_partial(self._store, self._resolve(stream), step, keys=keys, rows=rows, trusted=trusted)
+        return load_partial(self._store, self._resolve(stream), step, keys=keys, rows=rows, trusted=trusted,
+                            mapped=mapped)
+
+    def open(self, step: int, stream: StreamId | str = "train", *, trusted: bool = False, mapped: bool = True,
+             verify: bool = True) -> Any:
+        """Open one step lazily: a :class:`~rollout_mock.codec.step.StepView` whose ``keys()``,
+        ``nbytes`` and ``load(keys=, rows=)`` read only the header, then only what is asked for.
+
+        Local dumps are mapped (``mapped=True``): a few keys or rows of a multi-GB step take
+        milliseconds and no copy. ``verify`` checks the file's size and CRC-32 against the index
+        (from the chunk table, without reading the data) and the CRC of every chunk handed out;
+        ``verify=False`` reads nothing but the header, and the view's ``verified`` is False.
+        """
+        from rollout_mock.storage.partial import open_view
+
+        return open_view(self._store, self._resolve(stream), step, trusted=trusted, mapped=mapped, verify=verify)
 
 
 def open_dump(dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,

@@ -16,10 +16,11 @@ from typing import Any
 
 from rollout_mock.codec import safe
 from rollout_mock.errors import CorruptStepError, UnsafePickleError
-from rollout_mock.storage.fileio import MAC_ALGORITHM, Digest, mac_context, read_hashed
+from rollout_mock.storage.fileio import MAC_ALGORITHM, Digest, mac_context
+from rollout_mock.storage.hashread import read_hashed
 from rollout_mock.storage.manifest import StepEntry, StreamId
 
-__all__ = ["file_digest", "load_bytes_verified", "load_verified"]
+__all__ = ["file_digest", "load_bytes_verified", "load_verified", "source_digest"]
 
 
 def _corrupt(path: Path | str, stream: StreamId | None, step: int | None, what: str) -> CorruptStepError:
@@ -89,18 +90,23 @@ def load_verified(
     never gets to run code. A configured ``hmac_key`` is checked even when ``verify`` is off, and
     even without an entry (then the file is refused: it cannot be authenticated).
     """
+    from rollout_mock.codec.source import FileSource
+
     source = str(path)
     context = _require_signature(path, entry, stream, step) if hmac_key is not None else b""
     try:
-        size = path.stat().st_size
+        opened = FileSource(path)  # one open (and one read of the head) serves the whole load
     except FileNotFoundError:
         raise _corrupt(path, stream, step, "the file listed in the manifest is missing") from None
-    if entry is not None and size != entry.size:
-        raise _corrupt(path, stream, step, f"size is {size} bytes, manifest says {entry.size}")
-
-    if _format_version(path) == 2:
-        return _load_v2(path, entry, stream=stream, step=step, trusted=trusted, verify=verify,
-                        hmac_key=hmac_key, context=context)
+    try:
+        size = opened.size()
+        if entry is not None and size != entry.size:
+            raise _corrupt(path, stream, step, f"size is {size} bytes, manifest says {entry.size}")
+        if _format_version(opened) == 2:
+            return _load_v2(opened, entry, stream=stream, step=step, trusted=trusted, verify=verify,
+                            hmac_key=hmac_key, context=context)
+    finally:
+        opened.close()
 
     def decode_path(failure: str) -> Any:
         with open(path, "rb") as file:
@@ -129,18 +135,16 @@ def load_verified(
     return batch
 
 
-def _format_version(path: Path) -> int | None:
+def _format_version(source: Any) -> int | None:
     from rollout_mock.codec import sniff_version
 
-    with open(path, "rb") as file:
-        head = file.read(64)
     try:
-        return sniff_version(head)
+        return sniff_version(source.read_range(0, min(64, source.size())))
     except CorruptStepError:
         return None
 
 
-def _load_v2(path: Path, entry: StepEntry | None, *, stream: StreamId | None, step: int | None,
+def _load_v2(source: Any, entry: StepEntry | None, *, stream: StreamId | None, step: int | None,
              trusted: bool, verify: bool, hmac_key: bytes | None, context: bytes) -> Any:
     """A format-2 file: read straight into the tensors' memory, every chunk CRC-checked.
 
@@ -150,35 +154,31 @@ def _load_v2(path: Path, entry: StepEntry | None, *, stream: StreamId | None, st
     an HMAC key the whole file is authenticated first (that needs every byte).
     """
     from rollout_mock.codec import open_step
-    from rollout_mock.codec.source import FileSource
 
-    if hmac_key is not None and entry is not None:
-        _check(path, entry, stream, step, *file_digest(path, hmac_key, context), keyed=True)
-    source = FileSource(path)
+    path = source.path
+    if hmac_key is not None and entry is not None:  # authenticate the very file decoded below
+        _check(path, entry, stream, step, *source_digest(source, hmac_key, context), keyed=True)
     try:
-        try:
-            view = open_step(source, trusted=trusted)
-            if entry is not None and verify and hmac_key is None:
-                checksum = f"crc32:{view.file_crc32():08x}"
-                _check(path, entry, stream, step, checksum, None, keyed=False)
-            return view.load()
-        except UnsafePickleError as exc:
-            exc.step, exc.split = step, None if stream is None else stream.split
+        view = open_step(source, trusted=trusted)
+        if entry is not None and verify and hmac_key is None:
+            checksum = f"crc32:{view.file_crc32():08x}"
+            _check(path, entry, stream, step, checksum, None, keyed=False)
+        return view.load()
+    except UnsafePickleError as exc:
+        exc.step, exc.split = step, None if stream is None else stream.split
+        raise
+    except CorruptStepError as exc:
+        if exc.step is not None:
             raise
-        except CorruptStepError as exc:
-            if exc.step is not None:
-                raise
-            if entry is not None and (verify or hmac_key is not None):
-                # say what changed: a checksum that differs names the cause (the file was
-                # damaged or replaced); only a matching one means a decoder problem
-                checksum, _ = file_digest(path)
-                if checksum != entry.checksum:
-                    raise _corrupt(path, stream, step, f"checksum {checksum} does not match the "
-                                   f"manifest's {entry.checksum} ({exc})") from exc
-                raise _corrupt(path, stream, step, f"checksum matches but decoding failed ({exc})") from exc
-            raise _corrupt(path, stream, step, f"cannot be decoded ({exc})") from exc
-    finally:
-        source.close()
+        if entry is not None and (verify or hmac_key is not None):
+            # say what changed: a checksum that differs names the cause (the file was
+            # damaged or replaced); only a matching one means a decoder problem
+            checksum, _ = source_digest(source)
+            if checksum != entry.checksum:
+                raise _corrupt(path, stream, step, f"checksum {checksum} does not match the "
+                               f"manifest's {entry.checksum} ({exc})") from exc
+            raise _corrupt(path, stream, step, f"checksum matches but decoding failed ({exc})") from exc
+        raise _corrupt(path, stream, step, f"cannot be decoded ({exc})") from exc
 
 
 def load_bytes_verified(
@@ -206,6 +206,17 @@ def load_bytes_verified(
         raise
     except Exception as exc:
         raise _corrupt(where, stream, step, f"cannot be decoded ({exc!r})") from exc
+
+
+def source_digest(source: Any, hmac_key: bytes | None = None, context: bytes = b"") -> tuple[str, str | None]:
+    """Checksum (and HMAC over ``context`` + bytes) of an opened byte source, read in pieces."""
+    digest = Digest(hmac_key, context)
+    size, pos = source.size(), 0
+    while pos < size:
+        piece = source.read_range(pos, min(16 << 20, size - pos))
+        digest.update(piece)
+        pos += len(piece)
+    return digest.finish()
 
 
 def file_digest(path: Path, hmac_key: bytes | None = None, context: bytes = b"") -> tuple[str, str | None]:

@@ -377,9 +377,10 @@ def test_loads_one_step_pair_at_a_time(tmp_path: Path, monkeypatch: pytest.Monke
     alive: list[weakref.ref[torch.Tensor]] = []
     peak = [0]
 
-    def tracking_load(self: Dump, step: int, stream: Any = "train", *, trusted: bool = False) -> Any:
+    def tracking_load(self: Dump, step: int, stream: Any = "train", *, trusted: bool = False,
+                      mapped: bool = False) -> Any:
         peak[0] = max(peak[0], sum(ref() is not None for ref in alive))
-        batch = original(self, step, stream, trusted=trusted)
+        batch = original(self, step, stream, trusted=trusted, mapped=mapped)
         alive.append(weakref.ref(batch["x"]))
         return batch
 

@@ -19,6 +19,7 @@ from tensordict import TensorDict
 
 from rollout_mock import CorruptStepError, UnsafePickleError, codec
 from rollout_mock.codec import Batch, BytesSource, FileSource
+from rollout_mock.codec.layout import MAX_DEPTH
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
           torch.bfloat16, torch.float32, torch.float64, torch.complex64, torch.complex128]
@@ -232,23 +233,21 @@ def test_roll_dataproto_with_proxy_fields(roll: Any) -> None:
     assert type(fallback) is Batch and fallback.source_class == "roll.distributed.scheduler.protocol:DataProto"
 
 
-@given(st.recursive(st.none() | st.integers() | st.text(alphabet='ab"\\[]{}', max_size=6),
-                    lambda children: st.lists(children, max_size=3)
-                    | st.dictionaries(st.text(alphabet='k"\\[{', max_size=3), children, max_size=3),
-                    max_leaves=30))
-def test_header_depth_ignores_brackets_in_strings(value: object) -> None:
-    import json
-    import re
+@pytest.mark.parametrize("depth", [MAX_DEPTH + 1, 500, 5_000, 1_000_000])
+def test_deep_header_nesting_is_refused_quickly(depth: int) -> None:
+    import time
 
-    from rollout_mock.codec.header import _json_depth
+    from rollout_mock.codec.header import _parse_header, check_tree
 
-    text = json.dumps(value).encode()
-    stripped = re.sub(rb'"(?:[^"\\]|\\.)*"', b'""', text)
-    depth = best = 0
-    for char in stripped:
-        if char in b"[{":
-            depth += 1
-            best = max(best, depth)
-        elif char in b"]}":
-            depth -= 1
-    assert _json_depth(text) == best
+    text = b"[" * depth + b"]" * depth
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match="nest"):
+        check_tree(_parse_header(text), [])
+    assert time.perf_counter() - start < 1.0
+
+
+def test_header_nesting_at_the_limit_is_accepted() -> None:
+    from rollout_mock.codec.header import _parse_header, check_tree
+
+    text = b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
+    assert check_tree(_parse_header(text), []) == 0

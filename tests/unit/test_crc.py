@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_mock import _crc
-from rollout_mock.storage.fileio import Digest, HashingWriter, read_hashed
+from rollout_mock.storage.fileio import Digest, HashingWriter
+from rollout_mock.storage.hashread import read_hashed
 
 isal_zlib = pytest.importorskip("isal.isal_zlib")
 

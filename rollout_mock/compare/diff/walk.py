@@ -203,9 +203,9 @@ def diff_dumps(
                     continue
                 bar.set_description(f"{key} step {step}", refresh=False)
                 try:
-                    batch_a = a.load(step, sa, trusted=trusted)
+                    batch_a = a.load(step, sa, trusted=trusted, mapped=True)
                     bar.update(ea.size)
-                    batch_b = b.load(step, sb, trusted=trusted)
+                    batch_b = b.load(step, sb, trusted=trusted, mapped=True)
                     bar.update(eb.size)
                 except (CorruptStepError, StepNotFoundError) as exc:
                     results.append(StepDiff(step, "unreadable", note=str(exc).splitlines()[0], **meta))

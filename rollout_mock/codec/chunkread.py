@@ -8,8 +8,6 @@ from typing import Any
 
 import torch
 
-from rollout_mock._pages import THRESHOLD as HUGE_PAGE_BYTES
-from rollout_mock._pages import advise_hugepages
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec._threads import PARALLEL_BYTES, pool
 from rollout_mock.codec.decode import crc_check
@@ -108,8 +106,6 @@ class ChunkReader:
             return torch.frombuffer(view, dtype=torch.uint8)
         out = torch.empty(total, dtype=torch.uint8)
         target = out.numpy()
-        if total >= HUGE_PAGE_BYTES:
-            advise_hugepages(target)
         jobs, pos = [], 0
         for i in range(first, first + count):
             jobs.append((i, target[pos: pos + self.table[i][2]], False))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import datetime
 import io
-import json
 import math
 import struct
 from dataclasses import dataclass, field
@@ -30,19 +29,11 @@ import numpy as np
 import torch
 
 from rollout_mock._text import logger
-from rollout_mock.codec import chunks as _chunks
-from rollout_mock.codec._threads import PARALLEL_BYTES, pool
 from rollout_mock.codec.batches import class_path, split_batch
 from rollout_mock.codec.buffers import BufferPool
+from rollout_mock.codec.container import encode_snapshot
 from rollout_mock.codec.layout import (
-    ALIGN,
     CHUNK_BYTES,
-    CONTAINER_HEAD,
-    DATA_MAGIC,
-    FORMAT_VERSION,
-    PREFIX,
-    PREFIX_LEN,
-    SUFFIX,
     TORCH_DTYPES,
 )
 
@@ -340,69 +331,6 @@ def capture(obj: Any, *, pool: BufferPool | None = None) -> Snapshot:
     encoder = _Encoder(snapshot=True, pool=pool)
     root = encoder.node(obj)
     return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled)
-
-
-def _pad(n: int) -> int:
-    return (-n) % ALIGN
-
-
-def encode_snapshot(snapshot: Snapshot, file: BinaryIO, *, compression: str = "none") -> int:
-    """Write a captured batch as a format-2 step file; returns the number of bytes written."""
-    table: list[list[int]] = []
-    stored: list[Any] = []
-    offset = 0
-
-    def prepare(chunk: tuple[Any, int]) -> tuple[Any, int, int, int]:
-        raw, itemsize = chunk
-        data, codec_id, shuf = _chunks.compress(raw, compression, itemsize)
-        return data, codec_id, shuf, _chunks.crc32(data)
-
-    # compression and CRC-32 release the GIL: large steps use both cores
-    total = sum(raw.nbytes for raw, _ in snapshot.chunks)
-    if len(snapshot.chunks) > 1 and total >= PARALLEL_BYTES:
-        prepared = list(pool().map(prepare, snapshot.chunks))
-    else:
-        prepared = [prepare(chunk) for chunk in snapshot.chunks]
-    for (raw, _itemsize), (data, codec_id, shuf, crc) in zip(snapshot.chunks, prepared, strict=True):
-        size = len(memoryview(data).cast("B")) if not isinstance(data, bytes) else len(data)
-        table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
-        stored.append(data)
-        offset += size + _pad(size)
-    header = json.dumps({"format": "rollout_mock.step", "version": FORMAT_VERSION, "root": snapshot.root,
-                         "chunks": table}, separators=(",", ":"), allow_nan=False).encode()
-    data_offset = CONTAINER_HEAD.size + len(header)
-    data_offset += _pad(PREFIX_LEN + data_offset)
-    data_len = offset
-    container_len = data_offset + data_len
-    head = CONTAINER_HEAD.pack(DATA_MAGIC, len(header), data_offset, data_len, _chunks.crc32(header), 0)
-    written = 0
-
-    def put(data: Any) -> None:
-        nonlocal written
-        view = memoryview(data).cast("B")
-        while view.nbytes:
-            n = file.write(view)
-            n = view.nbytes if n is None else n
-            written += n
-            view = view[n:]
-
-    put(PREFIX(container_len))
-    put(head)
-    put(header)
-    put(bytes(data_offset - CONTAINER_HEAD.size - len(header)))
-    # A writer that checksums what it writes can take each chunk's CRC as computed above
-    # instead of hashing the chunk a second time (HashingWriter.write_known).
-    write_known = getattr(file, "write_known", None)
-    for data, row in zip(stored, table, strict=True):
-        if write_known is not None:
-            written += write_known(data, row[3])
-        else:
-            put(data)
-        pad = _pad(len(memoryview(data).cast("B")))
-        if pad:
-            put(bytes(pad))
-    put(SUFFIX)
-    return written
 
 
 def encode(obj: Any, file: BinaryIO, *, compression: str = "none") -> None:

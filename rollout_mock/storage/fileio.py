@@ -81,6 +81,7 @@ class Digest:
 
     def __init__(self, key: bytes | None = None, context: bytes = b"", *, threaded: bool | None = None) -> None:
         self._crc = 0
+        self._length = 0  # bytes fed so far (for prepend_known)
         self._mac = hmac.new(key, context, digestmod=hashlib.sha256) if key else None
         #: whether large buffers go to a helper thread (see the class docstring).
         self.threaded = (not _crc.FAST or key is not None) if threaded is None else threaded
@@ -120,6 +121,7 @@ class Digest:
 
     def update(self, data: Any) -> None:
         view = memoryview(data)
+        self._length += view.nbytes
         if not self.threaded or (view.nbytes < _INLINE_LIMIT and not self._pending):
             # Inline only when the helper is idle (order is kept without waiting for it);
             # otherwise small pieces queue behind the large ones.
@@ -145,6 +147,16 @@ class Digest:
             raise ValueError("an HMAC needs the bytes themselves: use update()")
         self._drain()
         self._crc = _crc.crc32_combine(self._crc & 0xFFFFFFFF, crc, length)
+        self._length += length
+
+    def prepend_known(self, crc: int, length: int) -> None:
+        """Put ``length`` bytes whose CRC-32 is ``crc`` *before* everything fed so far (a file
+        whose head is written last; no HMAC only)."""
+        if self._mac is not None:
+            raise ValueError("an HMAC needs the bytes in order: use update()")
+        self._drain()
+        self._crc = _crc.crc32_combine(crc, self._crc & 0xFFFFFFFF, self._length)
+        self._length += length
 
     def finish(self) -> tuple[str, str | None]:
         """Wait for pending hashing and return ``("crc32:xxxxxxxx", hmac_hex_or_None)``."""
@@ -172,6 +184,7 @@ class HashingWriter:
         #: the ENOSPC error that stopped writing; later writes are only counted, so that
         #: :attr:`size` ends up as the number of bytes the whole file needs.
         self.disk_full: OSError | None = None
+        self._head_length: int | None = None  # see reserve_head
 
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
@@ -192,6 +205,51 @@ class HashingWriter:
                 self.disk_full = exc
         self.size += total
         return total
+
+    def reserve_head(self, length: int) -> bool:
+        """Leave the first ``length`` bytes of an empty file to :meth:`write_head` (called last),
+        so the body can be written before the head's contents are known. False (nothing done)
+        when the digest needs every byte in order (an HMAC) or something was written already."""
+        if self.digest.needs_bytes or self.size or self._head_length is not None:
+            return False
+        os.lseek(self._fd, length, os.SEEK_SET)
+        self._head_length = length
+        self.size += length
+        return True
+
+    def write_unhashed(self, data: Any) -> int:
+        """Write bytes the caller will account for with ``digest.update_known`` (in file order)."""
+        view = memoryview(data).cast("B")
+        total = view.nbytes
+        if self.disk_full is None:
+            try:
+                done = 0
+                while done < total:
+                    done += os.write(self._fd, view[done:])
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.disk_full = exc
+        self.size += total
+        return total
+
+    def write_head(self, data: Any) -> None:
+        """Write the head reserved by :meth:`reserve_head` (exactly its length) and put its
+        CRC-32 in front of the digest."""
+        view = memoryview(data).cast("B")
+        if view.nbytes != self._head_length:
+            raise ValueError(f"head of {view.nbytes} bytes, {self._head_length} reserved")
+        if self.disk_full is None:
+            try:
+                done = 0
+                while done < view.nbytes:
+                    done += os.pwrite(self._fd, view[done:], done)
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                self.disk_full = exc
+        self.digest.prepend_known(_crc.crc32(view) & 0xFFFFFFFF, view.nbytes)
+        self._head_length = None
 
     def write_known(self, data: Any, crc: int) -> int:
         """Write ``data`` whose CRC-32 is ``crc`` (computed by the caller): no second pass over

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from rollout_mock._pages import advise_hugepages
 from rollout_mock.storage.fileio import _CHUNK, _PIECE, Digest
 
 __all__ = ["HashingReader", "ReadResult", "T", "read_hashed"]
@@ -37,7 +36,6 @@ class HashingReader:
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
-        advise_hugepages(view)  # a fresh buffer from the unpickler: fault it in 2 MiB at a time
         step = _CHUNK if self.digest.threaded else _PIECE
         total = 0
         while total < view.nbytes:

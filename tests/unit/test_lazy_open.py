@@ -168,3 +168,29 @@ def test_entries_are_synced_on_close_and_in_batches(tmp_path: Path, monkeypatch:
     assert store._unsynced == [] and len(synced) > before
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert sorted(manifest["streams"]["train"]["steps"]) == ["0", "1", "2", "3"]
+
+
+def test_large_steps_write_their_head_last_and_checksum_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step of 8 MB and more is written body first (CRCs computed while writing), head last:
+    the file, its index checksum and a plain full-file CRC agree, and every reader reads it."""
+    from rollout_mock.codec import container
+    from rollout_mock.storage.verified import file_digest
+
+    used: list[int | None] = []
+    real = container._write_head_last
+    monkeypatch.setattr(container, "_write_head_last", lambda s, f: used.append(real(s, f)) or used[-1])
+    data = batch(rows=512, width=2048)  # 16 MB of tensors
+    root, path = dump_one(tmp_path, data)
+    assert used and used[-1] == path.stat().st_size
+    entry = open_dump(root).entry(TRAIN, 0)
+    assert entry.checksum == file_digest(path)[0]
+    loaded = open_dump(root).load(0)
+    assert all(torch.equal(loaded[k], data[k]) for k in ("a", "b", "m")) and loaded["text"] == data["text"]
+    import pickle
+
+    with open(path, "rb") as file:  # the file is still a pickle of the safe decoder
+        assert torch.equal(pickle.load(file)["a"], data["a"])
+    signed = DirectoryStore(tmp_path / "signed", hmac_key=b"k" * 32)  # an HMAC: bytes in order
+    signed.save(TRAIN, 0, data, BatchInfo.of(data))
+    assert used[-1] is None
+    assert torch.equal(signed.load(TRAIN, 0)["a"], data["a"])

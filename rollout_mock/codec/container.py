@@ -1,0 +1,142 @@
+"""Writing a captured batch as a format-2 container: prefix, head, JSON header with the chunk
+table, the chunks (64-byte aligned), suffix.
+
+Two ways to the same bytes. The plain one computes every chunk's CRC-32 (and compression) first,
+then writes the header and the chunks in file order. For a large uncompressed step written to a
+checksumming file (:class:`~rollout_mock.storage.fileio.HashingWriter`, no HMAC), the head is
+written *last*: the header's room is reserved (its CRCs written at their widest, the rest padded
+with JSON whitespace), the chunks are written while the two codec threads compute their CRCs, and
+the head goes to offset 0 before the file is fsync-ed, so the checksum no longer delays the
+first byte written.
+"""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import wait
+from typing import Any, BinaryIO
+
+from rollout_mock.codec import chunks as _chunks
+from rollout_mock.codec._threads import PARALLEL_BYTES, pool
+from rollout_mock.codec.layout import (
+    ALIGN,
+    CONTAINER_HEAD,
+    DATA_MAGIC,
+    FORMAT_VERSION,
+    PREFIX,
+    PREFIX_LEN,
+    SUFFIX,
+)
+
+__all__ = ["encode_snapshot"]
+
+_WIDEST_CRC = 0xFFFFFFFF  # ten digits: the header's room for any CRC-32
+
+
+def _header(root: Any, table: list[list[int]]) -> bytes:
+    return json.dumps({"format": "rollout_mock.step", "version": FORMAT_VERSION, "root": root,
+                       "chunks": table}, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _write_head_last(snapshot: Any, file: Any) -> int | None:
+    """The overlapped write (see the module docstring); None when it does not apply."""
+    chunks = snapshot.chunks
+    total = sum(raw.nbytes for raw, _ in chunks)
+    if len(chunks) < 2 or total < PARALLEL_BYTES or not hasattr(file, "reserve_head"):
+        return None
+    table, offset = [], 0
+    for raw, _itemsize in chunks:
+        table.append([offset, raw.nbytes, raw.nbytes, _WIDEST_CRC, 0, 0])
+        offset += raw.nbytes + _pad(raw.nbytes)
+    room = len(_header(snapshot.root, table))
+    data_offset = CONTAINER_HEAD.size + room
+    data_offset += _pad(PREFIX_LEN + data_offset)
+    if not file.reserve_head(PREFIX_LEN + data_offset):
+        return None
+    futures = [pool().submit(_chunks.crc32, raw) for raw, _ in chunks]
+    written = PREFIX_LEN + data_offset
+    try:
+        for raw, _itemsize in chunks:
+            written += file.write_unhashed(raw)
+            if _pad(raw.nbytes):
+                written += file.write_unhashed(bytes(_pad(raw.nbytes)))
+    finally:
+        wait(futures)  # never leave a thread reading a buffer the caller may reuse
+    for row, future, (raw, _itemsize) in zip(table, futures, chunks, strict=True):
+        row[3] = future.result()
+        file.digest.update_known(row[3], raw.nbytes)
+        if _pad(raw.nbytes):
+            file.digest.update(bytes(_pad(raw.nbytes)))
+    written += file.write(SUFFIX)
+    header = _header(snapshot.root, table)
+    header += b" " * (room - len(header))  # JSON whitespace: the header keeps its reserved size
+    head = CONTAINER_HEAD.pack(DATA_MAGIC, room, data_offset, offset, _chunks.crc32(header), 0)
+    file.write_head(PREFIX(data_offset + offset) + head + header + bytes(data_offset - CONTAINER_HEAD.size - room))
+    return written
+
+
+def _pad(n: int) -> int:
+    return (-n) % ALIGN
+
+
+def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none") -> int:
+    """Write a captured batch as a format-2 step file; returns the number of bytes written."""
+    if compression == "none":
+        written = _write_head_last(snapshot, file)
+        if written is not None:
+            return written
+    table: list[list[int]] = []
+    stored: list[Any] = []
+    offset = 0
+
+    def prepare(chunk: tuple[Any, int]) -> tuple[Any, int, int, int]:
+        raw, itemsize = chunk
+        data, codec_id, shuf = _chunks.compress(raw, compression, itemsize)
+        return data, codec_id, shuf, _chunks.crc32(data)
+
+    # compression and CRC-32 release the GIL: large steps use both cores
+    total = sum(raw.nbytes for raw, _ in snapshot.chunks)
+    if len(snapshot.chunks) > 1 and total >= PARALLEL_BYTES:
+        prepared = list(pool().map(prepare, snapshot.chunks))
+    else:
+        prepared = [prepare(chunk) for chunk in snapshot.chunks]
+    for (raw, _itemsize), (data, codec_id, shuf, crc) in zip(snapshot.chunks, prepared, strict=True):
+        size = len(memoryview(data).cast("B")) if not isinstance(data, bytes) else len(data)
+        table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
+        stored.append(data)
+        offset += size + _pad(size)
+    header = json.dumps({"format": "rollout_mock.step", "version": FORMAT_VERSION, "root": snapshot.root,
+                         "chunks": table}, separators=(",", ":"), allow_nan=False).encode()
+    data_offset = CONTAINER_HEAD.size + len(header)
+    data_offset += _pad(PREFIX_LEN + data_offset)
+    data_len = offset
+    container_len = data_offset + data_len
+    head = CONTAINER_HEAD.pack(DATA_MAGIC, len(header), data_offset, data_len, _chunks.crc32(header), 0)
+    written = 0
+
+    def put(data: Any) -> None:
+        nonlocal written
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            n = file.write(view)
+            n = view.nbytes if n is None else n
+            written += n
+            view = view[n:]
+
+    put(PREFIX(container_len))
+    put(head)
+    put(header)
+    put(bytes(data_offset - CONTAINER_HEAD.size - len(header)))
+    # A writer that checksums what it writes can take each chunk's CRC as computed above
+    # instead of hashing the chunk a second time (HashingWriter.write_known).
+    write_known = getattr(file, "write_known", None)
+    for data, row in zip(stored, table, strict=True):
+        if write_known is not None:
+            written += write_known(data, row[3])
+        else:
+            put(data)
+        pad = _pad(len(memoryview(data).cast("B")))
+        if pad:
+            put(bytes(pad))
+    put(SUFFIX)
+    return written

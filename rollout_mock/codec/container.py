@@ -33,9 +33,17 @@ __all__ = ["encode_snapshot"]
 _WIDEST_CRC = 0xFFFFFFFF  # ten digits: the header's room for any CRC-32
 
 
-def _header(root: Any, table: list[list[int]]) -> bytes:
-    return json.dumps({"format": "rollout_mock.step", "version": FORMAT_VERSION, "root": root,
-                       "chunks": table}, separators=(",", ":"), allow_nan=False).encode()
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _header(root: Any, table: list[list[int]], *, root_json: bytes | None = None) -> bytes:
+    """The JSON header. ``root_json``: the root already serialised (it holds the batch's
+    strings, megabytes for large batches: serialised once even when the header is built twice)."""
+    if root_json is None:
+        root_json = _dumps(root)
+    return b'{"format":"rollout_mock.step","version":%d,"root":%s,"chunks":%s}' % (
+        FORMAT_VERSION, root_json, _dumps(table))
 
 
 def _write_head_last(snapshot: Any, file: Any) -> int | None:
@@ -48,7 +56,8 @@ def _write_head_last(snapshot: Any, file: Any) -> int | None:
     for raw, _itemsize in chunks:
         table.append([offset, raw.nbytes, raw.nbytes, _WIDEST_CRC, 0, 0])
         offset += raw.nbytes + _pad(raw.nbytes)
-    room = len(_header(snapshot.root, table))
+    root_json = _dumps(snapshot.root)
+    room = len(_header(None, table, root_json=root_json))
     data_offset = CONTAINER_HEAD.size + room
     data_offset += _pad(PREFIX_LEN + data_offset)
     if not file.reserve_head(PREFIX_LEN + data_offset):
@@ -68,7 +77,7 @@ def _write_head_last(snapshot: Any, file: Any) -> int | None:
         if _pad(raw.nbytes):
             file.digest.update(bytes(_pad(raw.nbytes)))
     written += file.write(SUFFIX)
-    header = _header(snapshot.root, table)
+    header = _header(None, table, root_json=root_json)
     header += b" " * (room - len(header))  # JSON whitespace: the header keeps its reserved size
     head = CONTAINER_HEAD.pack(DATA_MAGIC, room, data_offset, offset, _chunks.crc32(header), 0)
     file.write_head(PREFIX(data_offset + offset) + head + header + bytes(data_offset - CONTAINER_HEAD.size - room))
@@ -105,8 +114,7 @@ def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none")
         table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
         stored.append(data)
         offset += size + _pad(size)
-    header = json.dumps({"format": "rollout_mock.step", "version": FORMAT_VERSION, "root": snapshot.root,
-                         "chunks": table}, separators=(",", ":"), allow_nan=False).encode()
+    header = _header(snapshot.root, table)
     data_offset = CONTAINER_HEAD.size + len(header)
     data_offset += _pad(PREFIX_LEN + data_offset)
     data_len = offset
@@ -123,6 +131,18 @@ def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none")
             written += n
             view = view[n:]
 
+    write_vector = getattr(file, "write_vector", None)
+    if write_vector is not None and len(stored) < 500:
+        # one system call for the whole file (small steps are bound by per-call costs); the
+        # writer takes each chunk's CRC as computed above instead of hashing it again
+        pieces: list[tuple[Any, int | None]] = [
+            (PREFIX(container_len) + head + header + bytes(data_offset - CONTAINER_HEAD.size - len(header)), None)]
+        for data, row in zip(stored, table, strict=True):
+            pieces.append((data, row[3]))
+            if _pad(row[1]):
+                pieces.append((bytes(_pad(row[1])), None))
+        pieces.append((SUFFIX, None))
+        return int(write_vector(pieces))
     put(PREFIX(container_len))
     put(head)
     put(header)

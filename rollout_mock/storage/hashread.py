@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, TypeVar
 
-from rollout_mock.storage.fileio import _CHUNK, _PIECE, Digest
+from rollout_mock.storage.digest import _CHUNK, _PIECE, Digest
 
 __all__ = ["HashingReader", "ReadResult", "T", "read_hashed"]
 

@@ -18,7 +18,7 @@ from rollout_mock._text import logger
 from rollout_mock.errors import CorruptStepError, DumpNotFoundError, LockedError
 from rollout_mock.storage.backend import StoreBackend
 from rollout_mock.storage.base import BatchInfo, _exists_error
-from rollout_mock.storage.fileio import mac_context
+from rollout_mock.storage.digest import mac_context
 from rollout_mock.storage.index import (
     FINGERPRINT_NAME,
     INVALID,

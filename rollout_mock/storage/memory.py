@@ -15,7 +15,7 @@ from typing import Any
 
 from rollout_mock import codec
 from rollout_mock.errors import LockedError
-from rollout_mock.storage.fileio import Digest
+from rollout_mock.storage.digest import Digest
 from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import StepEntry, StreamId
 from rollout_mock.storage.paths import check_relpath

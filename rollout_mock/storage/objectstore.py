@@ -27,7 +27,7 @@ from typing import Any
 
 from rollout_mock import codec
 from rollout_mock.errors import MissingExtraError
-from rollout_mock.storage.fileio import Digest
+from rollout_mock.storage.digest import Digest
 from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.lease import Lease
 from rollout_mock.storage.manifest import StepEntry, StreamId

@@ -16,7 +16,7 @@ from typing import Any
 
 from rollout_mock.codec import safe
 from rollout_mock.errors import CorruptStepError, UnsafePickleError
-from rollout_mock.storage.fileio import MAC_ALGORITHM, Digest, mac_context
+from rollout_mock.storage.digest import MAC_ALGORITHM, Digest, mac_context
 from rollout_mock.storage.hashread import read_hashed
 from rollout_mock.storage.manifest import StepEntry, StreamId
 

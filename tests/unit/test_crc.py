@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_mock import _crc
-from rollout_mock.storage.fileio import Digest, HashingWriter
+from rollout_mock.storage.digest import Digest
+from rollout_mock.storage.fileio import HashingWriter
 from rollout_mock.storage.hashread import read_hashed
 
 isal_zlib = pytest.importorskip("isal.isal_zlib")
@@ -85,7 +86,7 @@ def test_zlib_fallback_when_isal_is_missing(tmp_path: Path) -> None:
         "import sys, os, zlib\n"
         "sys.modules['isal'] = None  # makes `import isal...` raise ImportError\n"
         "from rollout_mock import _crc\n"
-        "from rollout_mock.storage.fileio import Digest\n"
+        "from rollout_mock.storage.digest import Digest\n"
         "data = os.urandom(3 << 20)\n"
         "assert not _crc.FAST and _crc.IMPLEMENTATION == 'zlib', _crc.IMPLEMENTATION\n"
         "assert _crc.crc32(data, 5) == zlib.crc32(data, 5)\n"

@@ -54,7 +54,27 @@ def inject_enospc(monkeypatch: pytest.MonkeyPatch, under: Path, after: int) -> d
         state["written"] += size
         return real_write(fd, data)
 
+    real_writev, real_pwrite = os.writev, os.pwrite
+
+    def writev(fd: int, buffers: list[object]) -> int:
+        data = b"".join(bytes(memoryview(b)) for b in buffers)  # type: ignore[arg-type]
+        return write(fd, data) if data else real_writev(fd, buffers)
+
+    def pwrite(fd: int, data: object, offset: int) -> int:
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            target = ""
+        if target.startswith(root) and state["written"] + memoryview(data).nbytes > after:  # type: ignore[arg-type]
+            state["failures"] += 1
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_pwrite(fd, data, offset)
+
+    # every way the writer puts bytes in a file: write, writev (small steps), pwrite (the head
+    # of a large step, written last)
     monkeypatch.setattr(fileio.os, "write", write)
+    monkeypatch.setattr(fileio.os, "writev", writev)
+    monkeypatch.setattr(fileio.os, "pwrite", pwrite)
     return state
 
 

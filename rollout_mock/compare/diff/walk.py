@@ -54,7 +54,7 @@ def _verify(dump: Dump, entry: StepEntry, side: str) -> str | None:
     Reads the whole file through the dump's store (local file or object), so a checksum that
     matches in both manifests is only trusted for files that really carry it.
     """
-    from rollout_mock.storage.fileio import Digest
+    from rollout_mock.storage.digest import Digest
 
     where = dump.store.where(entry.file)
     try:

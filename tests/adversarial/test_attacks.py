@@ -112,6 +112,24 @@ def test_malicious_step_is_refused(name: str, data: bytes) -> None:
     assert peak <= 8 * len(data) + (16 << 20), f"{name}: {peak} bytes traced for a {len(data)}-byte file"
 
 
+@pytest.mark.parametrize("mapped", [False, True], ids=["file", "mapped"])
+@pytest.mark.parametrize(("name", "data"), CASES, ids=[name for name, _ in CASES])
+def test_malicious_step_file_is_refused_read_or_mapped(name: str, data: bytes, mapped: bool, tmp_path: Path) -> None:
+    """The same files on disk, through the positional-read source of verified loads and through
+    the mapped source of lazy opens (``Dump.open``, ``show``, ``diff``)."""
+    from rollout_mock.codec import open_step
+
+    MARKER.unlink(missing_ok=True)
+    path = tmp_path / "step_000000.pkl"
+    path.write_bytes(data)
+    before = _state()
+    started = time.perf_counter()
+    with pytest.raises(RolloutMockError):
+        open_step(path, mapped=mapped).load()
+    assert time.perf_counter() - started < 5
+    assert _state() == before and not MARKER.exists()
+
+
 def test_named_attack_sizes_match_the_report() -> None:
     names = [name for name, _ in C.named_attacks(MARKER)]
     assert "32-byte 4 GiB bytearray" in names, names

@@ -29,7 +29,7 @@ in hex: non-finite values), ``complex``, ``bytes``/``bytearray`` (``hex`` inline
 ``npscalar``, ``size``/``device``/``dtype``, ``slice``/``range``, ``datetime``/``date``/``time``/
 ``timedelta``, ``tensor`` (``dtype``, ``shape``, ``c`` = ``[first chunk, count]``, ``grad``,
 ``param``), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
-(``shape``, ``items``), ``nested`` (a ``torch.nested`` tensor's components and layout),
+(``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3), ``nested`` (a ``torch.nested`` tensor's components and layout),
 ``tensordict`` (``batch_size``, ``names``, ``device``, ``items``), ``batch`` (a DataProto-like
 object: ``kind``, the writer's ``class`` as ``module:qualname`` (information only), ``layout``,
 ``batch``/``non_tensor_batch``/``meta_info`` nodes, ``extra`` attributes; see

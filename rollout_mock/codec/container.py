@@ -37,13 +37,13 @@ def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _header(root: Any, table: list[list[int]], *, root_json: bytes | None = None) -> bytes:
-    """The JSON header. ``root_json``: the root already serialised (it holds the batch's
-    strings, megabytes for large batches: serialised once even when the header is built twice)."""
+def _header(root: Any, table: list[list[int]], *, root_json: bytes | None = None, version: int = FORMAT_VERSION) -> bytes:
+    """The JSON header. ``root_json``: the root already serialised (it can hold strings,
+    megabytes for large batches: serialised once even when the header is built twice)."""
     if root_json is None:
         root_json = _dumps(root)
     return b'{"format":"rollout_mock.step","version":%d,"root":%s,"chunks":%s}' % (
-        FORMAT_VERSION, root_json, _dumps(table))
+        version, root_json, _dumps(table))
 
 
 def _write_head_last(snapshot: Any, file: Any) -> int | None:
@@ -57,7 +57,8 @@ def _write_head_last(snapshot: Any, file: Any) -> int | None:
         table.append([offset, raw.nbytes, raw.nbytes, _WIDEST_CRC, 0, 0])
         offset += raw.nbytes + _pad(raw.nbytes)
     root_json = _dumps(snapshot.root)
-    room = len(_header(None, table, root_json=root_json))
+    version = getattr(snapshot, "header_version", FORMAT_VERSION)
+    room = len(_header(None, table, root_json=root_json, version=version))
     data_offset = CONTAINER_HEAD.size + room
     data_offset += _pad(PREFIX_LEN + data_offset)
     if not file.reserve_head(PREFIX_LEN + data_offset):
@@ -77,7 +78,7 @@ def _write_head_last(snapshot: Any, file: Any) -> int | None:
         if _pad(raw.nbytes):
             file.digest.update(bytes(_pad(raw.nbytes)))
     written += file.write(SUFFIX)
-    header = _header(None, table, root_json=root_json)
+    header = _header(None, table, root_json=root_json, version=version)
     header += b" " * (room - len(header))  # JSON whitespace: the header keeps its reserved size
     head = CONTAINER_HEAD.pack(DATA_MAGIC, room, data_offset, offset, _chunks.crc32(header), 0)
     file.write_head(PREFIX(data_offset + offset) + head + header + bytes(data_offset - CONTAINER_HEAD.size - room))
@@ -114,7 +115,7 @@ def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none")
         table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
         stored.append(data)
         offset += size + _pad(size)
-    header = _header(snapshot.root, table)
+    header = _header(snapshot.root, table, version=getattr(snapshot, "header_version", FORMAT_VERSION))
     data_offset = CONTAINER_HEAD.size + len(header)
     data_offset += _pad(PREFIX_LEN + data_offset)
     data_len = offset

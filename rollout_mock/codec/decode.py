@@ -113,7 +113,7 @@ class NodeDecoder:
 
     def objarray(self, node: dict[str, Any], rows: slice | None = None) -> np.ndarray:
         shape = list(node["shape"])
-        items = node["items"]
+        items = node["items"] if "items" in node else self._json_items(node, math.prod(shape))
         if rows is not None and shape:
             rows = _rows_range(rows, shape[0])
             per_row = math.prod(shape[1:])
@@ -124,6 +124,20 @@ class NodeDecoder:
         for i, x in enumerate(values):
             array[i] = x
         return array.reshape(shape)
+
+    def _json_items(self, node: dict[str, Any], count: int) -> list[Any]:
+        """An object array's items stored as a JSON data chunk: plain scalars only, as many as
+        its shape says (the chunk was CRC-checked on read, its size counted in the header's
+        bound; the parser's nesting is bounded like the header's)."""
+        from rollout_mock.codec.header import _parse_header
+
+        items = _parse_header(self.reader.whole(node["c"], None).numpy().tobytes())
+        if type(items) is not list or len(items) != count:
+            raise ValueError("object array items do not match its shape")
+        for x in items:
+            if not (x is None or type(x) in (str, bool, int) or (type(x) is float and math.isfinite(x))):
+                raise ValueError("object array chunk holds a value that is not a plain JSON scalar")
+        return items
 
     def tensordict(self, node: dict[str, Any], rows: slice | None = None,
                    keys: frozenset[str] | None = None) -> Any:

@@ -21,6 +21,7 @@ from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec.layout import (
     CONTAINER_HEAD,
     DATA_MAGIC,
+    HEADER_VERSIONS,
     MAX_CHUNK_RAW,
     MAX_DEPTH,
     MAX_NDIM,
@@ -95,8 +96,14 @@ def read_layout(source: Any) -> Layout:
     if _chunks.crc32(header) != header_crc:
         raise ValueError("header CRC-32 mismatch")
     doc = _parse_header(header)
-    if not isinstance(doc, dict) or doc.get("format") != "rollout_mock.step" or doc.get("version") != 2:
+    if not isinstance(doc, dict) or doc.get("format") != "rollout_mock.step":
         raise ValueError("header is not a rollout_mock format-2 header")
+    if doc.get("version") not in HEADER_VERSIONS:
+        version = doc.get("version")
+        if type(version) is int and version > max(HEADER_VERSIONS):
+            raise ValueError(f"the step header has version {version}: it was written by a newer "
+                             f"rollout_mock (this one reads {list(HEADER_VERSIONS)}); upgrade rollout_mock")
+        raise ValueError(f"the step header has an unknown version {version!r:.20}")
     table = doc.get("chunks")
     if not isinstance(table, list):
         raise ValueError("header has no chunk table")
@@ -181,7 +188,7 @@ def check_tree(root: Any, table: list[list[int]]) -> int:
             stack.extend((x, depth + 1) for x in node.values())
             continue
         children = _check_tagged(node, tag, table)
-        if tag in _TAGS_WITH_DATA and "c" in node:
+        if (tag in _TAGS_WITH_DATA or tag == "objarray") and "c" in node:
             total += ref_raw(table, node["c"])
         stack.extend((x, depth + 1) for x in children)
     return total
@@ -218,6 +225,9 @@ def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> lis
         return []
     if tag == "objarray":
         shape = _shape(node.get("shape"))
+        if "c" in node and "items" not in node:  # items in a JSON data chunk (header version 3)
+            ref_raw(table, node["c"])
+            return []
         items = _node_list(node, "items")
         if math.prod(shape) != len(items):
             raise ValueError("object array shape does not match its item count")

@@ -9,11 +9,18 @@ import numpy as np
 import torch
 
 __all__ = [
-    "ALIGN", "CHUNK_BYTES", "CONTAINER_HEAD", "DATA_MAGIC", "FORMAT_VERSION", "MAX_CHUNK_RAW",
+    "ALIGN", "CHUNK_BYTES", "CONTAINER_HEAD", "DATA_MAGIC", "FORMAT_VERSION", "HEADER_VERSIONS", "JSON_ITEMS_MIN", "MAX_CHUNK_RAW",
     "MAX_DEPTH", "PREFIX", "PREFIX_HEAD", "SUFFIX", "TORCH_DTYPES", "numpy_dtype",
 ]
 
 FORMAT_VERSION = 2
+#: The header's ``version``: 2, or 3 when the file stores an object array's items as a JSON data
+#: chunk (``{"$": "objarray", "shape": [...], "c": [first, count]}``) instead of inline ``items``.
+#: Version-3 headers are written only by files that use it; readers accept both.
+HEADER_VERSIONS = (2, 3)
+#: Object arrays of at least this many plain JSON items (strings, numbers, booleans, None) keep
+#: their items in a data chunk: the header stays small, and a lazy open parses them only when asked.
+JSON_ITEMS_MIN = 32
 #: PROTO 5, GLOBAL rollout_mock.codec._load_v2, BINBYTES8 <u64 little-endian container length>.
 PREFIX_HEAD = b"\x80\x05crollout_mock.codec\n_load_v2\n\x8e"
 PREFIX_LEN = len(PREFIX_HEAD) + 8

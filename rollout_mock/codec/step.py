@@ -119,7 +119,8 @@ class StepView:
 
     @property
     def nbytes(self) -> int:
-        """Raw bytes of tensor/array data in the step (format 2) or the file size (format 1)."""
+        """Raw bytes of the data chunks (tensors, arrays, object-array items) of a format-2 step,
+        or the file size (format 1)."""
         if self._layout is not None:
             return self._layout.declared_raw
         return int(self.source.size())

@@ -176,6 +176,32 @@ def format2_lies() -> Iterator[tuple[str, bytes]]:
     yield "unknown tag", forge(doc({"$": "eval", "v": "1"}, []))
     yield "nested tensors of huge components", forge(doc({"$": "nested", "layout": "strided",
                                                           "items": [tensor("float32", [1 << 30], 0, 0)]}, []))
+    yield from json_items_lies()
+
+
+def json_items_lies() -> Iterator[tuple[str, bytes]]:
+    """Object arrays whose items live in a JSON data chunk (header version 3)."""
+
+    def objarray(items: bytes, shape: list[int]) -> bytes:
+        padded = items + bytes((-len(items)) % 64)
+        table = [[0, len(items), len(items), zlib.crc32(items), 0, 0]]
+        root = {"$": "objarray", "shape": shape, "c": [0, 1]}
+        return forge({"format": "rollout_mock.step", "version": 3, "root": root, "chunks": table}, padded)
+
+    yield "json items: count differs from shape", objarray(b'["a","b"]', [3])
+    yield "json items: shape far larger than the items", objarray(b'["a"]', [1 << 40])
+    yield "json items: a nested list", objarray(b'[["a"],"b"]', [2])
+    yield "json items: a tagged node", objarray(b'[{"$":"pickle","c":[0,1]},"b"]', [2])
+    yield "json items: deep nesting", objarray(b"[" * 100_000 + b"]" * 100_000, [1])
+    yield "json items: not JSON", objarray(b"\xff\xfe not json", [1])
+    yield "json items: an object, not a list", objarray(b'{"a":1}', [1])
+    yield "json items: NaN", objarray(b"[NaN,1]", [2])
+    yield "json items: 5000-digit integer", objarray(b"[" + b"9" * 5000 + b"]", [1])
+    yield "json items: both items and a chunk", forge(
+        {"format": "rollout_mock.step", "version": 3, "chunks": [[0, 5, 5, zlib.crc32(b'["a"]'), 0, 0]],
+         "root": {"$": "objarray", "shape": [1], "c": [0, 1], "items": [{"$": "pickle", "c": [0, 1]}]}},
+        b'["a"]' + bytes(59))
+    yield "header version from the future", forge({"format": "rollout_mock.step", "version": 99, "root": 1, "chunks": []})
 
 
 def _nest_tuples(depth: int) -> Any:

@@ -251,3 +251,40 @@ def test_header_nesting_at_the_limit_is_accepted() -> None:
 
     text = b"[" * MAX_DEPTH + b"]" * MAX_DEPTH
     assert check_tree(_parse_header(text), []) == 0
+
+
+def _header_of(data: bytes) -> dict[str, Any]:
+    import json
+
+    from rollout_mock.codec.layout import CONTAINER_HEAD, PREFIX_LEN
+
+    _, header_len, *_ = CONTAINER_HEAD.unpack_from(data, PREFIX_LEN)
+    start = PREFIX_LEN + CONTAINER_HEAD.size
+    return json.loads(data[start: start + header_len])
+
+
+def test_large_object_arrays_keep_their_items_in_a_data_chunk() -> None:
+    texts = [f"prompt {i} – 数学 \U0001f600" for i in range(100)] + ["lone \udc80 surrogate", None, 7, 2.5, True, ""]
+    strings = np.array(texts, dtype=object)
+    small = np.array(["a", "b"], dtype=object)  # under JSON_ITEMS_MIN: inline
+    mixed = np.array([{"k": 1}] * 40, dtype=object)  # not plain scalars: inline
+    data = codec.encode_bytes({"s": strings, "small": small, "mixed": mixed})
+    header = _header_of(data)
+    assert header["version"] == 3
+    assert "c" in header["root"]["s"] and "items" not in header["root"]["s"]
+    assert "items" in header["root"]["small"] and "items" in header["root"]["mixed"]
+    out = codec.decode(data)
+    assert out["s"].dtype == object and list(out["s"]) == texts
+    assert list(out["small"]) == ["a", "b"] and list(out["mixed"]) == [{"k": 1}] * 40
+    assert list(codec.decode(data, rows=slice(95, 102))["s"]) == texts[95:102]
+    # files without such arrays keep header version 2 (readable by rollout_mock before it)
+    assert _header_of(codec.encode_bytes({"s": small, "t": torch.ones(3)}))["version"] == 2
+
+
+def test_object_array_items_in_a_chunk_are_checked_by_crc() -> None:
+    strings = np.array([f"text {i}" for i in range(64)], dtype=object)
+    data = bytearray(codec.encode_bytes({"s": strings}))
+    at = bytes(data).rindex(b"text 63")
+    data[at] = ord("T")
+    with pytest.raises(CorruptStepError, match="CRC"):
+        codec.decode(bytes(data))

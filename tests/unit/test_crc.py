@@ -92,6 +92,22 @@ def test_zlib_fallback_when_isal_is_missing(tmp_path: Path) -> None:
         "assert _crc.crc32(data, 5) == zlib.crc32(data, 5)\n"
         "d = Digest(); assert d.threaded\n"
         "d.update(data); assert d.finish()[0] == f'crc32:{zlib.crc32(data):08x}'\n"
+        # every write path with the zlib digest (threaded): one writev (small step), body first
+        # and head last (large step), in-order bytes (HMAC); the index checksum is the file's
+        "import torch\n"
+        "from rollout_mock.storage import BatchInfo, DirectoryStore\n"
+        "from rollout_mock.storage.manifest import StreamId\n"
+        "from rollout_mock.storage.verified import file_digest\n"
+        f"root = {str(tmp_path)!r}\n"
+        "for key in (None, b'k' * 32):\n"
+        "    store = DirectoryStore(os.path.join(root, 'k' if key else 'n'), hmac_key=key)\n"
+        "    for step, n in enumerate([10, 3_000_000]):\n"
+        "        b = {'a': torch.randn(n), 'b': torch.arange(n), 's': ['x'] * 3}\n"
+        "        e = store.save(StreamId('train'), step, b, BatchInfo.of(b))\n"
+        "        assert e.checksum == file_digest(store.path_of(StreamId('train'), step))[0]\n"
+        "        out = store.load(StreamId('train'), step)\n"
+        "        assert torch.equal(out['a'], b['a']) and torch.equal(out['b'], b['b'])\n"
+        "    store.close()\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

@@ -13,16 +13,20 @@ first byte written.
 from __future__ import annotations
 
 import json
+import math
 from concurrent.futures import wait
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec._threads import PARALLEL_BYTES, pool
 from rollout_mock.codec.layout import (
     ALIGN,
+    CHUNK_BYTES,
     CONTAINER_HEAD,
     DATA_MAGIC,
     FORMAT_VERSION,
+    JSON_ITEMS_MIN,
     PREFIX,
     PREFIX_LEN,
     SUFFIX,
@@ -31,6 +35,15 @@ from rollout_mock.codec.layout import (
 __all__ = ["encode_snapshot"]
 
 _WIDEST_CRC = 0xFFFFFFFF  # ten digits: the header's room for any CRC-32
+
+
+@dataclass
+class _Prepared:
+    """What is written: the root and chunks after :func:`_move_items`."""
+
+    root: Any
+    chunks: list[tuple[Any, int]]
+    header_version: int
 
 
 def _dumps(value: Any) -> bytes:
@@ -46,6 +59,48 @@ def _header(root: Any, table: list[list[int]], *, root_json: bytes | None = None
         version, root_json, _dumps(table))
 
 
+def _plain_json(node: Any) -> bool:
+    """A JSON scalar the header could hold as is: no tagged node, no container."""
+    return node is None or type(node) in (str, bool, int) or (type(node) is float and math.isfinite(node))
+
+
+def _items_chunk(items: list[Any]) -> memoryview:
+    try:
+        text = json.dumps(items, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: escape them
+        text = json.dumps(items, separators=(",", ":")).encode("ascii")
+    return memoryview(text)
+
+
+def _move_items(root: Any, chunks: list[tuple[Any, int]]) -> tuple[Any, int]:
+    """``root`` with every object array of at least JSON_ITEMS_MIN plain items turned into a
+    reference to a JSON data chunk (appended to ``chunks``), and the header version that needs.
+    Done at write time (on the background writer's thread in dump mode): the snapshot keeps its
+    inline items, and nodes are copied, never changed in place."""
+    moved = 0
+
+    def walk(node: Any) -> Any:
+        nonlocal moved
+        if type(node) is list:
+            return [walk(x) for x in node]
+        if type(node) is not dict:
+            return node
+        if node.get("$") == "objarray" and "items" in node:
+            items = node["items"]
+            if len(items) >= JSON_ITEMS_MIN and all(_plain_json(x) for x in items):
+                text, first = _items_chunk(items), len(chunks)
+                chunks.extend((text[i: i + CHUNK_BYTES], 1) for i in range(0, len(text), CHUNK_BYTES))
+                moved += 1
+                return {"$": "objarray", "shape": node["shape"], "c": [first, len(chunks) - first]}
+            return node
+        if node.get("$") in ("tensor", "ndarray", "bytes", "bytearray", "pickle"):
+            return node
+        return {k: walk(v) for k, v in node.items()}
+
+    new_root = walk(root)
+    return new_root, (3 if moved else FORMAT_VERSION)
+
+
 def _write_head_last(snapshot: Any, file: Any) -> int | None:
     """The overlapped write (see the module docstring); None when it does not apply."""
     chunks = snapshot.chunks
@@ -57,7 +112,7 @@ def _write_head_last(snapshot: Any, file: Any) -> int | None:
         table.append([offset, raw.nbytes, raw.nbytes, _WIDEST_CRC, 0, 0])
         offset += raw.nbytes + _pad(raw.nbytes)
     root_json = _dumps(snapshot.root)
-    version = getattr(snapshot, "header_version", FORMAT_VERSION)
+    version = snapshot.header_version
     room = len(_header(None, table, root_json=root_json, version=version))
     data_offset = CONTAINER_HEAD.size + room
     data_offset += _pad(PREFIX_LEN + data_offset)
@@ -91,6 +146,9 @@ def _pad(n: int) -> int:
 
 def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none") -> int:
     """Write a captured batch as a format-2 step file; returns the number of bytes written."""
+    chunks = list(snapshot.chunks)
+    root, version = _move_items(snapshot.root, chunks)
+    snapshot = _Prepared(root, chunks, version)
     if compression == "none":
         written = _write_head_last(snapshot, file)
         if written is not None:
@@ -115,7 +173,7 @@ def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none")
         table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
         stored.append(data)
         offset += size + _pad(size)
-    header = _header(snapshot.root, table, version=getattr(snapshot, "header_version", FORMAT_VERSION))
+    header = _header(snapshot.root, table, version=snapshot.header_version)
     data_offset = CONTAINER_HEAD.size + len(header)
     data_offset += _pad(PREFIX_LEN + data_offset)
     data_len = offset

@@ -19,7 +19,6 @@ from __future__ import annotations
 import collections
 import datetime
 import io
-import json
 import math
 import struct
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.container import encode_snapshot
 from rollout_mock.codec.layout import (
     CHUNK_BYTES,
-    JSON_ITEMS_MIN,
     TORCH_DTYPES,
 )
 
@@ -88,8 +86,6 @@ class _Encoder:
         self._active: set[int] = set()
 
     # ------------------------------------------------------------------ raw data
-    header_version = 2
-
     def _add_raw(self, raw: np.ndarray, itemsize: int, row_bytes: int) -> list[int]:
         """Split a flat uint8 array into chunks; returns ``[first_chunk, count]``."""
         self._owners.append(raw)
@@ -136,14 +132,6 @@ class _Encoder:
     def _ndarray(self, array: np.ndarray, path: str) -> Any:
         if array.dtype.kind == "O":
             items = [self.node(x, f"{path}[{i}]") for i, x in enumerate(array.reshape(-1))]
-            if len(items) >= JSON_ITEMS_MIN and all(_plain_json(x) for x in items):
-                self.header_version = 3  # the items go to a data chunk (layout.HEADER_VERSIONS)
-                try:
-                    text = json.dumps(items, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-                except UnicodeEncodeError:  # lone surrogates: escape them
-                    text = json.dumps(items, separators=(",", ":")).encode("ascii")
-                return {"$": "objarray", "shape": list(array.shape),
-                        "c": self._add_raw(np.frombuffer(text, np.uint8), 1, 0)}
             return {"$": "objarray", "shape": list(array.shape), "items": items}
         if array.dtype.hasobject or array.dtype.fields is not None or array.dtype.kind == "V" \
                 or array.dtype.itemsize == 0:
@@ -318,7 +306,6 @@ class Snapshot:
     spans: dict[int, memoryview] = field(default_factory=dict, repr=False)
     pool: BufferPool | None = field(default=None, repr=False)
     pooled: list[Any] = field(default_factory=list, repr=False)
-    header_version: int = 2
 
     @property
     def nbytes(self) -> int:
@@ -338,26 +325,19 @@ class Snapshot:
         return materialize_snapshot(self, batch_class=batch_class)
 
 
-def _plain_json(node: Any) -> bool:
-    """A JSON scalar the header could hold as is: no tagged node, no container."""
-    return node is None or type(node) in (str, bool, int) or (type(node) is float and math.isfinite(node))
-
-
 def capture(obj: Any, *, pool: BufferPool | None = None) -> Snapshot:
     """Snapshot ``obj`` with one copy of its tensor/array data (into ``pool``'s buffers, if given:
     call :meth:`Snapshot.release` once the snapshot is written)."""
     encoder = _Encoder(snapshot=True, pool=pool)
     root = encoder.node(obj)
-    return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled,
-                    encoder.header_version)
+    return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled)
 
 
 def encode(obj: Any, file: BinaryIO, *, compression: str = "none") -> None:
     """Write ``obj`` to ``file`` (anything with ``.write``) as a format-2 step file."""
     encoder = _Encoder(snapshot=False)
     root = encoder.node(obj)
-    encode_snapshot(Snapshot(root, encoder.chunks, encoder._owners, header_version=encoder.header_version),
-                    file, compression=compression)
+    encode_snapshot(Snapshot(root, encoder.chunks, encoder._owners), file, compression=compression)
 
 
 def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:

@@ -288,3 +288,17 @@ def test_object_array_items_in_a_chunk_are_checked_by_crc() -> None:
     data[at] = ord("T")
     with pytest.raises(CorruptStepError, match="CRC"):
         codec.decode(bytes(data))
+
+
+def test_item_chunks_are_split_and_built_at_write_time_not_capture() -> None:
+    texts = np.array([("x" * 250_000) + str(i) for i in range(40)], dtype=object)  # 10 MB of text
+    snapshot = codec.capture({"t": texts})
+    assert "items" in snapshot.root["t"]  # the dump-mode call does not serialise the items
+    buffer = io.BytesIO()
+    codec.encode_snapshot(snapshot, buffer)
+    data = buffer.getvalue()
+    header = _header_of(data)
+    first, count = header["root"]["t"]["c"]
+    assert count >= 3 and all(row[2] <= 4 << 20 for row in header["chunks"])  # 4 MiB chunks
+    assert list(codec.decode(data)["t"]) == list(texts)
+    assert "items" in snapshot.root["t"]  # the snapshot itself is unchanged

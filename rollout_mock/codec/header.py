@@ -60,7 +60,7 @@ class Layout:
     declared_raw: int = 0
 
 
-def _parse_header(header: bytes) -> Any:
+def _parse_header(header: bytes | str) -> Any:
     """``json.loads`` of a hostile header, with its nesting bounded.
 
     The C scanner guards its own recursion (``RecursionError`` near the interpreter's limit, so
@@ -68,7 +68,9 @@ def _parse_header(header: bytes) -> Any:
     :data:`MAX_DEPTH` on the parsed tree before anything recurses over it.
     """
     try:
-        return json.loads(header)
+        # decoded here, strictly: json.loads would guess UTF-16/32 for bytes that look like it
+        # (and import those codecs)
+        return json.loads(header.decode("utf-8") if isinstance(header, (bytes, bytearray)) else header)
     except RecursionError:
         raise ValueError(f"header nesting depth exceeds {MAX_DEPTH}") from None
 

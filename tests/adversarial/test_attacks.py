@@ -57,7 +57,8 @@ def _warm_up() -> None:
 
     batch = {"t": TensorDict({"a": torch.ones(2, 2)}, batch_size=[2]), "n": np.zeros(2),
              "o": np.array([1, "x"], dtype=object), "p": torch.nn.Parameter(torch.ones(1)),
-             "s": np.float32(1), "z": torch.zeros(0), "b": torch.ones(2, dtype=torch.bool)}
+             "s": np.float32(1), "z": torch.zeros(0), "b": torch.ones(2, dtype=torch.bool),
+             "j": np.array([f"item {i}" for i in range(40)], dtype=object)}  # items in a JSON chunk
     for name in ("dumps_v1", "encode_bytes", "dumps"):  # (older code has only dumps)
         writer = getattr(codec, name, None)
         if writer is not None:

@@ -84,7 +84,7 @@ class NodeDecoder:
                 if bool((raw > 1).any()):
                     raise ValueError("bool tensor holds bytes other than 0 and 1")
 
-            getattr(self.reader, "after", lambda run: run())(check)
+            self.reader.after(check)
         return raw.view(dtype).reshape(shape)
 
     def ndarray(self, node: dict[str, Any], rows: slice | None = None) -> np.ndarray:
@@ -195,7 +195,7 @@ class NodeDecoder:
                 items = [items[i] for i in _rows_range(rows, len(items))]
             layout = torch.jagged if node["layout"] == "jagged" else torch.strided
             parts = [self.value(x) for x in items]
-            getattr(self.reader, "flush", lambda: None)()  # nested_tensor copies: data first
+            self.reader.flush()  # nested_tensor copies its components: their data first
             return torch.nested.nested_tensor(parts, layout=layout)
         return self._small(node, tag)
 
@@ -286,6 +286,13 @@ class _MemoryReader:
 
     def span(self, ref: list[int], lo: int, hi: int) -> torch.Tensor:
         return self.whole(ref, None)[lo:hi]
+
+    @staticmethod
+    def after(check: Any) -> None:
+        check()  # the data is in memory already
+
+    def flush(self) -> None:
+        """Nothing is deferred."""
 
 
 def materialize_snapshot(snapshot: Any, *, batch_class: type | None = None) -> Any:

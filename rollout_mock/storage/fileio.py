@@ -71,23 +71,36 @@ class HashingWriter:
         self.disk_full: OSError | None = None
         self._head_length: int | None = None  # see reserve_head
 
+    def _guarded(self, run: Callable[[], None]) -> None:
+        """Run a write unless the disk filled up earlier; ENOSPC is recorded, not raised."""
+        if self.disk_full is not None:
+            return
+        try:
+            run()
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            self.disk_full = exc
+
+    def _write_all(self, view: memoryview, offset: int | None = None) -> None:
+        done = 0
+        while done < view.nbytes:
+            rest = view[done:]
+            done += os.write(self._fd, rest) if offset is None else os.pwrite(self._fd, rest, offset + done)
+
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         total = view.nbytes
-        if self.disk_full is None:
-            # inline digests: hash a piece, then write it while it is still in the CPU cache
-            step = total if self.digest.threaded or total <= _PIECE else _PIECE
-            try:
-                for start in range(0, total, step) if total else ():
-                    piece = view[start : start + step]
-                    self.digest.update(piece)
-                    done = 0
-                    while done < piece.nbytes:
-                        done += os.write(self._fd, piece[done:])
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                self.disk_full = exc
+        # inline digests: hash a piece, then write it while it is still in the CPU cache
+        step = total if self.digest.threaded or total <= _PIECE else _PIECE
+
+        def run() -> None:
+            for start in range(0, total, step) if total else ():
+                piece = view[start : start + step]
+                self.digest.update(piece)
+                self._write_all(piece)
+
+        self._guarded(run)
         self.size += total
         return total
 
@@ -105,18 +118,9 @@ class HashingWriter:
     def write_unhashed(self, data: Any) -> int:
         """Write bytes the caller will account for with ``digest.update_known`` (in file order)."""
         view = memoryview(data).cast("B")
-        total = view.nbytes
-        if self.disk_full is None:
-            try:
-                done = 0
-                while done < total:
-                    done += os.write(self._fd, view[done:])
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                self.disk_full = exc
-        self.size += total
-        return total
+        self._guarded(lambda: self._write_all(view))
+        self.size += view.nbytes
+        return view.nbytes
 
     def write_head(self, data: Any) -> None:
         """Write the head reserved by :meth:`reserve_head` (exactly its length) and put its
@@ -124,15 +128,7 @@ class HashingWriter:
         view = memoryview(data).cast("B")
         if view.nbytes != self._head_length:
             raise ValueError(f"head of {view.nbytes} bytes, {self._head_length} reserved")
-        if self.disk_full is None:
-            try:
-                done = 0
-                while done < view.nbytes:
-                    done += os.pwrite(self._fd, view[done:], done)
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                self.disk_full = exc
+        self._guarded(lambda: self._write_all(view, offset=0))
         self.digest.prepend_known(_crc.crc32(view) & 0xFFFFFFFF, view.nbytes)
         self._head_length = None
 
@@ -146,21 +142,19 @@ class HashingWriter:
                 self.digest.update(view)
             else:
                 self.digest.update_known(crc, view.nbytes)
+
+        def run() -> None:
+            pending = [view for view in views if view.nbytes]
+            while pending:
+                done = os.writev(self._fd, pending[:_IOV_MAX])
+                while pending and done >= pending[0].nbytes:
+                    done -= pending[0].nbytes
+                    pending.pop(0)
+                if done:
+                    pending[0] = pending[0][done:]
+
+        self._guarded(run)
         total = sum(view.nbytes for view in views)
-        if self.disk_full is None:
-            try:
-                pending = [view for view in views if view.nbytes]
-                while pending:
-                    done = os.writev(self._fd, pending[:_IOV_MAX])
-                    while pending and done >= pending[0].nbytes:
-                        done -= pending[0].nbytes
-                        pending.pop(0)
-                    if done:
-                        pending[0] = pending[0][done:]
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                self.disk_full = exc
         self.size += total
         return total
 
@@ -169,19 +163,8 @@ class HashingWriter:
         the bytes unless an HMAC needs them."""
         if self.digest.needs_bytes:
             return self.write(data)
-        view = memoryview(data).cast("B")
-        total = view.nbytes
-        if self.disk_full is None:
-            try:
-                done = 0
-                while done < total:
-                    done += os.write(self._fd, view[done:])
-            except OSError as exc:
-                if exc.errno != errno.ENOSPC:
-                    raise
-                self.disk_full = exc
+        total = self.write_unhashed(data)
         self.digest.update_known(crc, total)
-        self.size += total
         return total
 
 

@@ -14,6 +14,8 @@ import torch
 
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec.batches import build_batch
+from rollout_mock.codec.hashguard import check_keys
+from rollout_mock.codec.jsonitems import parse_items
 from rollout_mock.codec.layout import TORCH_DTYPES, numpy_dtype
 from rollout_mock.errors import UnsafePickleError
 
@@ -126,18 +128,9 @@ class NodeDecoder:
         return array.reshape(shape)
 
     def _json_items(self, node: dict[str, Any], count: int) -> list[Any]:
-        """An object array's items stored as a JSON data chunk: plain scalars only, as many as
-        its shape says (the chunk was CRC-checked on read, its size counted in the header's
-        bound; the parser's nesting is bounded like the header's)."""
-        from rollout_mock.codec.header import _parse_header
-
-        items = _parse_header(self.reader.whole(node["c"], None).numpy().tobytes())
-        if type(items) is not list or len(items) != count:
-            raise ValueError("object array items do not match its shape")
-        for x in items:
-            if not (x is None or type(x) in (str, bool, int) or (type(x) is float and math.isfinite(x))):
-                raise ValueError("object array chunk holds a value that is not a plain JSON scalar")
-        return items
+        """An object array's items stored as a JSON data chunk (header version 3): plain
+        scalars only, as many as its shape says (:mod:`~rollout_mock.codec.jsonitems`)."""
+        return parse_items(self.reader.whole(node["c"], None).numpy().data, count)
 
     def tensordict(self, node: dict[str, Any], rows: slice | None = None,
                    keys: frozenset[str] | None = None) -> Any:
@@ -203,16 +196,20 @@ class NodeDecoder:
         if tag == "tuple":
             return tuple(self.value(x) for x in node["v"])
         if tag in ("set", "frozenset"):
-            return (set if tag == "set" else frozenset)(self.value(x) for x in node["v"])
-        if tag == "map":
-            return {self.value(k): self.value(v) for k, v in node["items"]}
-        if tag == "odict":
-            return collections.OrderedDict((self.value(k), self.value(v)) for k, v in node["items"])
-        if tag == "counter":
-            return collections.Counter({self.value(k): self.value(v) for k, v in node["items"]})
-        if tag == "defaultdict":
+            members = [self.value(x) for x in node["v"]]
+            check_keys(members)
+            return (set if tag == "set" else frozenset)(members)
+        if tag in ("map", "odict", "counter", "defaultdict"):
+            pairs = [(self.value(k), self.value(v)) for k, v in node["items"]]
+            check_keys([k for k, _ in pairs])
+            if tag == "map":
+                return dict(pairs)
+            if tag == "odict":
+                return collections.OrderedDict(pairs)
+            if tag == "counter":
+                return collections.Counter(dict(pairs))
             out = collections.defaultdict(_FACTORIES[node.get("factory")])
-            out.update((self.value(k), self.value(v)) for k, v in node["items"])
+            out.update(pairs)
             return out
         if tag == "deque":
             return collections.deque((self.value(x) for x in node["v"]), maxlen=node.get("maxlen"))

@@ -32,7 +32,7 @@ from rollout_mock.codec.layout import (
     numpy_dtype,
 )
 
-__all__ = ["DEFAULT_MAX_EXPANSION", "Layout", "check_tree", "read_layout"]
+__all__ = ["DEFAULT_MAX_EXPANSION", "ITEM_OVERHEAD", "Layout", "check_tree", "prefix_sums", "read_layout", "ref_raw"]
 
 #: Declared raw bytes may be at most this multiple of the file size (+1 MiB): the bound on what a
 #: (compressed) file can make the reader allocate. Raise it with ``max_expansion=`` or the
@@ -141,13 +141,31 @@ def _shape(value: Any) -> list[int]:
     return [_int(d, 0, _MAX_DIM) for d in value]
 
 
-def ref_raw(table: list[list[int]], ref: Any) -> int:
+def prefix_sums(table: list[list[int]]) -> list[int]:
+    """``sums[i]`` = raw bytes of chunks ``0..i-1``: any reference's size in O(1) (a header
+    with many references to long chunk runs costs linear time, not references x run length)."""
+    sums = [0]
+    for row in table:
+        sums.append(sums[-1] + row[2])
+    return sums
+
+
+def ref_raw(table: list[list[int]] | list[int], ref: Any, sums: list[int] | None = None) -> int:
+    """Raw bytes a ``[first, count]`` reference covers (``sums``: :func:`prefix_sums` of the table)."""
     if type(ref) is not list or len(ref) != 2:
         raise ValueError("bad chunk reference")
     first, count = _int(ref[0]), _int(ref[1])
-    if first + count > len(table):
-        raise ValueError(f"chunk reference [{first}, +{count}) outside the table ({len(table)} chunks)")
-    return sum(table[i][2] for i in range(first, first + count))
+    size = len(table) if sums is None else len(sums) - 1
+    if first + count > size:
+        raise ValueError(f"chunk reference [{first}, +{count}) outside the table ({size} chunks)")
+    if sums is None:
+        sums = prefix_sums(table)  # type: ignore[arg-type]
+    return sums[first + count] - sums[first]
+
+
+#: Memory a decoded JSON item may take beyond its text (a str object's head and the list slot):
+#: object arrays whose items live in a JSON chunk count this per item against the bound.
+ITEM_OVERHEAD = 64
 
 
 def _node_list(node: dict[str, Any], name: str) -> list[Any]:
@@ -167,7 +185,8 @@ def _pairs(node: dict[str, Any], name: str) -> list[Any]:
 
 def check_tree(root: Any, table: list[list[int]]) -> int:
     """Validate every node; returns the raw bytes the tree references."""
-    total = 0
+    total = refs = 0
+    sums = prefix_sums(table)
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
         node, depth = stack.pop()
@@ -189,14 +208,20 @@ def check_tree(root: Any, table: list[list[int]]) -> int:
         if tag is None:
             stack.extend((x, depth + 1) for x in node.values())
             continue
-        children = _check_tagged(node, tag, table)
+        children = _check_tagged(node, tag, sums)
         if (tag in _TAGS_WITH_DATA or tag == "objarray") and "c" in node:
-            total += ref_raw(table, node["c"])
+            total += ref_raw(sums, node["c"], sums)
+            if tag == "objarray":  # the Python objects its JSON items become
+                total += ITEM_OVERHEAD * math.prod(node["shape"])
+            refs += node["c"][1]
+            if refs > len(table):  # writers reference every chunk once: decoding stays linear
+                raise ValueError("chunks are referenced more than once (the header references "
+                                 f"more than the {len(table)} chunks of its table)")
         stack.extend((x, depth + 1) for x in children)
     return total
 
 
-def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> list[Any]:
+def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
     if tag in ("tuple", "set", "frozenset", "deque", "slice", "size"):
         values = _node_list(node, "v")
         if tag == "size":
@@ -216,19 +241,19 @@ def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> lis
             raise ValueError(f"torch dtype {dtype!r:.40} is not allowed")
         shape = _shape(node.get("shape"))
         itemsize = TORCH_DTYPES[dtype].itemsize
-        if math.prod(shape) * itemsize != ref_raw(table, node.get("c")):
+        if math.prod(shape) * itemsize != ref_raw(sums, node.get("c"), sums):
             raise ValueError(f"tensor of shape {shape} and dtype {dtype} does not match its data size")
         return []
     if tag == "ndarray":
         dtype = numpy_dtype(node.get("dtype"))
         shape = _shape(node.get("shape"))
-        if math.prod(shape) * dtype.itemsize != ref_raw(table, node.get("c")):
+        if math.prod(shape) * dtype.itemsize != ref_raw(sums, node.get("c"), sums):
             raise ValueError(f"array of shape {shape} and dtype {dtype} does not match its data size")
         return []
     if tag == "objarray":
         shape = _shape(node.get("shape"))
         if "c" in node and "items" not in node:  # items in a JSON data chunk (header version 3)
-            ref_raw(table, node["c"])
+            ref_raw(sums, node["c"], sums)
             return []
         items = _node_list(node, "items")
         if math.prod(shape) != len(items):
@@ -236,7 +261,7 @@ def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> lis
         return items
     if tag in ("bytes", "bytearray", "pickle"):
         if "c" in node:
-            ref_raw(table, node["c"])
+            ref_raw(sums, node["c"], sums)
         elif tag == "pickle" or type(node.get("hex")) is not str:
             raise ValueError(f"{tag} node without data")
         return []

@@ -204,6 +204,40 @@ def json_items_lies() -> Iterator[tuple[str, bytes]]:
     yield "header version from the future", forge({"format": "rollout_mock.step", "version": 99, "root": 1, "chunks": []})
 
 
+def round3_denials() -> Iterator[tuple[str, bytes]]:
+    """Issue 22 items 8-10: small files that cost memory or time far beyond their size."""
+    import zstandard
+
+    def v3(root: Any, table: list[list[int]], data: bytes) -> bytes:
+        return forge({"format": "rollout_mock.step", "version": 3, "root": root, "chunks": table}, data)
+
+    def zchunk(raw: bytes) -> tuple[list[int], bytes]:
+        packed = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+        return [0, len(packed), len(raw), zlib.crc32(packed), 1, 0], packed + bytes(-len(packed) % 64)
+
+    # 8: JSON item chunks whose parse allocates ~20x their (declared, bounded) text
+    row, data = zchunk(b"[" + b"[]," * ((4 << 20) // 3) + b"[]]")
+    yield "item chunk of nested empty lists (allocation before refusal)", v3(  # within 64x + 1 MiB
+        {"$": "objarray", "shape": [1], "c": [0, 1]}, [row], data + bytes(64 << 10))
+    n = (4 << 20) // 5
+    row, data = zchunk(b"[" + b'"ab",' * (n - 1) + b'"ab"]')
+    yield "item chunk of a million short strings in a small file", v3(
+        {"$": "objarray", "shape": [n], "c": [0, 1]}, [row], data + bytes(64 << 10))
+    # 9: every node references the whole run of (empty) chunks: references x run length
+    count = 2000
+    empty = [[0, 0, 0, 0, 0, 0]] * count
+    yield "chunk references quadratic in the header size", forge(doc(
+        [{"$": "bytes", "c": [0, count]} for _ in range(count)], empty))
+    # 10: set items that all share one hash (hash flooding)
+    modulus = (1 << 61) - 1
+    members = [{"$": "int", "v": str(7 + k * modulus)} for k in range(1, 24_000)]
+    yield "set of colliding ints (hash flooding)", forge(doc({"$": "set", "v": members}, []))
+    yield "map of colliding int keys (hash flooding)", forge(doc(
+        {"$": "map", "items": [[m, 0] for m in members]}, []))
+    items = b"".join(long1(7 + k * modulus) for k in range(1, 24_000))
+    yield "format 1: set of colliding ints (hash flooding)", PROTO5 + b"\x8f" + MARK + items + b"\x90" + STOP
+
+
 def _nest_tuples(depth: int) -> Any:
     node: Any = 1
     for _ in range(depth):
@@ -212,4 +246,4 @@ def _nest_tuples(depth: int) -> Any:
 
 
 def corpus(marker: Path) -> list[tuple[str, bytes]]:
-    return [*call_programs(marker), *named_attacks(marker), *format2_lies()]
+    return [*call_programs(marker), *named_attacks(marker), *format2_lies(), *round3_denials()]

@@ -14,6 +14,8 @@ import torch
 
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec.batches import build_batch
+from rollout_mock.codec.bodydec import BodyReader, read_strings
+from rollout_mock.codec.select import select
 from rollout_mock.codec.hashguard import check_keys
 from rollout_mock.codec.jsonitems import parse_items
 from rollout_mock.codec.layout import TORCH_DTYPES, numpy_dtype
@@ -49,6 +51,12 @@ class NodeDecoder:
         self.trusted = trusted
         self.batch_class = batch_class
         self.name = name
+        self.body: BodyReader | None = None
+
+    def use_body(self, body: list[int] | None, raws: list[int], *, surrogates: bool,
+                 table: list[list[int]] | None, used: list[int]) -> None:
+        """Header version 4: where ``mp`` nodes and body tensors are read from."""
+        self.body = BodyReader(self, body, raws, surrogates=surrogates, table=table, used=used)
 
     # ------------------------------------------------------------------ data nodes
     def tensor(self, node: dict[str, Any], rows: slice | None = None) -> torch.Tensor:
@@ -172,6 +180,14 @@ class NodeDecoder:
         if tag is None:
             return {k: self.value(v, rows) for k, v in node.items()} if rows is not None \
                 else {k: self.value(v) for k, v in node.items()}
+        if tag == "mp":
+            if self.body is None:
+                raise ValueError("body value outside a version-4 step")
+            value = self.body.value(node)
+            return value if rows is None else select(value, None, rows)
+        if tag == "strs":
+            return read_strings(self.reader, node, None if rows is None or not node["shape"]
+                                else _rows_range(rows, node["shape"][0]))
         if tag == "tensor":
             return self.tensor(node, rows)
         if tag == "ndarray":
@@ -295,6 +311,8 @@ class _MemoryReader:
 def materialize_snapshot(snapshot: Any, *, batch_class: type | None = None) -> Any:
     reader = _MemoryReader(snapshot.chunks, getattr(snapshot, "spans", {}))
     decoder = NodeDecoder(reader, trusted=True, batch_class=batch_class, name="<snapshot>")
+    decoder.use_body(getattr(snapshot, "body", None), [view.nbytes for view, _ in snapshot.chunks],
+                     surrogates=getattr(snapshot, "surrogates", False), table=None, used=[0])
     return decoder.value(snapshot.root)
 
 

@@ -30,6 +30,7 @@ import torch
 
 from rollout_mock._text import logger
 from rollout_mock.codec.batches import class_path, split_batch
+from rollout_mock.codec.bodyenc import BodyWriter, string_column
 from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.container import encode_snapshot
 from rollout_mock.codec.layout import (
@@ -73,8 +74,14 @@ class _Encoder:
     With ``snapshot=True`` every chunk is an owned copy (the caller may mutate the batch next).
     """
 
-    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None) -> None:
+    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None, body: bool = True) -> None:
         self.snapshot = snapshot
+        #: header version 4: plain values go to a msgpack body (None: version-2 nodes only)
+        self.body: BodyWriter | None = BodyWriter(self) if body else None
+        #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
+        self._plain = 0
+        #: the next dict is structural (the root, a batch field): its values are nodes
+        self._structural = True
         self.pool = pool
         #: buffers taken from ``pool`` (given back by Snapshot.release)
         self.pooled: list[torch.Tensor] = []
@@ -86,6 +93,52 @@ class _Encoder:
         self._active: set[int] = set()
 
     # ------------------------------------------------------------------ raw data
+    def tensor_raw(self, tensor: torch.Tensor) -> tuple[np.ndarray, bool]:
+        """A tensor's bytes as a flat uint8 array, and whether they are a fresh copy."""
+        if tensor.grad is not None:
+            _warn_once("grad", "tensor .grad is not recorded (only values and requires_grad are)")
+        flat, fresh = _tensor_bytes(tensor)
+        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        return raw.numpy(), fresh
+
+    def copy_raw(self, raw: np.ndarray) -> np.ndarray:
+        return self._copy(torch.from_numpy(raw)).numpy() if self.pool is not None else raw.copy()
+
+    def pack_buffer(self, nbytes: int) -> np.ndarray:
+        """Memory for a shared chunk of small tensors (a pooled buffer in dump mode)."""
+        if self.pool is None:
+            return np.empty(nbytes, np.uint8)
+        base = self.pool.take(nbytes)
+        self.pooled.append(base)
+        return base[:nbytes].numpy()
+
+    def reserve_chunk(self) -> int:
+        self.chunks.append((memoryview(b""), 1))
+        return len(self.chunks) - 1
+
+    def fill_chunk(self, index: int, raw: np.ndarray) -> None:
+        self._owners.append(raw)
+        view = memoryview(raw).cast("B")
+        self.chunks[index] = (view, 1)
+        self.spans[index] = view
+
+    def add_raw(self, raw: np.ndarray, itemsize: int, row_bytes: int) -> list[int]:
+        return self._add_raw(raw, itemsize, row_bytes)
+
+    def plain_node(self, obj: Any) -> Any:
+        """``obj`` as version-2 nodes only (what a body's node extension holds)."""
+        self._plain += 1
+        try:
+            return self.node(obj)
+        finally:
+            self._plain -= 1
+
+    def finish(self) -> tuple[list[int] | None, bool]:
+        """The body reference (None: no body) and whether it needs surrogate-pass decoding."""
+        if self.body is None:
+            return None, False
+        return self.body.finish(), self.body.surrogates
+
     def _add_raw(self, raw: np.ndarray, itemsize: int, row_bytes: int) -> list[int]:
         """Split a flat uint8 array into chunks; returns ``[first_chunk, count]``."""
         self._owners.append(raw)
@@ -179,6 +232,10 @@ class _Encoder:
         cls = type(obj)
         if obj is None or cls is bool or cls is str:
             return obj
+        if self.body is not None and not self._plain:
+            routed = self._route(obj, cls, path)
+            if routed is not None:
+                return routed
         if cls is int:
             return obj if -(1 << 63) <= obj < (1 << 63) else {"$": "int", "v": str(obj)}
         if cls is float:
@@ -211,6 +268,27 @@ class _Encoder:
             return self._container(obj, cls, path)
         finally:
             self._active.discard(key)
+
+    def _route(self, obj: Any, cls: type, path: str) -> Any:
+        """Header version 4: where a value goes (None: the version-2 node path below)."""
+        structural, self._structural = self._structural, False
+        if cls is int and -(1 << 63) <= obj < (1 << 63) or cls is float and math.isfinite(obj):
+            return obj
+        if cls is dict and structural and all(type(k) is str for k in obj) and "$" not in obj:
+            return {k: self.node(v, f"{path}.{k}" if path else k) for k, v in obj.items()}
+        if cls is np.ndarray and obj.dtype.kind == "O":
+            column = string_column(obj, self._add_raw)
+            if column is not None:
+                return column
+        elif cls in (torch.Tensor, torch.nn.Parameter, np.ndarray, bytes, bytearray) \
+                or (cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict") \
+                or split_batch(obj) is not None:
+            return None
+        assert self.body is not None
+        node = self.body.node(obj)
+        if node is None:  # cycles, nesting msgpack refuses: version-2 nodes (cycles become blobs)
+            return self.plain_node(obj)
+        return node
 
     def _container(self, obj: Any, cls: type, path: str) -> Any:
         if cls is list:
@@ -256,6 +334,7 @@ class _Encoder:
             kind, layout, fields, extra = parts
             node: dict[str, Any] = {"$": "batch", "kind": kind, "class": class_path(cls), "layout": layout}
             for name, value in fields.items():
+                self._structural = True
                 node[name] = self.node(value, f"{path}.{name}" if path else name)
             node["extra"] = [[k, self.node(v, f"{path}.{k}")] for k, v in extra.items()]
             return node
@@ -306,6 +385,11 @@ class Snapshot:
     spans: dict[int, memoryview] = field(default_factory=dict, repr=False)
     pool: BufferPool | None = field(default=None, repr=False)
     pooled: list[Any] = field(default_factory=list, repr=False)
+    #: header version 4: the chunks of the msgpack body, and whether it holds lone surrogates
+    body: list[int] | None = None
+    surrogates: bool = False
+    #: 4 when written by the version-4 encoder (None: decided by the container: 2 or 3)
+    header_version: int | None = None
 
     @property
     def nbytes(self) -> int:
@@ -330,14 +414,18 @@ def capture(obj: Any, *, pool: BufferPool | None = None) -> Snapshot:
     call :meth:`Snapshot.release` once the snapshot is written)."""
     encoder = _Encoder(snapshot=True, pool=pool)
     root = encoder.node(obj)
-    return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled)
+    body, surrogates = encoder.finish()
+    return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled, body, surrogates, 4)
 
 
 def encode(obj: Any, file: BinaryIO, *, compression: str = "none") -> None:
     """Write ``obj`` to ``file`` (anything with ``.write``) as a format-2 step file."""
     encoder = _Encoder(snapshot=False)
     root = encoder.node(obj)
-    encode_snapshot(Snapshot(root, encoder.chunks, encoder._owners), file, compression=compression)
+    body, surrogates = encoder.finish()
+    encode_snapshot(Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, body=body, surrogates=surrogates,
+                             header_version=4),
+                    file, compression=compression)
 
 
 def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:

@@ -58,6 +58,10 @@ class Layout:
     root: Any
     table: list[list[int]]
     declared_raw: int = 0
+    version: int = 2
+    #: header version 4: the chunks of the msgpack body, and whether it decodes surrogate-pass
+    body: list[int] | None = None
+    surrogates: bool = False
 
 
 def _parse_header(header: bytes | str) -> Any:
@@ -111,7 +115,17 @@ def read_layout(source: Any) -> Layout:
         raise ValueError("header has no chunk table")
     for entry in table:
         _check_chunk(entry, data_len)
-    return Layout(size, PREFIX_LEN + data_offset, data_len, doc.get("root"), table)
+    body = doc.get("body")
+    if body is not None:
+        if doc["version"] < 4:
+            raise ValueError("a body in a header older than version 4")
+        ref_raw(table, body)
+        if any(table[i][4] != 0 for i in range(body[0], body[0] + body[1])):
+            raise ValueError("the body is stored compressed")
+    if doc.get("sp", False) is not True and "sp" in doc:
+        raise ValueError("bad sp flag")
+    return Layout(size, PREFIX_LEN + data_offset, data_len, doc.get("root"), table, version=doc["version"],
+                  body=body, surrogates=bool(doc.get("sp")))
 
 
 def _int(value: Any, lo: int = 0, hi: int = 1 << 62) -> int:
@@ -183,9 +197,14 @@ def _pairs(node: dict[str, Any], name: str) -> list[Any]:
     return items
 
 
-def check_tree(root: Any, table: list[list[int]]) -> int:
-    """Validate every node; returns the raw bytes the tree references."""
-    total = refs = 0
+def check_tree(root: Any, table: list[list[int]], *, used: list[int] | None = None, body: int = -1) -> int:
+    """Validate every node; returns the raw bytes the tree references (plus the memory its string
+    columns and JSON items may take). ``used``: chunk references counted so far (updated; a
+    step references each chunk once); ``body``: the body's size (version 4; -1: ``mp`` nodes
+    are refused, as inside a body's own node extensions)."""
+    total = 0
+    refs = used[0] if used else 0
+    body_used = 0
     sums = prefix_sums(table)
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
@@ -208,6 +227,22 @@ def check_tree(root: Any, table: list[list[int]]) -> int:
         if tag is None:
             stack.extend((x, depth + 1) for x in node.values())
             continue
+        if tag == "mp":
+            if body < 0:
+                raise ValueError("body value outside a version-4 header")
+            body_used += _int(node.get("n"))
+            if _int(node.get("o")) + node["n"] > body or body_used > body:
+                raise ValueError("body values overlap or lie outside the body")
+            continue
+        if tag == "strs":
+            count = math.prod(_shape(node.get("shape")))
+            if ref_raw(sums, node.get("o"), sums) != 8 * (count + 1) or count == 0:
+                raise ValueError("string column offsets do not match its shape")
+            total += ref_raw(sums, node.get("c"), sums) + 8 * (count + 1) + ITEM_OVERHEAD * count
+            refs += node["c"][1] + node["o"][1]
+            if refs > len(table):
+                raise ValueError("chunks are referenced more than once")
+            continue
         children = _check_tagged(node, tag, sums)
         if (tag in _TAGS_WITH_DATA or tag == "objarray") and "c" in node:
             total += ref_raw(sums, node["c"], sums)
@@ -218,6 +253,8 @@ def check_tree(root: Any, table: list[list[int]]) -> int:
                 raise ValueError("chunks are referenced more than once (the header references "
                                  f"more than the {len(table)} chunks of its table)")
         stack.extend((x, depth + 1) for x in children)
+    if used is not None:
+        used[0] = refs
     return total
 
 

@@ -1,0 +1,195 @@
+"""Writing header version 4: plain Python values as one msgpack *body*, string columns, and
+small tensors packed together into shared chunks.
+
+The body holds every value below the header's structural nodes (a root dict's values, a batch's
+fields, a TensorDict's items) that is not a tensor, a numeric array or a string column, packed
+by msgpack's C encoder: ``None``/bools/ints (-2**63..2**64-1)/floats (binary64: NaN payloads and
+-0.0 kept)/str/bytes/lists/str-or-not keyed dicts (order kept) are msgpack's own types. Anything
+msgpack lacks reaches :meth:`BodyWriter.default` and becomes one of:
+
+* a *marked array* ``[ExtType(k, b""), ...]``: ``k`` = 1 tuple, 3 set, 4 frozenset, 6 numpy
+  object array (``[marker, shape, *flat items]``): no nested msgpack, so decoding never recurses;
+* ``ExtType(2, signed little-endian bytes)``: an int outside msgpack's 64-bit range;
+* ``ExtType(5, TENSOR_HEAD + dims)``: a torch tensor, ``ExtType(7, TENSOR_HEAD + dims + numpy
+  dtype string)``: a numeric numpy array. ``TENSOR_HEAD`` is dtype code (index in
+  :data:`~rollout_mock.codec.layout.TORCH_DTYPE_NAMES`), flags (1 requires_grad, 2 Parameter,
+  4 read-only array), ndim, 0, first chunk, chunk count, byte offset. Tensors under
+  :data:`SMALL_BYTES` are copied side by side (64-byte aligned) into shared 4 MiB chunks: one
+  CRC, one write and one read serve hundreds of them; larger ones get their own chunks;
+* ``ExtType(8, msgpack of a version-2 node)``: everything else (TensorDicts inside lists,
+  OrderedDicts, datetimes, opaque pickle blobs ...), through the version-2 node encoder.
+
+``bytearray`` and ``memoryview`` values inside the body are stored as msgpack binaries and load
+as ``bytes`` (msgpack packs them without asking); at a structural position they keep their type.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+import numpy as np
+import torch
+
+from rollout_mock.codec.layout import CHUNK_BYTES, TORCH_DTYPE_NAMES, TORCH_DTYPES
+
+__all__ = [
+    "EXT_FROZENSET", "EXT_INT", "EXT_NDARRAY", "EXT_NODE", "EXT_OBJARRAY", "EXT_SET", "EXT_TENSOR",
+    "EXT_TUPLE", "PACK_ALIGN", "SMALL_BYTES", "TENSOR_HEAD", "BodyWriter", "string_column",
+]
+
+EXT_TUPLE, EXT_INT, EXT_SET, EXT_FROZENSET, EXT_TENSOR, EXT_OBJARRAY, EXT_NDARRAY, EXT_NODE = 1, 2, 3, 4, 5, 6, 7, 8
+TENSOR_HEAD = struct.Struct("<BBBBIIQ")
+#: Tensors and arrays smaller than this share chunks with their neighbours.
+SMALL_BYTES = 1 << 20
+PACK_ALIGN = 64
+_CODES = {name: i for i, name in enumerate(TORCH_DTYPE_NAMES)}
+_MARKS = {tuple: msgpack.ExtType(EXT_TUPLE, b""), set: msgpack.ExtType(EXT_SET, b""),
+          frozenset: msgpack.ExtType(EXT_FROZENSET, b"")}
+_OBJARRAY = msgpack.ExtType(EXT_OBJARRAY, b"")
+
+
+def _packer(default: Any, surrogates: bool) -> msgpack.Packer:
+    return msgpack.Packer(use_bin_type=True, strict_types=True, default=default, datetime=False,
+                          unicode_errors="surrogatepass" if surrogates else None)
+
+
+class BodyWriter:
+    """Collects the msgpack body and the shared chunks of one step being encoded.
+
+    ``encoder`` is the version-2 node encoder (:class:`~rollout_mock.codec.encode._Encoder`): its
+    chunk list, snapshot flag and buffer pool are used, and it encodes what msgpack cannot.
+    """
+
+    def __init__(self, encoder: Any) -> None:
+        self.enc = encoder
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.surrogates = False
+        self._packer = _packer(self.default, False)
+        self._pack: np.ndarray | None = None
+        self._pack_index = -1
+        self._pack_used = 0
+
+    # ------------------------------------------------------------------ body values
+    def node(self, obj: Any) -> dict[str, Any] | None:
+        """``{"$": "mp", "o": offset, "n": length}`` for ``obj``; None when msgpack cannot take
+        it (reference cycles, nesting beyond msgpack's limit): the caller encodes it as nodes."""
+        try:
+            data = self._packer.pack(obj)
+        except UnicodeEncodeError:  # lone surrogates: the whole body is written surrogate-pass
+            self.surrogates = True
+            self._packer = _packer(self.default, True)
+            return self.node(obj)
+        except (ValueError, OverflowError, TypeError, RecursionError):
+            self._packer = _packer(self.default, self.surrogates)
+            return None
+        node = {"$": "mp", "o": self.size, "n": len(data)}
+        self.parts.append(data)
+        self.size += len(data)
+        return node
+
+    def default(self, obj: Any) -> Any:
+        cls = type(obj)
+        mark = _MARKS.get(cls)
+        if mark is not None:
+            return [mark, *obj]
+        if cls is int:
+            return msgpack.ExtType(EXT_INT, obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True))
+        if cls is torch.Tensor or cls is torch.nn.Parameter:
+            if obj.layout is torch.strided and not obj.is_quantized and obj.device.type != "meta" \
+                    and not getattr(obj, "is_nested", False) and str(obj.dtype)[6:] in TORCH_DTYPES:
+                return self._tensor(obj)
+        elif cls is np.ndarray:
+            if obj.dtype.kind == "O":
+                return [_OBJARRAY, list(obj.shape), *obj.reshape(-1).tolist()]
+            if obj.dtype.fields is None and obj.dtype.kind in "biufcmMSU" and obj.dtype.itemsize:
+                return self._array(obj)
+        node = self.enc.plain_node(obj)
+        return msgpack.ExtType(EXT_NODE, msgpack.packb(node, use_bin_type=True, unicode_errors="surrogatepass"))
+
+    # ------------------------------------------------------------------ tensors and arrays
+    def _tensor(self, tensor: torch.Tensor) -> msgpack.ExtType:
+        raw, fresh = self.enc.tensor_raw(tensor)
+        flags = (1 if tensor.requires_grad else 0) | (2 if type(tensor) is torch.nn.Parameter else 0)
+        where = self._place(raw, fresh, tensor.element_size(), list(tensor.shape))
+        head = TENSOR_HEAD.pack(_CODES[str(tensor.dtype)[6:]], flags, tensor.dim(), 0, *where)
+        return msgpack.ExtType(EXT_TENSOR, head + struct.pack(f"<{tensor.dim()}Q", *tensor.shape))
+
+    def _array(self, array: np.ndarray) -> msgpack.ExtType:
+        fresh = False
+        if not array.flags.c_contiguous:
+            array, fresh = np.ascontiguousarray(array), True
+        raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
+        where = self._place(raw, fresh, array.dtype.itemsize, list(array.shape))
+        flags = 0 if array.flags.writeable else 4
+        head = TENSOR_HEAD.pack(0, flags, array.ndim, 0, *where)
+        return msgpack.ExtType(EXT_NDARRAY, head + struct.pack(f"<{array.ndim}Q", *array.shape)
+                               + array.dtype.str.encode("ascii"))
+
+    def _place(self, raw: np.ndarray, fresh: bool, itemsize: int, shape: list[int]) -> tuple[int, int, int]:
+        """(first chunk, count, offset) of the bytes: in a shared chunk, or chunks of their own."""
+        n = raw.nbytes
+        if n == 0:
+            return 0, 0, 0
+        if n >= SMALL_BYTES:
+            if self.enc.snapshot and not fresh:
+                raw = self.enc.copy_raw(raw)
+            row = n // shape[0] if shape and shape[0] else 0
+            first, count = self.enc.add_raw(raw, itemsize, row)
+            return first, count, 0
+        start = -(-self._pack_used // PACK_ALIGN) * PACK_ALIGN
+        if self._pack is None or start + n > CHUNK_BYTES:
+            self._close_pack()
+            self._pack = self.enc.pack_buffer(CHUNK_BYTES)
+            self._pack_index = self.enc.reserve_chunk()
+            start = 0
+        assert self._pack is not None
+        self._pack[start: start + n] = raw
+        self._pack_used = start + n
+        return self._pack_index, 1, start
+
+    def _close_pack(self) -> None:
+        if self._pack is not None:
+            self.enc.fill_chunk(self._pack_index, self._pack[: self._pack_used])
+            self._pack = None
+
+    def finish(self) -> list[int] | None:
+        """Close the last shared chunk and add the body's chunks; returns the body reference."""
+        self._close_pack()
+        if not self.parts:
+            return None
+        body = np.frombuffer(b"".join(self.parts), np.uint8)
+        self.parts = []
+        return self.enc.add_raw(body, 0, 0)
+
+
+def string_column(array: np.ndarray, add_raw: Any) -> dict[str, Any] | None:
+    """An object array of ``str`` as ``{"$": "strs", "shape", "c": UTF-8 bytes, "o": int64
+    offsets (n + 1, byte positions), "a": all ASCII, "sp": lone surrogates}``; None otherwise."""
+    flat = array.reshape(-1).tolist()
+    if not flat or set(map(type, flat)) != {str}:
+        return None
+    text = "".join(flat)
+    surrogates = False
+    try:
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:
+        data, surrogates = text.encode("utf-8", "surrogatepass"), True
+    offsets = np.zeros(len(flat) + 1, dtype="<i8")
+    ascii_only = len(data) == len(text)
+    if ascii_only:
+        lengths = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
+    else:
+        lengths = np.fromiter((len(s.encode("utf-8", "surrogatepass")) for s in flat), dtype=np.int64,
+                              count=len(flat))
+    np.cumsum(lengths, out=offsets[1:])
+    node: dict[str, Any] = {"$": "strs", "shape": list(array.shape),
+                            "c": add_raw(np.frombuffer(data, np.uint8), 1, 0),
+                            "o": add_raw(offsets.view(np.uint8), 8, 8)}
+    if ascii_only:
+        node["a"] = True
+    if surrogates:
+        node["sp"] = True
+    return node

@@ -80,8 +80,9 @@ class _Encoder:
         self.body: BodyWriter | None = BodyWriter(self) if body else None
         #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
         self._plain = 0
-        #: the next dict is structural (the root, a batch field): its values are nodes
-        self._structural = True
+        #: the next str-keyed dict is structural (its values are nodes, not one body value) for
+        #: this many levels: the root and batch fields, and dicts directly inside them
+        self._structural = 2
         self.pool = pool
         #: buffers taken from ``pool`` (given back by Snapshot.release)
         self.pooled: list[torch.Tensor] = []
@@ -271,11 +272,18 @@ class _Encoder:
 
     def _route(self, obj: Any, cls: type, path: str) -> Any:
         """Header version 4: where a value goes (None: the version-2 node path below)."""
-        structural, self._structural = self._structural, False
-        if cls is int and -(1 << 63) <= obj < (1 << 63) or cls is float and math.isfinite(obj):
-            return obj
-        if cls is dict and structural and all(type(k) is str for k in obj) and "$" not in obj:
-            return {k: self.node(v, f"{path}.{k}" if path else k) for k, v in obj.items()}
+        levels, self._structural = self._structural, 0
+        if cls is int:
+            return obj if -(1 << 63) <= obj < (1 << 63) else {"$": "int", "v": str(obj)}
+        if cls is float:
+            return self._float(obj)
+        if cls is dict and levels and all(type(k) is str for k in obj) and "$" not in obj:
+            out = {}
+            for k, v in obj.items():
+                self._structural = levels - 1
+                out[k] = self.node(v, f"{path}.{k}" if path else k)
+            self._structural = 0
+            return out
         if cls is np.ndarray and obj.dtype.kind == "O":
             column = string_column(obj, self._add_raw)
             if column is not None:
@@ -334,7 +342,7 @@ class _Encoder:
             kind, layout, fields, extra = parts
             node: dict[str, Any] = {"$": "batch", "kind": kind, "class": class_path(cls), "layout": layout}
             for name, value in fields.items():
-                self._structural = True
+                self._structural = 2
                 node[name] = self.node(value, f"{path}.{name}" if path else name)
             node["extra"] = [[k, self.node(v, f"{path}.{k}")] for k, v in extra.items()]
             return node

@@ -55,7 +55,7 @@ from rollout_mock.codec.batches import (
     register_batch_class,
 )
 from rollout_mock.codec.buffers import BufferPool
-from rollout_mock.codec.encode import Snapshot, capture, encode, encode_bytes, encode_snapshot
+from rollout_mock.codec.snapshot import Snapshot, capture, encode, encode_bytes, encode_snapshot
 from rollout_mock.codec.layout import FORMAT_VERSION
 from rollout_mock.codec.pickler import (
     PROTOCOL,

@@ -14,7 +14,9 @@ inside the body pass the same :func:`~rollout_mock.codec.header.check_tree` as t
 
 from __future__ import annotations
 
+import io
 import math
+import pickle
 import struct
 from typing import Any
 
@@ -86,6 +88,19 @@ class BodyReader:
         self.errors = "surrogatepass" if surrogates else "strict"
         self._body: memoryview | None = None
         self._shared: dict[int, torch.Tensor] = {}
+
+    def snapshot_value(self, pickled: list[bytes], node: dict[str, Any]) -> Any:
+        """A capture's in-memory pickle (written by this process, see
+        :mod:`~rollout_mock.codec.snapshot`; step files never hold one)."""
+        reader = self
+
+        class Unpickler(pickle.Unpickler):
+            def find_class(self, module: str, name: str) -> Any:
+                if module == "rollout_mock.codec.bodyenc" and name == "snapshot_ext":
+                    return reader.ext
+                return super().find_class(module, name)
+
+        return Unpickler(io.BytesIO(pickled[node["i"]])).load()
 
     def value(self, node: dict[str, Any]) -> Any:
         if self._body is None:
@@ -222,12 +237,11 @@ def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.nd
     if int(offsets[-1]) != data.nbytes or bool((offsets[1:] < offsets[:-1]).any()):
         raise ValueError("string column offsets do not match its bytes")
     bounds = offsets.tolist()
-    if node.get("a"):
-        text = str(memoryview(data), "ascii")
-        items = [text[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-    else:
-        blob, errors = data.tobytes(), "surrogatepass" if node.get("sp") else "strict"
-        items = [blob[a:b].decode("utf-8", errors) for a, b in zip(bounds[:-1], bounds[1:])]
+    view = memoryview(data)
+    # each string decoded straight from the chunk's memory (one copy, as pickle's loads)
+    codec_name = "ascii" if node.get("a") else "utf-8"
+    errors = "surrogatepass" if node.get("sp") else "strict"
+    items = [str(view[a:b], codec_name, errors) for a, b in zip(bounds[:-1], bounds[1:])]
     array = np.empty(len(items), dtype=object)
     array[:] = items
     if rows is not None and shape:

@@ -25,6 +25,8 @@ as ``bytes`` (msgpack packs them without asking); at a structural position they 
 
 from __future__ import annotations
 
+import io
+import pickle
 import struct
 from typing import Any
 
@@ -36,7 +38,7 @@ from rollout_mock.codec.layout import CHUNK_BYTES, TORCH_DTYPE_NAMES, TORCH_DTYP
 
 __all__ = [
     "EXT_FROZENSET", "EXT_INT", "EXT_NDARRAY", "EXT_NODE", "EXT_OBJARRAY", "EXT_SET", "EXT_TENSOR",
-    "EXT_TUPLE", "PACK_ALIGN", "SMALL_BYTES", "TENSOR_HEAD", "BodyWriter", "string_column",
+    "EXT_TUPLE", "PACK_ALIGN", "SMALL_BYTES", "TENSOR_HEAD", "BodyWriter", "snapshot_ext", "string_column",
 ]
 
 EXT_TUPLE, EXT_INT, EXT_SET, EXT_FROZENSET, EXT_TENSOR, EXT_OBJARRAY, EXT_NDARRAY, EXT_NODE = 1, 2, 3, 4, 5, 6, 7, 8
@@ -62,8 +64,10 @@ class BodyWriter:
     chunk list, snapshot flag and buffer pool are used, and it encodes what msgpack cannot.
     """
 
-    def __init__(self, encoder: Any) -> None:
+    def __init__(self, encoder: Any, *, pickled: bool = False) -> None:
         self.enc = encoder
+        #: dump-mode captures: values are in-memory pickles (``{"$": "snap"}``), not msgpack
+        self.pickled: list[bytes] | None = [] if pickled else None
         self.parts: list[bytes] = []
         self.size = 0
         self.surrogates = False
@@ -76,6 +80,10 @@ class BodyWriter:
     def node(self, obj: Any) -> dict[str, Any] | None:
         """``{"$": "mp", "o": offset, "n": length}`` for ``obj``; None when msgpack cannot take
         it (reference cycles, nesting beyond msgpack's limit): the caller encodes it as nodes."""
+        if self.pickled is not None:
+            snap = self._snapshot(obj)
+            if snap is not None:
+                return snap
         try:
             data = self._packer.pack(obj)
         except UnicodeEncodeError:  # lone surrogates: the whole body is written surrogate-pass
@@ -108,6 +116,19 @@ class BodyWriter:
                 return self._array(obj)
         node = self.enc.plain_node(obj)
         return msgpack.ExtType(EXT_NODE, msgpack.packb(node, use_bin_type=True, unicode_errors="surrogatepass"))
+
+    def _snapshot(self, obj: Any) -> dict[str, Any] | None:
+        """``{"$": "snap", "i": index}``: ``obj`` pickled in memory by the C pickler (plain values
+        cost no Python call; tensors and numeric arrays are copied into the snapshot buffers by
+        ``reducer_override``); None when it cannot be pickled."""
+        assert self.pickled is not None
+        buffer = io.BytesIO()
+        try:
+            _SnapshotPickler(buffer, self).dump(obj)
+        except Exception:  # noqa: BLE001 - unpicklable values take the msgpack path (and its errors)
+            return None
+        self.pickled.append(buffer.getvalue())
+        return {"$": "snap", "i": len(self.pickled) - 1}
 
     # ------------------------------------------------------------------ tensors and arrays
     def _tensor(self, tensor: torch.Tensor) -> msgpack.ExtType:
@@ -160,9 +181,36 @@ class BodyWriter:
         self._close_pack()
         if not self.parts:
             return None
-        body = np.frombuffer(b"".join(self.parts), np.uint8)
+        body = np.frombuffer(self.parts[0] if len(self.parts) == 1 else b"".join(self.parts), np.uint8)
         self.parts = []
         return self.enc.add_raw(body, 0, 0)
+
+
+def snapshot_ext(code: int, payload: bytes) -> Any:
+    """What a capture's pickle calls for its tensors and arrays: resolved by the snapshot's own
+    unpickler (:meth:`~rollout_mock.codec.bodydec.BodyReader.snapshot_value`), never callable."""
+    raise RuntimeError("rollout_mock snapshot pickles are read by Snapshot.materialize only")
+
+
+class _SnapshotPickler(pickle.Pickler):
+    """Protocol-5 pickler whose tensors and numeric arrays become body extensions in the
+    snapshot's buffers (so the dump-mode call copies them once, into reusable memory)."""
+
+    def __init__(self, file: Any, body: BodyWriter) -> None:
+        super().__init__(file, protocol=5)
+        self.body = body
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        if cls is torch.Tensor or cls is torch.nn.Parameter:
+            if obj.layout is torch.strided and not obj.is_quantized and obj.device.type != "meta" \
+                    and not getattr(obj, "is_nested", False) and str(obj.dtype)[6:] in TORCH_DTYPES:
+                ext = self.body._tensor(obj)
+                return snapshot_ext, (ext.code, ext.data)
+        elif cls is np.ndarray and obj.dtype.kind in "biufcmMSU" and obj.dtype.fields is None and obj.dtype.itemsize:
+            ext = self.body._array(obj)
+            return snapshot_ext, (ext.code, ext.data)
+        return NotImplemented
 
 
 def string_column(array: np.ndarray, add_raw: Any) -> dict[str, Any] | None:

@@ -52,6 +52,8 @@ class NodeDecoder:
         self.batch_class = batch_class
         self.name = name
         self.body: BodyReader | None = None
+        #: a capture's pickles (set by materialize_snapshot only: files never decode ``snap``)
+        self.pickled: list[bytes] | None = None
 
     def use_body(self, body: list[int] | None, raws: list[int], *, surrogates: bool,
                  table: list[list[int]] | None, used: list[int]) -> None:
@@ -185,6 +187,10 @@ class NodeDecoder:
                 raise ValueError("body value outside a version-4 step")
             value = self.body.value(node)
             return value if rows is None else select(value, None, rows)
+        if tag == "snap":  # a capture's in-memory pickle: only Snapshot.materialize has these
+            if self.body is None or self.pickled is None:
+                raise ValueError("snapshot value outside a snapshot")
+            return self.body.snapshot_value(self.pickled, node)
         if tag == "strs":
             return read_strings(self.reader, node, None if rows is None or not node["shape"]
                                 else _rows_range(rows, node["shape"][0]))
@@ -313,6 +319,7 @@ def materialize_snapshot(snapshot: Any, *, batch_class: type | None = None) -> A
     decoder = NodeDecoder(reader, trusted=True, batch_class=batch_class, name="<snapshot>")
     decoder.use_body(getattr(snapshot, "body", None), [view.nbytes for view, _ in snapshot.chunks],
                      surrogates=getattr(snapshot, "surrogates", False), table=None, used=[0])
+    decoder.pickled = getattr(snapshot, "pickled", None)
     return decoder.value(snapshot.root)
 
 

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import collections
 import datetime
-import io
 import math
 import struct
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -32,13 +30,12 @@ from rollout_mock._text import logger
 from rollout_mock.codec.batches import class_path, split_batch
 from rollout_mock.codec.bodyenc import BodyWriter, string_column
 from rollout_mock.codec.buffers import BufferPool
-from rollout_mock.codec.container import encode_snapshot
 from rollout_mock.codec.layout import (
     CHUNK_BYTES,
     TORCH_DTYPES,
 )
 
-__all__ = ["Snapshot", "capture", "encode", "encode_snapshot"]
+__all__ = ["tensor_bytes"]
 
 _INLINE_BYTES = 4096
 _warned: set[str] = set()
@@ -52,7 +49,7 @@ def _warn_once(key: str, message: str) -> None:
         logger.warning("[RolloutMock] %s", message)
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     source, fresh = tensor.detach(), False
     if source.device.type != "cpu":
         source, fresh = source.cpu(), True
@@ -74,10 +71,12 @@ class _Encoder:
     With ``snapshot=True`` every chunk is an owned copy (the caller may mutate the batch next).
     """
 
-    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None, body: bool = True) -> None:
+    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None, body: bool = True,
+                 pickled: bool = False) -> None:
         self.snapshot = snapshot
-        #: header version 4: plain values go to a msgpack body (None: version-2 nodes only)
-        self.body: BodyWriter | None = BodyWriter(self) if body else None
+        #: header version 4: plain values go to a msgpack body (None: version-2 nodes only);
+        #: ``pickled``: a capture's in-memory pickles instead (see :mod:`.snapshot`)
+        self.body: BodyWriter | None = BodyWriter(self, pickled=pickled) if body else None
         #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
         self._plain = 0
         #: the next str-keyed dict is structural (its values are nodes, not one body value) for
@@ -98,7 +97,7 @@ class _Encoder:
         """A tensor's bytes as a flat uint8 array, and whether they are a fresh copy."""
         if tensor.grad is not None:
             _warn_once("grad", "tensor .grad is not recorded (only values and requires_grad are)")
-        flat, fresh = _tensor_bytes(tensor)
+        flat, fresh = tensor_bytes(tensor)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         return raw.numpy(), fresh
 
@@ -169,7 +168,7 @@ class _Encoder:
             return self._blob(tensor, path, f"tensor dtype {name}")
         if tensor.grad is not None:
             _warn_once("grad", f"{path}: tensor .grad is not recorded (only values and requires_grad are)")
-        flat, fresh = _tensor_bytes(tensor)
+        flat, fresh = tensor_bytes(tensor)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         if self.snapshot and not fresh:
             raw = self._copy(raw)
@@ -375,68 +374,3 @@ class _Encoder:
         return {"$": "tensordict", "batch_size": list(td.batch_size), "names": names,
                 "device": "cpu" if device is not None and device.type == "cpu" else None,
                 "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()]}
-
-
-# --------------------------------------------------------------------------- snapshot & write
-@dataclass
-class Snapshot:
-    """A batch captured in memory: its node tree and owned copies of its raw data.
-
-    Independent of the original batch (mutating the batch after :func:`capture` returns does not
-    change the snapshot). :meth:`materialize` rebuilds an equal batch that shares the copies;
-    :func:`encode_snapshot` writes it without another copy.
-    """
-
-    root: Any
-    chunks: list[tuple[memoryview, int]] = field(default_factory=list)
-    owners: list[Any] = field(default_factory=list, repr=False)
-    spans: dict[int, memoryview] = field(default_factory=dict, repr=False)
-    pool: BufferPool | None = field(default=None, repr=False)
-    pooled: list[Any] = field(default_factory=list, repr=False)
-    #: header version 4: the chunks of the msgpack body, and whether it holds lone surrogates
-    body: list[int] | None = None
-    surrogates: bool = False
-    #: 4 when written by the version-4 encoder (None: decided by the container: 2 or 3)
-    header_version: int | None = None
-
-    @property
-    def nbytes(self) -> int:
-        return sum(view.nbytes for view, _ in self.chunks)
-
-    def release(self) -> None:
-        """Give pooled buffers back (after the snapshot was written): the snapshot, and any batch
-        :meth:`materialize` built from it, must not be used afterwards; it is emptied."""
-        self.chunks, self.owners, self.spans = [], [], {}
-        if self.pool is not None:
-            self.pool.give(self.pooled)
-        self.pooled = []
-
-    def materialize(self, *, batch_class: type | None = None) -> Any:
-        from rollout_mock.codec.decode import materialize_snapshot
-
-        return materialize_snapshot(self, batch_class=batch_class)
-
-
-def capture(obj: Any, *, pool: BufferPool | None = None) -> Snapshot:
-    """Snapshot ``obj`` with one copy of its tensor/array data (into ``pool``'s buffers, if given:
-    call :meth:`Snapshot.release` once the snapshot is written)."""
-    encoder = _Encoder(snapshot=True, pool=pool)
-    root = encoder.node(obj)
-    body, surrogates = encoder.finish()
-    return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled, body, surrogates, 4)
-
-
-def encode(obj: Any, file: BinaryIO, *, compression: str = "none") -> None:
-    """Write ``obj`` to ``file`` (anything with ``.write``) as a format-2 step file."""
-    encoder = _Encoder(snapshot=False)
-    root = encoder.node(obj)
-    body, surrogates = encoder.finish()
-    encode_snapshot(Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, body=body, surrogates=surrogates,
-                             header_version=4),
-                    file, compression=compression)
-
-
-def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:
-    buffer = io.BytesIO()
-    encode(obj, buffer, compression=compression)
-    return buffer.getvalue()

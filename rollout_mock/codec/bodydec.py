@@ -4,7 +4,8 @@
 Bounds, all checked before the work they bound: the body is stored uncompressed and the header
 check counts it 64 times against the file's allocation bound (the most memory a byte of msgpack
 can become is ~72 bytes: an empty dict); msgpack's own limits refuse any length beyond the
-buffer and nesting beyond its C stack; maps decode with string keys only (hashed with Python's
+buffer and nesting beyond its C stack; msgpack's timestamp extension (-1), which rollout_mock
+never writes, decodes to a plain int (nanoseconds); maps decode with string keys only (hashed with Python's
 per-process key), and any other key sends the value through a slow path that checks hash
 collisions first (:mod:`~rollout_mock.codec.hashguard`), as do sets; extension payloads are
 fixed-layout structs checked field by field; tensor data must lie inside its chunk (views of a
@@ -112,13 +113,19 @@ class BodyReader:
             raise ValueError("body value outside the body")
         data = self._body[offset: offset + length]
         try:
-            return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=True,
-                                   unicode_errors=self.errors, raw=False)
-        except ValueError as exc:
-            if "is not allowed for map key" not in str(exc):
-                raise
-        return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=False,
-                               object_pairs_hook=self.pairs, unicode_errors=self.errors, raw=False)
+            try:
+                return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=True,
+                                       unicode_errors=self.errors, raw=False, timestamp=2)
+            except ValueError as exc:
+                if "is not allowed for map key" not in str(exc):
+                    raise
+            # non-string keys: every map goes through the hash-collision check
+            return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=False,
+                                   object_pairs_hook=self.pairs, unicode_errors=self.errors, raw=False, timestamp=2)
+        except msgpack.StackError:
+            raise ValueError("body value nested deeper than msgpack's limit") from None
+        except msgpack.FormatError:
+            raise ValueError("body value is not valid msgpack") from None
 
     @staticmethod
     def pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
@@ -157,7 +164,11 @@ class BodyReader:
         if code == EXT_TENSOR or code == EXT_NDARRAY:
             return self._tensor(data, code == EXT_NDARRAY)
         if code == EXT_NODE:
-            node = msgpack.unpackb(data, strict_map_key=True, unicode_errors="surrogatepass", raw=False)
+            try:
+                node = msgpack.unpackb(data, strict_map_key=True, unicode_errors="surrogatepass", raw=False,
+                                       timestamp=2)
+            except (msgpack.StackError, msgpack.FormatError):
+                raise ValueError("node extension is not valid msgpack") from None
             if self.table is not None:
                 check_tree(node, self.table, used=self.used)
             return self.decoder.value(node)

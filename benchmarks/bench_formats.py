@@ -318,24 +318,27 @@ def child_peak(key: str, op: str, size: str, work: str, pad_to: str, step: str) 
     import tensordict  # noqa: F401
     import verl.protocol  # noqa: F401
 
-    fmt = make_formats(Path(work), [key], pad_to=int(pad_to))[key]
-    if key == "rm":
-        fmt.extra["state"]["step"] = int(step)
     if op == "write":
+        # a directory of its own: the parent still holds the writer lease of work/rm (a write
+        # there failed with LockedError, and the write peak read "n/a")
+        own = Path(work) / f"peak-{key}"
+        own.mkdir(parents=True, exist_ok=True)
+        fmt = make_formats(own, [key], pad_to=int(pad_to))[key]
         batch = make_dataproto(size)
         BatchInfo.of(batch)
-        if key == "rm":
-            fmt.extra["state"]["step"] = 10_000  # a new step: the timed ones stay for the loads
         base = reset_peak()
         fmt.write(batch)
         extra = peak_since(base)
-        if key == "rm":
-            DirectoryStore(Path(work) / "rm").delete(STREAM, 10_000)
-    else:
-        base = reset_peak()
-        loaded = fmt.load()
-        extra = peak_since(base)
-        del loaded
+        del fmt
+        shutil.rmtree(own, ignore_errors=True)
+        return {"extra_bytes": extra}
+    fmt = make_formats(Path(work), [key], pad_to=int(pad_to))[key]
+    if key == "rm":
+        fmt.extra["state"]["step"] = int(step)
+    base = reset_peak()
+    loaded = fmt.load()
+    extra = peak_since(base)
+    del loaded
     return {"extra_bytes": extra}
 
 

@@ -21,7 +21,6 @@ table; ``--readme`` rewrites the ``bench_shapes`` section of benchmarks/README.m
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import os
@@ -37,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import (  # noqa: E402
+from _common import (
     RESULTS,
     clock,
     describe_machine,
@@ -50,8 +49,8 @@ from _common import (  # noqa: E402
     work_dir,
 )
 
-from rollout_mock.storage import BatchInfo, DirectoryStore  # noqa: E402
-from rollout_mock.storage.manifest import StreamId  # noqa: E402
+from rollout_mock.storage import BatchInfo, DirectoryStore
+from rollout_mock.storage.manifest import StreamId
 
 STREAM = StreamId("train")
 TAG = "bench_shapes"
@@ -262,8 +261,8 @@ def _ms(seconds: float) -> str:
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    lines = ["| batch | op | rollout_mock | pickle 5 (+fsync) | torch.save / torch.load(wo=False) "
-             "| torch.load(weights_only=True) | raw bytes | rollout_mock / peer |",
+    lines = [("| batch | op | rollout_mock | pickle 5 (+fsync) | torch.save / torch.load(wo=False) "
+              "| torch.load(weights_only=True) | raw bytes | rollout_mock / peer |"),
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         t = {k: v["median"] for k, v in r["times"].items()}

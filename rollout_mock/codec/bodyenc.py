@@ -47,7 +47,7 @@ TENSOR_HEAD = struct.Struct("<BBBBIIQ")
 SMALL_BYTES = 1 << 20
 PACK_ALIGN = 64
 _CODES = {name: i for i, name in enumerate(TORCH_DTYPE_NAMES)}
-_MARKS = {tuple: msgpack.ExtType(EXT_TUPLE, b""), set: msgpack.ExtType(EXT_SET, b""),
+_MARKS: dict[type, msgpack.ExtType] = {tuple: msgpack.ExtType(EXT_TUPLE, b""), set: msgpack.ExtType(EXT_SET, b""),
           frozenset: msgpack.ExtType(EXT_FROZENSET, b"")}
 _OBJARRAY = msgpack.ExtType(EXT_OBJARRAY, b"")
 

@@ -118,7 +118,7 @@ class _Encoder:
 
     def fill_chunk(self, index: int, raw: np.ndarray) -> None:
         self._owners.append(raw)
-        view = memoryview(raw).cast("B")
+        view = raw.data.cast("B")
         self.chunks[index] = (view, 1)
         self.spans[index] = view
 
@@ -142,7 +142,7 @@ class _Encoder:
     def _add_raw(self, raw: np.ndarray, itemsize: int, row_bytes: int) -> list[int]:
         """Split a flat uint8 array into chunks; returns ``[first_chunk, count]``."""
         self._owners.append(raw)
-        view = memoryview(raw).cast("B")
+        view = raw.data.cast("B")
         step = CHUNK_BYTES
         if 0 < row_bytes <= CHUNK_BYTES:
             step = (CHUNK_BYTES // row_bytes) * row_bytes
@@ -196,7 +196,7 @@ class _Encoder:
         if self.snapshot and not fresh:
             raw = self._copy(torch.from_numpy(raw)).numpy() if self.pool is not None else raw.copy()
         row = raw.size // array.shape[0] if array.ndim and array.shape[0] else 0
-        node = {"$": "ndarray", "dtype": array.dtype.str, "shape": list(array.shape),
+        node: dict[str, Any] = {"$": "ndarray", "dtype": array.dtype.str, "shape": list(array.shape),
                 "c": self._add_raw(raw, array.dtype.itemsize, row)}
         if not array.flags.writeable:
             node["ro"] = True

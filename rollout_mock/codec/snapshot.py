@@ -15,8 +15,8 @@ import io
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
-from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec import container
+from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.encode import _Encoder
 
 __all__ = ["Snapshot", "capture", "encode", "encode_bytes", "encode_snapshot"]
@@ -70,7 +70,7 @@ def capture(obj: Any, *, pool: BufferPool | None = None) -> Snapshot:
     root = encoder.node(obj)
     body, surrogates = encoder.finish()
     return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled, body, surrogates, 4,
-                    encoder.body.pickled if encoder.body is not None else [])
+                    (encoder.body.pickled or []) if encoder.body is not None else [])
 
 
 def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none") -> int:

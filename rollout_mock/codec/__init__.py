@@ -55,7 +55,6 @@ from rollout_mock.codec.batches import (
     register_batch_class,
 )
 from rollout_mock.codec.buffers import BufferPool
-from rollout_mock.codec.snapshot import Snapshot, capture, encode, encode_bytes, encode_snapshot
 from rollout_mock.codec.layout import FORMAT_VERSION
 from rollout_mock.codec.pickler import (
     PROTOCOL,
@@ -72,6 +71,7 @@ from rollout_mock.codec.pickler import (
     loads_unrestricted,
     torch_dtype,
 )
+from rollout_mock.codec.snapshot import Snapshot, capture, encode, encode_bytes, encode_snapshot
 from rollout_mock.codec.source import ByteSource, BytesSource, FileSource, MappedSource
 from rollout_mock.codec.step import StepView, _load_v2, decode, open_step, sniff_version
 

@@ -40,7 +40,7 @@ from rollout_mock.codec.hashguard import check_keys
 from rollout_mock.codec.header import check_tree
 from rollout_mock.codec.layout import MAX_NDIM, TORCH_DTYPE_NAMES, TORCH_DTYPES, numpy_dtype
 
-__all__ = ["BodyReader", "read_strings"]
+__all__ = ["BodyReader"]
 
 _MAX_DIM = 1 << 48
 _MAX_INT_BYTES = 1 << 16
@@ -224,41 +224,3 @@ class BodyReader:
 def _check_bool(raw: torch.Tensor) -> None:
     if bool((raw > 1).any()):
         raise ValueError("bool tensor holds bytes other than 0 and 1")
-
-
-def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.ndarray:
-    """A string column; ``rows`` (a range over the first dimension): only those rows are read."""
-    shape = list(node["shape"])
-    per_row = math.prod(shape[1:]) if shape else 1
-    if rows is not None and shape:
-        if not len(rows):
-            return np.empty([0, *shape[1:]], dtype=object)
-        lo, hi = min(rows), max(rows) + 1
-        offsets = reader.span(node["o"], lo * per_row * 8, (hi * per_row + 1) * 8).numpy().view("<i8")
-        start, stop = int(offsets[0]), int(offsets[-1])
-        if not 0 <= start <= stop:
-            raise ValueError("string column offsets are out of order")
-        data = reader.span(node["c"], start, stop).numpy()
-        offsets = offsets - start
-    else:
-        offsets = reader.whole(node["o"], None).numpy().view("<i8")
-        data = reader.whole(node["c"], None).numpy()
-        if offsets[0] != 0:
-            raise ValueError("string column offsets do not start at 0")
-    if int(offsets[-1]) != data.nbytes or bool((offsets[1:] < offsets[:-1]).any()):
-        raise ValueError("string column offsets do not match its bytes")
-    bounds = offsets.tolist()
-    view = memoryview(data)
-    # each string decoded straight from the chunk's memory (one copy, as pickle's loads)
-    codec_name = "ascii" if node.get("a") else "utf-8"
-    errors = "surrogatepass" if node.get("sp") else "strict"
-    items = [str(view[a:b], codec_name, errors) for a, b in zip(bounds[:-1], bounds[1:])]
-    array = np.empty(len(items), dtype=object)
-    array[:] = items
-    if rows is not None and shape:
-        lo = min(rows)
-        array = array.reshape([-1, *shape[1:]])
-        if rows.step != 1 or len(rows) != max(rows) + 1 - lo:
-            array = array[[i - lo for i in rows]]
-        return array
-    return array.reshape(shape)

@@ -38,7 +38,7 @@ from rollout_mock.codec.layout import CHUNK_BYTES, TORCH_DTYPE_NAMES, TORCH_DTYP
 
 __all__ = [
     "EXT_FROZENSET", "EXT_INT", "EXT_NDARRAY", "EXT_NODE", "EXT_OBJARRAY", "EXT_SET", "EXT_TENSOR",
-    "EXT_TUPLE", "PACK_ALIGN", "SMALL_BYTES", "TENSOR_HEAD", "BodyWriter", "snapshot_ext", "string_column",
+    "EXT_TUPLE", "PACK_ALIGN", "SMALL_BYTES", "TENSOR_HEAD", "BodyWriter", "snapshot_ext",
 ]
 
 EXT_TUPLE, EXT_INT, EXT_SET, EXT_FROZENSET, EXT_TENSOR, EXT_OBJARRAY, EXT_NDARRAY, EXT_NODE = 1, 2, 3, 4, 5, 6, 7, 8
@@ -211,33 +211,3 @@ class _SnapshotPickler(pickle.Pickler):
             ext = self.body._array(obj)
             return snapshot_ext, (ext.code, ext.data)
         return NotImplemented
-
-
-def string_column(array: np.ndarray, add_raw: Any) -> dict[str, Any] | None:
-    """An object array of ``str`` as ``{"$": "strs", "shape", "c": UTF-8 bytes, "o": int64
-    offsets (n + 1, byte positions), "a": all ASCII, "sp": lone surrogates}``; None otherwise."""
-    flat = array.reshape(-1).tolist()
-    if not flat or set(map(type, flat)) != {str}:
-        return None
-    text = "".join(flat)
-    surrogates = False
-    try:
-        data = text.encode("utf-8")
-    except UnicodeEncodeError:
-        data, surrogates = text.encode("utf-8", "surrogatepass"), True
-    offsets = np.zeros(len(flat) + 1, dtype="<i8")
-    ascii_only = len(data) == len(text)
-    if ascii_only:
-        lengths = np.fromiter(map(len, flat), dtype=np.int64, count=len(flat))
-    else:
-        lengths = np.fromiter((len(s.encode("utf-8", "surrogatepass")) for s in flat), dtype=np.int64,
-                              count=len(flat))
-    np.cumsum(lengths, out=offsets[1:])
-    node: dict[str, Any] = {"$": "strs", "shape": list(array.shape),
-                            "c": add_raw(np.frombuffer(data, np.uint8), 1, 0),
-                            "o": add_raw(offsets.view(np.uint8), 8, 8)}
-    if ascii_only:
-        node["a"] = True
-    if surrogates:
-        node["sp"] = True
-    return node

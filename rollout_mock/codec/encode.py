@@ -28,12 +28,13 @@ import torch
 
 from rollout_mock._text import logger
 from rollout_mock.codec.batches import class_path, split_batch
-from rollout_mock.codec.bodyenc import BodyWriter, string_column
+from rollout_mock.codec.bodyenc import BodyWriter
 from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.layout import (
     CHUNK_BYTES,
     TORCH_DTYPES,
 )
+from rollout_mock.codec.strcol import string_column
 
 __all__ = ["tensor_bytes"]
 

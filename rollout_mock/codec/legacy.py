@@ -26,9 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.codec.hashguard import KeyBudget, check_keys
-
 from rollout_mock.codec.batches import batch_class_names, build_batch
+from rollout_mock.codec.hashguard import KeyBudget, check_keys
 from rollout_mock.codec.layout import MAX_NDIM, TORCH_DTYPES, numpy_dtype
 from rollout_mock.errors import UnsafePickleError
 

@@ -321,16 +321,22 @@ def body_lies() -> Iterator[tuple[str, bytes]]:
         root = {"$": "strs", "shape": shape, "c": [1, 1], "o": [2, 1], **flags}
         return v4(root, b"\xc0", [data, raw])
 
-    yield "strings: offsets past the buffer", column(b"abcd", [0, 2, 400], [2])
-    yield "strings: offsets out of order", column(b"abcd", [0, 3, 1, 4], [3])
-    yield "strings: offsets not starting at 0", column(b"abcd", [1, 2, 4], [2])
-    yield "strings: negative offsets", column(b"abcd", [0, -8, 4], [2])
-    yield "strings: count differs from shape", column(b"abcd", [0, 2, 4], [5])
-    yield "strings: invalid UTF-8", column(b"\xff\xfe\xfd\xfc", [0, 2, 4], [2])
-    yield "strings: ASCII flag on UTF-8", column("é€".encode(), [0, 2, 5], [2], a=True)
-    yield "strings: huge shape", column(texts, [0, 2, 4], [1 << 40])
-    yield "strings: compressed column bomb", column(b"", [0] * 2 + [0], [2])[:0] + v4(
-        {"$": "strs", "shape": [1 << 22], "c": [1, 1], "o": [1, 1]}, b"\xc0", [bytes(8 * ((1 << 22) + 1))[:64]])
+    ok = msgpack.packb(["ab", "cd"])  # b"\x92\xa2ab\xa2cd": offsets 1, 4, 7
+    yield "strings: offsets past the buffer", column(ok, [1, 4, 400], [2])
+    yield "strings: offsets out of order", column(msgpack.packb(["ab", "c", "d"]), [1, 5, 3, 7], [3])
+    yield "strings: offsets not at the array header", column(ok, [0, 4, 7], [2])
+    yield "strings: negative offsets", column(ok, [1, -8, 7], [2])
+    yield "strings: count differs from shape", column(ok, [1, 4, 7], [5])
+    yield "strings: array header count lie", column(b"\x93" + ok[1:], [1, 4, 7], [2])
+    yield "strings: item that is not a string", column(b"\x92\x90\xa2cd", [1, 2, 5], [2])
+    yield "strings: nested array bomb in an item", column(b"\x92\xdc\xff\xff" + b"\x90" * 100 + b"\xa2cd",
+                                                           [1, 104, 107], [2])
+    yield "strings: item length lie", column(b"\x92\xa5ab\xa2cd", [1, 4, 7], [2])
+    yield "strings: invalid UTF-8", column(b"\x92\xa2\xff\xfe\xa2cd", [1, 4, 7], [2])
+    yield "strings: encoded surrogate without the flag", column(b"\x92\xa3\xed\xa0\x80\xa2cd", [1, 5, 8], [2])
+    yield "strings: huge shape", column(ok, [1, 4, 7], [1 << 40])
+    yield "strings: shape far beyond its offsets", v4({"$": "strs", "shape": [1 << 22], "c": [1, 1], "o": [2, 1]},
+                                                      b"\xc0", [ok, bytes(64)])
 
 
 def _nest_tuples(depth: int) -> Any:

@@ -132,11 +132,21 @@ class BodyWriter:
 
     # ------------------------------------------------------------------ tensors and arrays
     def _tensor(self, tensor: torch.Tensor) -> msgpack.ExtType:
-        raw, fresh = self.enc.tensor_raw(tensor)
+        return msgpack.ExtType(EXT_TENSOR, self._tensor_payload(tensor))
+
+    def _tensor_payload(self, tensor: torch.Tensor) -> bytes:
+        shape = tensor.shape
+        flat = tensor.detach().reshape(-1) if tensor.device.type == "cpu" and tensor.is_contiguous() \
+            and tensor.grad is None and not tensor.is_conj() and not tensor.is_neg() else None
+        if flat is not None and flat.numel() and flat.stride(0) == 1:
+            # the common case (a plain CPU tensor), without the general path's checks and copies
+            raw, fresh = flat.view(torch.uint8).numpy(), False
+        else:
+            raw, fresh = self.enc.tensor_raw(tensor)
         flags = (1 if tensor.requires_grad else 0) | (2 if type(tensor) is torch.nn.Parameter else 0)
-        where = self._place(raw, fresh, tensor.element_size(), list(tensor.shape))
-        head = TENSOR_HEAD.pack(_CODES[str(tensor.dtype)[6:]], flags, tensor.dim(), 0, *where)
-        return msgpack.ExtType(EXT_TENSOR, head + struct.pack(f"<{tensor.dim()}Q", *tensor.shape))
+        where = self._place(raw, fresh, tensor.element_size(), shape)
+        return TENSOR_HEAD.pack(_CODES[str(tensor.dtype)[6:]], flags, len(shape), 0, *where) \
+            + struct.pack(f"<{len(shape)}Q", *shape)
 
     def _array(self, array: np.ndarray) -> msgpack.ExtType:
         fresh = False
@@ -149,7 +159,7 @@ class BodyWriter:
         return msgpack.ExtType(EXT_NDARRAY, head + struct.pack(f"<{array.ndim}Q", *array.shape)
                                + array.dtype.str.encode("ascii"))
 
-    def _place(self, raw: np.ndarray, fresh: bool, itemsize: int, shape: list[int]) -> tuple[int, int, int]:
+    def _place(self, raw: np.ndarray, fresh: bool, itemsize: int, shape: Any) -> tuple[int, int, int]:
         """(first chunk, count, offset) of the bytes: in a shared chunk, or chunks of their own."""
         n = raw.nbytes
         if n == 0:
@@ -205,8 +215,7 @@ class _SnapshotPickler(pickle.Pickler):
         if cls is torch.Tensor or cls is torch.nn.Parameter:
             if obj.layout is torch.strided and not obj.is_quantized and obj.device.type != "meta" \
                     and not getattr(obj, "is_nested", False) and str(obj.dtype)[6:] in TORCH_DTYPES:
-                ext = self.body._tensor(obj)
-                return snapshot_ext, (ext.code, ext.data)
+                return snapshot_ext, (EXT_TENSOR, self.body._tensor_payload(obj))
         elif cls is np.ndarray and obj.dtype.kind in "biufcmMSU" and obj.dtype.fields is None and obj.dtype.itemsize:
             ext = self.body._array(obj)
             return snapshot_ext, (ext.code, ext.data)

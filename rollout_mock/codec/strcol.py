@@ -73,9 +73,8 @@ def _check_items(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None
         raise ValueError("string column offsets are out of order or outside its bytes")
     if bool((ends == starts).any()):
         raise ValueError("string column item of no bytes")
-    padded = np.concatenate([data, np.zeros(5, np.uint8)]).astype(np.int64)
-    first = padded[starts]
-    b1, b2, b3, b4 = (padded[starts + k] for k in (1, 2, 3, 4))
+    last = data.size - 1  # starts < ends <= size: every start indexes the data
+    first, b1, b2, b3, b4 = (data[np.minimum(starts + k, last)].astype(np.int64) for k in range(5))
     fix = (first >= 0xA0) & (first <= 0xBF)
     length = np.where(fix, first & 0x1F, np.where(first == 0xD9, b1, np.where(
         first == 0xDA, (b1 << 8) | b2, (b1 << 24) | (b2 << 16) | (b3 << 8) | b4)))

@@ -15,7 +15,7 @@ For each shape, timed interleaved (format A, B, C, A, B, C, ...; medians of ``--
 * file size, and an exact round trip (types included) of every format that can hold the batch.
 
 Run: ``python benchmarks/bench_shapes.py [--shapes slime,verl,areal] [--repeat 5]``. It prints a
-table; ``--readme`` rewrites the ``bench_shapes`` section of benchmarks/README.md.
+table; ``--update-readme`` rewrites the ``bench_shapes`` section of benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="slime,verl,areal")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--work", type=Path, default=None, help="directory for the files (default: results/tmp)")
-    parser.add_argument("--readme", action="store_true", help="rewrite the bench_shapes section of README.md")
+    parser.add_argument("--update-readme", action="store_true", help="rewrite the bench_shapes section of README.md")
     args = parser.parse_args(argv)
     work = work_dir(args.work, "shapes-")
     try:
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "bench_shapes.json").write_text(json.dumps({"machine": info, "results": results}, indent=1))
-    if args.readme:
+    if args.update_readme:
         update_readme(TAG, f"{describe_machine(info)}\n\n{table}")
     return 0
 

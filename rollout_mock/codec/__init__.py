@@ -36,6 +36,13 @@ object: ``kind``, the writer's ``class`` as ``module:qualname`` (information onl
 :mod:`~rollout_mock.codec.batches`) and ``pickle`` (an opaque cloudpickle blob for anything that
 is not data; only ``trusted=True`` unpickles it).
 
+Header version 4 (written now; 2 and 3 keep loading) keeps only the batch's structure in the
+JSON header: plain Python values live in one msgpack *body* (``"body": [first, count]``, nodes
+``{"$": "mp", "o", "n"}``; :mod:`~rollout_mock.codec.bodyenc` lists its extension types),
+object arrays of strings are string columns (``{"$": "strs"}``, :mod:`~rollout_mock.codec.strcol`)
+and tensors under 1 MiB inside the body share 4 MiB chunks. Its bounds:
+:mod:`~rollout_mock.codec.bodydec`.
+
 Decoding bounds (hostile files): every offset and length inside the data section; tensors and
 arrays need ``prod(shape) * itemsize`` == the raw bytes they reference; dtypes from fixed
 allow-lists (no object/void/structured raw arrays); decompression never exceeds the declared raw

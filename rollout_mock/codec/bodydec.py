@@ -90,7 +90,7 @@ class BodyReader:
         self._body: memoryview | None = None
         self._shared: dict[int, torch.Tensor] = {}
 
-    def snapshot_value(self, pickled: list[bytes], node: dict[str, Any]) -> Any:
+    def snapshot_value(self, pickled: list[Any], node: dict[str, Any]) -> Any:
         """A capture's in-memory pickle (written by this process, see
         :mod:`~rollout_mock.codec.snapshot`; step files never hold one)."""
         reader = self
@@ -101,7 +101,10 @@ class BodyReader:
                     return reader.ext
                 return super().find_class(module, name)
 
-        return Unpickler(io.BytesIO(pickled[node["i"]])).load()
+        entry = pickled[node["i"]]
+        if not isinstance(entry, bytes):  # kept as is (an object array of str)
+            return entry
+        return Unpickler(io.BytesIO(entry)).load()
 
     def value(self, node: dict[str, Any]) -> Any:
         if self._body is None:

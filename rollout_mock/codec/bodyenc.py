@@ -67,7 +67,7 @@ class BodyWriter:
     def __init__(self, encoder: Any, *, pickled: bool = False) -> None:
         self.enc = encoder
         #: dump-mode captures: values are in-memory pickles (``{"$": "snap"}``), not msgpack
-        self.pickled: list[bytes] | None = [] if pickled else None
+        self.pickled: list[Any] | None = [] if pickled else None
         self.parts: list[bytes] = []
         self.size = 0
         self.surrogates = False
@@ -116,6 +116,13 @@ class BodyWriter:
                 return self._array(obj)
         node = self.enc.plain_node(obj)
         return msgpack.ExtType(EXT_NODE, msgpack.packb(node, use_bin_type=True, unicode_errors="surrogatepass"))
+
+    def keep(self, value: Any) -> dict[str, Any]:
+        """A capture's ``{"$": "snap", "i": index}`` for a value kept as is (a private copy of an
+        object array of ``str``: strings are immutable, so copying the pointers is enough)."""
+        assert self.pickled is not None
+        self.pickled.append(value)
+        return {"$": "snap", "i": len(self.pickled) - 1}
 
     def _snapshot(self, obj: Any) -> dict[str, Any] | None:
         """``{"$": "snap", "i": index}``: ``obj`` pickled in memory by the C pickler (plain values

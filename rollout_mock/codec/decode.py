@@ -54,7 +54,7 @@ class NodeDecoder:
         self.name = name
         self.body: BodyReader | None = None
         #: a capture's pickles (set by materialize_snapshot only: files never decode ``snap``)
-        self.pickled: list[bytes] | None = None
+        self.pickled: list[Any] | None = None
 
     def use_body(self, body: list[int] | None, raws: list[int], *, surrogates: bool,
                  table: list[list[int]] | None, used: list[int]) -> None:

@@ -285,6 +285,9 @@ class _Encoder:
             self._structural = 0
             return out
         if cls is np.ndarray and obj.dtype.kind == "O":
+            if self.body is not None and self.body.pickled is not None:  # a capture: strings are immutable
+                if obj.size and set(map(type, obj.reshape(-1).tolist())) == {str}:
+                    return self.body.keep(obj.copy())
             column = string_column(obj, self._add_raw)
             if column is not None:
                 return column

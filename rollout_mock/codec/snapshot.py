@@ -43,7 +43,7 @@ class Snapshot:
     #: 4 when written by the version-4 encoder (None: decided by the container: 2 or 3)
     header_version: int | None = None
     #: the in-memory pickles of ``{"$": "snap"}`` nodes (dump-mode captures; never written)
-    pickled: list[bytes] = field(default_factory=list, repr=False)
+    pickled: list[Any] = field(default_factory=list, repr=False)
 
     @property
     def nbytes(self) -> int:

@@ -174,7 +174,10 @@ class StepView:
     def keys(self) -> list[str]:
         """Top-level keys: batch + non-tensor keys of a batch, a dict's or TensorDict's keys."""
         if self._layout is not None:
-            return _root_keys(self._layout.root)
+            root = self._layout.root
+            if type(root) is dict and root.get("$") == "mp":  # keys live in the body
+                return _keys_of(self.load())
+            return _root_keys(root)
         return _keys_of(self._load_v1())
 
     def _load_v1(self) -> Any:
@@ -211,6 +214,8 @@ def _decode_root(decoder: NodeDecoder, root: Any, keys: frozenset[str] | None, r
         return decoder.value(root)
     if type(root) is dict:
         tag = root.get("$")
+        if tag == "mp":  # one body value (a list of samples, ...): decoded, then selected
+            return select(decoder.value(root), keys, rows)
         if tag is None:
             return {k: decoder.value(v, rows) for k, v in root.items() if keys is None or k in keys}
         if tag == "tensordict":

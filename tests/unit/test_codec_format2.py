@@ -346,3 +346,20 @@ def test_string_columns_are_split_into_chunks() -> None:
     assert count >= 3 and all(row[2] <= 4 << 20 for row in header["chunks"])  # 4 MiB chunks
     assert list(codec.decode(data)["t"]) == list(texts)
     assert list(snapshot.materialize()["t"]) == list(texts)
+
+
+def test_small_tensors_share_chunks_and_load_as_views() -> None:
+    """6,000 small tensors in a list: a few shared chunks (one CRC and one read each), exact values."""
+    trajectories = [{"ids": torch.arange(i % 50 + 1), "lp": torch.randn(3, dtype=torch.bfloat16),
+                     "m": torch.tensor([True, False])} for i in range(2000)]
+    data = codec.encode_bytes(trajectories)
+    header = _header_of(data)
+    assert header["version"] == 4 and len(header["chunks"]) <= 4
+    out = codec.decode(data)
+    assert len(out) == 2000
+    for got, want in zip(out, trajectories):
+        assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+    assert out[0]["ids"].untyped_storage().data_ptr() == out[1]["ids"].untyped_storage().data_ptr()
+    rows = codec.decode(data, rows=slice(10, 12), keys=["m"])
+    assert [list(r) for r in rows] == [["m"], ["m"]] and torch.equal(rows[1]["m"], trajectories[11]["m"])
+    assert codec.open_step(data).keys() == ["ids", "lp", "m"]

@@ -67,16 +67,16 @@ class NodeDecoder:
         shape = list(node["shape"])
         itemsize = dtype.itemsize
         if rows is not None and shape:
-            rows = _rows_range(rows, shape[0])
+            picked = _rows_range(rows, shape[0])
             row_bytes = math.prod(shape[1:]) * itemsize
-            if not len(rows):
+            if not len(picked):
                 out = torch.empty([0, *shape[1:]], dtype=dtype)
             else:
-                lo, hi = min(rows), max(rows) + 1
+                lo, hi = min(picked), max(picked) + 1
                 raw = self.reader.span(node["c"], lo * row_bytes, hi * row_bytes)
                 out = self._view(raw, dtype, [hi - lo, *shape[1:]])
-                if rows.step != 1 or len(rows) != hi - lo:
-                    out = out[torch.tensor([i - lo for i in rows], dtype=torch.long)]
+                if picked.step != 1 or len(picked) != hi - lo:
+                    out = out[torch.tensor([i - lo for i in picked], dtype=torch.long)]
         else:
             nbytes = math.prod(shape) * itemsize
             if nbytes == 0:
@@ -104,16 +104,16 @@ class NodeDecoder:
         dtype = numpy_dtype(node["dtype"])
         shape = list(node["shape"])
         if rows is not None and shape:
-            rows = _rows_range(rows, shape[0])
+            picked = _rows_range(rows, shape[0])
             row_bytes = math.prod(shape[1:]) * dtype.itemsize
-            if not len(rows):
+            if not len(picked):
                 out = np.zeros([0, *shape[1:]], dtype=dtype)
             else:
-                lo, hi = min(rows), max(rows) + 1
+                lo, hi = min(picked), max(picked) + 1
                 raw = self.reader.span(node["c"], lo * row_bytes, hi * row_bytes).numpy()
                 out = raw.view(dtype).reshape([hi - lo, *shape[1:]])
-                if rows.step != 1 or len(rows) != hi - lo:
-                    out = out[[i - lo for i in rows]]
+                if picked.step != 1 or len(picked) != hi - lo:
+                    out = out[[i - lo for i in picked]]
         else:
             nbytes = math.prod(shape) * dtype.itemsize
             if nbytes == 0:
@@ -128,10 +128,10 @@ class NodeDecoder:
         shape = list(node["shape"])
         items = node["items"] if "items" in node else self._json_items(node, math.prod(shape))
         if rows is not None and shape:
-            rows = _rows_range(rows, shape[0])
+            picked = _rows_range(rows, shape[0])
             per_row = math.prod(shape[1:])
-            items = [x for r in rows for x in items[r * per_row: (r + 1) * per_row]]
-            shape = [len(rows), *shape[1:]]
+            items = [x for r in picked for x in items[r * per_row: (r + 1) * per_row]]
+            shape = [len(picked), *shape[1:]]
         values = [self.value(x) for x in items]
         array = np.empty(len(values), dtype=object)
         for i, x in enumerate(values):
@@ -231,7 +231,7 @@ class NodeDecoder:
                 return collections.OrderedDict(pairs)
             if tag == "counter":
                 return collections.Counter(dict(pairs))
-            out = collections.defaultdict(_FACTORIES[node.get("factory")])
+            out: collections.defaultdict[Any, Any] = collections.defaultdict(_FACTORIES[node.get("factory")])
             out.update(pairs)
             return out
         if tag == "deque":

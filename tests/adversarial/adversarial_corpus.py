@@ -314,7 +314,6 @@ def body_lies() -> Iterator[tuple[str, bytes]]:
     yield "body: compressed body (a memory bomb)", v4({"$": "mp", "o": 0, "n": 100_000}, packed, codec=1)
     yield "body: snapshot node in a file", v4({"$": "snap", "i": 0}, body)
     # string columns
-    texts = msgpack.packb(["ab", "cd"])
 
     def column(data: bytes, offsets: list[int], shape: list[int], **flags: Any) -> bytes:
         raw = struct.pack(f"<{len(offsets)}q", *offsets)

@@ -115,6 +115,7 @@ class BodyReader:
         if offset + length > self._body.nbytes:
             raise ValueError("body value outside the body")
         data = self._body[offset: offset + length]
+        used = self.used[0]
         try:
             try:
                 return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=True,
@@ -122,6 +123,7 @@ class BodyReader:
             except ValueError as exc:
                 if "is not allowed for map key" not in str(exc):
                     raise
+            self.used[0] = used  # the references of the first pass are counted again below
             # non-string keys: every map goes through the hash-collision check
             return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=False,
                                    object_pairs_hook=self.pairs, unicode_errors=self.errors, raw=False, timestamp=2)

@@ -363,3 +363,12 @@ def test_small_tensors_share_chunks_and_load_as_views() -> None:
     rows = codec.decode(data, rows=slice(10, 12), keys=["m"])
     assert [list(r) for r in rows] == [["m"], ["m"]] and torch.equal(rows[1]["m"], trajectories[11]["m"])
     assert codec.open_step(data).keys() == ["ids", "lp", "m"]
+
+
+def test_body_with_non_string_keys_and_large_tensors() -> None:
+    """A non-str key sends the body value through the checked slow path: tensors decoded in the
+    first pass are not counted twice (a legitimate file is never taken for a reference bomb)."""
+    batch = [torch.arange(3_000_000), {1: "x", (2, 3): [4.5]}, {frozenset({1}): None}]
+    out = codec.decode(codec.encode_bytes(batch))
+    assert torch.equal(out[0], batch[0]) and out[1] == batch[1] and out[2] == batch[2]
+    assert [type(k) for k in out[1]] == [int, tuple]

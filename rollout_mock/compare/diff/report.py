@@ -231,10 +231,10 @@ def _describe_key(k: KeyDiff) -> str:
         if k.elements_differ:
             values = f"{k.first_a} vs {k.first_b}"
             if k.shape_a:
-                where = k.first_index if len(k.shape_a) == 1 else k.first_element
+                at = k.first_index if len(k.shape_a) == 1 else k.first_element
                 parts.append(
                     f"{k.samples_differ} of {k.samples} samples differ, first at sample {k.first_index} "
-                    f"([{', '.join(map(str, where if isinstance(where, tuple) else (where,)))}]: {values})"
+                    f"([{', '.join(map(str, at if isinstance(at, tuple) else (at,)))}]: {values})"
                 )
             else:
                 parts.append(f"value {values}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TextIO
+from typing import TextIO, TypedDict
 
 from rollout_mock._progress import progress_bar
 from rollout_mock.compare.diff.batches import compare_batches
@@ -15,6 +15,15 @@ from rollout_mock.storage.manifest import StepEntry, StreamId
 from rollout_mock.storage.reader import Dump, open_dump
 
 __all__ = ["diff_dumps", "parse_steps"]
+
+
+class _Sides(TypedDict):
+    """What a :class:`StepDiff` reports of both sides' index entries."""
+
+    type_a: str
+    type_b: str
+    samples_a: int | None
+    samples_b: int | None
 
 
 def parse_steps(spec: str) -> list[tuple[int, int | None]]:
@@ -190,7 +199,7 @@ def diff_dumps(
                         samples_a=None if ea is None else ea.samples, samples_b=None if eb is None else eb.samples,
                     ))
                     continue
-                meta = {"type_a": ea.type, "type_b": eb.type, "samples_a": ea.samples, "samples_b": eb.samples}
+                meta: _Sides = {"type_a": ea.type, "type_b": eb.type, "samples_a": ea.samples, "samples_b": eb.samples}
                 broken = [why for why in (_verify(a, ea, "A"), _verify(b, eb, "B")) if why]
                 if broken:
                     results.append(StepDiff(step, "unreadable", note="; ".join(broken), **meta))

@@ -58,7 +58,9 @@ def _from_factory(spec: str) -> Any:
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise DebugInputError(f"--model {spec}: cannot import {attr!r} from {module_name!r} ({_one_line(exc)})") from None
+        raise DebugInputError(
+            f"--model {spec}: cannot import {attr!r} from {module_name!r} ({_one_line(exc)})"
+        ) from None
     if not callable(factory):
         raise DebugInputError(f"--model {spec}: {attr} is not callable (expected a zero-argument factory)")
     return factory()

@@ -290,7 +290,8 @@ def format_diff(report: DiffReport, *, max_steps: int = MAX_STEPS_SHOWN, max_key
             if s.status not in ("different", "close", "checksum_differs", "unreadable"):
                 continue
             if shown == max_steps:
-                rest = sum(x.status in ("different", "close", "checksum_differs", "unreadable") for x in st.steps) - shown
+                differing = ("different", "close", "checksum_differs", "unreadable")
+                rest = sum(x.status in differing for x in st.steps) - shown
                 lines.append(f"  ... {rest} more differing steps (--json lists all)")
                 break
             shown += 1

@@ -40,7 +40,9 @@ def parse_steps(spec: str) -> list[tuple[int, int | None]]:
             else:
                 lo = hi = int(part)
         except ValueError:
-            raise DiffInputError(f"--steps {spec!r}: expected N, A-B, A- or a comma list of them, e.g. 0-9,12") from None
+            raise DiffInputError(
+                f"--steps {spec!r}: expected N, A-B, A- or a comma list of them, e.g. 0-9,12"
+            ) from None
         if lo < 0 or (hi is not None and hi < lo):
             raise DiffInputError(f"--steps {spec!r}: bad range {part!r}")
         ranges.append((lo, hi))
@@ -109,7 +111,9 @@ def _manifest_keys(x: StepEntry, y: StepEntry) -> tuple[KeyDiff, ...]:
     return tuple(out)
 
 
-def _resolve_streams(dump_a: Dump, dump_b: Dump, split: str | None) -> list[tuple[str, StreamId | None, StreamId | None]]:
+def _resolve_streams(
+    dump_a: Dump, dump_b: Dump, split: str | None
+) -> list[tuple[str, StreamId | None, StreamId | None]]:
     by_a = {s.key: s for s in dump_a.streams()}
     by_b = {s.key: s for s in dump_b.streams()}
     keys = sorted(set(by_a) | set(by_b))

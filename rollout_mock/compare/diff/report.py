@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,6 @@ __all__ = [
     "StepDiff",
     "StreamDiff",
     "format_diff",
-    "iter_differences",
 ]
 
 #: Differing keys listed per step in the text report, and differing steps shown in detail.
@@ -331,10 +329,3 @@ def format_diff(report: DiffReport, *, max_steps: int = MAX_STEPS_SHOWN, max_key
             lines.append(f"  ... {len(report.fingerprint_differs) - 10} more")
     return "\n".join(lines)
 
-
-def iter_differences(report: DiffReport) -> Iterator[tuple[str, StepDiff]]:
-    """Every (stream, step) that is not identical/equal/close, in order."""
-    for st in report.streams:
-        for s in st.steps:
-            if not s.ok:
-                yield st.stream, s

@@ -24,7 +24,7 @@ def test_errors_module_lists_every_class_it_defines() -> None:
 
 def test_every_error_class_is_exported_from_the_package() -> None:
     missing = sorted(set(_error_classes()) - set(rollout_mock.__all__))
-    assert not missing, f"add to rollout_mock/__init__.py (_EXPORTS and the TYPE_CHECKING import): {missing}"
+    assert not missing, f"add to errors.__all__ (rollout_mock/__init__.py exports that list): {missing}"
     for name, cls in _error_classes().items():
         assert getattr(rollout_mock, name) is cls
         assert name in dir(rollout_mock)

@@ -202,8 +202,9 @@ def resolve_metrics_path(path: str | Path) -> tuple[Path, str]:
     """Return ``(file_or_event_dir, format)`` for a metrics file or a run directory.
 
     A dump directory (holding ``manifest.json``) resolves to the dump run's metrics that it
-    stores in ``expected/metrics.jsonl``. A directory resolves to its ``metrics.jsonl``; otherwise to its only ``*.jsonl``/``*.ndjson``
-    /``*.csv`` file or, when it holds ``events.out.tfevents.*`` files, to itself (TensorBoard).
+    stores in ``expected/metrics.jsonl``. A directory resolves to its ``metrics.jsonl``; otherwise to
+    its only ``*.jsonl``/``*.ndjson``/``*.csv`` file or, when it holds ``events.out.tfevents.*``
+    files, to itself (TensorBoard).
     Subdirectories are not searched. Raises :class:`MetricsNotFoundError` when nothing is found and
     :class:`MetricsFormatError` when several candidates exist or a file's type is unknown.
     """

@@ -157,11 +157,10 @@ def write_report(
     if mismatch:
         charts.append(line_chart("log-prob mismatch (token_mult_prob_error)", steps,
                                  {"mult_prob_err": [mismatch.get(s) for s in steps]}))
-    expected = Path(dump_dir) / "expected" / "metrics.jsonl"
-    if expected.is_file():
-        from rollout_mock.compare.metrics.readers import read_jsonl
+    from rollout_mock.debug.expected import read_expected
 
-        table = read_jsonl(expected)
+    table = read_expected(dump_dir)  # contained: never a link out of the dump, a FIFO or a device
+    if table is not None:
         for name in sorted(table):
             charts.append(line_chart(f"dump run: {name}", table.steps, {name: [table[name].get(s) for s in table.steps]}))
     head = ["step", "samples", "rejected", "reward mean", "min", "max", "length mean", "min", "max"]

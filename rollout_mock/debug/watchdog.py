@@ -148,12 +148,11 @@ class StallWatchdog:
                 f"pending asyncio task follow\n{format_stacks(list(self._loops))}")
         path = None
         if self.directory is not None:
-            from rollout_mock.debug._files import write_text_atomic
+            from rollout_mock.debug._files import write_text_inside
 
             now = time.time()
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
-            path = self.directory / STALLS_DIR / f"stall-{stamp}-{os.getpid()}.txt"
-            write_text_atomic(path, text)
+            path = write_text_inside(self.directory, f"{STALLS_DIR}/stall-{stamp}-{os.getpid()}.txt", text)
             self.reports.append(path)
         logger.warning("%s%s", text, "" if path is None else f"\n[RolloutMock] stall report written to {path}")
 

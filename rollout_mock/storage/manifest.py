@@ -49,7 +49,7 @@ from rollout_mock._version import __version__
 from rollout_mock.codec import PROTOCOL
 from rollout_mock.errors import FormatVersionError, ManifestError, UnsafePathError
 from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
-from rollout_mock.storage.paths import check_name, open_nofollow
+from rollout_mock.storage.paths import check_name, open_inside, open_nofollow, read_fd
 
 __all__ = [
     "FORMAT",
@@ -61,6 +61,7 @@ __all__ = [
     "StreamId",
     "locked",
     "manifest_path",
+    "parse_step_key",
     "read_manifest",
     "remove_stale_temps",
     "update_manifest",
@@ -72,6 +73,23 @@ FORMAT_VERSION = 2  # 2: data-only step files (rollout_mock.codec), entry-file i
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
 _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
+#: A step key as written: ASCII digits only (``str.isdigit`` accepts ``'²'``, ``int`` accepts
+#: Arabic-Indic digits and ``'_'``), at most 18 of them (no 5,000-digit int conversions).
+STEP_KEY = re.compile(r"-?[0-9]{1,18}", re.ASCII)
+
+
+def parse_step_key(key: object, where: object = "manifest.json") -> int:
+    """The step of a manifest step key (``"12"``, ``"-1"``); :class:`ManifestError` for anything
+    else (``'²'``, ``'--5'``, ``' 5'``, a 5,000-digit number, a non-string) naming ``where``."""
+    if not isinstance(key, str) or not STEP_KEY.fullmatch(key) or key in ("-0",) or (
+        len(key.lstrip("-")) > 1 and key.lstrip("-").startswith("0")
+    ):
+        from rollout_mock._text import short_repr
+
+        raise ManifestError(f"{where}: step key {short_repr(key, 60)} is not an integer step number; "
+                            f"the manifest was edited or damaged — restore it from a copy, or re-dump",
+                            path=str(where))
+    return int(key)
 
 
 def utc_now() -> str:
@@ -98,7 +116,8 @@ class StreamId:
         """Inverse of :attr:`key` (``split[/name][@rankR]``); validated like any StreamId."""
         rest, _, rank = key.partition("@rank")
         split, _, name = rest.partition("/")
-        return cls(split, name or None, int(rank) if rank.isdigit() else None if not rank else -1)
+        digits = rank.isascii() and rank.isdigit() and len(rank) <= 9
+        return cls(split, name or None, int(rank) if digits else None if not rank else -1)
 
     @property
     def key(self) -> str:
@@ -211,7 +230,7 @@ class Manifest:
 
     def steps(self, stream: StreamId) -> list[int]:
         data = self.streams.get(stream.key)
-        return sorted(int(s) for s in data["steps"]) if data else []
+        return sorted(parse_step_key(s, self.source) for s in data["steps"]) if data else []
 
     def entry(self, stream: StreamId, step: int) -> StepEntry | None:
         data = self.streams.get(stream.key)
@@ -296,9 +315,8 @@ class Manifest:
                 )
             # Entries themselves are validated when used (Manifest.entry): opening a dump of
             # 100,000 steps must not parse 100,000 entries it will not load.
-            bad = [k for k in stream["steps"] if not k.lstrip("-").isdigit()]
-            if bad:
-                raise ManifestError(f"{path}: stream {key!r} has step key {bad[0]!r}", path=path)
+            for step_key in stream["steps"]:
+                parse_step_key(step_key, f"{path}: stream {key!r}")
         return cls(
             created_at=str(data.get("created_at", "")),
             writer=dict(data.get("writer") or {}),
@@ -319,9 +337,9 @@ def read_manifest(dump_dir: Path) -> Manifest | None:
     A manifest that exists but cannot be parsed raises :class:`ManifestError` naming the file.
     """
     path = manifest_path(dump_dir)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    try:  # no symlink, FIFO or device is ever opened (see storage.paths.open_inside)
+        data = read_fd(open_inside(dump_dir, MANIFEST_NAME))
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return parse_manifest(data, path)
 

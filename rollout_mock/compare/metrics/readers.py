@@ -53,10 +53,17 @@ def _read_text(path: Path) -> str:
         raise MetricsFormatError(f"{path}: not UTF-8 text ({exc.reason})", path=path) from None
 
 
-def read_jsonl(path: str | Path) -> MetricsTable:
-    """Read a JSONL metrics file (format in the module docstring)."""
+def read_jsonl(path: str | Path, *, data: bytes | None = None) -> MetricsTable:
+    """Read a JSONL metrics file (format in the module docstring); ``data``: its bytes, read
+    by the caller (files under a dump are opened with ``storage.paths.open_inside``)."""
     path = Path(path)
-    text = _read_text(path)
+    if data is None:
+        text = _read_text(path)
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MetricsFormatError(f"{path}: not UTF-8 text ({exc.reason})", path=path) from None
     lines = text.split("\n")
     torn_possible = not text.endswith("\n")
     builder = _TableBuilder(path)

@@ -25,7 +25,8 @@ def write_text_atomic(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with open(temp, "w", encoding="utf-8") as f:
+        # lone surrogates (from a hostile dump) are written as visible \udXXX escapes, never a crash
+        with open(temp, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())

@@ -86,11 +86,13 @@ def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
         data = read_inside(src, f"expected/{name}")
         if data is None:
             continue
+        kept: list[str] = []
         for line in data.decode("utf-8", "replace").splitlines(keepends=True):
             try:
-                step = json.loads(line).get("step")
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
                 continue  # a torn last line of a crashed run
+            step = record.get("step") if isinstance(record, dict) else None
             if step in steps:
                 kept.append(line if line.endswith("\n") else line + "\n")
         write_text_inside(dst, f"expected/{name}", "".join(kept))

@@ -46,11 +46,11 @@ def expected_relpath(rank: int | None = None) -> str:
     return f"{EXPECTED_DIR}/{name}"
 
 
-def expected_path(dump_dir: str | Path, rank: int | None = None) -> Path:
+def expected_path(dump_dir: str | os.PathLike[str], rank: int | None = None) -> Path:
     return Path(dump_dir) / expected_relpath(rank)
 
 
-def read_expected(dump_dir: str | Path, rank: int | None = None) -> MetricsTable | None:
+def read_expected(dump_dir: str | os.PathLike[str], rank: int | None = None) -> MetricsTable | None:
     """The dump run's metrics (``None`` when the dump has none), read through
     :func:`~rollout_mock.storage.paths.open_inside`: a symlink at ``expected`` or at the file,
     or a FIFO/device planted there, is :class:`~rollout_mock.errors.UnsafePathError`, never a
@@ -61,7 +61,7 @@ def read_expected(dump_dir: str | Path, rank: int | None = None) -> MetricsTable
     return None if data is None else read_jsonl(expected_path(dump_dir, rank), data=data)
 
 
-def _open_for_append(dump_dir: str | Path, rank: int | None) -> int:
+def _open_for_append(dump_dir: str | os.PathLike[str], rank: int | None) -> int:
     """The expected-metrics file opened for appending (created with its directory), never through
     a link or into a FIFO (:func:`~rollout_mock.storage.paths.open_inside`)."""
     return open_inside(dump_dir, expected_relpath(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
@@ -101,7 +101,7 @@ class ExpectedMetrics:
                 checked = _open_for_append(config.dump_dir, rank)
                 try:
                     self._writer = MetricsWriter(self.path)
-                    same = os.path.samestat(os.fstat(checked), os.fstat(self._writer._fd))  # type: ignore[arg-type]
+                    same = os.path.samestat(os.fstat(checked), os.fstat(self._writer._fd or -1))
                 finally:
                     os.close(checked)
                 if not same:

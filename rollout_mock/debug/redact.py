@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -37,8 +37,7 @@ def _scrub(value: Any) -> Any:
     if isinstance(value, bytes):
         return PLACEHOLDER.encode()
     if isinstance(value, Mapping):
-        return type(value)({k: v if k in _KEEP_IN_MESSAGES else _scrub(v) for k, v in value.items()}) \
-            if type(value) is not dict else {k: v if k in _KEEP_IN_MESSAGES else _scrub(v) for k, v in value.items()}
+        return _rebuild(value, {k: v if k in _KEEP_IN_MESSAGES else _scrub(v) for k, v in value.items()})
     if isinstance(value, np.ndarray) and value.dtype == object:
         out = np.empty(value.shape, dtype=object)
         for idx, item in np.ndenumerate(value):
@@ -61,7 +60,7 @@ def _rebuild(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
     if type(value) is dict:
         return items
     try:
-        return type(value)(items)
+        return cast(Any, type(value))(items)
     except Exception:  # a mapping type that cannot be rebuilt from a dict: a plain dict keeps the data
         return items
 

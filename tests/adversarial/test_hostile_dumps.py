@@ -176,6 +176,9 @@ def test_expected_outside_is_not_read_by_mock_mode_or_report(dump: Path, outside
     err = refused_cli("report", dump, "-o", tmp_path / "r.html", cwd=tmp_path)
     assert "symbolic link" in err
     assert not (tmp_path / "r.html").exists() or "SECRETMETRIC" not in (tmp_path / "r.html").read_text()
+    (tmp_path / "run.jsonl").write_text('{"step": 0, "SECRETMETRIC": 2.5}\n')
+    err = refused_cli("verify", dump, tmp_path / "run.jsonl", cwd=tmp_path)  # the dump's metrics: not read
+    assert "symbolic link" in err
 
 
 def test_stall_reports_are_not_written_through_a_link(tmp_path: Path, outside: Path) -> None:
@@ -298,7 +301,7 @@ FIFO_CASES = {
     "step-file": ("train/step_000000.pkl", [["show"], ["diff", "OTHER"], ["report"], ["cut"]]),
     "stream-record": (".streams/train.json", [["ls"], ["show"], ["report"]]),
     "entry-file": ("train/.index/step_000007.json", [["ls"], ["show"], ["report"]]),
-    "expected-metrics": ("expected/metrics.jsonl", [["report"], ["cut"]]),
+    "expected-metrics": ("expected/metrics.jsonl", [["report"], ["cut"], ["verify"]]),
 }
 
 

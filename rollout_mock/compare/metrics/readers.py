@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock._text import logger
+from rollout_mock.storage.paths import read_inside
 from rollout_mock.compare.metrics.table import MetricsTable, _TableBuilder
 from rollout_mock.compare.metrics.values import (
     _JSONL_SUFFIXES,
@@ -271,6 +272,15 @@ def read_metrics(path: str | Path) -> MetricsTable:
     the edge cases. An empty file is a :class:`MetricsFormatError`.
     """
     resolved, kind = resolve_metrics_path(path)
+    if resolved != Path(path) and resolved.parent.parent == Path(path) and (Path(path) / "manifest.json").is_file():
+        # a dump's stored metrics: read with the dump containment rules (no link out of the
+        # dump, no FIFO or device: storage.paths.open_inside)
+        data = read_inside(path, f"{resolved.parent.name}/{resolved.name}")
+        if data is None:
+            raise MetricsNotFoundError(f"{resolved}: no such metrics file", path=resolved)
+        if not data:
+            raise MetricsFormatError(f"{resolved}: empty metrics file", path=resolved)
+        return read_jsonl(resolved, data=data)
     if resolved.is_file() and kind != "tensorboard" and resolved.stat().st_size == 0:
         raise MetricsFormatError(f"{resolved}: empty metrics file", path=resolved)
     return _READERS[kind](resolved)

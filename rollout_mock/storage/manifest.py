@@ -170,6 +170,9 @@ class StepEntry:
                 raise KeyError(f"missing {', '.join(missing)}")
             if isinstance(data["size"], bool) or not isinstance(data["size"], int) or data["size"] < 0:
                 raise ValueError(f"size {data['size']!r} is not a byte count")
+            keys = data.get("keys") or {}
+            if not isinstance(keys, dict) or not all(isinstance(v, dict) for v in keys.values()):
+                raise ValueError("keys is not an object of {dtype, shape} objects")
             if not _CHECKSUM.fullmatch(str(data["checksum"])):
                 raise ValueError(f"checksum {data['checksum']!r} is not of the form crc32:xxxxxxxx")
             return cls(
@@ -252,7 +255,7 @@ class Manifest:
 
     def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
         data = self.streams.get(stream.key)
-        return dict(data.get("methods", {})) if data else {}
+        return dict(data.get("methods") or {}) if data else {}
 
     def stream_ids(self) -> list[StreamId]:
         return sorted(
@@ -293,11 +296,20 @@ class Manifest:
         streams = data.get("streams")
         if not isinstance(streams, dict):
             raise ManifestError(f"{path}: \"streams\" is missing or not an object", path=path)
+        for name in ("writer", "fingerprint"):
+            if not isinstance(data.get(name) or {}, dict):
+                raise ManifestError(f"{path}: \"{name}\" is not an object; the manifest was edited or damaged "
+                                    f"— restore it from a copy, or re-dump", path=path)
         for key, stream in streams.items():
             if not isinstance(stream, dict) or not isinstance(stream.get("steps"), dict):
                 raise ManifestError(f"{path}: stream {key!r} has no \"steps\" object", path=path)
             if not isinstance(stream.get("split"), str):
                 raise ManifestError(f"{path}: stream {key!r} has no \"split\"", path=path)
+            methods = stream.get("methods") or {}
+            if not isinstance(methods, dict) or not all(isinstance(m, dict) for m in methods.values()):
+                raise ManifestError(f"{path}: stream {key!r} has a \"methods\" value that is not an object of "
+                                    f"objects", path=path)
+            stream["methods"] = methods  # null -> {}
             name, rank = stream.get("name"), stream.get("rank")
             if not (name is None or isinstance(name, str)) or not (
                 rank is None or (isinstance(rank, int) and not isinstance(rank, bool))

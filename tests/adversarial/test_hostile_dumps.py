@@ -451,7 +451,7 @@ def test_ls_on_a_folder_with_a_hostile_step_directory(tmp_path: Path, name: str)
 
 
 # ------------------------------------------------------------------------------ 15-16: terminal text
-HOSTILE_TEXT = "\x1b]0;pwned\x07\x1b[2J\x9b31m\r\ud800\udfff"
+HOSTILE_TEXT = "\x1b]0;pwned\x07\x1b[2J\x9b31m\r\ud800 \udc80"  # lone surrogates: not a pair
 
 
 def _hostile_dump(path: Path) -> Path:
@@ -505,3 +505,40 @@ def test_terminal_safe_is_total() -> None:
     assert terminal_safe("a\tb\nc") == "a\tb\nc"
     assert terminal_safe("a\tb\nc", newlines=False) == "a\\x09b\\x0ac"
     assert "\x1b" not in terminal_safe(HOSTILE_TEXT) and "\r" not in terminal_safe(HOSTILE_TEXT)
+
+
+# ------------------------------------------------------------------------------ 14: manifest values
+_VALUES = [None, "x\ud800", [1], {"a": 1}, 10**30, "9" * 5000]
+_FIELDS = [("streams", "train", "steps", "0", f) for f in ("size", "samples", "type", "keys", "call", "file",
+                                                             "checksum", "rollout_seconds", "method")]
+_FIELDS += [("writer",), ("fingerprint",), ("created_at",), ("streams", "train", "methods"),
+            ("streams", "train", "methods", "get_batch"), ("streams", "train", "name"), ("streams", "train", "rank")]
+
+
+@pytest.mark.parametrize("field", _FIELDS, ids=[".".join(f[-2:]) for f in _FIELDS])
+def test_hostile_manifest_values_end_in_clean_errors(tmp_path: Path, field: tuple[str, ...],
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """Every command on a manifest whose field holds a value of the wrong type: output or a
+    RolloutMockError (exit 2), never another exception (run in-process: nothing here can block)."""
+    import shutil
+
+    from rollout_mock.cli import main
+
+    src = make_dump(tmp_path / "src", steps=2)
+    for i, value in enumerate(_VALUES):
+        dump = tmp_path / f"d{i}"
+        shutil.copytree(src, dump)
+
+        def change(data: dict[str, Any], value: Any = value) -> None:
+            node = data
+            for part in field[:-1]:
+                node = node[part]
+            node[field[-1]] = value
+
+        _edit_manifest(dump, change)
+        for argv in (["ls", dump, "--keys"], ["ls", dump, "--json"], ["show", dump], ["diff", dump, src],
+                     ["report", dump, "-o", tmp_path / "r.html"]):
+            code = main([str(a) for a in argv])
+            out, err = capsys.readouterr()
+            assert code in (0, 1, 2), (argv, value, code)
+            assert "\x1b" not in out + err

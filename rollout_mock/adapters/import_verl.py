@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.adapters.foreign import ForeignStep
 from rollout_mock._text import short_repr
+from rollout_mock.adapters.foreign import ForeignStep
 from rollout_mock.errors import ForeignDumpError
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.paths import open_regular, read_fd

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock._text import logger
+from rollout_mock.compare.metrics.table import MetricsTable
 from rollout_mock.compare.metrics.values import DEFAULT_METRICS_FILE, decode_value, encode_value
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.config.debug_settings import VerdictAction
-from rollout_mock.compare.metrics.table import MetricsTable
 from rollout_mock.errors import MetricsDivergenceError, MetricsError, UnsafePathError
 from rollout_mock.storage.paths import open_inside, read_inside
 

@@ -61,7 +61,7 @@ def _rebuild(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
         return items
     try:
         return cast(Any, type(value))(items)
-    except Exception:  # a mapping type that cannot be rebuilt from a dict: a plain dict keeps the data
+    except (TypeError, ValueError):  # a mapping type not built from a dict: a plain dict keeps the data
         return items
 
 

@@ -95,7 +95,8 @@ def _walk(value: Any, names: frozenset[str], hits: set[str], depth: int) -> Any:
 
 def _dataproto(batch: Any, names: frozenset[str], hits: set[str], depth: int) -> Any:
     state = getattr(batch, "__dict__", {})
-    others = state["_non_tensor_batch"] if "_non_tensor_batch" in state else (batch.non_tensor_batch or {})
+    # (not state.get(..., default): the default would touch batch.non_tensor_batch needlessly)
+    others = state["_non_tensor_batch"] if "_non_tensor_batch" in state else (batch.non_tensor_batch or {})  # noqa: SIM401
     new_others = _walk(dict(others), names, hits, depth + 1)
     out = copy.copy(batch)
     if "_non_tensor_batch" in state:

@@ -296,9 +296,9 @@ class Manifest:
         streams = data.get("streams")
         if not isinstance(streams, dict):
             raise ManifestError(f"{path}: \"streams\" is missing or not an object", path=path)
-        for name in ("writer", "fingerprint"):
-            if not isinstance(data.get(name) or {}, dict):
-                raise ManifestError(f"{path}: \"{name}\" is not an object; the manifest was edited or damaged "
+        for part in ("writer", "fingerprint"):
+            if not isinstance(data.get(part) or {}, dict):
+                raise ManifestError(f"{path}: \"{part}\" is not an object; the manifest was edited or damaged "
                                     f"— restore it from a copy, or re-dump", path=path)
         for key, stream in streams.items():
             if not isinstance(stream, dict) or not isinstance(stream.get("steps"), dict):

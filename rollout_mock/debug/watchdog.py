@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rollout_mock._text import logger
 from rollout_mock.config.debug_settings import WatchdogConfig
+from rollout_mock.storage.paths import is_url
 
 __all__ = ["STALLS_DIR", "StallWatchdog"]
 
@@ -39,7 +40,8 @@ class StallWatchdog:
     def __init__(self, config: WatchdogConfig | None = None, *, directory: str | os.PathLike[str] | None = None,
                  label: str = "rollout_mock") -> None:
         self.config = config or WatchdogConfig()
-        self.directory = None if directory is None else Path(directory)
+        # stall reports are local files: none for an object-store dump_dir (s3://...)
+        self.directory = None if directory is None or is_url(directory) else Path(directory)
         self.label = label
         self._cond = threading.Condition()
         self._calls: deque[float] = deque(maxlen=self.config.history)

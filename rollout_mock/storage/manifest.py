@@ -49,7 +49,7 @@ from rollout_mock._version import __version__
 from rollout_mock.codec import PROTOCOL
 from rollout_mock.errors import FormatVersionError, ManifestError, UnsafePathError
 from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
-from rollout_mock.storage.paths import check_name, open_inside, open_nofollow, read_fd
+from rollout_mock.storage.paths import check_name, open_inside, open_nofollow, parse_step_key, read_fd
 
 __all__ = [
     "FORMAT",
@@ -73,23 +73,6 @@ FORMAT_VERSION = 2  # 2: data-only step files (rollout_mock.codec), entry-file i
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
 _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
-#: A step key as written: ASCII digits only (``str.isdigit`` accepts ``'²'``, ``int`` accepts
-#: Arabic-Indic digits and ``'_'``), at most 18 of them (no 5,000-digit int conversions).
-STEP_KEY = re.compile(r"-?[0-9]{1,18}", re.ASCII)
-
-
-def parse_step_key(key: object, where: object = "manifest.json") -> int:
-    """The step of a manifest step key (``"12"``, ``"-1"``); :class:`ManifestError` for anything
-    else (``'²'``, ``'--5'``, ``' 5'``, a 5,000-digit number, a non-string) naming ``where``."""
-    if not isinstance(key, str) or not STEP_KEY.fullmatch(key) or key in ("-0",) or (
-        len(key.lstrip("-")) > 1 and key.lstrip("-").startswith("0")
-    ):
-        from rollout_mock._text import short_repr
-
-        raise ManifestError(f"{where}: step key {short_repr(key, 60)} is not an integer step number; "
-                            f"the manifest was edited or damaged — restore it from a copy, or re-dump",
-                            path=str(where))
-    return int(key)
 
 
 def utc_now() -> str:

@@ -25,10 +25,11 @@ import os
 import re
 from pathlib import Path
 
-from rollout_mock.errors import UnsafePathError
+from rollout_mock.errors import ManifestError, UnsafePathError
 
 __all__ = [
-    "NAME_PATTERN", "check_name", "check_relpath", "is_url", "open_inside", "open_nofollow", "open_regular",
+    "NAME_PATTERN", "STEP_KEY", "check_name", "check_relpath", "is_url", "open_inside", "open_nofollow",
+    "open_regular", "parse_step_key",
     "read_fd", "read_inside", "resolve_inside", "write_inside",
 ]
 
@@ -57,6 +58,24 @@ def check_relpath(relpath: str) -> str:
         raise UnsafePathError(f"[RolloutMock] refusing path {relpath!r}: not a plain relative path "
                               f"inside dump_dir", path=relpath)
     return relpath
+
+
+#: A step key as written: ASCII digits only (``str.isdigit`` accepts ``'²'``, ``int`` accepts
+#: Arabic-Indic digits and ``'_'``), at most 18 of them (no 5,000-digit int conversions).
+STEP_KEY = re.compile(r"-?[0-9]{1,18}", re.ASCII)
+
+
+def parse_step_key(key: object, where: object = "manifest.json") -> int:
+    """The step of a manifest step key (``"12"``, ``"-1"``); :class:`ManifestError` for anything
+    else (``'²'``, ``'--5'``, ``' 5'``, a 5,000-digit number, a non-string) naming ``where``."""
+    if not isinstance(key, str) or not STEP_KEY.fullmatch(key) or key in ("-0",) or (
+        len(key.lstrip("-")) > 1 and key.lstrip("-").startswith("0")
+    ):
+        shown = repr(key)[:60] if isinstance(key, str) else type(key).__name__
+        raise ManifestError(f"{where}: step key {shown} is not an integer step number; "
+                            f"the manifest was edited or damaged — restore it from a copy, or re-dump",
+                            path=str(where))
+    return int(key)
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -253,6 +272,7 @@ def write_inside(root: str | os.PathLike[str], relpath: str, data: bytes) -> Pat
     parts = check_relpath(relpath).split("/")
     where = Path(root) / relpath
     temp = f".{parts[-1]}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    os.makedirs(root, exist_ok=True)  # the root is the caller's choice (links followed there)
     dir_fd = _open_dir(root, parts[:-1], where, True)
     try:
         fd = _open_at(dir_fd, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, where)

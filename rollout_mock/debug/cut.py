@@ -22,7 +22,7 @@ from rollout_mock.debug._files import write_text_inside
 from rollout_mock.debug.redact import redact as redact_batch
 from rollout_mock.debug.redact import redact_call
 from rollout_mock.debug.rows import row_count, select_keys, select_rows
-from rollout_mock.errors import DebugInputError
+from rollout_mock.errors import DebugInputError, UnsafePathError
 from rollout_mock.storage.paths import read_inside
 
 __all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges"]
@@ -80,7 +80,11 @@ def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
     """Copy the kept steps' lines of ``src/expected/*.jsonl``; read and written with the dump
     containment rules (no link followed, no FIFO opened: :func:`read_inside`)."""
     source = src / "expected"
-    if source.is_symlink() or not source.is_dir():
+    if source.is_symlink():
+        raise UnsafePathError(f"[RolloutMock] {source} is a symbolic link; nothing under a dump is followed "
+                              f"through links; remove it",
+                              path=source)
+    if not source.is_dir():
         return False
     for name in sorted(n for n in os.listdir(source) if n.endswith(".jsonl") and not n.startswith(".")):
         data = read_inside(src, f"expected/{name}")
@@ -184,7 +188,11 @@ def cut_dump(
     store.close()
     result.redacted = sorted(redacted)
     if whole:
-        result.expected_copied = _copy_expected(src_path, dst_path, set(step_list))
+        try:
+            result.expected_copied = _copy_expected(src_path, dst_path, set(step_list))
+        except BaseException:  # e.g. a link or FIFO planted in expected/: no half-made dump left
+            shutil.rmtree(dst_path, ignore_errors=True)
+            raise
     provenance = {
         "source": str(src_path.resolve()),
         "source_created_at": dump.manifest.created_at,

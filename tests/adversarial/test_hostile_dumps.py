@@ -261,9 +261,12 @@ def test_cut_redact_leaves_no_text_anywhere(tmp_path: Path, kind: str, entry: st
 
 
 # ------------------------------------------------------------------------------ 12: config reads
-def test_config_from_dev_zero_is_refused_in_bounded_memory(tmp_path: Path) -> None:
-    out = in_child("from rollout_mock.config import load_config\nload_config('/dev/zero')\nprint('LOADED')",
-                   tmp_path, memory_mb=256)
+@pytest.mark.parametrize("entry", ["load_config", "MockScheduler", "attach_expected"])
+def test_config_from_dev_zero_is_refused_in_bounded_memory(tmp_path: Path, entry: str) -> None:
+    call = {"load_config": "from rollout_mock.config import load_config\nload_config('/dev/zero')",
+            "MockScheduler": "from rollout_mock import MockScheduler\nMockScheduler(object(), '/dev/zero')",
+            "attach_expected": "from rollout_mock.debug.expected import attach_expected\nattach_expected('/dev/zero')"}
+    out = in_child(call[entry] + "\nprint('LOADED')", tmp_path, memory_mb=256)
     assert out.startswith("REFUSED ConfigError"), out
 
 

@@ -113,3 +113,21 @@ def terminal_safe(text: object, *, newlines: bool = True) -> str:
     value = text if isinstance(text, str) else str(text)
     pattern = _UNSAFE if newlines else _UNSAFE_LINES
     return pattern.sub(_escape, value) if pattern.search(value) else value
+
+
+class _TerminalSafeFilter(logging.Filter):
+    """Escapes every record of :data:`logger` with :func:`terminal_safe` (log lines quote names,
+    keys and values read from dumps; they reach terminals outside the CLI too)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # bad format arguments: the handler reports them as usual
+            return True
+        safe = terminal_safe(message)
+        if safe != message:
+            record.msg, record.args = safe, None
+        return True
+
+
+logger.addFilter(_TerminalSafeFilter())

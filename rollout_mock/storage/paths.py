@@ -21,8 +21,10 @@ planted symlink there is an error, never a write through it.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import re
+import stat
 from pathlib import Path
 
 from rollout_mock.errors import ManifestError, UnsafePathError
@@ -134,9 +136,6 @@ def _refuse(path: object, why: str) -> UnsafePathError:
 
 def _regular(fd: int, path: object) -> int:
     """``fd`` if it is a regular file (blocking mode restored), else closed and UnsafePathError."""
-    import fcntl
-    import stat
-
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):

@@ -11,7 +11,8 @@ The public API, all importable from here::
 * comparing: :class:`MetricsWriter`, :func:`read_metrics`, :func:`verify`, :func:`diff_dumps`,
   :func:`compare_batches`, :func:`batch_traces` (``rollout_mock.compare``);
 * determinism: the ``rollout_mock.determinism`` package;
-* every error: ``rollout_mock.errors`` (all subclass :class:`RolloutMockError`).
+* every error: defined in ``rollout_mock.errors`` and importable from here too (all subclass
+  :class:`RolloutMockError`; :class:`MetricsWarning` is a warning).
 
 Names are imported lazily (PEP 562), so ``import rollout_mock`` — and the pytest plugin that
 every pytest run of an environment with rollout_mock installed loads — does not import torch.
@@ -23,7 +24,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from rollout_mock import errors as _errors
 from rollout_mock._version import __version__
+
+# Every error, imported eagerly (errors.py needs only the standard library): a class added to
+# errors.__all__ is exported here, typed, without a second list to keep in step.
+from rollout_mock.errors import *  # noqa: F403
 
 _EXPORTS: dict[str, str] = {
     "MockScheduler": "rollout_mock.wrap.scheduler",
@@ -47,35 +53,10 @@ _EXPORTS: dict[str, str] = {
     "DiffReport": "rollout_mock.compare.diff",
     "compare_batches": "rollout_mock.compare.diff",
     "batch_traces": "rollout_mock.compare.traces",
-    "RolloutMockError": "rollout_mock.errors",
-    "ConfigError": "rollout_mock.errors",
-    "StepNotFoundError": "rollout_mock.errors",
-    "DumpNotFoundError": "rollout_mock.errors",
-    "IncompleteDumpError": "rollout_mock.errors",
-    "StepExistsError": "rollout_mock.errors",
-    "CorruptStepError": "rollout_mock.errors",
-    "ManifestError": "rollout_mock.errors",
-    "FormatVersionError": "rollout_mock.errors",
-    "UnsafePickleError": "rollout_mock.errors",
-    "UnsafePathError": "rollout_mock.errors",
-    "WriterError": "rollout_mock.errors",
-    "LockedError": "rollout_mock.errors",
-    "SchedulerUnavailableError": "rollout_mock.errors",
-    "DiskFullError": "rollout_mock.errors",
-    "FingerprintMismatchError": "rollout_mock.errors",
-    "DeterminismError": "rollout_mock.errors",
-    "MissingExtraError": "rollout_mock.errors",
-    "MetricsError": "rollout_mock.errors",
-    "MetricsNotFoundError": "rollout_mock.errors",
-    "MetricsFormatError": "rollout_mock.errors",
-    "InvalidMetricError": "rollout_mock.errors",
-    "VerifyInputError": "rollout_mock.errors",
-    "DiffInputError": "rollout_mock.errors",
-    "TraceError": "rollout_mock.errors",
-    "MetricsWarning": "rollout_mock.errors",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
+__all__ += _errors.__all__
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.codec import register_batch_class
@@ -84,34 +65,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.compare.traces import batch_traces
     from rollout_mock.compare.verify import VerifyReport, verify
     from rollout_mock.config import RolloutMockConfig, load_config
-    from rollout_mock.errors import (
-        ConfigError,
-        CorruptStepError,
-        DeterminismError,
-        DiffInputError,
-        DiskFullError,
-        DumpNotFoundError,
-        FingerprintMismatchError,
-        FormatVersionError,
-        IncompleteDumpError,
-        InvalidMetricError,
-        LockedError,
-        ManifestError,
-        MetricsError,
-        MetricsFormatError,
-        MetricsNotFoundError,
-        MetricsWarning,
-        MissingExtraError,
-        RolloutMockError,
-        SchedulerUnavailableError,
-        StepExistsError,
-        StepNotFoundError,
-        TraceError,
-        UnsafePathError,
-        UnsafePickleError,
-        VerifyInputError,
-        WriterError,
-    )
     from rollout_mock.modes import Mode
     from rollout_mock.storage.base import StepStore
     from rollout_mock.storage.directory import DirectoryStore

@@ -17,12 +17,18 @@ __all__ = ["FAST", "IMPLEMENTATION", "crc32", "crc32_combine", "zlib_crc32"]
 #: zlib's CRC-32, always available (the reference the fast one is tested against).
 zlib_crc32: Callable[..., int] = zlib.crc32
 
-try:
-    from isal.isal_zlib import crc32 as _isal_crc32
-    from isal.isal_zlib import crc32_combine as _isal_combine
-except ImportError:  # the package is optional at run time: fall back to zlib
-    _isal_crc32 = None
-    _isal_combine = None
+
+
+def _load_isal() -> tuple[Callable[..., int], Callable[[int, int, int], int]] | tuple[None, None]:
+    try:
+        from isal.isal_zlib import crc32 as fast_crc32
+        from isal.isal_zlib import crc32_combine as fast_combine
+    except ImportError:  # the package is optional at run time: fall back to zlib
+        return None, None
+    return fast_crc32, fast_combine
+
+
+_isal_crc32, _isal_combine = _load_isal()
 
 #: True when the ISA-L implementation is in use.
 FAST: bool = _isal_crc32 is not None

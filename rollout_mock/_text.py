@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
     "LOG_PREFIX", "dumps_json", "json_default", "json_float", "jsonable", "logger", "short_repr", "table",
+    "terminal_safe",
 ]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
@@ -87,3 +89,45 @@ def table(rows: Sequence[Sequence[str]], *, header: bool = True, indent: str = "
         rule = sep.replace(" ", "-").replace("|", "+")
         lines.insert(1, indent + rule.join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# C0 controls but tab and newline (ESC starts every ANSI/OSC sequence), DEL, C1 controls (U+009B is
+# a one-character CSI), the bidirectional overrides and isolates ("Trojan Source"), line and
+# paragraph separators, and lone surrogates (unencodable: they would crash the print).
+_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e"
+                     "\u2066-\u2069\ud800-\udfff]")
+_UNSAFE_LINES = re.compile("[\n\t]|" + _UNSAFE.pattern)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
+def terminal_safe(text: object, *, newlines: bool = True) -> str:
+    """``str(text)`` safe to print on a terminal: control characters (ESC and so every ANSI or OSC
+    escape sequence, CR, backspace, C1 controls), bidi overrides and lone surrogates become
+    visible escapes (``\\x1b``, ``\\ud800``). ``newlines=False`` escapes newline and tab too (a
+    value that must stay on one line). Every CLI output line goes through it (see
+    :mod:`rollout_mock.cli`): text from a dump is untrusted."""
+    value = text if isinstance(text, str) else str(text)
+    pattern = _UNSAFE if newlines else _UNSAFE_LINES
+    return pattern.sub(_escape, value) if pattern.search(value) else value
+
+
+class _TerminalSafeFilter(logging.Filter):
+    """Escapes every record of :data:`logger` with :func:`terminal_safe` (log lines quote names,
+    keys and values read from dumps; they reach terminals outside the CLI too)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # bad format arguments: the handler reports them as usual
+            return True
+        safe = terminal_safe(message)
+        if safe != message:
+            record.msg, record.args = safe, None
+        return True
+
+
+logger.addFilter(_TerminalSafeFilter())

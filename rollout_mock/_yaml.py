@@ -71,15 +71,38 @@ def _short(text: str) -> str:
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
+def _read_bounded(path: Path, max_bytes: int) -> bytes:
+    """At most ``max_bytes`` bytes of the regular file ``path``: opened with ``O_NONBLOCK`` and
+    checked with ``fstat`` (a FIFO, ``/dev/zero`` or another device is refused before any read),
+    then read up to ``max_bytes + 1`` bytes whatever its size claims (a file growing meanwhile,
+    or a special file, never makes the read unbounded). ConfigError when larger."""
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: not a regular file (a FIFO, device or directory); a config must be a "
+                              f"YAML file")
+        chunks: list[bytes] = []
+        total = 0
+        while total <= max_bytes:
+            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    if total > max_bytes:
+        raise ConfigError(f"{path}: more than {max_bytes} bytes is too large for a config file (limit "
+                          f"{max_bytes} bytes)")
+    return b"".join(chunks)
+
+
 def load_yaml_file(path: Path, *, max_bytes: int, max_nodes: int) -> Any:
     """The YAML document in ``path`` as Python objects, within the bounds of the module docstring."""
     try:
-        size = os.path.getsize(path)
-        if size > max_bytes:
-            raise ConfigError(
-                f"{path}: {size} bytes is too large for a config file (limit {max_bytes} bytes)"
-            )
-        text = path.read_text(encoding="utf-8")
+        text = _read_bounded(path, max_bytes).decode("utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
     except (OSError, UnicodeDecodeError) as exc:

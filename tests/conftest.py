@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import random
 from collections.abc import Iterator
@@ -15,6 +16,44 @@ import torch
 
 # Keep torch's CPU results independent of the number of cores the CI machine has.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+#: How to install each optional package the tests may need (the reason a skip gives).
+INSTALL = {
+    "zstandard": "pip install -e '.[compress]'",
+    "lz4": "pip install -e '.[compress]'",
+    "verl": "pip install --no-deps verl && pip install -e '.[verl]'",
+    "transformers": "pip install -e '.[verl]'",
+    "ray": "pip install -e '.[ray]'",
+    "matplotlib": "pip install -e '.[plot]'",
+    "playwright": "pip install -e '.[report]'",
+}
+
+
+def requires(module: str) -> pytest.MarkDecorator:
+    """Skip, saying how to install it, when the optional package ``module`` is absent.
+
+    For parametrized cases (``pytest.param("zstd", marks=requires("zstandard"))``) and tests
+    that need it only in their body; a module that needs it at import uses ``pytest.importorskip``.
+    """
+    try:
+        missing = importlib.util.find_spec(module) is None
+    except ModuleNotFoundError:  # a parent package of a dotted name is absent
+        missing = True
+    how = INSTALL.get(module.partition(".")[0], f"pip install {module.partition('.')[0]}")
+    return pytest.mark.skipif(missing, reason=f"needs {module} ({how})")
+
+
+#: Markers that mean "needs this optional package": a marked test is skipped, with the reason, without it.
+_MARKER_NEEDS = {"verl": "verl", "ray": "ray"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skips = {marker: requires(module) for marker, module in _MARKER_NEEDS.items()}
+    for item in items:
+        for marker, skip in skips.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture

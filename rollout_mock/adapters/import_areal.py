@@ -9,16 +9,18 @@ streams ``train@rankR``.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
 
 from rollout_mock.adapters.foreign import ForeignStep
 from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.paths import open_regular
 
 __all__ = ["detect", "scan"]
 
-_FILE = re.compile(r"^step_(\d{6,})(?:_dp_(\d+))?\.pt$")
+_FILE = re.compile(r"^step_([0-9]{6,18})(?:_dp_([0-9]{1,9}))?\.pt$", re.ASCII)
 
 
 def _files(root: Path) -> list[tuple[int, int | None, Path]]:
@@ -38,7 +40,8 @@ def detect(root: Path) -> bool:
 def _load(path: Path) -> Any:
     import torch
 
-    return torch.load(path, map_location="cpu", weights_only=False)
+    with os.fdopen(open_regular(path), "rb") as file:  # never a FIFO or device
+        return torch.load(file, map_location="cpu", weights_only=False)
 
 
 def scan(root: Path) -> list[ForeignStep]:

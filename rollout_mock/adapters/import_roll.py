@@ -7,6 +7,7 @@ rollout_mock ``manifest.json`` is not a ROLL dump.
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 from pathlib import Path
@@ -14,10 +15,11 @@ from typing import Any
 
 from rollout_mock.adapters.foreign import ForeignStep
 from rollout_mock.storage.manifest import MANIFEST_NAME, StreamId
+from rollout_mock.storage.paths import open_regular
 
 __all__ = ["detect", "scan"]
 
-_STEP = re.compile(r"^step_(\d{6,})\.pkl$")
+_STEP = re.compile(r"^step_([0-9]{6,18})\.pkl$", re.ASCII)
 
 
 def _files(root: Path) -> list[tuple[str, int, Path]]:
@@ -37,7 +39,7 @@ def detect(root: Path) -> bool:
 
 
 def _load(path: Path) -> Any:
-    with open(path, "rb") as file:
+    with os.fdopen(open_regular(path), "rb") as file:  # never a FIFO or device
         return pickle.load(file)
 
 

@@ -10,6 +10,7 @@ The path may be the folder of the template or a single file.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -17,10 +18,11 @@ from typing import Any
 from rollout_mock.adapters.foreign import ForeignStep
 from rollout_mock.errors import ForeignDumpError
 from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.paths import open_regular
 
 __all__ = ["detect", "scan"]
 
-_FILE = re.compile(r"^(eval_)?(\d+)\.pt$")
+_FILE = re.compile(r"^(eval_)?([0-9]{1,18})\.pt$", re.ASCII)
 
 
 def _files(root: Path) -> list[tuple[bool, int, Path]]:
@@ -43,7 +45,8 @@ def _loader(evaluation: bool) -> Any:
 
         from rollout_mock.adapters.slime import record_from_flat
 
-        data = torch.load(path, map_location="cpu", weights_only=False)
+        with os.fdopen(open_regular(path), "rb") as file:  # never a FIFO or device
+            data = torch.load(file, map_location="cpu", weights_only=False)
         if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
             raise ForeignDumpError(f"{path}: not a slime debug rollout file (no 'samples' list)", path=path)
         return record_from_flat(data["samples"], evaluation=evaluation)

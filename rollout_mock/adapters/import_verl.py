@@ -10,16 +10,22 @@ any of the three levels; with several run directories below it, the error lists 
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import re
 from pathlib import Path
 from typing import Any
 
+from rollout_mock._text import short_repr
 from rollout_mock.adapters.foreign import ForeignStep
 from rollout_mock.errors import ForeignDumpError
 from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.paths import open_regular, read_fd
 
 __all__ = ["detect", "run_dirs", "scan"]
 
+_STEP_DIR = re.compile(r"[0-9]{1,18}", re.ASCII)
+_META_LIMIT = 1 << 20
 BATCH = "gen_batch.dp"
 META = "meta.json"
 
@@ -27,7 +33,8 @@ META = "meta.json"
 def _step_dirs(run: Path) -> list[tuple[int, Path]]:
     out = []
     for child in run.iterdir() if run.is_dir() else ():
-        if child.name.isdigit() and (child / BATCH).is_file() and (child / META).is_file():
+        # ASCII digits only: str.isdigit accepts '²', which int() refuses
+        if _STEP_DIR.fullmatch(child.name) and (child / BATCH).is_file() and (child / META).is_file():
             out.append((int(child.name), child))
     return sorted(out)
 
@@ -52,8 +59,24 @@ def detect(root: Path) -> bool:
 
 
 def _load(path: Path) -> Any:
-    with open(path, "rb") as file:
+    with os.fdopen(open_regular(path), "rb") as file:  # never a FIFO or device
         return pickle.load(file)
+
+
+def _meta_step(path: Path, step: int) -> int:
+    """``global_steps`` of a step's ``meta.json`` (the folder's step when absent);
+    :class:`ForeignDumpError` for a file that is not small JSON text or a value not an integer."""
+    data = read_fd(open_regular(path), limit=_META_LIMIT)
+    try:
+        if len(data) > _META_LIMIT:
+            raise ValueError(f"larger than {_META_LIMIT} bytes")
+        meta = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ForeignDumpError(f"{path}: not a verl meta.json ({short_repr(str(exc), 120)})", path=path) from None
+    recorded = meta.get("global_steps", step) if isinstance(meta, dict) else step
+    if isinstance(recorded, bool) or not isinstance(recorded, int):
+        raise ForeignDumpError(f"{path}: global_steps={short_repr(recorded, 60)} is not an integer step", path=path)
+    return recorded
 
 
 def scan(root: Path) -> list[ForeignStep]:
@@ -66,9 +89,8 @@ def scan(root: Path) -> list[ForeignStep]:
         )
     steps = []
     for step, directory in _step_dirs(runs[0]) if runs else []:
-        meta = json.loads((directory / META).read_text(encoding="utf-8"))
-        recorded = meta.get("global_steps", step) if isinstance(meta, dict) else step
-        if int(recorded) != step:
+        recorded = _meta_step(directory / META, step)
+        if recorded != step:
             raise ForeignDumpError(
                 f"{directory / META}: global_steps={recorded} but the folder is step {step}", path=directory,
             )

@@ -15,7 +15,9 @@ import logging
 import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from rollout_mock._text import terminal_safe
 from rollout_mock.errors import RolloutMockError
 
 #: Subcommand name -> module under ``rollout_mock.cli``.
@@ -50,7 +52,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _SafeStream:
+    """A text stream that writes everything through :func:`~rollout_mock._text.terminal_safe`:
+    the CLI prints values read from dumps (keys, prompts, file names, manifest fields), which are
+    untrusted; none of its own output uses control characters, so escaping every write is
+    exact (JSON output never holds raw controls either: ``json`` escapes them)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(terminal_safe(text))
+        return len(text)
+
+    def writelines(self, lines: Any) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:  # flush, fileno, isatty, encoding, buffer...
+        return getattr(self._stream, name)
+
+
+def _error_line(command: str, exc: BaseException) -> str:
+    return f"rollout-mock {command}: error: {exc}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. The one exception boundary of the CLI: every
+    :class:`~rollout_mock.errors.RolloutMockError` (and every ``OSError``: an unreadable,
+    missing or forbidden file) ends in exit code 2 and one message on stderr, escaped like all
+    output; anything else is a bug and keeps its traceback (hostile input is turned into
+    RolloutMockError where it is parsed, never caught here by a blanket ``except``)."""
+    saved = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _SafeStream(sys.stdout), _SafeStream(sys.stderr)
+    try:
+        return _main(argv)
+    finally:
+        sys.stdout, sys.stderr = saved
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:  # `rollout-mock` alone: say what it can do
@@ -65,15 +106,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except RolloutMockError as exc:
-        print(f"rollout-mock {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-        print(f"rollout-mock {args.command}: error: {exc}", file=sys.stderr)
+        print(_error_line(args.command, exc), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
-
-
+    except OSError as exc:  # a file missing, unreadable or forbidden: the user's environment
+        print(_error_line(args.command, exc), file=sys.stderr)
+        return 2

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import stat
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rollout_mock.errors import CorruptStepError
+from rollout_mock.errors import CorruptStepError, UnsafePathError
 
 __all__ = ["HEAD_BYTES", "ByteSource", "BytesSource", "FileSource", "MappedSource", "as_source"]
 
@@ -72,8 +73,13 @@ class FileSource:
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         self.name = str(path)
-        self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        # O_NONBLOCK: a FIFO planted as a step file must not block the open; only regular files
+        # are read (the flag is harmless on them)
+        self._fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
+            if not stat.S_ISREG(os.fstat(self._fd).st_mode):
+                raise UnsafePathError(f"[RolloutMock] {self.path} is not a regular file (a FIFO, device or "
+                                      f"directory planted in the dump?); refusing to read it", path=self.path)
             self._size = os.fstat(self._fd).st_size
             # the prefix, container head and header of a step are read in many small pieces:
             # one read serves them (and the whole of a small step)

@@ -212,7 +212,7 @@ def _tolerance(value: float | Mapping[str, float], kind: str, names: set[str]) -
     """Per-metric tolerance; a Mapping lists overrides (unlisted metrics get 0)."""
     if not isinstance(value, Mapping):
         tol = _check_tol(value, kind)
-        return {name: tol for name in names}
+        return dict.fromkeys(names, tol)
     unknown = sorted(set(value) - names)
     if unknown:
         raise VerifyInputError(

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rollout_mock._version import __version__
-from rollout_mock.debug._files import write_text_atomic
+from rollout_mock.debug._files import write_text_inside
 from rollout_mock.debug.redact import redact as redact_batch
+from rollout_mock.debug.redact import redact_call
 from rollout_mock.debug.rows import row_count, select_keys, select_rows
-from rollout_mock.errors import DebugInputError
+from rollout_mock.errors import DebugInputError, UnsafePathError
+from rollout_mock.storage.paths import read_inside
 
 __all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges"]
 
@@ -75,19 +77,29 @@ def _rows(n: int, samples: Sequence[int] | None, groups: Sequence[int] | None, g
 
 
 def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
+    """Copy the kept steps' lines of ``src/expected/*.jsonl``; read and written with the dump
+    containment rules (no link followed, no FIFO opened: :func:`read_inside`)."""
     source = src / "expected"
+    if source.is_symlink():
+        raise UnsafePathError(f"[RolloutMock] {source} is a symbolic link; nothing under a dump is followed "
+                              f"through links; remove it",
+                              path=source)
     if not source.is_dir():
         return False
-    for path in sorted(source.glob("*.jsonl")):
-        kept = []
-        for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
+    for name in sorted(n for n in os.listdir(source) if n.endswith(".jsonl") and not n.startswith(".")):
+        data = read_inside(src, f"expected/{name}")
+        if data is None:
+            continue
+        kept: list[str] = []
+        for line in data.decode("utf-8", "replace").splitlines(keepends=True):
             try:
-                step = json.loads(line).get("step")
-            except json.JSONDecodeError:
+                record = json.loads(line)
+            except (json.JSONDecodeError, RecursionError):
                 continue  # a torn last line of a crashed run
+            step = record.get("step") if isinstance(record, dict) else None
             if step in steps:
                 kept.append(line if line.endswith("\n") else line + "\n")
-        write_text_atomic(dst / "expected" / path.name, "".join(kept))
+        write_text_inside(dst, f"expected/{name}", "".join(kept))
     return True
 
 
@@ -164,8 +176,10 @@ def cut_dump(
                 if redact:
                     batch, hit = redact_batch(batch)
                     redacted.update(hit)
+                # the recorded call (manifest.json, index) may hold a prompt too: scrubbed alike
+                call = dict(redact_call(entry.call) or {}) if redact and entry.call is not None else entry.call
                 store.save(stream, step, batch, BatchInfo.of(batch), method=entry.method,
-                           rollout_seconds=entry.rollout_seconds, call=entry.call)
+                           rollout_seconds=entry.rollout_seconds, call=call)
                 result.rows[stream.key][step] = row_count(batch)
     except BaseException:
         store.close()
@@ -174,7 +188,11 @@ def cut_dump(
     store.close()
     result.redacted = sorted(redacted)
     if whole:
-        result.expected_copied = _copy_expected(src_path, dst_path, set(step_list))
+        try:
+            result.expected_copied = _copy_expected(src_path, dst_path, set(step_list))
+        except BaseException:  # e.g. a link or FIFO planted in expected/: no half-made dump left
+            shutil.rmtree(dst_path, ignore_errors=True)
+            raise
     provenance = {
         "source": str(src_path.resolve()),
         "source_created_at": dump.manifest.created_at,
@@ -189,7 +207,7 @@ def cut_dump(
         "cut_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rollout_mock": __version__,
     }
-    write_text_atomic(dst_path / PROVENANCE_FILE, json.dumps(provenance, indent=2, default=str) + "\n")
+    write_text_inside(dst_path, PROVENANCE_FILE, json.dumps(provenance, indent=2, default=str) + "\n")
     return result
 
 

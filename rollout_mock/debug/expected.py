@@ -22,25 +22,49 @@ Attach to the :class:`~rollout_mock.compare.metrics.MetricsWriter` you already u
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rollout_mock._text import logger
+from rollout_mock.compare.metrics.table import MetricsTable
 from rollout_mock.compare.metrics.values import DEFAULT_METRICS_FILE, decode_value, encode_value
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.config.debug_settings import VerdictAction
-from rollout_mock.errors import MetricsDivergenceError, MetricsError
+from rollout_mock.errors import MetricsDivergenceError, MetricsError, UnsafePathError
+from rollout_mock.storage.paths import open_inside, read_inside
 
-__all__ = ["EXPECTED_DIR", "ExpectedMetrics", "attach_expected", "expected_path"]
+__all__ = ["EXPECTED_DIR", "ExpectedMetrics", "attach_expected", "expected_path", "expected_relpath", "read_expected"]
 
 
 EXPECTED_DIR = "expected"
 
 
-def expected_path(dump_dir: str | Path, rank: int | None = None) -> Path:
+def expected_relpath(rank: int | None = None) -> str:
     name = DEFAULT_METRICS_FILE if rank is None else f"metrics_rank{rank}.jsonl"
-    return Path(dump_dir) / EXPECTED_DIR / name
+    return f"{EXPECTED_DIR}/{name}"
+
+
+def expected_path(dump_dir: str | os.PathLike[str], rank: int | None = None) -> Path:
+    return Path(dump_dir) / expected_relpath(rank)
+
+
+def read_expected(dump_dir: str | os.PathLike[str], rank: int | None = None) -> MetricsTable | None:
+    """The dump run's metrics (``None`` when the dump has none), read through
+    :func:`~rollout_mock.storage.paths.open_inside`: a symlink at ``expected`` or at the file,
+    or a FIFO/device planted there, is :class:`~rollout_mock.errors.UnsafePathError`, never a
+    read outside the dump or a hang. Malformed content is :class:`MetricsFormatError`."""
+    from rollout_mock.compare.metrics.readers import read_jsonl
+
+    data = read_inside(dump_dir, expected_relpath(rank))
+    return None if data is None else read_jsonl(expected_path(dump_dir, rank), data=data)
+
+
+def _open_for_append(dump_dir: str | os.PathLike[str], rank: int | None) -> int:
+    """The expected-metrics file opened for appending (created with its directory), never through
+    a link or into a FIFO (:func:`~rollout_mock.storage.paths.open_inside`)."""
+    return open_inside(dump_dir, expected_relpath(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
 
 
 def _number(key: str, value: object) -> float:
@@ -60,6 +84,7 @@ class ExpectedMetrics:
         self.config = config
         self.verdict = config.verdict
         self.path = expected_path(config.dump_dir, rank)
+        self.rank = rank
         self.records = config.mode.records
         self._writer: Any = None
         self._table: Mapping[str, Mapping[int, float]] | None = None
@@ -71,7 +96,19 @@ class ExpectedMetrics:
             if writes:
                 from rollout_mock.compare.metrics.writer import MetricsWriter
 
-                self._writer = MetricsWriter(self.path)
+                # Checked open first (no link below dump_dir, a regular file), then the writer
+                # opens the same name: it must be the very file checked, or nothing is written.
+                checked = _open_for_append(config.dump_dir, rank)
+                try:
+                    self._writer = MetricsWriter(self.path)
+                    same = os.path.samestat(os.fstat(checked), os.fstat(self._writer._fd or -1))
+                finally:
+                    os.close(checked)
+                if not same:
+                    self._writer.close()
+                    raise UnsafePathError(f"[RolloutMock] {self.path} changed while it was opened (a link "
+                                          f"swapped in?); refusing to record expected metrics there",
+                                          path=self.path)
         elif self.verdict.action is not VerdictAction.OFF:
             self._table = self._read()
 
@@ -79,20 +116,19 @@ class ExpectedMetrics:
         return f"ExpectedMetrics({str(self.path)!r}, {'record' if self.records else self.verdict.action.value})"
 
     def _read(self) -> Mapping[str, Mapping[int, float]] | None:
-        if not self.path.is_file():
+        try:
+            table = read_expected(self.config.dump_dir, self.rank)
+        except MetricsError as exc:
+            logger.warning("[RolloutMock] verdict disabled: cannot read the expected metrics: %s", exc)
+            return None
+        if table is None:
             logger.warning(
                 "[RolloutMock] verdict=%s: %s holds no expected metrics (%s); the replay's metrics are "
                 "not compared as they are logged. Record them by passing expected=<scheduler> to the "
                 "MetricsWriter of the dump run.", self.verdict.action.value, self.config.dump_dir, self.path,
             )
             return None
-        from rollout_mock.compare.metrics.readers import read_jsonl
-
-        try:
-            return read_jsonl(self.path)
-        except MetricsError as exc:
-            logger.warning("[RolloutMock] verdict disabled: cannot read the expected metrics: %s", exc)
-            return None
+        return table
 
     def observe(self, step: int, metrics: Mapping[str, object]) -> None:
         """Record (dump) or compare (mock) one logged line; may raise MetricsDivergenceError."""
@@ -181,7 +217,7 @@ def attach_expected(source: Any) -> ExpectedMetrics | None:
 def describe_expected(config: RolloutMockConfig) -> str | None:
     """Mock mode's start-up line about the dump run's metrics (``None`` when there are none)."""
     path = expected_path(config.dump_dir)
-    if not path.is_file():
+    if not os.path.isfile(path) or os.path.islink(path) or os.path.islink(path.parent):
         return None
     if config.verdict.action is VerdictAction.OFF:
         return f"[RolloutMock] {path} holds the dump run's metrics (verdict: off, not compared)"

@@ -180,7 +180,9 @@ def _batches(source: Any, steps: Iterable[int] | None, split: str, trusted: bool
         recorded = dump.steps(stream)
         chosen = [s for s in recorded if wanted is None or s in wanted]
         if wanted is not None and (missing := sorted(wanted - set(recorded))):
-            raise DebugInputError(f"{dump.dump_dir}: steps {missing} are not recorded in {stream} (recorded: {recorded})")
+            raise DebugInputError(
+                f"{dump.dump_dir}: steps {missing} are not recorded in {stream} (recorded: {recorded})"
+            )
         for step in chosen:
             yield step, dump.load(step, stream, trusted=trusted)
         return
@@ -211,7 +213,9 @@ def _diffs(report: LogprobReport, step: int, seqs: list[RecordedSequence], recom
                                   int(seq.positions[k])))
         for j in diff.topk(min(top, len(diff))).indices.tolist():
             pos = int(seq.positions[j])
-            tokens.append(TokenDiff(step, seq.sample, pos, int(seq.tokens[pos]), float(seq.recorded[j]), float(mine[j])))
+            tokens.append(
+                TokenDiff(step, seq.sample, pos, int(seq.tokens[pos]), float(seq.recorded[j]), float(mine[j]))
+            )
     return n, total, total_exp, worst
 
 

@@ -20,7 +20,7 @@ import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
@@ -47,7 +47,7 @@ def _from_directory(path: Path, device: str, dtype: torch.dtype | None) -> torch
     if dtype is not None:
         kwargs["dtype"] = dtype
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        model: torch.nn.Module = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
     except Exception as exc:  # transformers raises OSError, ValueError, KeyError... for a bad directory
         raise DebugInputError(f"--model {path}: not a loadable causal LM directory ({_one_line(exc)})") from None
     return model.to(device).eval()
@@ -58,7 +58,9 @@ def _from_factory(spec: str) -> Any:
     try:
         factory = getattr(importlib.import_module(module_name), attr)
     except (ImportError, AttributeError) as exc:
-        raise DebugInputError(f"--model {spec}: cannot import {attr!r} from {module_name!r} ({_one_line(exc)})") from None
+        raise DebugInputError(
+            f"--model {spec}: cannot import {attr!r} from {module_name!r} ({_one_line(exc)})"
+        ) from None
     if not callable(factory):
         raise DebugInputError(f"--model {spec}: {attr} is not callable (expected a zero-argument factory)")
     return factory()
@@ -86,7 +88,8 @@ def load_model(model: str | os.PathLike[str] | ModelFn, *, device: str = "cpu",
     return model
 
 
-def _is_hf(fn: Any) -> bool:
+def _is_hf(fn: Any) -> TypeGuard[torch.nn.Module]:
+    """A Hugging Face model (called with keyword arguments), not a plain ``fn(ids, mask)``."""
     return isinstance(fn, torch.nn.Module) and hasattr(fn, "config") and hasattr(fn, "generation_config")
 
 

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from rollout_mock.batch import is_dataproto
 
-__all__ = ["PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch"]
+__all__ = ["PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch", "redact_call"]
 
 PLACEHOLDER = "<redacted>"
 #: Field names holding prompt/response text: verl/ROLL non-tensor keys, slime Sample fields.
@@ -37,8 +37,7 @@ def _scrub(value: Any) -> Any:
     if isinstance(value, bytes):
         return PLACEHOLDER.encode()
     if isinstance(value, Mapping):
-        return type(value)({k: v if k in _KEEP_IN_MESSAGES else _scrub(v) for k, v in value.items()}) \
-            if type(value) is not dict else {k: v if k in _KEEP_IN_MESSAGES else _scrub(v) for k, v in value.items()}
+        return _rebuild(value, {k: v if k in _KEEP_IN_MESSAGES else _scrub(v) for k, v in value.items()})
     if isinstance(value, np.ndarray) and value.dtype == object:
         out = np.empty(value.shape, dtype=object)
         for idx, item in np.ndenumerate(value):
@@ -53,42 +52,102 @@ def _scrub(value: Any) -> Any:
     return value
 
 
-def _mapping(mapping: Mapping[str, Any], keys: frozenset[str]) -> tuple[dict[str, Any], list[str]]:
-    hit = [k for k in mapping if k in keys]
-    return {k: _scrub(v) if k in keys else v for k, v in mapping.items()}, hit
+#: Containers nested deeper than this are left as they are (a decoded batch is bounded anyway).
+_MAX_DEPTH = 64
+
+
+def _rebuild(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    if type(value) is dict:
+        return items
+    try:
+        return cast(Any, type(value))(items)
+    except (TypeError, ValueError):  # a mapping type not built from a dict: a plain dict keeps the data
+        return items
+
+
+def _walk(value: Any, names: frozenset[str], hits: set[str], depth: int) -> Any:
+    """``value`` with every value under a text key scrubbed, at any depth of dicts, lists,
+    tuples, object arrays and DataProto-like objects (slime records nest samples in groups)."""
+    if depth > _MAX_DEPTH:
+        return value
+    if isinstance(value, Mapping):
+        items = {}
+        for key, item in value.items():
+            if isinstance(key, str) and key in names:
+                hits.add(key)
+                items[key] = _scrub(item)
+            else:
+                items[key] = _walk(item, names, hits, depth + 1)
+        return _rebuild(value, items)
+    if isinstance(value, list):
+        return [_walk(v, names, hits, depth + 1) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_walk(v, names, hits, depth + 1) for v in value)
+    if isinstance(value, np.ndarray) and value.dtype == object:
+        out = np.empty(value.shape, dtype=object)
+        for idx, item in np.ndenumerate(value):
+            out[idx] = _walk(item, names, hits, depth + 1)
+        return out
+    if is_dataproto(value):
+        return _dataproto(value, names, hits, depth)
+    return value
+
+
+def _dataproto(batch: Any, names: frozenset[str], hits: set[str], depth: int) -> Any:
+    state = getattr(batch, "__dict__", {})
+    # (not state.get(..., default): the default would touch batch.non_tensor_batch needlessly)
+    others = state["_non_tensor_batch"] if "_non_tensor_batch" in state else (batch.non_tensor_batch or {})  # noqa: SIM401
+    new_others = _walk(dict(others), names, hits, depth + 1)
+    out = copy.copy(batch)
+    if "_non_tensor_batch" in state:
+        out.__dict__["_non_tensor_batch"] = new_others
+    else:
+        out.non_tensor_batch = new_others
+    meta = getattr(batch, "meta_info", None)
+    if isinstance(meta, Mapping):
+        new_meta = _walk(dict(meta), names, hits, depth + 1)
+        if "meta_info" in state:
+            out.__dict__["meta_info"] = new_meta
+        else:
+            try:
+                out.meta_info = new_meta
+            except AttributeError:
+                pass
+    return out
 
 
 def redact(batch: Any, *, keys: Iterable[str] = TEXT_KEYS) -> tuple[Any, list[str]]:
-    """``(redacted copy, names of the fields redacted)``; the input batch is not changed."""
-    names = frozenset(keys)
+    """``(redacted copy, names of the fields redacted)``; the input batch is not changed.
+
+    Fields named in ``keys`` are scrubbed wherever they are: at the top of a dict batch, in the
+    non-tensor columns and ``meta_info`` of a DataProto, in the items of an AReaL list, inside
+    slime records (samples grouped in lists, evaluation data per dataset), at any depth."""
     hits: set[str] = set()
-    if isinstance(batch, list):
-        out = []
-        for item in batch:
-            if isinstance(item, Mapping):
-                new, hit = _mapping(item, names)
-                hits.update(hit)
-                out.append(new)
-            else:
-                out.append(item)
-        return out, sorted(hits)
-    if isinstance(batch, Mapping) and isinstance(batch.get("samples"), list):
-        samples, hit = redact(batch["samples"], keys=names)
-        return {**batch, "samples": samples}, hit
-    if is_dataproto(batch):
-        state = getattr(batch, "__dict__", {})
-        others = state["_non_tensor_batch"] if "_non_tensor_batch" in state else (batch.non_tensor_batch or {})
-        new_others, hit = _mapping(others, names)
-        out = copy.copy(batch)
-        if "_non_tensor_batch" in state:
-            out.__dict__["_non_tensor_batch"] = new_others
-        else:
-            out.non_tensor_batch = new_others
-        return out, sorted(hit)
-    if isinstance(batch, Mapping):
-        new, hit = _mapping(batch, names)
-        return new, sorted(hit)
-    return batch, []
+    return _walk(batch, frozenset(keys), hits, 0), sorted(hits)
+
+
+def redact_call(call: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A recorded call summary (``{"args": [...], "kwargs": {...}}``, stored in manifest.json and
+    the index) with **every** string replaced: positional arguments have no name to tell a
+    prompt from a mode, and a call summary only serves a warning in mock mode."""
+    if call is None:
+        return None
+    return {name: _strings(value, 0) for name, value in call.items()}
+
+
+def _strings(value: Any, depth: int) -> Any:
+    """JSON-like ``value`` with every string (mapping keys below the top level included) replaced."""
+    if isinstance(value, str):
+        return PLACEHOLDER
+    if depth > _MAX_DEPTH:
+        return None
+    if isinstance(value, Mapping):
+        # top-level keys are parameter names (kept); deeper string keys may be text themselves
+        return {k if depth == 0 or not isinstance(k, str) else f"{PLACEHOLDER}{i}": _strings(v, depth + 1)
+                for i, (k, v) in enumerate(value.items())}
+    if isinstance(value, list | tuple):
+        return [_strings(v, depth + 1) for v in value]
+    return value
 
 
 #: The package-level name (``rollout_mock.debug.redact`` is this module).

@@ -24,6 +24,7 @@ from typing import Any
 from rollout_mock._text import jsonable
 from rollout_mock.debug._files import write_text_atomic
 from rollout_mock.debug.svg import line_chart
+from rollout_mock.errors import DebugInputError
 
 __all__ = ["write_report"]
 
@@ -105,9 +106,13 @@ def _length(trace: Any) -> int | None:
 def _load_logprobs(path: str | os.PathLike[str] | None) -> dict[int, float]:
     if path is None:
         return {}
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return {int(s["step"]): float(s["token_mult_prob_error"]) if not isinstance(s["token_mult_prob_error"], str)
-            else math.nan for s in data.get("steps", [])}
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        return {int(s["step"]): float(s["token_mult_prob_error"]) if not isinstance(s["token_mult_prob_error"], str)
+                else math.nan for s in data.get("steps", [])}
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
+        raise DebugInputError(f"--logprobs-json {path}: not the output of `rollout-mock logprobs --json` "
+                              f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def write_report(
@@ -157,11 +162,10 @@ def write_report(
     if mismatch:
         charts.append(line_chart("log-prob mismatch (token_mult_prob_error)", steps,
                                  {"mult_prob_err": [mismatch.get(s) for s in steps]}))
-    expected = Path(dump_dir) / "expected" / "metrics.jsonl"
-    if expected.is_file():
-        from rollout_mock.compare.metrics.readers import read_jsonl
+    from rollout_mock.debug.expected import read_expected
 
-        table = read_jsonl(expected)
+    table = read_expected(dump_dir)  # contained: never a link out of the dump, a FIFO or a device
+    if table is not None:
         for name in sorted(table):
             charts.append(line_chart(f"dump run: {name}", table.steps, {name: [table[name].get(s) for s in table.steps]}))
     head = ["step", "samples", "rejected", "reward mean", "min", "max", "length mean", "min", "max"]

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from rollout_mock._text import logger
 from rollout_mock.config.debug_settings import WatchdogConfig
+from rollout_mock.storage.paths import is_url
 
 __all__ = ["STALLS_DIR", "StallWatchdog"]
 
@@ -39,7 +40,8 @@ class StallWatchdog:
     def __init__(self, config: WatchdogConfig | None = None, *, directory: str | os.PathLike[str] | None = None,
                  label: str = "rollout_mock") -> None:
         self.config = config or WatchdogConfig()
-        self.directory = None if directory is None else Path(directory)
+        # stall reports are local files: none for an object-store dump_dir (s3://...)
+        self.directory = None if directory is None or is_url(directory) else Path(directory)
         self.label = label
         self._cond = threading.Condition()
         self._calls: deque[float] = deque(maxlen=self.config.history)
@@ -148,12 +150,11 @@ class StallWatchdog:
                 f"pending asyncio task follow\n{format_stacks(list(self._loops))}")
         path = None
         if self.directory is not None:
-            from rollout_mock.debug._files import write_text_atomic
+            from rollout_mock.debug._files import write_text_inside
 
             now = time.time()
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"
-            path = self.directory / STALLS_DIR / f"stall-{stamp}-{os.getpid()}.txt"
-            write_text_atomic(path, text)
+            path = write_text_inside(self.directory, f"{STALLS_DIR}/stall-{stamp}-{os.getpid()}.txt", text)
             self.reports.append(path)
         logger.warning("%s%s", text, "" if path is None else f"\n[RolloutMock] stall report written to {path}")
 

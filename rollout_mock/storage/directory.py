@@ -33,7 +33,7 @@ from rollout_mock.storage.manifest import (
     remove_stale_temps,
     utc_now,
 )
-from rollout_mock.storage.paths import check_relpath, open_nofollow, resolve_inside
+from rollout_mock.storage.paths import check_relpath, open_nofollow, open_regular, read_fd, resolve_inside
 from rollout_mock.storage.verified import load_verified
 
 __all__ = ["DirectoryStore"]
@@ -104,7 +104,8 @@ class DirectoryStore(IndexedStore):
     # ------------------------------------------------------------------ primitives
     def _read(self, rel: str) -> bytes | None:
         try:
-            return self.path(rel).read_bytes()
+            # a regular file only: a FIFO or device planted as an entry/stream record never blocks
+            return read_fd(open_regular(self.path(rel)))
         except (FileNotFoundError, NotADirectoryError):
             return None
 

@@ -63,7 +63,7 @@ def entry_relpath(stream: StreamId, step: int) -> str:
 def step_of_entry_name(stream: StreamId, name: str) -> int | None:
     """The step an entry file name in ``index_dir(stream)`` belongs to, or None (other rank...)."""
     suffix = "" if stream.rank is None else f"_rank{stream.rank}"
-    match = re.fullmatch(rf"step_(-?\d+){re.escape(suffix)}\.json", name)
+    match = re.fullmatch(rf"step_(-?[0-9]{{1,18}}){re.escape(suffix)}\.json", name, re.ASCII)
     return None if match is None else int(match.group(1))
 
 
@@ -137,7 +137,7 @@ def merge_stream(manifest: Manifest, stream: StreamId, methods: dict[str, dict[s
             steps[str(step)] = raw
 
 
-_STEP_FILE = re.compile(r"step_(-?\d+)(?:_rank(\d+))?\.pkl")
+_STEP_FILE = re.compile(r"step_(-?[0-9]{1,18})(?:_rank([0-9]{1,9}))?\.pkl", re.ASCII)
 
 
 def parse_step_relpath(relpath: str) -> tuple[StreamId, int] | None:

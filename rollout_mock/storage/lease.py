@@ -21,6 +21,7 @@ exists-check followed by a put.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import threading
@@ -29,7 +30,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from rollout_mock._text import logger
+from rollout_mock._text import logger, short_repr
 from rollout_mock.errors import LockedError
 
 __all__ = ["Lease"]
@@ -54,6 +55,19 @@ class Lease:
         return json.dumps({"owner": self.owner, "pid": os.getpid(), "host": socket.gethostname(),
                            "renewed_at": now, "expires_at": now + self.ttl}).encode()
 
+    @staticmethod
+    def _expiry(record: dict[str, Any]) -> float:
+        """The record's ``expires_at`` as a float; anything else (a string, a bool, NaN, an int
+        too large for a float: a forged or damaged lease) counts as expired (0.0)."""
+        value = record.get("expires_at")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return 0.0
+        try:
+            number = float(value)
+        except OverflowError:
+            return 0.0
+        return number if math.isfinite(number) else 0.0
+
     def _current(self) -> dict[str, Any] | None:
         data = self._read(self.rel)
         if data is None:
@@ -61,7 +75,7 @@ class Lease:
         try:
             value = json.loads(data.decode("utf-8"))
             return value if isinstance(value, dict) else {}
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             return {}  # garbage: treated as expired
 
     def try_take(self) -> dict[str, Any] | None:
@@ -72,11 +86,10 @@ class Lease:
             current = self._current()
             if current is None:
                 continue  # released between our create and read: try again
-            expires = current.get("expires_at")
-            if isinstance(expires, (int, float)) and expires > time.time():
+            if self._expiry(current) > time.time():
                 return current
             logger.warning("[RolloutMock] %s: taking over the expired lease %s (held by %s)",
-                           self.what, self.where, current.get("owner", "unknown"))
+                           self.what, self.where, short_repr(current.get("owner", "unknown"), 80))
             self._remove([self.rel])
         current = self._current()
         return current if current is not None else {"owner": "unknown"}
@@ -92,8 +105,8 @@ class Lease:
             if time.monotonic() >= deadline:
                 raise LockedError(
                     f"[RolloutMock] another writer holds {self.what} ({self.where}: owner "
-                    f"{holder.get('owner', 'unknown')}, expires in "
-                    f"{max(float(holder.get('expires_at', 0)) - time.time(), 0):.0f} s). Two schedulers on "
+                    f"{short_repr(holder.get('owner', 'unknown'), 80)}, expires in "
+                    f"{max(self._expiry(holder) - time.time(), 0):.0f} s). Two schedulers on "
                     f"one dump_dir and split must each have a distinct `name`; two runs need two dump_dirs. "
                     f"A writer that died releases it when the lease expires.",
                     mode="dump", path=self.where,
@@ -109,7 +122,7 @@ class Lease:
         """Extend the lease if it is still ours; otherwise mark it lost and return False."""
         current = self._current()
         if current is None or current.get("owner") != self.owner:
-            self.lost = (f"{self.where} now names {None if current is None else current.get('owner')}, "
+            self.lost = (f"{self.where} now names {None if current is None else short_repr(current.get('owner'), 80)}, "
                          f"not this writer ({self.owner}): it expired and was taken over")
             return False
         self._replace(self.rel, self._body())

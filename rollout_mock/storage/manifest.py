@@ -49,7 +49,7 @@ from rollout_mock._version import __version__
 from rollout_mock.codec import PROTOCOL
 from rollout_mock.errors import FormatVersionError, ManifestError, UnsafePathError
 from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
-from rollout_mock.storage.paths import check_name, open_nofollow
+from rollout_mock.storage.paths import check_name, open_inside, open_nofollow, parse_step_key, read_fd
 
 __all__ = [
     "FORMAT",
@@ -61,6 +61,7 @@ __all__ = [
     "StreamId",
     "locked",
     "manifest_path",
+    "parse_step_key",
     "read_manifest",
     "remove_stale_temps",
     "update_manifest",
@@ -98,7 +99,8 @@ class StreamId:
         """Inverse of :attr:`key` (``split[/name][@rankR]``); validated like any StreamId."""
         rest, _, rank = key.partition("@rank")
         split, _, name = rest.partition("/")
-        return cls(split, name or None, int(rank) if rank.isdigit() else None if not rank else -1)
+        digits = rank.isascii() and rank.isdigit() and len(rank) <= 9
+        return cls(split, name or None, int(rank) if digits else None if not rank else -1)
 
     @property
     def key(self) -> str:
@@ -151,6 +153,9 @@ class StepEntry:
                 raise KeyError(f"missing {', '.join(missing)}")
             if isinstance(data["size"], bool) or not isinstance(data["size"], int) or data["size"] < 0:
                 raise ValueError(f"size {data['size']!r} is not a byte count")
+            keys = data.get("keys") or {}
+            if not isinstance(keys, dict) or not all(isinstance(v, dict) for v in keys.values()):
+                raise ValueError("keys is not an object of {dtype, shape} objects")
             if not _CHECKSUM.fullmatch(str(data["checksum"])):
                 raise ValueError(f"checksum {data['checksum']!r} is not of the form crc32:xxxxxxxx")
             return cls(
@@ -211,7 +216,7 @@ class Manifest:
 
     def steps(self, stream: StreamId) -> list[int]:
         data = self.streams.get(stream.key)
-        return sorted(int(s) for s in data["steps"]) if data else []
+        return sorted(parse_step_key(s, self.source) for s in data["steps"]) if data else []
 
     def entry(self, stream: StreamId, step: int) -> StepEntry | None:
         data = self.streams.get(stream.key)
@@ -233,7 +238,7 @@ class Manifest:
 
     def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
         data = self.streams.get(stream.key)
-        return dict(data.get("methods", {})) if data else {}
+        return dict(data.get("methods") or {}) if data else {}
 
     def stream_ids(self) -> list[StreamId]:
         return sorted(
@@ -274,11 +279,20 @@ class Manifest:
         streams = data.get("streams")
         if not isinstance(streams, dict):
             raise ManifestError(f"{path}: \"streams\" is missing or not an object", path=path)
+        for part in ("writer", "fingerprint"):
+            if not isinstance(data.get(part) or {}, dict):
+                raise ManifestError(f"{path}: \"{part}\" is not an object; the manifest was edited or damaged "
+                                    f"— restore it from a copy, or re-dump", path=path)
         for key, stream in streams.items():
             if not isinstance(stream, dict) or not isinstance(stream.get("steps"), dict):
                 raise ManifestError(f"{path}: stream {key!r} has no \"steps\" object", path=path)
             if not isinstance(stream.get("split"), str):
                 raise ManifestError(f"{path}: stream {key!r} has no \"split\"", path=path)
+            methods = stream.get("methods") or {}
+            if not isinstance(methods, dict) or not all(isinstance(m, dict) for m in methods.values()):
+                raise ManifestError(f"{path}: stream {key!r} has a \"methods\" value that is not an object of "
+                                    f"objects", path=path)
+            stream["methods"] = methods  # null -> {}
             name, rank = stream.get("name"), stream.get("rank")
             if not (name is None or isinstance(name, str)) or not (
                 rank is None or (isinstance(rank, int) and not isinstance(rank, bool))
@@ -296,9 +310,8 @@ class Manifest:
                 )
             # Entries themselves are validated when used (Manifest.entry): opening a dump of
             # 100,000 steps must not parse 100,000 entries it will not load.
-            bad = [k for k in stream["steps"] if not k.lstrip("-").isdigit()]
-            if bad:
-                raise ManifestError(f"{path}: stream {key!r} has step key {bad[0]!r}", path=path)
+            for step_key in stream["steps"]:
+                parse_step_key(step_key, f"{path}: stream {key!r}")
         return cls(
             created_at=str(data.get("created_at", "")),
             writer=dict(data.get("writer") or {}),
@@ -319,9 +332,9 @@ def read_manifest(dump_dir: Path) -> Manifest | None:
     A manifest that exists but cannot be parsed raises :class:`ManifestError` naming the file.
     """
     path = manifest_path(dump_dir)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    try:  # no symlink, FIFO or device is ever opened (see storage.paths.open_inside)
+        data = read_fd(open_inside(dump_dir, MANIFEST_NAME))
+    except (FileNotFoundError, NotADirectoryError):
         return None
     return parse_manifest(data, path)
 

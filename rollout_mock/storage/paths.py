@@ -20,13 +20,20 @@ planted symlink there is an error, never a write through it.
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 import re
+import stat
 from pathlib import Path
 
-from rollout_mock.errors import UnsafePathError
+from rollout_mock.errors import ManifestError, UnsafePathError
 
-__all__ = ["NAME_PATTERN", "check_name", "check_relpath", "is_url", "open_nofollow", "resolve_inside"]
+__all__ = [
+    "NAME_PATTERN", "STEP_KEY", "check_name", "check_relpath", "is_url", "open_inside", "open_nofollow",
+    "open_regular", "parse_step_key",
+    "read_fd", "read_inside", "resolve_inside", "write_inside",
+]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
@@ -53,6 +60,24 @@ def check_relpath(relpath: str) -> str:
         raise UnsafePathError(f"[RolloutMock] refusing path {relpath!r}: not a plain relative path "
                               f"inside dump_dir", path=relpath)
     return relpath
+
+
+#: A step key as written: ASCII digits only (``str.isdigit`` accepts ``'²'``, ``int`` accepts
+#: Arabic-Indic digits and ``'_'``), at most 18 of them (no 5,000-digit int conversions).
+STEP_KEY = re.compile(r"-?[0-9]{1,18}", re.ASCII)
+
+
+def parse_step_key(key: object, where: object = "manifest.json") -> int:
+    """The step of a manifest step key (``"12"``, ``"-1"``); :class:`ManifestError` for anything
+    else (``'²'``, ``'--5'``, ``' 5'``, a 5,000-digit number, a non-string) naming ``where``."""
+    if not isinstance(key, str) or not STEP_KEY.fullmatch(key) or key in ("-0",) or (
+        len(key.lstrip("-")) > 1 and key.lstrip("-").startswith("0")
+    ):
+        shown = repr(key)[:60] if isinstance(key, str) else type(key).__name__
+        raise ManifestError(f"{where}: step key {shown} is not an integer step number; "
+                            f"the manifest was edited or damaged — restore it from a copy, or re-dump",
+                            path=str(where))
+    return int(key)
 
 
 def is_url(location: str | os.PathLike[str]) -> bool:
@@ -96,3 +121,176 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
         os.close(fd)
         raise UnsafePathError(f"[RolloutMock] {path} is not a regular file; refusing to use it", path=path)
     return fd
+
+
+# ---------------------------------------------------------------------------------------------
+# One opening helper for every file under a dump (containment, no symlinks, no FIFOs/devices)
+# ---------------------------------------------------------------------------------------------
+
+_FLAGS = os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+
+
+def _refuse(path: object, why: str) -> UnsafePathError:
+    return UnsafePathError(f"[RolloutMock] refusing to open {path}: {why}", path=str(path))
+
+
+def _regular(fd: int, path: object) -> int:
+    """``fd`` if it is a regular file (blocking mode restored), else closed and UnsafePathError."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "not a regular file")
+            raise _refuse(path, f"it is {kind}, not a regular file (planted in the dump?); remove it")
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o644, *,
+                 follow: bool = True) -> int:
+    """``os.open`` of a **regular file** only: opened with ``O_NONBLOCK`` (a FIFO never blocks the
+    open) and checked with ``fstat`` before anything is read or written; a FIFO, device, socket or
+    directory is :class:`UnsafePathError` (the fd is returned in blocking mode). ``follow=False``
+    adds ``O_NOFOLLOW``. For a path whose containment the caller checked already (step files
+    through ``DirectoryStore.path``); files named relative to a dump use :func:`open_inside`."""
+    try:
+        fd = os.open(path, flags | _FLAGS | (0 if follow else os.O_NOFOLLOW), mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise _refuse(path, "it is a symbolic link, a FIFO without a reader, or a directory") from None
+        raise
+    return _regular(fd, path)
+
+
+def _open_dir(root: str | os.PathLike[str], parts: list[str], where: object, make_dirs: bool) -> int:
+    """A descriptor of ``root/parts...``, each component opened below its parent with
+    ``O_NOFOLLOW | O_DIRECTORY`` (created first with ``make_dirs``)."""
+    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+    try:
+        for part in parts:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _FLAGS
+            try:
+                try:
+                    next_fd = os.open(part, flags, dir_fd=dir_fd)
+                except FileNotFoundError:
+                    if not make_dirs:
+                        raise
+                    try:
+                        os.mkdir(part, 0o755, dir_fd=dir_fd)
+                    except FileExistsError:
+                        pass
+                    next_fd = os.open(part, flags, dir_fd=dir_fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise _refuse(where, f"{part!r} is a symbolic link or not a directory; nothing under "
+                                         f"dump_dir is followed through links") from None
+                raise
+            os.close(dir_fd)
+            dir_fd = next_fd
+    except BaseException:
+        os.close(dir_fd)
+        raise
+    return dir_fd
+
+
+def _open_at(dir_fd: int, name: str, flags: int, mode: int, where: object) -> int:
+    try:
+        fd = os.open(name, flags | _FLAGS | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENOTDIR):
+            raise _refuse(where, "it is a symbolic link, a FIFO or a directory; nothing under dump_dir "
+                                 "is followed through links") from None
+        raise
+    return _regular(fd, where)
+
+
+def open_inside(root: str | os.PathLike[str], relpath: str, flags: int = os.O_RDONLY, mode: int = 0o644, *,
+                make_dirs: bool = False) -> int:
+    """Open ``root/relpath`` (a regular file) without ever leaving ``root``.
+
+    ``relpath`` must be a plain relative path (:func:`check_relpath`). Every component below
+    ``root`` is opened relative to its parent's descriptor with ``O_NOFOLLOW`` (a symlink
+    anywhere below ``root`` is refused, whatever it points at: nothing is resolved by name
+    twice, so a link swapped in meanwhile cannot redirect the open); directories are created
+    with ``make_dirs``; the file itself is opened with ``O_NONBLOCK`` and must be a regular file
+    (:func:`open_regular`). ``root`` itself is the user's choice and may be a symlink.
+    Errors: :class:`UnsafePathError` for a link, FIFO, device, or a path component that is not a
+    directory; ``FileNotFoundError`` when the file (or, without ``make_dirs``, a directory) is
+    missing; other ``OSError`` as raised.
+    """
+    parts = check_relpath(relpath).split("/")
+    where = Path(root) / relpath
+    dir_fd = _open_dir(root, parts[:-1], where, make_dirs)
+    try:
+        return _open_at(dir_fd, parts[-1], flags, mode, where)
+    finally:
+        os.close(dir_fd)
+
+
+def read_fd(fd: int, *, limit: int | None = None) -> bytes:
+    """The bytes of the open file ``fd`` (closed afterwards). With ``limit``, at most
+    ``limit + 1`` bytes are ever read: a result longer than ``limit`` means the file is too large
+    (the caller says so in its own error)."""
+    try:
+        chunks: list[bytes] = []
+        total = 0
+        cap = None if limit is None else limit + 1
+        while cap is None or total < cap:
+            chunk = os.read(fd, 1 << 20 if cap is None else min(1 << 20, cap - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_inside(root: str | os.PathLike[str], relpath: str, *, limit: int | None = None) -> bytes | None:
+    """The bytes of ``root/relpath`` opened with :func:`open_inside` (see :func:`read_fd` for
+    ``limit``); ``None`` when it (or a directory on the way) does not exist."""
+    try:
+        fd = open_inside(root, relpath)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return read_fd(fd, limit=limit)
+
+
+def write_inside(root: str | os.PathLike[str], relpath: str, data: bytes) -> Path:
+    """Atomically replace ``root/relpath`` with ``data``: a temporary file created with
+    ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the destination's directory (reached with
+    :func:`open_inside`'s rules, created if needed), fsync-ed, renamed over the destination
+    relative to that directory's descriptor (a symlink at the destination is replaced, never
+    followed), and the directory fsync-ed."""
+    import secrets
+
+    parts = check_relpath(relpath).split("/")
+    where = Path(root) / relpath
+    temp = f".{parts[-1]}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    os.makedirs(root, exist_ok=True)  # the root is the caller's choice (links followed there)
+    dir_fd = _open_dir(root, parts[:-1], where, True)
+    try:
+        fd = _open_at(dir_fd, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, where)
+        try:
+            try:
+                view = memoryview(data)
+                while view.nbytes:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(temp, dir_fd=dir_fd)
+            except FileNotFoundError:
+                pass
+            raise
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return where

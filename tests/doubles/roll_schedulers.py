@@ -27,7 +27,6 @@ import os
 import pickle
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 import torch
@@ -45,7 +44,7 @@ class PipelineConfig:  # the few BaseConfig fields the doubles read
     seed: int = 0
     sequence_length: int = 16
     prompt_length: int = 8
-    rollout_mock: Optional[RolloutMockConfig] = None
+    rollout_mock: RolloutMockConfig | None = None
     extra: dict = field(default_factory=dict)
 
 

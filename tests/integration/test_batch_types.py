@@ -72,6 +72,7 @@ def test_dict_of_tensors_every_dtype(dump_dir: Path) -> None:
     assert (dump_dir / "train" / "step_000000.pkl").stat().st_size < 50_000
 
 
+@pytest.mark.verl
 def test_verl_dataproto_real_class(dump_dir: Path) -> None:
     from verl.protocol import DataProto
 
@@ -214,6 +215,7 @@ class VerlWorkerGroup:
         )
 
 
+@pytest.mark.verl
 def test_verl_generate_sequences_with_global_steps(dump_dir: Path) -> None:
     from verl.protocol import DataProto
 

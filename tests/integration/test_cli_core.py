@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from conftest import cfg
 
@@ -43,6 +44,7 @@ def test_ls_on_a_missing_dump_is_one_line(tmp_path: Path) -> None:
     assert "dump directory not found" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.verl
 def test_import_roll_dump(tmp_path: Path) -> None:
     from verl.protocol import DataProto
 

@@ -184,7 +184,7 @@ def test_sigkill_during_dump_never_leaves_a_wrong_or_unreadable_step(tmp_path: P
         timeout=200,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT "))
+    line = next(out for out in proc.stdout.splitlines() if out.startswith("RESULT "))
     stats = json.loads(line.removeprefix("RESULT "))
     assert stats["kills"] == KILLS
     # the kills really interrupted dumping: steps were written across many children (how many

@@ -63,14 +63,15 @@ def test_wrap_areal_with_trainer_global_step(tmp_path: Path) -> None:
     rollout = wrap_areal(Engine(), {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")},
                          step=lambda: global_step)
     recorded = []
-    for global_step in (5, 6, 7):  # a run resumed at step 5: files are named by the trainer's step
+    # the step= lambda reads global_step: the loop variable is the trainer's step counter
+    for global_step in (5, 6, 7):  # noqa: B007 (a run resumed at step 5: files are named by the trainer's step)
         recorded.append(rollout.prepare_batch(None, workflow=None, group_size=2))
     rollout.close()
     assert open_dump(tmp_path / "d").steps(open_dump(tmp_path / "d").stream("train")) == [5, 6, 7]
     engine = Engine()
     replay = wrap_areal(engine, {"enable": True, "mode": "mock", "dump_dir": str(tmp_path / "d")},
                         step=lambda: global_step)
-    for global_step, expected in zip((5, 6, 7), recorded):
+    for global_step, expected in zip((5, 6, 7), recorded):  # noqa: B007 (read by step=)
         same(replay.prepare_batch(None, workflow=None, group_size=2), expected)
     assert engine.calls == 0
     replay.close()

@@ -99,7 +99,7 @@ def test_missing_yaml_and_bad_yaml(tmp_path: Path) -> None:
 
 def test_config_is_frozen_and_replace_validates() -> None:
     config = load_config({"enable": True})
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="frozen"):  # pydantic's ValidationError
         config.mode = Mode.MOCK  # type: ignore[misc]
     assert config.replace(mode="mock").mode is Mode.MOCK
     with pytest.raises(ConfigError):

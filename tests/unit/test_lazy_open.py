@@ -42,7 +42,7 @@ def data_offset(path: Path, key: str) -> int:
     view = open_step(path)
     layout = view._layout
     assert layout is not None
-    first = dict((k, v) for k, v in layout.root.items())[key]["c"][0]
+    first = dict(layout.root.items())[key]["c"][0]
     return layout.data_base + layout.table[first][0]
 
 
@@ -72,7 +72,7 @@ def test_mapped_rows_match_a_copying_load(tmp_path: Path) -> None:
     data = batch(rows=100)
     root, _ = dump_one(tmp_path, data)
     dump = open_dump(root)
-    for rows in (range(0, 8), range(37, 64), range(90, 100), slice(3, 50, 7), range(0, 0)):
+    for rows in (range(8), range(37, 64), range(90, 100), slice(3, 50, 7), range(0)):
         mapped = dump.load(0, keys=["a", "b", "m"], rows=rows, mapped=True)
         copied = dump.load(0, keys=["a", "b", "m"], rows=rows)
         for key in ("a", "b", "m"):

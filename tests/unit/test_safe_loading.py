@@ -265,7 +265,7 @@ def test_hmac_refuses_files_changed_after_dumping(tmp_path: Path, monkeypatch: p
     # a file changed after dumping: same size, CRC fixed in the manifest by the attacker
     path = tmp_path / "train" / "step_000001.pkl"
     data = bytearray(path.read_bytes())
-    index = data.rindex((torch.arange(4) + 1).numpy().tobytes()) 
+    index = data.rindex((torch.arange(4) + 1).numpy().tobytes())
     data[index] ^= 0x7F
     replace_step(tmp_path, 1, bytes(data), fix_manifest=True)
     # ... and a malicious file, CRC fixed too

@@ -56,8 +56,8 @@ def test_divergence_names_first_step_and_both_values() -> None:
 def test_report_table_is_aligned() -> None:
     report = verify(BASE, table(loss={0: 2.0, 1: 0.5, 2: 0.25, 3: 0.125}, kl=dict(BASE["kl"])))
     lines = format_report(report).splitlines()
-    header = next(l for l in lines if l.lstrip().startswith("metric"))
-    rows = [l for l in lines if l.startswith("  kl ") or l.startswith("  loss ")]
+    header = next(line for line in lines if line.lstrip().startswith("metric"))
+    rows = [line for line in lines if line.startswith(("  kl ", "  loss "))]
     assert len(rows) == 2
     for column in ("mode", "steps", "identical", "status"):
         assert {r[header.index(column) - 1] for r in rows} == {" "}
@@ -78,7 +78,7 @@ def test_missing_steps_fail_on_either_side() -> None:
 
 
 def test_many_missing_steps_are_elided() -> None:
-    report = verify(table(a={s: 1.0 for s in range(30)}), table(a={0: 1.0}))
+    report = verify(table(a=dict.fromkeys(range(30), 1.0)), table(a={0: 1.0}))
     assert "a: steps missing in candidate: 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, ... (19 more)" in format_report(report)
 
 

@@ -207,7 +207,8 @@ def _compare_arrays(
     else:
         ra, rb = _raw_bytes(a), _raw_bytes(b)
         if ra is None or rb is None:  # sparse / quantized / nested tensors: compare values only
-            if same_dtype and bool(torch.equal(a, b)):  # type: ignore[arg-type]
+            # only tensors get here (arrays always have raw bytes)
+            if same_dtype and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b):
                 return None
             return KeyDiff(status="different", note="not a strided tensor: compared by value only", **common)
         if same_dtype:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,6 @@ __all__ = [
     "StepDiff",
     "StreamDiff",
     "format_diff",
-    "iter_differences",
 ]
 
 #: Differing keys listed per step in the text report, and differing steps shown in detail.
@@ -231,10 +229,10 @@ def _describe_key(k: KeyDiff) -> str:
         if k.elements_differ:
             values = f"{k.first_a} vs {k.first_b}"
             if k.shape_a:
-                where = k.first_index if len(k.shape_a) == 1 else k.first_element
+                at = k.first_index if len(k.shape_a) == 1 else k.first_element
                 parts.append(
                     f"{k.samples_differ} of {k.samples} samples differ, first at sample {k.first_index} "
-                    f"([{', '.join(map(str, where if isinstance(where, tuple) else (where,)))}]: {values})"
+                    f"([{', '.join(map(str, at if isinstance(at, tuple) else (at,)))}]: {values})"
                 )
             else:
                 parts.append(f"value {values}")
@@ -290,7 +288,8 @@ def format_diff(report: DiffReport, *, max_steps: int = MAX_STEPS_SHOWN, max_key
             if s.status not in ("different", "close", "checksum_differs", "unreadable"):
                 continue
             if shown == max_steps:
-                rest = sum(x.status in ("different", "close", "checksum_differs", "unreadable") for x in st.steps) - shown
+                differing = ("different", "close", "checksum_differs", "unreadable")
+                rest = sum(x.status in differing for x in st.steps) - shown
                 lines.append(f"  ... {rest} more differing steps (--json lists all)")
                 break
             shown += 1
@@ -330,10 +329,3 @@ def format_diff(report: DiffReport, *, max_steps: int = MAX_STEPS_SHOWN, max_key
             lines.append(f"  ... {len(report.fingerprint_differs) - 10} more")
     return "\n".join(lines)
 
-
-def iter_differences(report: DiffReport) -> Iterator[tuple[str, StepDiff]]:
-    """Every (stream, step) that is not identical/equal/close, in order."""
-    for st in report.streams:
-        for s in st.steps:
-            if not s.ok:
-                yield st.stream, s

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import TextIO
+from typing import TextIO, TypedDict
 
 from rollout_mock._progress import progress_bar
 from rollout_mock.compare.diff.batches import compare_batches
@@ -15,6 +15,15 @@ from rollout_mock.storage.manifest import StepEntry, StreamId
 from rollout_mock.storage.reader import Dump, open_dump
 
 __all__ = ["diff_dumps", "parse_steps"]
+
+
+class _Sides(TypedDict):
+    """What a :class:`StepDiff` reports of both sides' index entries."""
+
+    type_a: str
+    type_b: str
+    samples_a: int | None
+    samples_b: int | None
 
 
 def parse_steps(spec: str) -> list[tuple[int, int | None]]:
@@ -31,7 +40,9 @@ def parse_steps(spec: str) -> list[tuple[int, int | None]]:
             else:
                 lo = hi = int(part)
         except ValueError:
-            raise DiffInputError(f"--steps {spec!r}: expected N, A-B, A- or a comma list of them, e.g. 0-9,12") from None
+            raise DiffInputError(
+                f"--steps {spec!r}: expected N, A-B, A- or a comma list of them, e.g. 0-9,12"
+            ) from None
         if lo < 0 or (hi is not None and hi < lo):
             raise DiffInputError(f"--steps {spec!r}: bad range {part!r}")
         ranges.append((lo, hi))
@@ -100,7 +111,9 @@ def _manifest_keys(x: StepEntry, y: StepEntry) -> tuple[KeyDiff, ...]:
     return tuple(out)
 
 
-def _resolve_streams(dump_a: Dump, dump_b: Dump, split: str | None) -> list[tuple[str, StreamId | None, StreamId | None]]:
+def _resolve_streams(
+    dump_a: Dump, dump_b: Dump, split: str | None
+) -> list[tuple[str, StreamId | None, StreamId | None]]:
     by_a = {s.key: s for s in dump_a.streams()}
     by_b = {s.key: s for s in dump_b.streams()}
     keys = sorted(set(by_a) | set(by_b))
@@ -190,7 +203,7 @@ def diff_dumps(
                         samples_a=None if ea is None else ea.samples, samples_b=None if eb is None else eb.samples,
                     ))
                     continue
-                meta = {"type_a": ea.type, "type_b": eb.type, "samples_a": ea.samples, "samples_b": eb.samples}
+                meta: _Sides = {"type_a": ea.type, "type_b": eb.type, "samples_a": ea.samples, "samples_b": eb.samples}
                 broken = [why for why in (_verify(a, ea, "A"), _verify(b, eb, "B")) if why]
                 if broken:
                     results.append(StepDiff(step, "unreadable", note="; ".join(broken), **meta))

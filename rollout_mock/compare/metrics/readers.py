@@ -23,6 +23,7 @@ from rollout_mock.errors import (
     MetricsWarning,
     MissingExtraError,
 )
+from rollout_mock.storage.paths import read_inside
 
 __all__ = ["read_csv", "read_jsonl", "read_metrics", "read_tensorboard", "resolve_metrics_path"]
 
@@ -53,10 +54,17 @@ def _read_text(path: Path) -> str:
         raise MetricsFormatError(f"{path}: not UTF-8 text ({exc.reason})", path=path) from None
 
 
-def read_jsonl(path: str | Path) -> MetricsTable:
-    """Read a JSONL metrics file (format in the module docstring)."""
+def read_jsonl(path: str | Path, *, data: bytes | None = None) -> MetricsTable:
+    """Read a JSONL metrics file (format in the module docstring); ``data``: its bytes, read
+    by the caller (files under a dump are opened with ``storage.paths.open_inside``)."""
     path = Path(path)
-    text = _read_text(path)
+    if data is None:
+        text = _read_text(path)
+    else:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise MetricsFormatError(f"{path}: not UTF-8 text ({exc.reason})", path=path) from None
     lines = text.split("\n")
     torn_possible = not text.endswith("\n")
     builder = _TableBuilder(path)
@@ -202,8 +210,9 @@ def resolve_metrics_path(path: str | Path) -> tuple[Path, str]:
     """Return ``(file_or_event_dir, format)`` for a metrics file or a run directory.
 
     A dump directory (holding ``manifest.json``) resolves to the dump run's metrics that it
-    stores in ``expected/metrics.jsonl``. A directory resolves to its ``metrics.jsonl``; otherwise to its only ``*.jsonl``/``*.ndjson``
-    /``*.csv`` file or, when it holds ``events.out.tfevents.*`` files, to itself (TensorBoard).
+    stores in ``expected/metrics.jsonl``. A directory resolves to its ``metrics.jsonl``; otherwise to
+    its only ``*.jsonl``/``*.ndjson``/``*.csv`` file or, when it holds ``events.out.tfevents.*``
+    files, to itself (TensorBoard).
     Subdirectories are not searched. Raises :class:`MetricsNotFoundError` when nothing is found and
     :class:`MetricsFormatError` when several candidates exist or a file's type is unknown.
     """
@@ -264,6 +273,15 @@ def read_metrics(path: str | Path) -> MetricsTable:
     the edge cases. An empty file is a :class:`MetricsFormatError`.
     """
     resolved, kind = resolve_metrics_path(path)
+    if resolved != Path(path) and resolved.parent.parent == Path(path) and (Path(path) / "manifest.json").is_file():
+        # a dump's stored metrics: read with the dump containment rules (no link out of the
+        # dump, no FIFO or device: storage.paths.open_inside)
+        data = read_inside(path, f"{resolved.parent.name}/{resolved.name}")
+        if data is None:
+            raise MetricsNotFoundError(f"{resolved}: no such metrics file", path=resolved)
+        if not data:
+            raise MetricsFormatError(f"{resolved}: empty metrics file", path=resolved)
+        return read_jsonl(resolved, data=data)
     if resolved.is_file() and kind != "tensorboard" and resolved.stat().st_size == 0:
         raise MetricsFormatError(f"{resolved}: empty metrics file", path=resolved)
     return _READERS[kind](resolved)

@@ -98,6 +98,7 @@ def _check_step(step: object) -> int:
     if isinstance(step, bool):
         raise InvalidMetricError(f"step must be a non-negative int, got {step!r}")
     try:
+        # any object: operator.index's TypeError is the check (SupportsIndex alone would admit arrays)
         value = operator.index(step)  # type: ignore[arg-type]
     except TypeError:
         raise InvalidMetricError(

@@ -30,8 +30,9 @@ class MetricsWriter:
     ``O_WRONLY | O_APPEND | O_CREAT``; existing lines are kept, so several processes may append to
     one file. If the existing file ends with an incomplete line (a crash mid-write), that tail is
     truncated with a warning before anything is appended; that repair assumes no other process
-    is appending at that moment (open the writers of a shared file before the appends start). With ``fsync=True`` every line is
-    fsynced before :meth:`log` returns (slower; survives power loss, not only process crashes).
+    is appending at that moment (open the writers of a shared file before the appends start). With
+    ``fsync=True`` every line is fsynced before :meth:`log` returns (slower; survives power loss,
+    not only process crashes).
 
     Usable as a context manager; :meth:`close` is idempotent; :meth:`log` after close raises.
     The writer refuses to log the same ``(step, metric)`` twice in its lifetime.

@@ -66,7 +66,7 @@ def _structured_message(message: Any, renderer: _Renderer) -> dict[str, Any]:
     """
     if not isinstance(message, Mapping):
         return {"role": "user", "content": _text_of(message), "tokens": None}
-    content = message.get("content")
+    content: Any = message.get("content")
     tokens: int | None = None
     if _is_token_list(content):
         ids = _rows_of(content, len(content))

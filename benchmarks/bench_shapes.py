@@ -132,7 +132,8 @@ def same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, np.ndarray):
-        return a.dtype == b.dtype and a.shape == b.shape and all(same(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1)))
+        return a.dtype == b.dtype and a.shape == b.shape \
+            and all(same(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1)))
     if hasattr(a, "non_tensor_batch"):
         return same(a.non_tensor_batch, b.non_tensor_batch) and same(a.meta_info, b.meta_info) \
             and (a.batch is None) == (b.batch is None)
@@ -270,7 +271,8 @@ def report(results: list[dict[str, Any]]) -> str:
         for op in ("write", "load"):
             wo = t.get("torch.load_weights_only") if op == "load" else None
             lines.append(f"| {r['shape']} | {op} | {_ms(t['rm.' + op])} | {_ms(t['pickle.' + op])} | "
-                         f"{_ms(t['torch.' + op])} | {'refused' if op == 'load' and wo is None else _ms(wo) if wo else ''} | "
+                         f"{_ms(t['torch.' + op])} | "
+                         f"{'refused' if op == 'load' and wo is None else _ms(wo) if wo else ''} | "
                          f"{_ms(t['raw.' + op])} | {t['rm.' + op] / t[peer + '.' + op]:.2f}x {peer} |")
         b = {k: v["median"] for k, v in r["blocking"].items()}
         lines.append(f"| {r['shape']} | blocking call | {_ms(b['call'])} | {_ms(b['pickle_dumps'])} (dumps) | | | "

@@ -29,7 +29,8 @@ in hex: non-finite values), ``complex``, ``bytes``/``bytearray`` (``hex`` inline
 ``npscalar``, ``size``/``device``/``dtype``, ``slice``/``range``, ``datetime``/``date``/``time``/
 ``timedelta``, ``tensor`` (``dtype``, ``shape``, ``c`` = ``[first chunk, count]``, ``grad``,
 ``param``), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
-(``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3), ``nested`` (a ``torch.nested`` tensor's components and layout),
+(``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3),
+``nested`` (a ``torch.nested`` tensor's components and layout),
 ``tensordict`` (``batch_size``, ``names``, ``device``, ``items``), ``batch`` (a DataProto-like
 object: ``kind``, the writer's ``class`` as ``module:qualname`` (information only), ``layout``,
 ``batch``/``non_tensor_batch``/``meta_info`` nodes, ``extra`` attributes; see
@@ -87,7 +88,8 @@ dump = encode
 dumps = encode_bytes
 
 __all__ = [
-    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "FileSource", "MappedSource", "Snapshot",
+    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "FileSource", "MappedSource",
+    "Snapshot",
     "StepView", "batch_class_names", "capture", "decode", "dtype_name", "dump", "dump_v1", "dumps",
     "dumps_v1", "encode", "encode_bytes", "encode_snapshot", "is_batch_class", "loads_unrestricted",
     "open_step", "register_batch_class", "sniff_version", "torch_dtype",

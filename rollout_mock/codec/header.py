@@ -2,7 +2,8 @@
 
 Everything here treats the file as hostile: every length is checked against the file size
 before anything is read or allocated, the JSON parser's nesting is bounded, and
-:func:`check_tree` validates every node (required fields, types, dtypes from the allow-list, ``prod(shape) * itemsize == bytes referenced``, chunk references inside the table)
+:func:`check_tree` validates every node (required fields, types, dtypes from the allow-list,
+``prod(shape) * itemsize == bytes referenced``, chunk references inside the table)
 and totals the raw bytes the file declares, which must stay under ``max_expansion`` times the
 file size (plus 1 MiB).
 """
@@ -269,7 +270,8 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
             _int(node["maxlen"])
         return values
     if tag in ("map", "odict", "counter", "defaultdict"):
-        if tag == "defaultdict" and node.get("factory") not in (None, "list", "dict", "set", "int", "float", "str", "tuple"):
+        if tag == "defaultdict" and node.get("factory") not in (
+                None, "list", "dict", "set", "int", "float", "str", "tuple"):
             raise ValueError("bad defaultdict factory")
         return [x for pair in _pairs(node, "items") for x in pair]
     if tag == "tensor":
@@ -320,7 +322,8 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
         extra = _pairs(node, "extra")
         if any(type(k) is not str for k, _ in extra):
             raise ValueError("batch attribute names must be strings")
-        fields = [node.get(n) for n in ("batch", "non_tensor_batch", "meta_info")] if node["kind"] == "dataproto" else []
+        names = ("batch", "non_tensor_batch", "meta_info") if node["kind"] == "dataproto" else ()
+        fields = [node.get(n) for n in names]
         return fields + [v for _, v in extra]
     if tag == "nested":
         if node.get("layout") not in ("strided", "jagged"):

@@ -168,7 +168,8 @@ class _Machine:
             return bytearray(args[0])
         if cls is complex and len(args) <= 2 and all(type(a) in (int, float) for a in args):
             return complex(*args)
-        if cls in (slice, range) and 1 <= len(args) <= 3 and all(type(a) is int or (cls is slice and a is None) for a in args):
+        if cls in (slice, range) and 1 <= len(args) <= 3 \
+                and all(type(a) is int or (cls is slice and a is None) for a in args):
             return cls(*args)
         if cls is torch.Size and len(args) == 1 and isinstance(args[0], (tuple, list)):
             return torch.Size(_shape(args[0]))
@@ -282,6 +283,8 @@ class _Machine:
             items, stack = stack, marks.pop()
             return items
 
+        items: Any
+        arg: Any
         for opcode, arg, _pos in pickletools.genops(io.BytesIO(self.data)):
             op = opcode.name
             if op in _REFUSED:

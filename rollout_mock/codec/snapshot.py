@@ -87,9 +87,9 @@ def encode(obj: Any, file: BinaryIO, *, compression: str = "none") -> int:
     encoder = _Encoder(snapshot=False)
     root = encoder.node(obj)
     body, surrogates = encoder.finish()
-    return container.encode_snapshot(Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, body=body, surrogates=surrogates,
-                             header_version=4),
-                    file, compression=compression)
+    snapshot = Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, body=body, surrogates=surrogates,
+                        header_version=4)
+    return container.encode_snapshot(snapshot, file, compression=compression)
 
 
 def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:

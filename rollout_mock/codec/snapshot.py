@@ -47,7 +47,8 @@ class Snapshot:
 
     @property
     def nbytes(self) -> int:
-        return sum(view.nbytes for view, _ in self.chunks)
+        kept = sum(len(p) if isinstance(p, bytes) else getattr(p, "nbytes", 0) for p in self.pickled)
+        return sum(view.nbytes for view, _ in self.chunks) + kept
 
     def release(self) -> None:
         """Give pooled buffers back (after the snapshot was written): the snapshot, and any batch

@@ -80,8 +80,11 @@ def dataproto_parts(obj: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
 
 
 
+_PLAIN = frozenset({int, float, str, bool, bytes, list, tuple, type(None)})
+
+
 def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
-    if len(out) >= _MAX_KEYS:
+    if len(out) >= _MAX_KEYS or type(obj) in _PLAIN:  # scalars and lists hold no described keys
         return
     leaf = _leaf(obj)
     if leaf is not None:

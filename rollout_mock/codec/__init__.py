@@ -29,12 +29,20 @@ in hex: non-finite values), ``complex``, ``bytes``/``bytearray`` (``hex`` inline
 ``npscalar``, ``size``/``device``/``dtype``, ``slice``/``range``, ``datetime``/``date``/``time``/
 ``timedelta``, ``tensor`` (``dtype``, ``shape``, ``c`` = ``[first chunk, count]``, ``grad``,
 ``param``), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
-(``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3), ``nested`` (a ``torch.nested`` tensor's components and layout),
+(``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3),
+``nested`` (a ``torch.nested`` tensor's components and layout),
 ``tensordict`` (``batch_size``, ``names``, ``device``, ``items``), ``batch`` (a DataProto-like
 object: ``kind``, the writer's ``class`` as ``module:qualname`` (information only), ``layout``,
 ``batch``/``non_tensor_batch``/``meta_info`` nodes, ``extra`` attributes; see
 :mod:`~rollout_mock.codec.batches`) and ``pickle`` (an opaque cloudpickle blob for anything that
 is not data; only ``trusted=True`` unpickles it).
+
+Header version 4 (written now; 2 and 3 keep loading) keeps only the batch's structure in the
+JSON header: plain Python values live in one msgpack *body* (``"body": [first, count]``, nodes
+``{"$": "mp", "o", "n"}``; :mod:`~rollout_mock.codec.bodyenc` lists its extension types),
+object arrays of strings are string columns (``{"$": "strs"}``, :mod:`~rollout_mock.codec.strcol`)
+and tensors under 1 MiB inside the body share 4 MiB chunks. Its bounds:
+:mod:`~rollout_mock.codec.bodydec`.
 
 Decoding bounds (hostile files): every offset and length inside the data section; tensors and
 arrays need ``prod(shape) * itemsize`` == the raw bytes they reference; dtypes from fixed
@@ -55,7 +63,6 @@ from rollout_mock.codec.batches import (
     register_batch_class,
 )
 from rollout_mock.codec.buffers import BufferPool
-from rollout_mock.codec.encode import Snapshot, capture, encode, encode_bytes, encode_snapshot
 from rollout_mock.codec.layout import FORMAT_VERSION
 from rollout_mock.codec.pickler import (
     PROTOCOL,
@@ -72,6 +79,7 @@ from rollout_mock.codec.pickler import (
     loads_unrestricted,
     torch_dtype,
 )
+from rollout_mock.codec.snapshot import Snapshot, capture, encode, encode_bytes, encode_snapshot
 from rollout_mock.codec.source import ByteSource, BytesSource, FileSource, MappedSource
 from rollout_mock.codec.step import StepView, _load_v2, decode, open_step, sniff_version
 
@@ -80,7 +88,8 @@ dump = encode
 dumps = encode_bytes
 
 __all__ = [
-    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "FileSource", "MappedSource", "Snapshot",
+    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "FileSource", "MappedSource",
+    "Snapshot",
     "StepView", "batch_class_names", "capture", "decode", "dtype_name", "dump", "dump_v1", "dumps",
     "dumps_v1", "encode", "encode_bytes", "encode_snapshot", "is_batch_class", "loads_unrestricted",
     "open_step", "register_batch_class", "sniff_version", "torch_dtype",

@@ -62,9 +62,10 @@ def unshuffle(data: Any, itemsize: int) -> bytes:
 def compress(raw: memoryview, codec: str, itemsize: int) -> tuple[Any, int, int]:
     """Compress one chunk. Returns (stored bytes, codec id, shuffle itemsize or 0).
 
-    Falls back to storing the raw bytes when compression does not pay.
+    Falls back to storing the raw bytes when compression does not pay. ``itemsize`` 0 marks a
+    chunk that is never compressed (a version-4 body: its decoded size bounds the decoder's work).
     """
-    if codec == "none" or raw.nbytes < 256:
+    if codec == "none" or raw.nbytes < 256 or itemsize == 0:
         return raw, 0, 0
     if codec not in CODECS:
         raise ValueError(f"unknown compression {codec!r}; choose one of {sorted(CODECS)}")

@@ -22,6 +22,7 @@ from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec._threads import PARALLEL_BYTES, pool
 from rollout_mock.codec.layout import (
     ALIGN,
+    BODY_VERSION,
     CHUNK_BYTES,
     CONTAINER_HEAD,
     DATA_MAGIC,
@@ -44,19 +45,22 @@ class _Prepared:
     root: Any
     chunks: list[tuple[Any, int]]
     header_version: int
+    #: header keys beyond root and chunks (version 4: ``body``, ``sp``), serialised
+    extra: bytes = b""
 
 
 def _dumps(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _header(root: Any, table: list[list[int]], *, root_json: bytes | None = None, version: int = FORMAT_VERSION) -> bytes:
+def _header(root: Any, table: list[list[int]], *, root_json: bytes | None = None, version: int = FORMAT_VERSION,
+            extra: bytes = b"") -> bytes:
     """The JSON header. ``root_json``: the root already serialised (it can hold strings,
     megabytes for large batches: serialised once even when the header is built twice)."""
     if root_json is None:
         root_json = _dumps(root)
-    return b'{"format":"rollout_mock.step","version":%d,"root":%s,"chunks":%s}' % (
-        version, root_json, _dumps(table))
+    return b'{"format":"rollout_mock.step","version":%d,"root":%s,"chunks":%s%s}' % (
+        version, root_json, _dumps(table), extra)
 
 
 def _plain_json(node: Any) -> bool:
@@ -112,7 +116,7 @@ def _write_head_last(snapshot: Any, file: Any) -> int | None:
         offset += raw.nbytes + _pad(raw.nbytes)
     root_json = _dumps(snapshot.root)
     version = snapshot.header_version
-    room = len(_header(None, table, root_json=root_json, version=version))
+    room = len(_header(None, table, root_json=root_json, version=version, extra=snapshot.extra))
     data_offset = CONTAINER_HEAD.size + room
     data_offset += _pad(PREFIX_LEN + data_offset)
     if not file.reserve_head(PREFIX_LEN + data_offset):
@@ -132,7 +136,7 @@ def _write_head_last(snapshot: Any, file: Any) -> int | None:
         if _pad(raw.nbytes):
             file.digest.update(bytes(_pad(raw.nbytes)))
     written += file.write(SUFFIX)
-    header = _header(None, table, root_json=root_json, version=version)
+    header = _header(None, table, root_json=root_json, version=version, extra=snapshot.extra)
     header += b" " * (room - len(header))  # JSON whitespace: the header keeps its reserved size
     head = CONTAINER_HEAD.pack(DATA_MAGIC, room, data_offset, offset, _chunks.crc32(header), 0)
     file.write_head(PREFIX(data_offset + offset) + head + header + bytes(data_offset - CONTAINER_HEAD.size - room))
@@ -146,8 +150,15 @@ def _pad(n: int) -> int:
 def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none") -> int:
     """Write a captured batch as a format-2 step file; returns the number of bytes written."""
     chunks = list(snapshot.chunks)
-    root, version = _move_items(snapshot.root, chunks)
-    snapshot = _Prepared(root, chunks, version)
+    body = getattr(snapshot, "body", None)
+    if body is not None or getattr(snapshot, "header_version", None) == BODY_VERSION:
+        extra = b',"body":%s' % _dumps(body) if body is not None else b""
+        if getattr(snapshot, "surrogates", False):
+            extra += b',"sp":true'
+        snapshot = _Prepared(snapshot.root, chunks, BODY_VERSION, extra)
+    else:
+        root, version = _move_items(snapshot.root, chunks)
+        snapshot = _Prepared(root, chunks, version)
     if compression == "none":
         written = _write_head_last(snapshot, file)
         if written is not None:
@@ -172,7 +183,7 @@ def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none")
         table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
         stored.append(data)
         offset += size + _pad(size)
-    header = _header(snapshot.root, table, version=snapshot.header_version)
+    header = _header(snapshot.root, table, version=snapshot.header_version, extra=snapshot.extra)
     data_offset = CONTAINER_HEAD.size + len(header)
     data_offset += _pad(PREFIX_LEN + data_offset)
     data_len = offset

@@ -14,7 +14,12 @@ import torch
 
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec.batches import build_batch
+from rollout_mock.codec.bodydec import BodyReader
+from rollout_mock.codec.hashguard import check_keys
+from rollout_mock.codec.jsonitems import parse_items
 from rollout_mock.codec.layout import TORCH_DTYPES, numpy_dtype
+from rollout_mock.codec.select import select
+from rollout_mock.codec.strcol import read_strings
 from rollout_mock.errors import UnsafePickleError
 
 __all__ = ["NodeDecoder", "materialize_snapshot"]
@@ -47,6 +52,14 @@ class NodeDecoder:
         self.trusted = trusted
         self.batch_class = batch_class
         self.name = name
+        self.body: BodyReader | None = None
+        #: a capture's pickles (set by materialize_snapshot only: files never decode ``snap``)
+        self.pickled: list[Any] | None = None
+
+    def use_body(self, body: list[int] | None, raws: list[int], *, surrogates: bool,
+                 table: list[list[int]] | None, used: list[int]) -> None:
+        """Header version 4: where ``mp`` nodes and body tensors are read from."""
+        self.body = BodyReader(self, body, raws, surrogates=surrogates, table=table, used=used)
 
     # ------------------------------------------------------------------ data nodes
     def tensor(self, node: dict[str, Any], rows: slice | None = None) -> torch.Tensor:
@@ -54,16 +67,16 @@ class NodeDecoder:
         shape = list(node["shape"])
         itemsize = dtype.itemsize
         if rows is not None and shape:
-            rows = _rows_range(rows, shape[0])
+            picked = _rows_range(rows, shape[0])
             row_bytes = math.prod(shape[1:]) * itemsize
-            if not len(rows):
+            if not len(picked):
                 out = torch.empty([0, *shape[1:]], dtype=dtype)
             else:
-                lo, hi = min(rows), max(rows) + 1
+                lo, hi = min(picked), max(picked) + 1
                 raw = self.reader.span(node["c"], lo * row_bytes, hi * row_bytes)
                 out = self._view(raw, dtype, [hi - lo, *shape[1:]])
-                if rows.step != 1 or len(rows) != hi - lo:
-                    out = out[torch.tensor([i - lo for i in rows], dtype=torch.long)]
+                if picked.step != 1 or len(picked) != hi - lo:
+                    out = out[torch.tensor([i - lo for i in picked], dtype=torch.long)]
         else:
             nbytes = math.prod(shape) * itemsize
             if nbytes == 0:
@@ -91,16 +104,16 @@ class NodeDecoder:
         dtype = numpy_dtype(node["dtype"])
         shape = list(node["shape"])
         if rows is not None and shape:
-            rows = _rows_range(rows, shape[0])
+            picked = _rows_range(rows, shape[0])
             row_bytes = math.prod(shape[1:]) * dtype.itemsize
-            if not len(rows):
+            if not len(picked):
                 out = np.zeros([0, *shape[1:]], dtype=dtype)
             else:
-                lo, hi = min(rows), max(rows) + 1
+                lo, hi = min(picked), max(picked) + 1
                 raw = self.reader.span(node["c"], lo * row_bytes, hi * row_bytes).numpy()
                 out = raw.view(dtype).reshape([hi - lo, *shape[1:]])
-                if rows.step != 1 or len(rows) != hi - lo:
-                    out = out[[i - lo for i in rows]]
+                if picked.step != 1 or len(picked) != hi - lo:
+                    out = out[[i - lo for i in picked]]
         else:
             nbytes = math.prod(shape) * dtype.itemsize
             if nbytes == 0:
@@ -115,10 +128,10 @@ class NodeDecoder:
         shape = list(node["shape"])
         items = node["items"] if "items" in node else self._json_items(node, math.prod(shape))
         if rows is not None and shape:
-            rows = _rows_range(rows, shape[0])
+            picked = _rows_range(rows, shape[0])
             per_row = math.prod(shape[1:])
-            items = [x for r in rows for x in items[r * per_row: (r + 1) * per_row]]
-            shape = [len(rows), *shape[1:]]
+            items = [x for r in picked for x in items[r * per_row: (r + 1) * per_row]]
+            shape = [len(picked), *shape[1:]]
         values = [self.value(x) for x in items]
         array = np.empty(len(values), dtype=object)
         for i, x in enumerate(values):
@@ -126,18 +139,9 @@ class NodeDecoder:
         return array.reshape(shape)
 
     def _json_items(self, node: dict[str, Any], count: int) -> list[Any]:
-        """An object array's items stored as a JSON data chunk: plain scalars only, as many as
-        its shape says (the chunk was CRC-checked on read, its size counted in the header's
-        bound; the parser's nesting is bounded like the header's)."""
-        from rollout_mock.codec.header import _parse_header
-
-        items = _parse_header(self.reader.whole(node["c"], None).numpy().tobytes())
-        if type(items) is not list or len(items) != count:
-            raise ValueError("object array items do not match its shape")
-        for x in items:
-            if not (x is None or type(x) in (str, bool, int) or (type(x) is float and math.isfinite(x))):
-                raise ValueError("object array chunk holds a value that is not a plain JSON scalar")
-        return items
+        """An object array's items stored as a JSON data chunk (header version 3): plain
+        scalars only, as many as its shape says (:mod:`~rollout_mock.codec.jsonitems`)."""
+        return parse_items(self.reader.whole(node["c"], None).numpy().data, count)
 
     def tensordict(self, node: dict[str, Any], rows: slice | None = None,
                    keys: frozenset[str] | None = None) -> Any:
@@ -179,6 +183,18 @@ class NodeDecoder:
         if tag is None:
             return {k: self.value(v, rows) for k, v in node.items()} if rows is not None \
                 else {k: self.value(v) for k, v in node.items()}
+        if tag == "mp":
+            if self.body is None:
+                raise ValueError("body value outside a version-4 step")
+            value = self.body.value(node)
+            return value if rows is None else select(value, None, rows)
+        if tag == "snap":  # a capture's in-memory pickle: only Snapshot.materialize has these
+            if self.body is None or self.pickled is None:
+                raise ValueError("snapshot value outside a snapshot")
+            return self.body.snapshot_value(self.pickled, node)
+        if tag == "strs":
+            return read_strings(self.reader, node, None if rows is None or not node["shape"]
+                                else _rows_range(rows, node["shape"][0]))
         if tag == "tensor":
             return self.tensor(node, rows)
         if tag == "ndarray":
@@ -203,16 +219,20 @@ class NodeDecoder:
         if tag == "tuple":
             return tuple(self.value(x) for x in node["v"])
         if tag in ("set", "frozenset"):
-            return (set if tag == "set" else frozenset)(self.value(x) for x in node["v"])
-        if tag == "map":
-            return {self.value(k): self.value(v) for k, v in node["items"]}
-        if tag == "odict":
-            return collections.OrderedDict((self.value(k), self.value(v)) for k, v in node["items"])
-        if tag == "counter":
-            return collections.Counter({self.value(k): self.value(v) for k, v in node["items"]})
-        if tag == "defaultdict":
-            out = collections.defaultdict(_FACTORIES[node.get("factory")])
-            out.update((self.value(k), self.value(v)) for k, v in node["items"])
+            members = [self.value(x) for x in node["v"]]
+            check_keys(members)
+            return (set if tag == "set" else frozenset)(members)
+        if tag in ("map", "odict", "counter", "defaultdict"):
+            pairs = [(self.value(k), self.value(v)) for k, v in node["items"]]
+            check_keys([k for k, _ in pairs])
+            if tag == "map":
+                return dict(pairs)
+            if tag == "odict":
+                return collections.OrderedDict(pairs)
+            if tag == "counter":
+                return collections.Counter(dict(pairs))
+            out: collections.defaultdict[Any, Any] = collections.defaultdict(_FACTORIES[node.get("factory")])
+            out.update(pairs)
             return out
         if tag == "deque":
             return collections.deque((self.value(x) for x in node["v"]), maxlen=node.get("maxlen"))
@@ -298,6 +318,9 @@ class _MemoryReader:
 def materialize_snapshot(snapshot: Any, *, batch_class: type | None = None) -> Any:
     reader = _MemoryReader(snapshot.chunks, getattr(snapshot, "spans", {}))
     decoder = NodeDecoder(reader, trusted=True, batch_class=batch_class, name="<snapshot>")
+    decoder.use_body(getattr(snapshot, "body", None), [view.nbytes for view, _ in snapshot.chunks],
+                     surrogates=getattr(snapshot, "surrogates", False), table=None, used=[0])
+    decoder.pickled = getattr(snapshot, "pickled", None)
     return decoder.value(snapshot.root)
 
 

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import collections
 import datetime
-import io
 import math
 import struct
-from dataclasses import dataclass, field
-from typing import Any, BinaryIO
+from typing import Any
 
 import cloudpickle
 import numpy as np
@@ -30,14 +28,15 @@ import torch
 
 from rollout_mock._text import logger
 from rollout_mock.codec.batches import class_path, split_batch
+from rollout_mock.codec.bodyenc import BodyWriter
 from rollout_mock.codec.buffers import BufferPool
-from rollout_mock.codec.container import encode_snapshot
 from rollout_mock.codec.layout import (
     CHUNK_BYTES,
     TORCH_DTYPES,
 )
+from rollout_mock.codec.strcol import string_column
 
-__all__ = ["Snapshot", "capture", "encode", "encode_snapshot"]
+__all__ = ["tensor_bytes"]
 
 _INLINE_BYTES = 4096
 _warned: set[str] = set()
@@ -51,7 +50,7 @@ def _warn_once(key: str, message: str) -> None:
         logger.warning("[RolloutMock] %s", message)
 
 
-def _tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     source, fresh = tensor.detach(), False
     if source.device.type != "cpu":
         source, fresh = source.cpu(), True
@@ -73,8 +72,19 @@ class _Encoder:
     With ``snapshot=True`` every chunk is an owned copy (the caller may mutate the batch next).
     """
 
-    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None) -> None:
+    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None, body: bool = True,
+                 pickled: bool = False) -> None:
         self.snapshot = snapshot
+        #: header version 4: plain values go to a msgpack body (None: version-2 nodes only);
+        #: ``pickled``: a capture's in-memory pickles instead (see :mod:`.snapshot`)
+        self.body: BodyWriter | None = BodyWriter(self, pickled=pickled) if body else None
+        self._slab: torch.Tensor | None = None  # pooled memory of small structural tensors
+        self._slab_used = 0
+        #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
+        self._plain = 0
+        #: the next str-keyed dict is structural (its values are nodes, not one body value) for
+        #: this many levels: the root and batch fields, and dicts directly inside them
+        self._structural = 2
         self.pool = pool
         #: buffers taken from ``pool`` (given back by Snapshot.release)
         self.pooled: list[torch.Tensor] = []
@@ -86,10 +96,56 @@ class _Encoder:
         self._active: set[int] = set()
 
     # ------------------------------------------------------------------ raw data
+    def tensor_raw(self, tensor: torch.Tensor) -> tuple[np.ndarray, bool]:
+        """A tensor's bytes as a flat uint8 array, and whether they are a fresh copy."""
+        if tensor.grad is not None:
+            _warn_once("grad", "tensor .grad is not recorded (only values and requires_grad are)")
+        flat, fresh = tensor_bytes(tensor)
+        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+        return raw.numpy(), fresh
+
+    def copy_raw(self, raw: np.ndarray) -> np.ndarray:
+        return self._copy(torch.from_numpy(raw)).numpy() if self.pool is not None else raw.copy()
+
+    def pack_buffer(self, nbytes: int) -> np.ndarray:
+        """Memory for a shared chunk of small tensors (a pooled buffer in dump mode)."""
+        if self.pool is None:
+            return np.empty(nbytes, np.uint8)
+        base = self.pool.take(nbytes)
+        self.pooled.append(base)
+        return base[:nbytes].numpy()
+
+    def reserve_chunk(self) -> int:
+        self.chunks.append((memoryview(b""), 1))
+        return len(self.chunks) - 1
+
+    def fill_chunk(self, index: int, raw: np.ndarray) -> None:
+        self._owners.append(raw)
+        view = raw.data.cast("B")
+        self.chunks[index] = (view, 1)
+        self.spans[index] = view
+
+    def add_raw(self, raw: np.ndarray, itemsize: int, row_bytes: int) -> list[int]:
+        return self._add_raw(raw, itemsize, row_bytes)
+
+    def plain_node(self, obj: Any) -> Any:
+        """``obj`` as version-2 nodes only (what a body's node extension holds)."""
+        self._plain += 1
+        try:
+            return self.node(obj)
+        finally:
+            self._plain -= 1
+
+    def finish(self) -> tuple[list[int] | None, bool]:
+        """The body reference (None: no body) and whether it needs surrogate-pass decoding."""
+        if self.body is None:
+            return None, False
+        return self.body.finish(), self.body.surrogates
+
     def _add_raw(self, raw: np.ndarray, itemsize: int, row_bytes: int) -> list[int]:
         """Split a flat uint8 array into chunks; returns ``[first_chunk, count]``."""
         self._owners.append(raw)
-        view = memoryview(raw).cast("B")
+        view = raw.data.cast("B")
         step = CHUNK_BYTES
         if 0 < row_bytes <= CHUNK_BYTES:
             step = (CHUNK_BYTES // row_bytes) * row_bytes
@@ -100,9 +156,21 @@ class _Encoder:
         return [first, len(self.chunks) - first]
 
     def _copy(self, raw: torch.Tensor) -> torch.Tensor:
-        """An owned copy of a flat uint8 tensor: into a pooled buffer when there is a pool."""
-        if self.pool is None or raw.numel() < (1 << 16):
+        """An owned copy of a flat uint8 tensor: into a pooled buffer when there is a pool (small
+        ones side by side, 64-byte aligned, in pooled 4 MiB slabs: no allocation per tensor)."""
+        n = raw.numel()
+        if self.pool is None:
             return raw.clone()
+        if n < (1 << 16):
+            start = -(-self._slab_used // 64) * 64
+            if self._slab is None or start + n > self._slab.numel():
+                self._slab = self.pool.take(CHUNK_BYTES)
+                self.pooled.append(self._slab)
+                start = 0
+            self._slab_used = start + n
+            copy = self._slab[start: start + n]
+            copy.copy_(raw)
+            return copy
         base = self.pool.take(raw.numel())
         self.pooled.append(base)
         copy = base[: raw.numel()]
@@ -115,7 +183,7 @@ class _Encoder:
             return self._blob(tensor, path, f"tensor dtype {name}")
         if tensor.grad is not None:
             _warn_once("grad", f"{path}: tensor .grad is not recorded (only values and requires_grad are)")
-        flat, fresh = _tensor_bytes(tensor)
+        flat, fresh = tensor_bytes(tensor)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         if self.snapshot and not fresh:
             raw = self._copy(raw)
@@ -143,7 +211,7 @@ class _Encoder:
         if self.snapshot and not fresh:
             raw = self._copy(torch.from_numpy(raw)).numpy() if self.pool is not None else raw.copy()
         row = raw.size // array.shape[0] if array.ndim and array.shape[0] else 0
-        node = {"$": "ndarray", "dtype": array.dtype.str, "shape": list(array.shape),
+        node: dict[str, Any] = {"$": "ndarray", "dtype": array.dtype.str, "shape": list(array.shape),
                 "c": self._add_raw(raw, array.dtype.itemsize, row)}
         if not array.flags.writeable:
             node["ro"] = True
@@ -179,6 +247,10 @@ class _Encoder:
         cls = type(obj)
         if obj is None or cls is bool or cls is str:
             return obj
+        if self.body is not None and not self._plain:
+            routed = self._route(obj, cls, path)
+            if routed is not None:
+                return routed
         if cls is int:
             return obj if -(1 << 63) <= obj < (1 << 63) else {"$": "int", "v": str(obj)}
         if cls is float:
@@ -211,6 +283,37 @@ class _Encoder:
             return self._container(obj, cls, path)
         finally:
             self._active.discard(key)
+
+    def _route(self, obj: Any, cls: type, path: str) -> Any:
+        """Header version 4: where a value goes (None: the version-2 node path below)."""
+        levels, self._structural = self._structural, 0
+        if cls is int:
+            return obj if -(1 << 63) <= obj < (1 << 63) else {"$": "int", "v": str(obj)}
+        if cls is float:
+            return self._float(obj)
+        if cls is dict and levels and all(type(k) is str for k in obj) and "$" not in obj:
+            out = {}
+            for k, v in obj.items():
+                self._structural = levels - 1
+                out[k] = self.node(v, f"{path}.{k}" if path else k)
+            self._structural = 0
+            return out
+        if cls is np.ndarray and obj.dtype.kind == "O":
+            if self.body is not None and self.body.pickled is not None:  # a capture: strings are immutable
+                if obj.size and set(map(type, obj.reshape(-1).tolist())) == {str}:
+                    return self.body.keep(obj.copy())
+            column = string_column(obj, self._add_raw)
+            if column is not None:
+                return column
+        elif cls in (torch.Tensor, torch.nn.Parameter, np.ndarray, bytes, bytearray) \
+                or (cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict") \
+                or split_batch(obj) is not None:
+            return None
+        assert self.body is not None
+        node = self.body.node(obj)
+        if node is None:  # cycles, nesting msgpack refuses: version-2 nodes (cycles become blobs)
+            return self.plain_node(obj)
+        return node
 
     def _container(self, obj: Any, cls: type, path: str) -> Any:
         if cls is list:
@@ -256,6 +359,7 @@ class _Encoder:
             kind, layout, fields, extra = parts
             node: dict[str, Any] = {"$": "batch", "kind": kind, "class": class_path(cls), "layout": layout}
             for name, value in fields.items():
+                self._structural = 2
                 node[name] = self.node(value, f"{path}.{name}" if path else name)
             node["extra"] = [[k, self.node(v, f"{path}.{k}")] for k, v in extra.items()]
             return node
@@ -288,59 +392,3 @@ class _Encoder:
         return {"$": "tensordict", "batch_size": list(td.batch_size), "names": names,
                 "device": "cpu" if device is not None and device.type == "cpu" else None,
                 "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()]}
-
-
-# --------------------------------------------------------------------------- snapshot & write
-@dataclass
-class Snapshot:
-    """A batch captured in memory: its node tree and owned copies of its raw data.
-
-    Independent of the original batch (mutating the batch after :func:`capture` returns does not
-    change the snapshot). :meth:`materialize` rebuilds an equal batch that shares the copies;
-    :func:`encode_snapshot` writes it without another copy.
-    """
-
-    root: Any
-    chunks: list[tuple[memoryview, int]] = field(default_factory=list)
-    owners: list[Any] = field(default_factory=list, repr=False)
-    spans: dict[int, memoryview] = field(default_factory=dict, repr=False)
-    pool: BufferPool | None = field(default=None, repr=False)
-    pooled: list[Any] = field(default_factory=list, repr=False)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(view.nbytes for view, _ in self.chunks)
-
-    def release(self) -> None:
-        """Give pooled buffers back (after the snapshot was written): the snapshot, and any batch
-        :meth:`materialize` built from it, must not be used afterwards; it is emptied."""
-        self.chunks, self.owners, self.spans = [], [], {}
-        if self.pool is not None:
-            self.pool.give(self.pooled)
-        self.pooled = []
-
-    def materialize(self, *, batch_class: type | None = None) -> Any:
-        from rollout_mock.codec.decode import materialize_snapshot
-
-        return materialize_snapshot(self, batch_class=batch_class)
-
-
-def capture(obj: Any, *, pool: BufferPool | None = None) -> Snapshot:
-    """Snapshot ``obj`` with one copy of its tensor/array data (into ``pool``'s buffers, if given:
-    call :meth:`Snapshot.release` once the snapshot is written)."""
-    encoder = _Encoder(snapshot=True, pool=pool)
-    root = encoder.node(obj)
-    return Snapshot(root, encoder.chunks, encoder._owners, encoder.spans, pool, encoder.pooled)
-
-
-def encode(obj: Any, file: BinaryIO, *, compression: str = "none") -> None:
-    """Write ``obj`` to ``file`` (anything with ``.write``) as a format-2 step file."""
-    encoder = _Encoder(snapshot=False)
-    root = encoder.node(obj)
-    encode_snapshot(Snapshot(root, encoder.chunks, encoder._owners), file, compression=compression)
-
-
-def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:
-    buffer = io.BytesIO()
-    encode(obj, buffer, compression=compression)
-    return buffer.getvalue()

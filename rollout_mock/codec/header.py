@@ -2,7 +2,8 @@
 
 Everything here treats the file as hostile: every length is checked against the file size
 before anything is read or allocated, the JSON parser's nesting is bounded, and
-:func:`check_tree` validates every node (required fields, types, dtypes from the allow-list, ``prod(shape) * itemsize == bytes referenced``, chunk references inside the table)
+:func:`check_tree` validates every node (required fields, types, dtypes from the allow-list,
+``prod(shape) * itemsize == bytes referenced``, chunk references inside the table)
 and totals the raw bytes the file declares, which must stay under ``max_expansion`` times the
 file size (plus 1 MiB).
 """
@@ -32,7 +33,7 @@ from rollout_mock.codec.layout import (
     numpy_dtype,
 )
 
-__all__ = ["DEFAULT_MAX_EXPANSION", "Layout", "check_tree", "read_layout"]
+__all__ = ["DEFAULT_MAX_EXPANSION", "ITEM_OVERHEAD", "Layout", "check_tree", "prefix_sums", "read_layout", "ref_raw"]
 
 #: Declared raw bytes may be at most this multiple of the file size (+1 MiB): the bound on what a
 #: (compressed) file can make the reader allocate. Raise it with ``max_expansion=`` or the
@@ -58,6 +59,10 @@ class Layout:
     root: Any
     table: list[list[int]]
     declared_raw: int = 0
+    version: int = 2
+    #: header version 4: the chunks of the msgpack body, and whether it decodes surrogate-pass
+    body: list[int] | None = None
+    surrogates: bool = False
 
 
 def _parse_header(header: bytes | str) -> Any:
@@ -111,7 +116,17 @@ def read_layout(source: Any) -> Layout:
         raise ValueError("header has no chunk table")
     for entry in table:
         _check_chunk(entry, data_len)
-    return Layout(size, PREFIX_LEN + data_offset, data_len, doc.get("root"), table)
+    body = doc.get("body")
+    if body is not None:
+        if doc["version"] < 4:
+            raise ValueError("a body in a header older than version 4")
+        ref_raw(table, body)
+        if any(table[i][4] != 0 for i in range(body[0], body[0] + body[1])):
+            raise ValueError("the body is stored compressed")
+    if doc.get("sp", False) is not True and "sp" in doc:
+        raise ValueError("bad sp flag")
+    return Layout(size, PREFIX_LEN + data_offset, data_len, doc.get("root"), table, version=doc["version"],
+                  body=body, surrogates=bool(doc.get("sp")))
 
 
 def _int(value: Any, lo: int = 0, hi: int = 1 << 62) -> int:
@@ -141,13 +156,31 @@ def _shape(value: Any) -> list[int]:
     return [_int(d, 0, _MAX_DIM) for d in value]
 
 
-def ref_raw(table: list[list[int]], ref: Any) -> int:
+def prefix_sums(table: list[list[int]]) -> list[int]:
+    """``sums[i]`` = raw bytes of chunks ``0..i-1``: any reference's size in O(1) (a header
+    with many references to long chunk runs costs linear time, not references x run length)."""
+    sums = [0]
+    for row in table:
+        sums.append(sums[-1] + row[2])
+    return sums
+
+
+def ref_raw(table: list[list[int]] | list[int], ref: Any, sums: list[int] | None = None) -> int:
+    """Raw bytes a ``[first, count]`` reference covers (``sums``: :func:`prefix_sums` of the table)."""
     if type(ref) is not list or len(ref) != 2:
         raise ValueError("bad chunk reference")
     first, count = _int(ref[0]), _int(ref[1])
-    if first + count > len(table):
-        raise ValueError(f"chunk reference [{first}, +{count}) outside the table ({len(table)} chunks)")
-    return sum(table[i][2] for i in range(first, first + count))
+    size = len(table) if sums is None else len(sums) - 1
+    if first + count > size:
+        raise ValueError(f"chunk reference [{first}, +{count}) outside the table ({size} chunks)")
+    if sums is None:
+        sums = prefix_sums(table)  # type: ignore[arg-type]
+    return sums[first + count] - sums[first]
+
+
+#: Memory a decoded JSON item may take beyond its text (a str object's head and the list slot):
+#: object arrays whose items live in a JSON chunk count this per item against the bound.
+ITEM_OVERHEAD = 64
 
 
 def _node_list(node: dict[str, Any], name: str) -> list[Any]:
@@ -165,9 +198,15 @@ def _pairs(node: dict[str, Any], name: str) -> list[Any]:
     return items
 
 
-def check_tree(root: Any, table: list[list[int]]) -> int:
-    """Validate every node; returns the raw bytes the tree references."""
+def check_tree(root: Any, table: list[list[int]], *, used: list[int] | None = None, body: int = -1) -> int:
+    """Validate every node; returns the raw bytes the tree references (plus the memory its string
+    columns and JSON items may take). ``used``: chunk references counted so far (updated; a
+    step references each chunk once); ``body``: the body's size (version 4; -1: ``mp`` nodes
+    are refused, as inside a body's own node extensions)."""
     total = 0
+    refs = used[0] if used else 0
+    body_used = 0
+    sums = prefix_sums(table)
     stack: list[tuple[Any, int]] = [(root, 0)]
     while stack:
         node, depth = stack.pop()
@@ -189,14 +228,38 @@ def check_tree(root: Any, table: list[list[int]]) -> int:
         if tag is None:
             stack.extend((x, depth + 1) for x in node.values())
             continue
-        children = _check_tagged(node, tag, table)
+        if tag == "mp":
+            if body < 0:
+                raise ValueError("body value outside a version-4 header")
+            body_used += _int(node.get("n"))
+            if _int(node.get("o")) + node["n"] > body or body_used > body:
+                raise ValueError("body values overlap or lie outside the body")
+            continue
+        if tag == "strs":
+            count = math.prod(_shape(node.get("shape")))
+            if ref_raw(sums, node.get("o"), sums) != 8 * (count + 1) or count == 0:
+                raise ValueError("string column offsets do not match its shape")
+            total += ref_raw(sums, node.get("c"), sums) + 8 * (count + 1) + ITEM_OVERHEAD * count
+            refs += node["c"][1] + node["o"][1]
+            if refs > len(table):
+                raise ValueError("chunks are referenced more than once")
+            continue
+        children = _check_tagged(node, tag, sums)
         if (tag in _TAGS_WITH_DATA or tag == "objarray") and "c" in node:
-            total += ref_raw(table, node["c"])
+            total += ref_raw(sums, node["c"], sums)
+            if tag == "objarray":  # the Python objects its JSON items become
+                total += ITEM_OVERHEAD * math.prod(node["shape"])
+            refs += node["c"][1]
+            if refs > len(table):  # writers reference every chunk once: decoding stays linear
+                raise ValueError("chunks are referenced more than once (the header references "
+                                 f"more than the {len(table)} chunks of its table)")
         stack.extend((x, depth + 1) for x in children)
+    if used is not None:
+        used[0] = refs
     return total
 
 
-def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> list[Any]:
+def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
     if tag in ("tuple", "set", "frozenset", "deque", "slice", "size"):
         values = _node_list(node, "v")
         if tag == "size":
@@ -207,7 +270,8 @@ def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> lis
             _int(node["maxlen"])
         return values
     if tag in ("map", "odict", "counter", "defaultdict"):
-        if tag == "defaultdict" and node.get("factory") not in (None, "list", "dict", "set", "int", "float", "str", "tuple"):
+        if tag == "defaultdict" and node.get("factory") not in (
+                None, "list", "dict", "set", "int", "float", "str", "tuple"):
             raise ValueError("bad defaultdict factory")
         return [x for pair in _pairs(node, "items") for x in pair]
     if tag == "tensor":
@@ -216,19 +280,19 @@ def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> lis
             raise ValueError(f"torch dtype {dtype!r:.40} is not allowed")
         shape = _shape(node.get("shape"))
         itemsize = TORCH_DTYPES[dtype].itemsize
-        if math.prod(shape) * itemsize != ref_raw(table, node.get("c")):
+        if math.prod(shape) * itemsize != ref_raw(sums, node.get("c"), sums):
             raise ValueError(f"tensor of shape {shape} and dtype {dtype} does not match its data size")
         return []
     if tag == "ndarray":
         dtype = numpy_dtype(node.get("dtype"))
         shape = _shape(node.get("shape"))
-        if math.prod(shape) * dtype.itemsize != ref_raw(table, node.get("c")):
+        if math.prod(shape) * dtype.itemsize != ref_raw(sums, node.get("c"), sums):
             raise ValueError(f"array of shape {shape} and dtype {dtype} does not match its data size")
         return []
     if tag == "objarray":
         shape = _shape(node.get("shape"))
         if "c" in node and "items" not in node:  # items in a JSON data chunk (header version 3)
-            ref_raw(table, node["c"])
+            ref_raw(sums, node["c"], sums)
             return []
         items = _node_list(node, "items")
         if math.prod(shape) != len(items):
@@ -236,7 +300,7 @@ def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> lis
         return items
     if tag in ("bytes", "bytearray", "pickle"):
         if "c" in node:
-            ref_raw(table, node["c"])
+            ref_raw(sums, node["c"], sums)
         elif tag == "pickle" or type(node.get("hex")) is not str:
             raise ValueError(f"{tag} node without data")
         return []
@@ -258,7 +322,8 @@ def _check_tagged(node: dict[str, Any], tag: Any, table: list[list[int]]) -> lis
         extra = _pairs(node, "extra")
         if any(type(k) is not str for k, _ in extra):
             raise ValueError("batch attribute names must be strings")
-        fields = [node.get(n) for n in ("batch", "non_tensor_batch", "meta_info")] if node["kind"] == "dataproto" else []
+        names = ("batch", "non_tensor_batch", "meta_info") if node["kind"] == "dataproto" else ()
+        fields = [node.get(n) for n in names]
         return fields + [v for _, v in extra]
     if tag == "nested":
         if node.get("layout") not in ("strided", "jagged"):

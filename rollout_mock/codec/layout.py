@@ -9,15 +9,20 @@ import numpy as np
 import torch
 
 __all__ = [
-    "ALIGN", "CHUNK_BYTES", "CONTAINER_HEAD", "DATA_MAGIC", "FORMAT_VERSION", "HEADER_VERSIONS", "JSON_ITEMS_MIN", "MAX_CHUNK_RAW",
-    "MAX_DEPTH", "PREFIX", "PREFIX_HEAD", "SUFFIX", "TORCH_DTYPES", "numpy_dtype",
+    "ALIGN", "BODY_VERSION", "CHUNK_BYTES", "CONTAINER_HEAD", "DATA_MAGIC", "FORMAT_VERSION", "HEADER_VERSIONS",
+    "JSON_ITEMS_MIN", "MAX_CHUNK_RAW",
+    "MAX_DEPTH", "PREFIX", "PREFIX_HEAD", "SUFFIX", "TORCH_DTYPES", "TORCH_DTYPE_NAMES", "numpy_dtype",
 ]
 
 FORMAT_VERSION = 2
 #: The header's ``version``: 2, or 3 when the file stores an object array's items as a JSON data
 #: chunk (``{"$": "objarray", "shape": [...], "c": [first, count]}``) instead of inline ``items``.
 #: Version-3 headers are written only by files that use it; readers accept both.
-HEADER_VERSIONS = (2, 3)
+HEADER_VERSIONS = (2, 3, 4)
+#: Header version 4: plain Python values live in one msgpack *body* (``"body": [first, count]``
+#: in the header, nodes ``{"$": "mp", "o": offset, "n": length}``), object arrays of strings are
+#: string columns (``{"$": "strs", ...}``), small tensors share chunks (see :mod:`.packed`).
+BODY_VERSION = 4
 #: Object arrays of at least this many plain JSON items (strings, numbers, booleans, None) keep
 #: their items in a data chunk: the header stays small, and a lazy open parses them only when asked.
 JSON_ITEMS_MIN = 32
@@ -43,7 +48,8 @@ def PREFIX(container_length: int) -> bytes:  # noqa: N802 - reads like a constan
     return PREFIX_HEAD + struct.pack("<Q", container_length)
 
 
-_TORCH_NAMES = (
+#: Append-only: a tensor's dtype code in a version-4 body is its index here.
+TORCH_DTYPE_NAMES = _TORCH_NAMES = (
     "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
     "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
     "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from rollout_mock.codec.batches import batch_class_names, build_batch
+from rollout_mock.codec.hashguard import KeyBudget, check_keys
 from rollout_mock.codec.layout import MAX_NDIM, TORCH_DTYPES, numpy_dtype
 from rollout_mock.errors import UnsafePickleError
 
@@ -93,6 +94,7 @@ class _Machine:
         self.budget = 4 * len(data) + (64 << 20)  # bytes factories may copy
         self.depth: dict[int, int] = {}
         self.keep: list[Any] = []
+        self.keys = KeyBudget()
 
     def _spend(self, nbytes: int) -> None:
         self.budget -= nbytes
@@ -142,11 +144,15 @@ class _Machine:
             if len(args) == 2 and not (cls is collections.deque and (args[1] is None or type(args[1]) is int)):
                 raise _fail("bad arguments")
             self._spend(8 * (len(args[0]) if args else 0))
+            if args and cls in (set, frozenset):
+                check_keys(args[0])
             return self._nest(cls(*args), args[0] if args else ())
         if cls in (dict, collections.OrderedDict, collections.Counter) and len(args) <= 1:
             if args and not isinstance(args[0], (dict, list, tuple)):
                 raise _fail(f"{cls.__name__} from {type(args[0]).__name__}")
             self._spend(16 * (len(args[0]) if args else 0))
+            if args:
+                check_keys(list(args[0]) if isinstance(args[0], dict) else [p[0] for p in args[0]])
             out = cls(*args)
             return self._nest(out, [*out.keys(), *out.values()])
         if cls is collections.defaultdict and len(args) <= 1:
@@ -162,7 +168,8 @@ class _Machine:
             return bytearray(args[0])
         if cls is complex and len(args) <= 2 and all(type(a) in (int, float) for a in args):
             return complex(*args)
-        if cls in (slice, range) and 1 <= len(args) <= 3 and all(type(a) is int or (cls is slice and a is None) for a in args):
+        if cls in (slice, range) and 1 <= len(args) <= 3 \
+                and all(type(a) is int or (cls is slice and a is None) for a in args):
             return cls(*args)
         if cls is torch.Size and len(args) == 1 and isinstance(args[0], (tuple, list)):
             return torch.Size(_shape(args[0]))
@@ -276,6 +283,8 @@ class _Machine:
             items, stack = stack, marks.pop()
             return items
 
+        items: Any
+        arg: Any
         for opcode, arg, _pos in pickletools.genops(io.BytesIO(self.data)):
             op = opcode.name
             if op in _REFUSED:
@@ -319,9 +328,12 @@ class _Machine:
             elif op in ("TUPLE", "LIST", "FROZENSET"):
                 items = pop_mark()
                 kind = {"TUPLE": tuple, "LIST": list, "FROZENSET": frozenset}[op]
+                if kind is frozenset:
+                    check_keys(items)
                 stack.append(self._nest(kind(items), items))
             elif op == "DICT":
                 items = pop_mark()
+                check_keys(items[::2])
                 stack.append(self._nest(dict(zip(items[::2], items[1::2], strict=True)), items))
             elif op in ("APPEND", "APPENDS"):
                 items = [stack.pop()] if op == "APPEND" else pop_mark()
@@ -337,6 +349,7 @@ class _Machine:
                 target = stack[-1]
                 if type(target) not in (dict, collections.OrderedDict, collections.defaultdict, collections.Counter):
                     raise _fail(f"{op} on a {type(target).__name__}")
+                self.keys.add(target, items[::2])
                 for key, value in zip(items[::2], items[1::2], strict=True):
                     self._nest(target, (key, value))
                     dict.__setitem__(target, key, value)
@@ -344,6 +357,7 @@ class _Machine:
                 items = pop_mark()
                 if type(stack[-1]) is not set:
                     raise _fail("ADDITEMS to a non-set")
+                self.keys.add(stack[-1], items)
                 self._nest(stack[-1], items)
                 stack[-1].update(items)
             elif op in ("PUT", "BINPUT", "LONG_BINPUT", "MEMOIZE"):

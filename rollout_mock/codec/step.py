@@ -10,12 +10,15 @@ from typing import Any
 
 from rollout_mock.codec.chunkread import ChunkReader
 from rollout_mock.codec.decode import NodeDecoder, normalize_rows
-from rollout_mock.codec.header import Layout, check_tree, max_expansion_default, read_layout
-from rollout_mock.codec.layout import PREFIX_HEAD
+from rollout_mock.codec.header import Layout, check_tree, max_expansion_default, read_layout, ref_raw
+from rollout_mock.codec.layout import BODY_VERSION, PREFIX_HEAD
 from rollout_mock.codec.source import BytesSource, FileSource, MappedSource, as_source
 from rollout_mock.errors import CorruptStepError, RolloutMockError
 
-__all__ = ["StepView", "decode", "open_step", "sniff_version"]
+__all__ = ["BODY_FACTOR", "StepView", "decode", "open_step", "sniff_version"]
+
+#: Memory one byte of a version-4 body may become, counted against the allocation bound.
+BODY_FACTOR = 63
 
 
 def sniff_version(prefix: bytes | memoryview) -> int:
@@ -105,7 +108,16 @@ class StepView:
         self._v1_loaded = False
         if self.format_version == 2:
             self._layout = _guard(self.name, read_layout, self.source)
-            declared = _guard(self.name, check_tree, self._layout.root, self._layout.table)
+            layout = self._layout
+            self._used = [0]
+            body = -1
+            if layout.version >= BODY_VERSION:
+                body = 0 if layout.body is None else ref_raw(layout.table, layout.body)
+            declared = _guard(self.name, check_tree, layout.root, layout.table, used=self._used, body=body)
+            if layout.version >= BODY_VERSION:
+                # every chunk (shared small tensors, the body's own), and the objects a body of
+                # this size can become (at most ~72 bytes per msgpack byte)
+                declared += sum(row[2] for row in layout.table) + BODY_FACTOR * max(body, 0)
             self._layout.declared_raw = declared
             limit = (max_expansion or max_expansion_default()) * size + (1 << 20)
             if declared > limit:
@@ -162,7 +174,10 @@ class StepView:
     def keys(self) -> list[str]:
         """Top-level keys: batch + non-tensor keys of a batch, a dict's or TensorDict's keys."""
         if self._layout is not None:
-            return _root_keys(self._layout.root)
+            root = self._layout.root
+            if type(root) is dict and root.get("$") == "mp":  # keys live in the body
+                return _keys_of(self.load())
+            return _root_keys(root)
         return _keys_of(self._load_v1())
 
     def _load_v1(self) -> Any:
@@ -185,6 +200,9 @@ class StepView:
             return select(self._load_v1(), wanted, sel)
         reader = ChunkReader(self.source, self._layout, verify=self.verified)
         decoder = NodeDecoder(reader, trusted=self.trusted, batch_class=self.batch_class, name=self.name)
+        layout = self._layout
+        decoder.use_body(layout.body, [row[2] for row in layout.table], surrogates=layout.surrogates,
+                         table=layout.table, used=list(self._used))
         reader.pending = []
         result = _guard(self.name, _decode_root, decoder, self._layout.root, wanted, sel)
         _guard(self.name, reader.finish)
@@ -196,6 +214,8 @@ def _decode_root(decoder: NodeDecoder, root: Any, keys: frozenset[str] | None, r
         return decoder.value(root)
     if type(root) is dict:
         tag = root.get("$")
+        if tag == "mp":  # one body value (a list of samples, ...): decoded, then selected
+            return select(decoder.value(root), keys, rows)
         if tag is None:
             return {k: decoder.value(v, rows) for k, v in root.items() if keys is None or k in keys}
         if tag == "tensordict":

@@ -224,6 +224,138 @@ def json_items_lies() -> Iterator[tuple[str, bytes]]:
     yield "header version from the future", forge({"format": "rollout_mock.step", "version": 99, "root": 1, "chunks": []})
 
 
+def round3_denials() -> Iterator[tuple[str, bytes]]:
+    """Issue 22 items 8-10: small files that cost memory or time far beyond their size."""
+    import zstandard
+
+    def v3(root: Any, table: list[list[int]], data: bytes) -> bytes:
+        return forge({"format": "rollout_mock.step", "version": 3, "root": root, "chunks": table}, data)
+
+    def zchunk(raw: bytes) -> tuple[list[int], bytes]:
+        packed = zstandard.ZstdCompressor(write_content_size=True).compress(raw)
+        return [0, len(packed), len(raw), zlib.crc32(packed), 1, 0], packed + bytes(-len(packed) % 64)
+
+    # 8: JSON item chunks whose parse allocates ~20x their (declared, bounded) text
+    row, data = zchunk(b"[" + b"[]," * ((4 << 20) // 3) + b"[]]")
+    yield "item chunk of nested empty lists (allocation before refusal)", v3(  # within 64x + 1 MiB
+        {"$": "objarray", "shape": [1], "c": [0, 1]}, [row], data + bytes(64 << 10))
+    n = (4 << 20) // 5
+    row, data = zchunk(b"[" + b'"ab",' * (n - 1) + b'"ab"]')
+    yield "item chunk of a million short strings in a small file", v3(
+        {"$": "objarray", "shape": [n], "c": [0, 1]}, [row], data + bytes(64 << 10))
+    # 9: every node references the whole run of (empty) chunks: references x run length
+    count = 2000
+    empty = [[0, 0, 0, 0, 0, 0]] * count
+    yield "chunk references quadratic in the header size", forge(doc(
+        [{"$": "bytes", "c": [0, count]} for _ in range(count)], empty))
+    # 10: set items that all share one hash (hash flooding)
+    modulus = (1 << 61) - 1
+    members = [{"$": "int", "v": str(7 + k * modulus)} for k in range(1, 24_000)]
+    yield "set of colliding ints (hash flooding)", forge(doc({"$": "set", "v": members}, []))
+    yield "map of colliding int keys (hash flooding)", forge(doc(
+        {"$": "map", "items": [[m, 0] for m in members]}, []))
+    items = b"".join(long1(7 + k * modulus) for k in range(1, 24_000))
+    yield "format 1: set of colliding ints (hash flooding)", PROTO5 + b"\x8f" + MARK + items + b"\x90" + STOP
+
+
+def v4(root: Any, body: bytes, chunks: list[bytes] = (), *, codec: int = 0, **extra: Any) -> bytes:  # type: ignore[assignment]
+    """A version-4 file: ``body`` (chunk 0, msgpack) then ``chunks``, each 64-byte aligned."""
+    data, table = b"", []
+    for i, raw in enumerate([body, *chunks]):
+        table.append([len(data), len(raw), len(raw), zlib.crc32(raw), codec if i == 0 else 0, 0])
+        data += raw + bytes(-len(raw) % 64)
+    doc = {"format": "rollout_mock.step", "version": 4, "root": root, "chunks": table, "body": [0, 1], **extra}
+    return forge(doc, data)
+
+
+def mp(body: bytes, offset: int = 0, length: int | None = None) -> dict[str, Any]:
+    return {"$": "mp", "o": offset, "n": len(body) - offset if length is None else length}
+
+
+def body_lies() -> Iterator[tuple[str, bytes]]:
+    """Header version 4 (msgpack body, string columns, shared tensor chunks)."""
+    import msgpack
+
+    def ext(code: int, payload: bytes) -> bytes:
+        return msgpack.packb(msgpack.ExtType(code, payload))
+
+    def one(name: str, body: bytes) -> tuple[str, bytes]:
+        return f"body: {name}", v4(mp(body), body)
+
+    yield one("array length lie", b"\xdd\xff\xff\xff\xff\xc0")
+    yield one("map length lie", b"\xdf\xff\xff\xff\xff\xa1a\xc0")
+    yield one("str length lie", b"\xdb\x7f\xff\xff\xffabc")
+    yield one("bin length lie", b"\xc6\x7f\xff\xff\xffabc")
+    yield one("ext length lie", b"\xc9\x7f\xff\xff\xff\x05abc")
+    yield one("deep nesting", b"\x91" * 100_000 + b"\xc0")
+    yield one("deep map nesting", b"\x81\xa1k" * 50_000 + b"\xc0")
+    yield one("invalid UTF-8", b"\x92\xa2\xff\xfe\xa1a")
+    yield one("encoded surrogate without the flag", b"\xa3\xed\xa0\x80")
+    yield one("unknown extension", ext(99, b"x"))
+    yield one("marker with a payload", b"\x92" + ext(1, b"x") + b"\x01")
+    yield one("huge int extension", ext(2, b"\x01" * 70_000))
+    yield one("empty int extension", ext(2, b""))
+    yield one("node extension with a pickle blob", ext(8, msgpack.packb({"$": "pickle", "what": "os.system", "c": [0, 0]})))
+    yield one("node extension pointing back into the body", ext(8, msgpack.packb({"$": "mp", "o": 0, "n": 1})))
+    yield one("node extension that is not a node", ext(8, b"\xc1"))
+    yield one("object array shape lie", b"\x93" + ext(6, b"") + b"\x91\xce\x00\x01\x00\x00\xc0")
+    yield one("object array negative shape", b"\x93" + ext(6, b"") + b"\x91\xff\xc0")
+    yield one("set of unhashable items", b"\x93" + ext(3, b"") + b"\x90\x90")
+    modulus = (1 << 61) - 1
+    keys = [7 + k * modulus for k in range(1, 4)]  # ints msgpack holds natively that share a hash
+    flood = [msgpack.ExtType(2, (7 + k * modulus).to_bytes(16, "little", signed=True)) for k in range(4, 24_000)]
+    yield one("set of colliding ints (hash flooding)", msgpack.packb([msgpack.ExtType(3, b""), *keys, *flood]))
+    pairs = b"".join(msgpack.packb(msgpack.ExtType(2, (7 + k * modulus).to_bytes(16, "little", signed=True))) + b"\xc0"
+                     for k in range(1, 24_001))  # 24,000 keys with one hash, each mapped to None
+    yield one("map of colliding int keys (hash flooding)", b"\xde" + (24_000).to_bytes(2, "big") + pairs)
+    head = struct.Struct("<BBBBIIQ")
+    chunk = bytes(64)
+    yield "body: tensor past its chunk", v4(mp(b := ext(5, head.pack(7, 0, 1, 0, 1, 1, 32) + struct.pack("<Q", 16))), b, [chunk])
+    yield "body: tensor in a chunk past the table", v4(mp(b := ext(5, head.pack(7, 0, 1, 0, 9, 1, 0) + struct.pack("<Q", 1))), b, [chunk])
+    yield "body: tensor run size lie", v4(mp(b := ext(5, head.pack(7, 0, 1, 0, 1, 2, 0) + struct.pack("<Q", 1 << 40))), b, [chunk, chunk])
+    yield "body: tensor with a huge dimension", v4(mp(b := ext(5, head.pack(7, 0, 1, 0, 1, 1, 0) + struct.pack("<Q", 1 << 60))), b, [chunk])
+    yield "body: tensor with 200 dimensions", v4(mp(b := ext(5, head.pack(7, 0, 200, 0, 1, 1, 0) + bytes(1600))), b, [chunk])
+    yield "body: tensor dtype code out of range", v4(mp(b := ext(5, head.pack(250, 0, 1, 0, 1, 1, 0) + struct.pack("<Q", 1))), b, [chunk])
+    yield "body: misaligned tensor view", v4(mp(b := ext(5, head.pack(7, 0, 1, 0, 1, 1, 3) + struct.pack("<Q", 2))), b, [chunk])
+    yield "body: bool tensor bytes", v4(mp(b := ext(5, head.pack(0, 0, 1, 0, 1, 1, 0) + struct.pack("<Q", 64))), b, [b"\x07" * 64])
+    yield "body: object-dtype array extension", v4(mp(b := ext(7, head.pack(0, 0, 1, 0, 1, 1, 0) + struct.pack("<Q", 8) + b"|O")), b, [chunk])
+    yield "body: truncated tensor extension", v4(mp(b := ext(5, b"\x07\x00")), b, [chunk])
+    body = msgpack.packb([1, 2, 3])
+    yield "body: value outside the body", v4(mp(body, 0, len(body) + 10), body)
+    yield "body: overlapping values (decoded twice)", v4([mp(body), mp(body)], body)
+    yield "body: value in a version-3 header", forge({"format": "rollout_mock.step", "version": 3, "root": mp(body),
+                                                    "chunks": [[0, len(body), len(body), zlib.crc32(body), 0, 0]]},
+                                                   body + bytes(-len(body) % 64))
+    import zstandard
+
+    packed = zstandard.ZstdCompressor(write_content_size=True).compress(b"\x90" * 100_000)
+    yield "body: compressed body (a memory bomb)", v4({"$": "mp", "o": 0, "n": 100_000}, packed, codec=1)
+    yield "body: snapshot node in a file", v4({"$": "snap", "i": 0}, body)
+    # string columns
+
+    def column(data: bytes, offsets: list[int], shape: list[int], **flags: Any) -> bytes:
+        raw = struct.pack(f"<{len(offsets)}q", *offsets)
+        root = {"$": "strs", "shape": shape, "c": [1, 1], "o": [2, 1], **flags}
+        return v4(root, b"\xc0", [data, raw])
+
+    ok = msgpack.packb(["ab", "cd"])  # b"\x92\xa2ab\xa2cd": offsets 1, 4, 7
+    yield "strings: offsets past the buffer", column(ok, [1, 4, 400], [2])
+    yield "strings: offsets out of order", column(msgpack.packb(["ab", "c", "d"]), [1, 5, 3, 7], [3])
+    yield "strings: offsets not at the array header", column(ok, [0, 4, 7], [2])
+    yield "strings: negative offsets", column(ok, [1, -8, 7], [2])
+    yield "strings: count differs from shape", column(ok, [1, 4, 7], [5])
+    yield "strings: array header count lie", column(b"\x93" + ok[1:], [1, 4, 7], [2])
+    yield "strings: item that is not a string", column(b"\x92\x90\xa2cd", [1, 2, 5], [2])
+    yield "strings: nested array bomb in an item", column(b"\x92\xdc\xff\xff" + b"\x90" * 100 + b"\xa2cd",
+                                                           [1, 104, 107], [2])
+    yield "strings: item length lie", column(b"\x92\xa5ab\xa2cd", [1, 4, 7], [2])
+    yield "strings: invalid UTF-8", column(b"\x92\xa2\xff\xfe\xa2cd", [1, 4, 7], [2])
+    yield "strings: encoded surrogate without the flag", column(b"\x92\xa3\xed\xa0\x80\xa2cd", [1, 5, 8], [2])
+    yield "strings: huge shape", column(ok, [1, 4, 7], [1 << 40])
+    yield "strings: shape far beyond its offsets", v4({"$": "strs", "shape": [1 << 22], "c": [1, 1], "o": [2, 1]},
+                                                      b"\xc0", [ok, bytes(64)])
+
+
 def _nest_tuples(depth: int) -> Any:
     node: Any = 1
     for _ in range(depth):
@@ -232,4 +364,4 @@ def _nest_tuples(depth: int) -> Any:
 
 
 def corpus(marker: Path) -> list[tuple[str, bytes]]:
-    return [*call_programs(marker), *named_attacks(marker), *format2_lies()]
+    return [*call_programs(marker), *named_attacks(marker), *format2_lies(), *round3_denials(), *body_lies()]

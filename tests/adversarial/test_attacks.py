@@ -320,3 +320,71 @@ def test_random_headers_decode_or_fail_cleanly(root: Any) -> None:
         tracemalloc.stop()
     assert _state() == before
     assert peak <= 8 * len(blob) + (16 << 20)
+
+
+# --------------------------------------------------------------------------- header version 4
+_EXT_PAYLOADS = st.one_of(st.binary(max_size=40), st.builds(
+    lambda head, dims: head + dims,
+    st.tuples(st.integers(0, 255), st.integers(0, 7), st.integers(0, 40), st.integers(0, 255), st.integers(0, 9),
+              st.integers(0, 3), st.integers(0, 1 << 20)).map(lambda t: __import__("struct").pack("<BBBBIIQ", *t)),
+    st.binary(max_size=24)))
+_BODY_VALUES = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1), st.floats(), st.text(max_size=6),
+              st.binary(max_size=6), st.builds(lambda code, data: __import__("msgpack").ExtType(code, data),
+                                               st.integers(0, 12), _EXT_PAYLOADS)),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.one_of(st.text(max_size=3), st.integers(-(1 << 63), (1 << 64) - 1)), inner, max_size=4),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(value=_BODY_VALUES, cut=st.integers(0, 8), junk=st.binary(max_size=8))
+def test_random_bodies_decode_or_fail_cleanly(value: Any, cut: int, junk: bytes) -> None:
+    """Random msgpack bodies (any extension code and payload, truncated or with junk after):
+    a value or a rollout_mock error, in bounded memory, with no side effect."""
+    import msgpack
+
+    body = msgpack.packb(value, use_bin_type=True)
+    body = body[: max(1, len(body) - cut)] + junk if cut else body
+    blob = C.v4(C.mp(body), body, [bytes(range(64)), bytes(64)])
+    before = _state()
+    tracemalloc.start()
+    try:
+        try:
+            load(blob)
+        except RolloutMockError:
+            pass
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert _state() == before and not MARKER.exists()
+    assert peak <= 8 * len(blob) + (16 << 20)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.binary(min_size=1, max_size=64) | st.lists(st.text(max_size=40), min_size=1, max_size=5).map(
+           lambda items: __import__("msgpack").packb(items)),
+       offsets=st.lists(st.integers(-100, 200), min_size=1, max_size=6) | st.lists(st.integers(0, 12), min_size=2,
+                                                                                    max_size=6).map(sorted),
+       shape=st.lists(st.integers(0, 8), max_size=2), flip=st.integers(-1, 63))
+def test_random_string_columns_decode_or_fail_cleanly(data: bytes, offsets: list[int], shape: list[int],
+                                                      flip: int) -> None:
+    import struct
+
+    if 0 <= flip < len(data):
+        data = data[:flip] + bytes([data[flip] ^ 0x5A]) + data[flip + 1:]
+    raw = struct.pack(f"<{len(offsets)}q", *offsets)
+    root = {"$": "strs", "shape": shape, "c": [1, 1], "o": [2, 1]}
+    blob = C.v4(root, b"\xc0", [data, raw])
+    for rows in (None, slice(0, 2), range(1, 5, 2)):
+        try:
+            out = load(blob) if rows is None else codec_decode(blob, rows)
+        except RolloutMockError:
+            continue
+        assert all(type(x) is str for x in out.reshape(-1))
+
+
+def codec_decode(blob: bytes, rows: Any) -> Any:
+    from rollout_mock.codec import decode
+
+    return decode(blob, rows=rows)

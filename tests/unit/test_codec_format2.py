@@ -275,12 +275,23 @@ def _header_of(data: bytes) -> dict[str, Any]:
     return json.loads(data[start: start + header_len])
 
 
+def _encode_v3(obj: Any) -> bytes:
+    """A step as rollout_mock wrote it before header version 4 (version-2 nodes, JSON items)."""
+    from rollout_mock.codec.encode import _Encoder
+
+    encoder = _Encoder(snapshot=False, body=False)
+    buffer = io.BytesIO()
+    codec.encode_snapshot(codec.Snapshot(encoder.node(obj), encoder.chunks, encoder._owners), buffer)
+    return buffer.getvalue()
+
+
 def test_large_object_arrays_keep_their_items_in_a_data_chunk() -> None:
+    """Version-3 files (JSON item chunks) keep loading, partially too."""
     texts = [f"prompt {i} – 数学 \U0001f600" for i in range(100)] + ["lone \udc80 surrogate", None, 7, 2.5, True, ""]
     strings = np.array(texts, dtype=object)
     small = np.array(["a", "b"], dtype=object)  # under JSON_ITEMS_MIN: inline
     mixed = np.array([{"k": 1}] * 40, dtype=object)  # not plain scalars: inline
-    data = codec.encode_bytes({"s": strings, "small": small, "mixed": mixed})
+    data = _encode_v3({"s": strings, "small": small, "mixed": mixed})
     header = _header_of(data)
     assert header["version"] == 3
     assert "c" in header["root"]["s"] and "items" not in header["root"]["s"]
@@ -289,8 +300,42 @@ def test_large_object_arrays_keep_their_items_in_a_data_chunk() -> None:
     assert out["s"].dtype == object and list(out["s"]) == texts
     assert list(out["small"]) == ["a", "b"] and list(out["mixed"]) == [{"k": 1}] * 40
     assert list(codec.decode(data, rows=slice(95, 102))["s"]) == texts[95:102]
-    # files without such arrays keep header version 2 (readable by rollout_mock before it)
-    assert _header_of(codec.encode_bytes({"s": small, "t": torch.ones(3)}))["version"] == 2
+    assert _header_of(_encode_v3({"s": small, "t": torch.ones(3)}))["version"] == 2
+
+
+def test_string_columns_and_body_values() -> None:
+    """Header version 4: object arrays of str are one UTF-8 buffer + offsets; others a body value."""
+    texts = [f"prompt {i} – 数学 \U0001f600" for i in range(100)] + ["lone \udc80 surrogate", ""]
+    ascii_texts = np.array([f"uid-{i}" for i in range(50)], dtype=object).reshape(25, 2)
+    mixed = np.array([{"k": 1}, None, 7, 2.5, True, "x"] * 7, dtype=object)
+    data = codec.encode_bytes({"s": np.array(texts, dtype=object), "u": ascii_texts, "mixed": mixed})
+    header = _header_of(data)
+    assert header["version"] == 4
+    assert header["root"]["s"]["$"] == "strs" and header["root"]["s"].get("sp")
+    assert header["root"]["u"]["$"] == "strs" and "sp" not in header["root"]["u"]
+    assert header["root"]["mixed"]["$"] == "mp" and "body" in header
+    out = codec.decode(data)
+    assert out["s"].dtype == object and out["s"].tolist() == texts
+    assert out["u"].shape == (25, 2) and out["u"].tolist() == ascii_texts.tolist()
+    assert [type(x) for x in out["mixed"]] == [type(x) for x in mixed] and out["mixed"].tolist() == mixed.tolist()
+    assert codec.decode(data, rows=slice(95, 102))["s"].tolist() == texts[95:102]
+    assert codec.decode(data, rows=range(3, 20, 4))["u"].tolist() == ascii_texts[3:20:4].tolist()
+    assert codec.decode(data, rows=slice(5, 5))["u"].shape == (0, 2)
+
+
+def test_partial_rows_of_a_string_column_read_only_those_rows() -> None:
+    texts = np.array([f"{i:06d}" * 1000 for i in range(4096)], dtype=object)  # 24 MB
+    data = codec.encode_bytes({"p": texts})
+    reads: list[int] = []
+
+    class Counting(codec.BytesSource):
+        def read_range(self, offset: int, length: int) -> Any:
+            reads.append(length)
+            return super().read_range(offset, length)
+
+    out = codec.decode(Counting(data), rows=slice(100, 104))
+    assert out["p"].tolist() == texts[100:104].tolist()
+    assert sum(reads) < 5 << 20  # the header and the chunks of those rows (4 MiB each), not 24 MB
 
 
 def test_object_array_items_in_a_chunk_are_checked_by_crc() -> None:
@@ -302,10 +347,9 @@ def test_object_array_items_in_a_chunk_are_checked_by_crc() -> None:
         codec.decode(bytes(data))
 
 
-def test_item_chunks_are_split_and_built_at_write_time_not_capture() -> None:
+def test_string_columns_are_split_into_chunks() -> None:
     texts = np.array([("x" * 250_000) + str(i) for i in range(40)], dtype=object)  # 10 MB of text
     snapshot = codec.capture({"t": texts})
-    assert "items" in snapshot.root["t"]  # the dump-mode call does not serialise the items
     buffer = io.BytesIO()
     codec.encode_snapshot(snapshot, buffer)
     data = buffer.getvalue()
@@ -313,4 +357,30 @@ def test_item_chunks_are_split_and_built_at_write_time_not_capture() -> None:
     first, count = header["root"]["t"]["c"]
     assert count >= 3 and all(row[2] <= 4 << 20 for row in header["chunks"])  # 4 MiB chunks
     assert list(codec.decode(data)["t"]) == list(texts)
-    assert "items" in snapshot.root["t"]  # the snapshot itself is unchanged
+    assert list(snapshot.materialize()["t"]) == list(texts)
+
+
+def test_small_tensors_share_chunks_and_load_as_views() -> None:
+    """6,000 small tensors in a list: a few shared chunks (one CRC and one read each), exact values."""
+    trajectories = [{"ids": torch.arange(i % 50 + 1), "lp": torch.randn(3, dtype=torch.bfloat16),
+                     "m": torch.tensor([True, False])} for i in range(2000)]
+    data = codec.encode_bytes(trajectories)
+    header = _header_of(data)
+    assert header["version"] == 4 and len(header["chunks"]) <= 4
+    out = codec.decode(data)
+    assert len(out) == 2000
+    for got, want in zip(out, trajectories):
+        assert all(torch.equal(got[k], want[k]) and got[k].dtype == want[k].dtype for k in want)
+    assert out[0]["ids"].untyped_storage().data_ptr() == out[1]["ids"].untyped_storage().data_ptr()
+    rows = codec.decode(data, rows=slice(10, 12), keys=["m"])
+    assert [list(r) for r in rows] == [["m"], ["m"]] and torch.equal(rows[1]["m"], trajectories[11]["m"])
+    assert codec.open_step(data).keys() == ["ids", "lp", "m"]
+
+
+def test_body_with_non_string_keys_and_large_tensors() -> None:
+    """A non-str key sends the body value through the checked slow path: tensors decoded in the
+    first pass are not counted twice (a legitimate file is never taken for a reference bomb)."""
+    batch = [torch.arange(3_000_000), {1: "x", (2, 3): [4.5]}, {frozenset({1}): None}]
+    out = codec.decode(codec.encode_bytes(batch))
+    assert torch.equal(out[0], batch[0]) and out[1] == batch[1] and out[2] == batch[2]
+    assert [type(k) for k in out[1]] == [int, tuple]

@@ -49,3 +49,29 @@ def test_background_dump_with_reused_buffers_writes_every_step_exactly(tmp_path:
     for step in range(12):
         batch = load_step(tmp_path / "train" / f"step_{step:06d}.pkl")
         assert batch["step"] == step and torch.all(batch["x"] == float(step))
+
+
+def _inside(tensor: torch.Tensor, buffers: list[torch.Tensor]) -> bool:
+    start = tensor.untyped_storage().data_ptr()
+    return any(b.data_ptr() <= start < b.data_ptr() + b.numel() for b in buffers)
+
+
+def test_small_tensors_are_copied_into_the_reused_buffers_not_cloned() -> None:
+    """AReaL-like trajectories (many small tensors in a list) and small tensors at the top level
+    are copied into pooled memory, side by side, and stay independent of the caller's tensors."""
+    pool = BufferPool(keep=1)
+    trajectories = [{"ids": torch.arange(100) + i, "mask": torch.ones(100, dtype=torch.bool)} for i in range(300)]
+    batch = {"small": torch.arange(50), "trajectories": trajectories}
+    for _ in range(2):  # the second capture reuses the first one's buffers
+        snapshot = capture(batch, pool=pool)
+        assert 0 < len(snapshot.pooled) <= 3  # a few 4 MiB slabs, not one buffer per tensor
+        loaded = snapshot.materialize()
+        assert torch.equal(loaded["small"], batch["small"]) and _inside(loaded["small"], snapshot.pooled)
+        for got, want in zip(loaded["trajectories"], trajectories):
+            assert torch.equal(got["ids"], want["ids"]) and got["mask"].dtype == torch.bool
+            assert _inside(got["ids"], snapshot.pooled)
+        trajectories[0]["ids"].add_(1000)  # the caller mutates: the snapshot does not change
+        assert int(snapshot.materialize()["trajectories"][0]["ids"][0]) < 1000
+        trajectories[0]["ids"].sub_(1000)
+        snapshot.release()
+    assert pool.free_bytes > 0

@@ -14,6 +14,7 @@ import torch
 
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec.batches import build_batch
+from rollout_mock.codec.classes import CLASS_TAGS, decode_class, finish_tensordict
 from rollout_mock.codec.layout import TORCH_DTYPES, numpy_dtype
 from rollout_mock.errors import UnsafePickleError
 
@@ -149,7 +150,8 @@ class NodeDecoder:
             batch_size[0] = len(_rows_range(sub, batch_size[0]))
         items = {k: self.value(v, sub) for k, v in node["items"] if keys is None or k in keys}
         names = node.get("names")
-        return TensorDict(items, batch_size=batch_size, device=node.get("device"), names=names)
+        td = TensorDict(items, batch_size=batch_size, device=node.get("device"), names=names)
+        return finish_tensordict(td, node)  # classes.py: lock and consolidation state
 
     def blob(self, node: dict[str, Any]) -> Any:
         if not self.trusted:
@@ -197,6 +199,8 @@ class NodeDecoder:
             parts = [self.value(x) for x in items]
             self.reader.flush()  # nested_tensor copies its components: their data first
             return torch.nested.nested_tensor(parts, layout=layout)
+        if tag in CLASS_TAGS:  # classes.py: numpy string scalars, tensordict classes, jagged tensors
+            return decode_class(self, node, tag, rows)
         return self._small(node, tag)
 
     def _small(self, node: dict[str, Any], tag: str) -> Any:

@@ -31,6 +31,7 @@ import torch
 from rollout_mock._text import logger
 from rollout_mock.codec.batches import class_path, split_batch
 from rollout_mock.codec.buffers import BufferPool
+from rollout_mock.codec.classes import encode_class, encode_scalar, tensordict_state
 from rollout_mock.codec.container import encode_snapshot
 from rollout_mock.codec.layout import (
     CHUNK_BYTES,
@@ -184,6 +185,9 @@ class _Encoder:
         if cls is float:
             return self._float(obj)
         if isinstance(obj, torch.Tensor) and getattr(obj, "is_nested", False):
+            jagged = encode_class(self, obj, cls, path)  # classes.py: jagged tensors by their buffers
+            if jagged is not None:
+                return jagged
             try:
                 parts = obj.unbind()
             except Exception:  # an exotic nested layout: keep the step, trusted loads only
@@ -198,6 +202,9 @@ class _Encoder:
         if cls is np.ndarray:
             return self._ndarray(obj, path)
         if isinstance(obj, np.generic) and cls.__module__ == "numpy":
+            text = encode_scalar(obj)  # classes.py: np.str_ / np.bytes_
+            if text is not None:
+                return text
             if obj.dtype.kind in "biufcmM" and obj.dtype.fields is None:
                 return {"$": "npscalar", "dtype": obj.dtype.str, "hex": obj.tobytes().hex()}
             return self._blob(obj, path, f"numpy scalar {obj.dtype}")
@@ -251,6 +258,9 @@ class _Encoder:
             return {"$": "timedelta", "v": [obj.days, obj.seconds, obj.microseconds]}
         if cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict":
             return self._tensordict(obj, path)
+        structural = encode_class(self, obj, cls, path)  # classes.py: tensordict's classes
+        if structural is not None:
+            return structural
         parts = split_batch(obj)
         if parts is not None:
             kind, layout, fields, extra = parts
@@ -287,7 +297,7 @@ class _Encoder:
         device = td.device
         return {"$": "tensordict", "batch_size": list(td.batch_size), "names": names,
                 "device": "cpu" if device is not None and device.type == "cpu" else None,
-                "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()]}
+                "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()], **tensordict_state(td)}
 
 
 # --------------------------------------------------------------------------- snapshot & write

@@ -17,7 +17,8 @@ FORMAT_VERSION = 2
 #: The header's ``version``: 2, or 3 when the file stores an object array's items as a JSON data
 #: chunk (``{"$": "objarray", "shape": [...], "c": [first, count]}``) instead of inline ``items``.
 #: Version-3 headers are written only by files that use it; readers accept both.
-HEADER_VERSIONS = (2, 3)
+#: 4: the file uses the structural-class tags of :mod:`~rollout_mock.codec.classes`.
+HEADER_VERSIONS = (2, 3, 4)
 #: Object arrays of at least this many plain JSON items (strings, numbers, booleans, None) keep
 #: their items in a data chunk: the header stays small, and a lazy open parses them only when asked.
 JSON_ITEMS_MIN = 32

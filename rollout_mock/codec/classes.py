@@ -238,9 +238,11 @@ def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> torch.Ten
     return out
 
 
-def finish_tensordict(td: Any, node: dict[str, Any]) -> Any:
-    """Apply a TensorDict node's recorded state: consolidated (which locks), or locked."""
+def finish_tensordict(td: Any, node: dict[str, Any], flush: Any) -> Any:
+    """Apply a TensorDict node's recorded state: consolidated (which locks), or locked.
+    ``flush`` completes deferred reads (consolidating copies the tensors' data)."""
     if node.get("consolidated"):
+        flush()
         td = td.consolidate()
     if node.get("locked") and not td.is_locked:
         td.lock_()

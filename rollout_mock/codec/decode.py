@@ -151,7 +151,7 @@ class NodeDecoder:
         items = {k: self.value(v, sub) for k, v in node["items"] if keys is None or k in keys}
         names = node.get("names")
         td = TensorDict(items, batch_size=batch_size, device=node.get("device"), names=names)
-        return finish_tensordict(td, node)  # classes.py: lock and consolidation state
+        return finish_tensordict(td, node, self.reader.flush)  # classes.py: lock and consolidation state
 
     def blob(self, node: dict[str, Any]) -> Any:
         if not self.trusted:

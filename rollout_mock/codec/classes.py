@@ -85,8 +85,13 @@ def _encode_njt(enc: Any, nt: torch.Tensor, path: str) -> dict[str, Any]:
     symbolic = [i for i, size in enumerate(nt.shape) if not isinstance(size, int)]
     cache = getattr(nt, "_metadata_cache", None) or {}
     lengths = nt.lengths()
+    values, order = nt.values(), None
+    if not values.is_contiguous():  # a transposed tensor: keep its memory order, not only values
+        dims = sorted(range(values.dim()), key=lambda d: -values.stride(d))
+        if values.permute(dims).is_contiguous():
+            values, order = values.permute(dims), dims
     node: dict[str, Any] = {
-        "$": "njt", "values": enc.node(nt.values(), f"{path}.values"),
+        "$": "njt", "values": enc.node(values, f"{path}.values"), "order": order,
         "offsets": enc.node(nt.offsets(), f"{path}.offsets"),
         "lengths": None if lengths is None else enc.node(lengths, f"{path}.lengths"),
         "ragged": int(nt._ragged_idx), "sym": symbolic[0] if symbolic else int(nt._ragged_idx),
@@ -149,13 +154,17 @@ def check_class_node(node: dict[str, Any], tag: str, check_shape: Any) -> list[A
             raise ValueError("bad tdstack stack_dim")
         _bool(node, "locked")
         items = node.get("items")
-        if type(items) is not list or not items:
+        if type(items) is not list:
             raise ValueError("tdstack node without items")
         return items
     if tag == "njt":
         for key in ("ragged", "sym"):
             if type(node.get(key)) is not int or not 1 <= node[key] <= 32:
                 raise ValueError(f"bad njt {key}")
+        order = node.get("order")
+        if order is not None and (type(order) is not list or sorted(order) != list(range(len(order)))
+                                  or any(type(d) is not int for d in order)):
+            raise ValueError("bad njt order")
         _opt_int(node.get("min"))
         _opt_int(node.get("max"))
         for key in ("values", "offsets", "lengths"):
@@ -204,16 +213,18 @@ def _decode_stack(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:
     for part in parts:
         if not hasattr(part, "batch_size") or not hasattr(part, "is_locked"):
             raise ValueError("a tdstack item is not a TensorDict-like node")
-    if not parts:  # rows selected none: an empty stack of the same kind
-        return cls(stack_dim=dim)
-    out = cls(*parts, stack_dim=dim)
+    out = cls(*parts, stack_dim=dim)  # no parts: an empty stack (what from_list([]) makes)
     return out.lock_() if node.get("locked") else out
 
 
 def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> torch.Tensor:
     values, offsets = dec.value(node["values"]), dec.value(node["offsets"])
     lengths = None if node.get("lengths") is None else dec.value(node["lengths"])
-    ragged, sym = node["ragged"], node["sym"]
+    ragged, sym, order = node["ragged"], node["sym"], node.get("order")
+    if order is not None:  # stored in memory order: the writer's strides come back
+        if len(order) != values.dim():
+            raise ValueError("njt order does not match its values")
+        values = values.permute([order.index(d) for d in range(len(order))])
     if values.dim() < 1 or offsets.dim() != 1 or offsets.dtype not in (torch.int64, torch.int32) \
             or not 1 <= ragged <= values.dim() or not 1 <= sym <= values.dim():
         raise ValueError("njt node with inconsistent values/offsets")

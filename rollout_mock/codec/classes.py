@@ -28,6 +28,7 @@ Strides are not kept (a transposed nested tensor comes back contiguous, like den
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -81,13 +82,13 @@ def encode_class(enc: Any, obj: Any, cls: type, path: str) -> dict[str, Any] | N
     return None
 
 
-def _encode_njt(enc: Any, nt: torch.Tensor, path: str) -> dict[str, Any]:
+def _encode_njt(enc: Any, nt: Any, path: str) -> dict[str, Any]:
     symbolic = [i for i, size in enumerate(nt.shape) if not isinstance(size, int)]
     cache = getattr(nt, "_metadata_cache", None) or {}
     lengths = nt.lengths()
     values, order = nt.values(), None
     if not values.is_contiguous():  # a transposed tensor: keep its memory order, not only values
-        dims = sorted(range(values.dim()), key=lambda d: -values.stride(d))
+        dims = sorted(range(values.dim()), key=lambda d: -int(values.stride(d)))
         if values.permute(dims).is_contiguous():
             values, order = values.permute(dims), dims
     node: dict[str, Any] = {
@@ -217,7 +218,7 @@ def _decode_stack(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:
     return out.lock_() if node.get("locked") else out
 
 
-def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> torch.Tensor:
+def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:
     values, offsets = dec.value(node["values"]), dec.value(node["offsets"])
     lengths = None if node.get("lengths") is None else dec.value(node["lengths"])
     ragged, sym, order = node["ragged"], node["sym"], node.get("order")
@@ -231,7 +232,7 @@ def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> torch.Ten
     dec.reader.flush()  # the rebuilt tensor may copy its buffers: their data first
     axis = ragged - 1
     bounds = offsets.tolist()
-    sizes = lengths.tolist() if lengths is not None else [b - a for a, b in zip(bounds, bounds[1:])]
+    sizes = lengths.tolist() if lengths is not None else [b - a for a, b in itertools.pairwise(bounds)]
     if len(sizes) != len(bounds) - 1 or any(a < 0 or s < 0 or a + s > values.shape[axis] for a, s in zip(bounds, sizes)):
         raise ValueError("njt offsets do not fit its values")
     minimum, maximum = node.get("min"), node.get("max")
@@ -242,7 +243,7 @@ def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> torch.Ten
         values = torch.cat(segments, dim=axis) if segments else values.narrow(axis, 0, 0)
         offsets = torch.tensor([0, *np.cumsum(sizes, dtype=np.int64).tolist()], dtype=offsets.dtype)
         lengths, minimum, maximum = None, None, None
-    out = torch.nested.nested_tensor_from_jagged(values, offsets, lengths, jagged_dim=sym,
+    out: Any = torch.nested.nested_tensor_from_jagged(values, offsets, lengths, jagged_dim=sym,
                                                  min_seqlen=minimum, max_seqlen=maximum)
     if out._ragged_idx != ragged:  # set after construction by the writer (verl does this)
         out._ragged_idx = ragged

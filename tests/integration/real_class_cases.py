@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 warnings.filterwarnings("ignore")
-from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict  # noqa: E402
-from tensordict.base import is_tensor_collection  # noqa: E402
-from verl.protocol import DataProto  # noqa: E402  (imported before loading: the replay rebuilds it)
-from verl.utils import tensordict_utils as tu  # noqa: E402
+from tensordict import LazyStackedTensorDict, NonTensorData, NonTensorStack, TensorDict
+from tensordict.base import is_tensor_collection
+from verl.protocol import DataProto
+from verl.utils import tensordict_utils as tu
 
 CASES: dict[str, Callable[[], Any]] = {}
 
@@ -76,6 +76,8 @@ SCALARS: dict[str, Callable[[int], Any]] = {
     "complex128": lambda i: np.complex128(-1.5 + 0.25j * i),
     "datetime64": lambda i: np.datetime64("2024-01-01T00:00:00", "ns") + np.timedelta64(i, "s"),
     "timedelta64": lambda i: np.timedelta64(i, "ms"),
+    "longdouble": lambda i: np.longdouble(1) / np.longdouble(3 + i),
+    "clongdouble": lambda i: np.clongdouble(complex(i, -1)) / np.longdouble(7),
 }
 
 
@@ -143,6 +145,7 @@ NONTENSOR_VALUES: dict[str, Callable[[], Any]] = {
     "str": lambda: "hello", "int": lambda: 7, "float": lambda: 0.25, "none": lambda: None,
     "dict": lambda: {"a": [1, 2], "b": {"c": "d"}}, "list": lambda: [1, "x", None],
     "np-str": lambda: np.str_("q"), "np-int": lambda: np.int64(5),
+    "tensor": lambda: torch.arange(3, dtype=torch.int16), "ndarray": lambda: np.arange(4, dtype=np.float32),
 }
 for _name, _value in NONTENSOR_VALUES.items():
     case(f"nontensordata-{_name}")(lambda v=_value: NonTensorData(v()))
@@ -453,7 +456,7 @@ def _same_collection(a: Any, b: Any, path: str) -> None:
                                                            f"{b.is_consolidated()}"
         assert a._has_names() == b._has_names() and (not a._has_names() or a.names == b.names), f"{path}: names differ"
     assert list(a.keys()) == list(b.keys()), f"{path}: keys {list(a.keys())} != {list(b.keys())}"
-    for key in a.keys():
+    for key in a.keys():  # noqa: SIM118 - a TensorDict iterates its keys only through keys()
         same(a.get(key), b.get(key), f"{path}[{key!r}]")
     return None
 
@@ -508,7 +511,7 @@ def _ops(x: Any) -> dict[str, Callable[[Any], Any]]:
 
 
 def _set_new_key(t: Any) -> Any:
-    t = t if not t.is_locked else t  # the replayed object itself: a locked one must refuse
+    # on the object itself: a locked one must refuse, like the recorded one
     t.set("__new_key__", torch.zeros(t.batch_size))
     return sorted(t.keys())
 

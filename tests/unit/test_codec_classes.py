@@ -11,12 +11,12 @@ import pytest
 import torch
 
 tensordict = pytest.importorskip("tensordict")
-from tensordict import NonTensorData, NonTensorStack, TensorDict  # noqa: E402
+from tensordict import NonTensorData, NonTensorStack, TensorDict
 
-from rollout_mock.codec import BytesSource, decode, encode_bytes  # noqa: E402
-from rollout_mock.codec import layout as codec_layout  # noqa: E402
-from rollout_mock.codec.header import check_tree  # noqa: E402
-from rollout_mock.errors import CorruptStepError  # noqa: E402
+from rollout_mock.codec import BytesSource, decode, encode_bytes
+from rollout_mock.codec import layout as codec_layout
+from rollout_mock.codec.header import check_tree
+from rollout_mock.errors import CorruptStepError
 
 
 def load(data: bytes, **kwargs: Any) -> Any:

@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout_mock._text import logger
+
 __all__ = [
     "CLASS_TAGS", "CLASS_VERSION", "check_class_node", "decode_class", "encode_class", "encode_scalar",
     "finish_tensordict", "needs_class_version", "tensordict_state",
@@ -57,6 +59,15 @@ def _cpu(device: Any) -> str | None:
 
 
 # --------------------------------------------------------------------------- write side
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        logger.warning("[RolloutMock] %s", message)
+
+
 def encode_scalar(obj: Any) -> dict[str, Any] | None:
     """The node of a numpy ``str_``/``bytes_`` scalar, else None."""
     cls = type(obj)
@@ -91,6 +102,9 @@ def _encode_njt(enc: Any, nt: Any, path: str) -> dict[str, Any]:
         dims = sorted(range(values.dim()), key=lambda d: -int(values.stride(d)))
         if values.permute(dims).is_contiguous():
             values, order = values.permute(dims), dims
+        else:
+            _warn_once("njt-strides", f"{path}: a nested tensor over a non-contiguous view (not a "
+                       f"transpose) is recorded by value: it loads contiguous")
     node: dict[str, Any] = {
         "$": "njt", "values": enc.node(values, f"{path}.values"), "order": order,
         "offsets": enc.node(nt.offsets(), f"{path}.offsets"),
@@ -102,9 +116,12 @@ def _encode_njt(enc: Any, nt: Any, path: str) -> dict[str, Any]:
     return node
 
 
-def tensordict_state(td: Any) -> dict[str, Any]:
+def tensordict_state(td: Any, path: str = "") -> dict[str, Any]:
     """The extra keys of a TensorDict node: its lock and consolidation state (when set)."""
     state: dict[str, Any] = {}
+    if td.device is not None and td.device.type != "cpu":
+        _warn_once(f"td-device-{td.device.type}", f"{path or 'a TensorDict'}: the TensorDict device "
+                   f"{td.device} is not recorded: it loads on the CPU with device=None")
     if td.is_locked:
         state["locked"] = True
     consolidated = getattr(td, "is_consolidated", None)
@@ -230,6 +247,9 @@ def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:
             or not 1 <= ragged <= values.dim() or not 1 <= sym <= values.dim():
         raise ValueError("njt node with inconsistent values/offsets")
     dec.reader.flush()  # the rebuilt tensor may copy its buffers: their data first
+    grad = bool(values.requires_grad)
+    if grad:  # a leaf nested tensor that requires grad, not a view of a leaf that does
+        values = values.detach()
     axis = ragged - 1
     bounds = offsets.tolist()
     sizes = lengths.tolist() if lengths is not None else [b - a for a, b in itertools.pairwise(bounds)]
@@ -247,7 +267,7 @@ def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:
                                                  min_seqlen=minimum, max_seqlen=maximum)
     if out._ragged_idx != ragged:  # set after construction by the writer (verl does this)
         out._ragged_idx = ragged
-    return out
+    return out.requires_grad_(True) if grad else out
 
 
 def finish_tensordict(td: Any, node: dict[str, Any], flush: Any) -> Any:

@@ -297,7 +297,7 @@ class _Encoder:
         device = td.device
         return {"$": "tensordict", "batch_size": list(td.batch_size), "names": names,
                 "device": "cpu" if device is not None and device.type == "cpu" else None,
-                "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()], **tensordict_state(td)}
+                "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()], **tensordict_state(td, path)}
 
 
 # --------------------------------------------------------------------------- snapshot & write

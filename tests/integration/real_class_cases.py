@@ -295,6 +295,10 @@ case("njt-in-tensordict")(lambda: TensorDict({"ids": torch.nested.nested_tensor(
                                                "r": torch.zeros(2)}, [2]))
 case("njt-mrope-position-ids")(lambda: tu.get_tensordict({"position_ids": tu.nested_tensor_from_tensor_list(
     [torch.arange(4 * n).reshape(4, n) for n in (3, 5)], ragged_idx=2), "r": torch.zeros(2)}))
+case("njt-requires-grad")(lambda: torch.nested.nested_tensor(_parts(37, [2, 3], (2,)), layout=torch.jagged,
+                                                              requires_grad=True))
+case("njt-ragged2-in-dataproto-meta")(lambda: proto(meta={"pos": tu.nested_tensor_from_tensor_list(
+    [torch.arange(4 * n).reshape(4, n) for n in (2, 2, 2, 2)], ragged_idx=2)}))
 case("nested-strided-2d")(lambda: torch.nested.nested_tensor(_parts(40, [3, 5])))
 case("nested-strided-3d")(lambda: torch.nested.nested_tensor(_parts(41, [2, 4], (3,))))
 case("nested-strided-in-dict")(lambda: {"x": torch.nested.nested_tensor(_parts(42, [1, 2])), "y": torch.ones(2)})
@@ -423,6 +427,7 @@ def _same_tensor(a: torch.Tensor, b: torch.Tensor, path: str) -> None:
     assert a.requires_grad == b.requires_grad, f"{path}: requires_grad differs"
     if a.is_nested and a.layout is torch.jagged:
         assert a._ragged_idx == b._ragged_idx, f"{path}: ragged dimension {a._ragged_idx} != {b._ragged_idx}"
+        assert a.is_leaf == b.is_leaf and a.is_contiguous() == b.is_contiguous(), f"{path}: leaf/contiguity differ"
         assert _shape_pattern(a) == _shape_pattern(b), f"{path}: shape {a.shape} != {b.shape}"
         same(a.values().contiguous(), b.values().contiguous(), f"{path}.values()")
         same(a.offsets(), b.offsets(), f"{path}.offsets()")

@@ -38,7 +38,7 @@ from rollout_mock._text import logger
 
 __all__ = [
     "CLASS_TAGS", "CLASS_VERSION", "check_class_node", "decode_class", "encode_class", "encode_scalar",
-    "finish_tensordict", "needs_class_version", "tensordict_state",
+    "finish_tensordict", "keeps_structure", "needs_class_version", "tensordict_state",
 ]
 
 #: Header version of files that use the tags and keys of this module.
@@ -76,6 +76,18 @@ def encode_scalar(obj: Any) -> dict[str, Any] | None:
     if cls is np.bytes_:
         return {"$": "npbytes", "hex": bytes(obj).hex()}
     return None
+
+
+def keeps_structure(obj: Any) -> bool:
+    """Whether ``obj`` must reach :func:`encode_class` / the TensorDict node itself: a generic
+    path (a pickle taken in memory, a msgpack body) would lose its class or state — pickling a
+    nested tensor renormalises its ragged dimension and strides, pickling verl's DataProto
+    consolidates its TensorDict."""
+    cls = type(obj)
+    name = _name(cls)
+    if name == _NONTENSOR or name in _STACKS or name == ("tensordict._td", "TensorDict"):
+        return True
+    return isinstance(obj, torch.Tensor) and bool(obj.is_nested)
 
 
 def encode_class(enc: Any, obj: Any, cls: type, path: str) -> dict[str, Any] | None:

@@ -251,6 +251,24 @@ case("td-empty")(lambda: TensorDict({}, [0]))
 case("td-nontensor-locked")(lambda: TensorDict({"x": torch.arange(2), "m": NonTensorData("v")}, [2]).lock_())
 
 
+case("td-consolidated-nontensor")(lambda: TensorDict({"x": torch.arange(3), "m": NonTensorData("v"),
+                                                      "uid": NonTensorStack.from_list(["a", "b", "c"])}, [3]).consolidate())
+case("td-consolidated-nested-sub")(lambda: TensorDict({"x": torch.arange(3.), "s": TensorDict({"y": torch.ones(3, 2)}, [3])},
+                                                      [3]).consolidate())
+case("td-consolidated-njt")(lambda: TensorDict({"ids": torch.nested.nested_tensor([torch.arange(n) for n in (2, 3)],
+                                                                                   layout=torch.jagged),
+                                                 "r": torch.zeros(2)}, [2]).consolidate())
+case("verl-meta-only-tensordict")(lambda: tu.get_tensordict({}, {"global_steps": 3, "name": "x"}))
+
+
+@case("objarray-multimodal-dicts")
+def _multimodal() -> Any:
+    g = gen(22)
+    return proto(non_tensors={"multi_modal_inputs": objarray([{"pixel_values": torch.randn(2, 3, generator=g),
+                                                                "image_grid_thw": np.array([[1, 2, 2]])}
+                                                               for _ in range(4)])})
+
+
 @case("dataproto-locked-batch")
 def _dp_locked() -> Any:
     p = proto(seed=20)

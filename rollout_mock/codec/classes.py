@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from rollout_mock._text import logger
+from rollout_mock.codec.layout import TORCH_DTYPES
 
 __all__ = [
     "CLASS_TAGS", "CLASS_VERSION", "check_class_node", "decode_class", "encode_class", "encode_scalar",
@@ -105,11 +106,13 @@ def encode_class(enc: Any, obj: Any, cls: type, path: str) -> dict[str, Any] | N
     return None
 
 
-def _encode_njt(enc: Any, nt: Any, path: str) -> dict[str, Any]:
+def _encode_njt(enc: Any, nt: Any, path: str) -> dict[str, Any] | None:
     symbolic = [i for i, size in enumerate(nt.shape) if not isinstance(size, int)]
     cache = getattr(nt, "_metadata_cache", None) or {}
     lengths = nt.lengths()
     values, order = nt.values(), None
+    if str(values.dtype).removeprefix("torch.") not in TORCH_DTYPES:
+        return None  # not plain data: the generic nested path keeps it for trusted loads
     if not values.is_contiguous():  # a transposed tensor: keep its memory order, not only values
         dims = sorted(range(values.dim()), key=lambda d: -int(values.stride(d)))
         if values.permute(dims).is_contiguous():

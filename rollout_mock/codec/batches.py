@@ -224,12 +224,12 @@ def build_batch(kind: str, path: str, layout: str, fields: dict[str, Any], extra
                 f"class of this process (rollout_mock.register_batch_class; its module must be "
                 f"imported before loading). A trusted load does not help here: register the class.",
             )
-        obj = object.__new__(cls)
-        object.__getattribute__(obj, "__dict__").update(extra)
-        return obj
+        made: Any = object.__new__(cls)
+        object.__getattribute__(made, "__dict__").update(extra)
+        return made
     if cls is None:
         return Batch(fields["batch"], fields["non_tensor_batch"], fields["meta_info"], source_class=path)
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     state = object.__getattribute__(obj, "__dict__")
     names = _PRIVATE if _uses_private_layout(cls) else _FIELDS
     nt = fields["non_tensor_batch"]

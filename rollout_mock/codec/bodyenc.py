@@ -34,6 +34,8 @@ import msgpack
 import numpy as np
 import torch
 
+from rollout_mock.codec.batches import split_batch
+from rollout_mock.codec.classes import keeps_structure
 from rollout_mock.codec.layout import CHUNK_BYTES, TORCH_DTYPE_NAMES, TORCH_DTYPES
 
 __all__ = [
@@ -219,6 +221,9 @@ class _SnapshotPickler(pickle.Pickler):
 
     def reducer_override(self, obj: Any) -> Any:
         cls = type(obj)
+        if keeps_structure(obj) or split_batch(obj) is not None:
+            # pickling would change them (classes.keeps_structure): the msgpack path keeps them
+            raise TypeError("encoded by the node encoder, not pickled")
         if cls is torch.Tensor or cls is torch.nn.Parameter:
             if obj.layout is torch.strided and not obj.is_quantized and obj.device.type != "meta" \
                     and not getattr(obj, "is_nested", False) and str(obj.dtype)[6:] in TORCH_DTYPES:

@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec._threads import PARALLEL_BYTES, pool
+from rollout_mock.codec.classes import CLASS_VERSION, needs_class_version
 from rollout_mock.codec.layout import (
     ALIGN,
     BODY_VERSION,
@@ -81,9 +82,10 @@ def _move_items(root: Any, chunks: list[tuple[Any, int]]) -> tuple[Any, int]:
     Done at write time (on the background writer's thread in dump mode): the snapshot keeps its
     inline items, and nodes are copied, never changed in place."""
     moved = 0
+    classes = False
 
     def walk(node: Any) -> Any:
-        nonlocal moved
+        nonlocal moved, classes
         if type(node) is list:
             return [walk(x) for x in node]
         if type(node) is not dict:
@@ -95,13 +97,13 @@ def _move_items(root: Any, chunks: list[tuple[Any, int]]) -> tuple[Any, int]:
                 chunks.extend((text[i: i + CHUNK_BYTES], 1) for i in range(0, len(text), CHUNK_BYTES))
                 moved += 1
                 return {"$": "objarray", "shape": node["shape"], "c": [first, len(chunks) - first]}
-            return node
         if node.get("$") in ("tensor", "ndarray", "bytes", "bytearray", "pickle"):
             return node
+        classes = classes or needs_class_version(node)
         return {k: walk(v) for k, v in node.items()}
 
     new_root = walk(root)
-    return new_root, (3 if moved else FORMAT_VERSION)
+    return new_root, (CLASS_VERSION if classes else 3 if moved else FORMAT_VERSION)
 
 
 def _write_head_last(snapshot: Any, file: Any) -> int | None:

@@ -17,6 +17,7 @@ from rollout_mock.codec.batches import build_batch
 from rollout_mock.codec.bodydec import BodyReader
 from rollout_mock.codec.hashguard import check_keys
 from rollout_mock.codec.jsonitems import parse_items
+from rollout_mock.codec.classes import CLASS_TAGS, decode_class, finish_tensordict
 from rollout_mock.codec.layout import TORCH_DTYPES, numpy_dtype
 from rollout_mock.codec.select import select
 from rollout_mock.codec.strcol import read_strings
@@ -153,7 +154,8 @@ class NodeDecoder:
             batch_size[0] = len(_rows_range(sub, batch_size[0]))
         items = {k: self.value(v, sub) for k, v in node["items"] if keys is None or k in keys}
         names = node.get("names")
-        return TensorDict(items, batch_size=batch_size, device=node.get("device"), names=names)
+        td = TensorDict(items, batch_size=batch_size, device=node.get("device"), names=names)
+        return finish_tensordict(td, node, self.reader.flush)  # classes.py: lock and consolidation state
 
     def blob(self, node: dict[str, Any]) -> Any:
         if not self.trusted:
@@ -213,6 +215,8 @@ class NodeDecoder:
             parts = [self.value(x) for x in items]
             self.reader.flush()  # nested_tensor copies its components: their data first
             return torch.nested.nested_tensor(parts, layout=layout)
+        if tag in CLASS_TAGS:  # classes.py: numpy string scalars, tensordict classes, jagged tensors
+            return decode_class(self, node, tag, rows)
         return self._small(node, tag)
 
     def _small(self, node: dict[str, Any], tag: str) -> Any:

@@ -30,6 +30,7 @@ from rollout_mock._text import logger
 from rollout_mock.codec.batches import class_path, split_batch
 from rollout_mock.codec.bodyenc import BodyWriter
 from rollout_mock.codec.buffers import BufferPool
+from rollout_mock.codec.classes import encode_class, encode_scalar, keeps_structure, tensordict_state
 from rollout_mock.codec.layout import (
     CHUNK_BYTES,
     TORCH_DTYPES,
@@ -256,6 +257,9 @@ class _Encoder:
         if cls is float:
             return self._float(obj)
         if isinstance(obj, torch.Tensor) and getattr(obj, "is_nested", False):
+            jagged = encode_class(self, obj, cls, path)  # classes.py: jagged tensors by their buffers
+            if jagged is not None:
+                return jagged
             try:
                 parts = obj.unbind()
             except Exception:  # an exotic nested layout: keep the step, trusted loads only
@@ -270,6 +274,9 @@ class _Encoder:
         if cls is np.ndarray:
             return self._ndarray(obj, path)
         if isinstance(obj, np.generic) and cls.__module__ == "numpy":
+            text = encode_scalar(obj)  # classes.py: np.str_ / np.bytes_
+            if text is not None:
+                return text
             if obj.dtype.kind in "biufcmM" and obj.dtype.fields is None:
                 return {"$": "npscalar", "dtype": obj.dtype.str, "hex": obj.tobytes().hex()}
             return self._blob(obj, path, f"numpy scalar {obj.dtype}")
@@ -307,7 +314,7 @@ class _Encoder:
                 return column
         elif cls in (torch.Tensor, torch.nn.Parameter, np.ndarray, bytes, bytearray) \
                 or (cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict") \
-                or split_batch(obj) is not None:
+                or split_batch(obj) is not None or keeps_structure(obj):
             return None
         assert self.body is not None
         node = self.body.node(obj)
@@ -354,6 +361,9 @@ class _Encoder:
             return {"$": "timedelta", "v": [obj.days, obj.seconds, obj.microseconds]}
         if cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict":
             return self._tensordict(obj, path)
+        structural = encode_class(self, obj, cls, path)  # classes.py: tensordict's classes
+        if structural is not None:
+            return structural
         parts = split_batch(obj)
         if parts is not None:
             kind, layout, fields, extra = parts
@@ -391,4 +401,4 @@ class _Encoder:
         device = td.device
         return {"$": "tensordict", "batch_size": list(td.batch_size), "names": names,
                 "device": "cpu" if device is not None and device.type == "cpu" else None,
-                "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()]}
+                "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()], **tensordict_state(td, path)}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_mock.codec import chunks as _chunks
+from rollout_mock.codec.classes import CLASS_TAGS, check_class_node
 from rollout_mock.codec.layout import (
     CONTAINER_HEAD,
     DATA_MAGIC,
@@ -311,6 +312,8 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
             raise ValueError("bad tensordict names")
         if node.get("device") not in (None, "cpu"):
             raise ValueError("bad tensordict device")
+        if any(type(node.get(k, False)) is not bool for k in ("locked", "consolidated")):
+            raise ValueError("bad tensordict state")
         pairs = _pairs(node, "items")
         if any(type(k) is not str for k, _ in pairs):
             raise ValueError("tensordict keys must be strings")
@@ -329,6 +332,8 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
         if node.get("layout") not in ("strided", "jagged"):
             raise ValueError("bad nested layout")
         return _node_list(node, "items")
+    if tag in CLASS_TAGS:  # classes.py
+        return check_class_node(node, tag, _shape)
     if tag in ("int", "float", "npscalar", "complex", "device", "dtype", "range", "datetime", "date",
                "time", "timedelta"):
         return _check_scalar(node, tag)

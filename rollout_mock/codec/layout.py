@@ -23,6 +23,7 @@ HEADER_VERSIONS = (2, 3, 4)
 #: in the header, nodes ``{"$": "mp", "o": offset, "n": length}``), object arrays of strings are
 #: string columns (``{"$": "strs", ...}``), small tensors share chunks (see :mod:`.packed`).
 BODY_VERSION = 4
+#: Version 4 files may also use the structural-class tags of :mod:`~rollout_mock.codec.classes`.
 #: Object arrays of at least this many plain JSON items (strings, numbers, booleans, None) keep
 #: their items in a data chunk: the header stays small, and a lazy open parses them only when asked.
 JSON_ITEMS_MIN = 32
@@ -59,7 +60,7 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name) for name in _TORCH_NAMES if isinstance(getattr(torch, name, None), torch.dtype)
 }
 
-_NUMPY_DTYPE = re.compile(r"[<>|=]?(b1|[iu][1248]|f[248]|c(8|16)|[mM]8(\[[0-9]*[a-zA-Z]{1,2}\])?|[SU][0-9]{1,6})")
+_NUMPY_DTYPE = re.compile(r"[<>|=]?(b1|[iu][1248]|f(2|4|8|16)|c(8|16|32)|[mM]8(\[[0-9]*[a-zA-Z]{1,2}\])?|[SU][0-9]{1,6})")
 
 
 def numpy_dtype(text: object) -> np.dtype:

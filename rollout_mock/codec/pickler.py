@@ -120,7 +120,7 @@ def _rebuild_tensordict(
 
 def _rebuild_object(cls: type, state: dict[str, Any]) -> Any:
     """Rebuild a registered batch class from its attribute dict, bypassing ``__setstate__``."""
-    obj = cls.__new__(cls)
+    obj: Any = cls.__new__(cls)  # type: ignore[call-overload]
     obj.__dict__.update(state)
     return obj
 
@@ -201,7 +201,7 @@ class _BatchPickler(cloudpickle.Pickler):
     def _buffer_of(self, array: np.ndarray, fresh: bool) -> pickle.PickleBuffer:
         if self._snapshot and not fresh:
             array = array.copy()
-        buffer = pickle.PickleBuffer(array)
+        buffer = pickle.PickleBuffer(memoryview(array))  # type: ignore[arg-type]
         self._keep_alive.append(buffer)
         self.owned.add(id(buffer))
         return buffer
@@ -314,7 +314,7 @@ def capture_v1(obj: Any) -> SnapshotV1:
 
     def keep(buffer: pickle.PickleBuffer) -> None:
         # Buffers from other protocol-5 reducers may alias the caller's memory: copy those.
-        if id(buffer) not in pickler.owned:
+        if pickler is None or id(buffer) not in pickler.owned:
             buffer = pickle.PickleBuffer(bytearray(buffer.raw()))
         buffers.append(buffer)
 

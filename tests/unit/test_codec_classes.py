@@ -1,0 +1,142 @@
+"""The structural-class tags of the codec (rollout_mock.codec.classes): partial loads, hostile
+headers, and older readers refusing version-4 files cleanly."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+tensordict = pytest.importorskip("tensordict")
+from tensordict import NonTensorData, NonTensorStack, TensorDict
+
+from rollout_mock.codec import BytesSource, decode, encode_bytes
+from rollout_mock.codec import layout as codec_layout
+from rollout_mock.codec.header import check_tree
+from rollout_mock.errors import CorruptStepError
+
+
+def load(data: bytes, **kwargs: Any) -> Any:
+    return decode(BytesSource(data, "t"), trusted=False, **kwargs)
+
+
+def batch() -> TensorDict:
+    ids = torch.nested.nested_tensor([torch.arange(n) for n in (2, 4, 1, 3)], layout=torch.jagged)
+    td = TensorDict({"ids": ids, "x": torch.arange(8).reshape(4, 2)}, [4])
+    td["uid"] = NonTensorStack.from_list(["a", "b", "c", "d"])
+    td["meta"] = NonTensorData(np.str_("m"))
+    return td
+
+
+def test_rows_of_jagged_tensors_stacks_and_nontensor_data() -> None:
+    td = batch()
+    part = load(encode_bytes(td), rows=slice(1, 4, 2))
+    assert part.batch_size == torch.Size([2])
+    assert [t.tolist() for t in part["ids"].unbind()] == [[0, 1, 2, 3], [0, 1, 2]]
+    assert part["uid"] == ["b", "d"] and type(part.get("uid")) is NonTensorStack
+    assert part.get("meta").batch_size == torch.Size([2]) and type(part.get("meta").data) is np.str_
+    assert torch.equal(part["x"], td["x"][1:4:2])
+
+
+def test_ragged_dimension_two_rows() -> None:
+    nt = torch.nested.nested_tensor_from_jagged(torch.arange(21.).reshape(3, 7), torch.tensor([0, 2, 3, 7]), jagged_dim=2)
+    part = load(encode_bytes({"p": nt}), rows=slice(1, 3))["p"]
+    assert part._ragged_idx == 2
+    assert [t.tolist() for t in part.unbind()] == [t.tolist() for t in nt.unbind()[1:3]]
+
+
+def test_locked_and_consolidated_state() -> None:
+    locked = load(encode_bytes(TensorDict({"a": torch.ones(2)}, [2]).lock_()))
+    assert locked.is_locked and not locked.is_consolidated()
+    with pytest.raises(RuntimeError):
+        locked["b"] = torch.zeros(2)
+    cons = load(encode_bytes(TensorDict({"a": torch.ones(2), "b": torch.arange(2)}, [2]).consolidate()))
+    assert cons.is_consolidated() and cons.is_locked and cons["b"].tolist() == [0, 1]
+    plain = load(encode_bytes(TensorDict({"a": torch.ones(2)}, [2])))
+    assert not plain.is_locked and not plain.is_consolidated()
+
+
+def _header(data: bytes) -> tuple[dict[str, Any], int, int]:
+    start = data.index(b'{"format"')
+    depth, end = 0, start
+    for end in range(start, len(data)):
+        depth += {ord("{"): 1, ord("}"): -1}.get(data[end], 0)
+        if depth == 0:
+            break
+    return json.loads(data[start: end + 1]), start, end + 1
+
+
+def test_version_four_only_when_a_class_tag_is_used() -> None:
+    assert _header(encode_bytes({"x": torch.ones(2), "s": "plain"}))[0]["version"] <= 4
+    for obj in ({"s": np.str_("x")}, NonTensorData(1), TensorDict({}, []).lock_(),
+                torch.nested.nested_tensor([torch.ones(2)], layout=torch.jagged)):
+        assert _header(encode_bytes(obj))[0]["version"] == 4, obj
+
+
+def test_older_reader_refuses_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout_mock.codec import header
+
+    monkeypatch.setattr(header, "HEADER_VERSIONS", (2, 3))
+    with pytest.raises(CorruptStepError, match="newer rollout_mock"):
+        load(encode_bytes({"uid": NonTensorStack.from_list(["a"])}))
+    assert codec_layout.HEADER_VERSIONS[-1] == 4
+
+
+@pytest.mark.parametrize("node, message", [
+    ({"$": "npstr", "v": 3}, "npstr"),
+    ({"$": "npbytes", "hex": "abc"}, "npbytes"),
+    ({"$": "nontensor", "data": 1, "batch_size": [-1], "device": None}, "integer"),
+    ({"$": "nontensor", "data": 1, "batch_size": [], "device": "cuda:0"}, "device"),
+    ({"$": "nontensor", "data": 1, "batch_size": [], "locked": "yes"}, "locked"),
+    ({"$": "tdstack", "cls": "os.system", "stack_dim": 0, "items": []}, "class"),
+    ({"$": "tdstack", "cls": "lazy", "stack_dim": 99, "items": []}, "stack_dim"),
+    ({"$": "njt", "values": 1, "offsets": 2, "lengths": None, "ragged": 1, "sym": 1}, "tensor node"),
+    ({"$": "njt", "values": None, "offsets": None, "ragged": 0, "sym": 1}, "ragged"),
+    ({"$": "njt", "values": None, "offsets": None, "ragged": 1, "sym": 1, "order": [0, 0]}, "order"),
+    ({"$": "tensordict", "batch_size": [], "items": [], "locked": 1}, "state"),
+])
+def test_hostile_class_nodes_are_refused(node: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_tree(node, [])
+
+
+def test_stack_items_must_be_tensordicts() -> None:
+    """A tdstack whose items are plain values is refused, not handed to tensordict."""
+    good = encode_bytes(NonTensorStack.from_list(["a", "b"]))
+    doc, start, end = _header(good)
+    doc["root"]["items"] = [1, 2]
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    assert len(text) <= end - start
+    with pytest.raises(CorruptStepError):
+        load(_rewrite_header(good, start, end, text))
+
+
+def _rewrite_header(data: bytes, start: int, end: int, text: bytes) -> bytes:
+    """``data`` with its JSON header replaced (padded with spaces) and the header CRC updated."""
+    from rollout_mock.codec import chunks
+    from rollout_mock.codec.layout import CONTAINER_HEAD, PREFIX_LEN
+
+    text = text + b" " * (end - start - len(text))
+    out = bytearray(data)
+    out[start:end] = text
+    magic, header_len, offset, length, _, reserved = CONTAINER_HEAD.unpack_from(out, PREFIX_LEN)
+    header = bytes(out[PREFIX_LEN + CONTAINER_HEAD.size: PREFIX_LEN + CONTAINER_HEAD.size + header_len])
+    CONTAINER_HEAD.pack_into(out, PREFIX_LEN, magic, header_len, offset, length, chunks.crc32(header), reserved)
+    return bytes(out)
+
+
+def test_njt_offsets_outside_values_are_refused() -> None:
+    good = encode_bytes(torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged))
+    doc, start, end = _header(good)
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    assert load(_rewrite_header(good, start, end, text)).size(0) == 2  # the rewrite itself is sound
+    offsets = doc["root"]["offsets"]
+    assert offsets["$"] == "tensor"
+    values = doc["root"]["values"]
+    doc["root"]["values"], doc["root"]["offsets"] = offsets, values  # int64 offsets as values
+    text = json.dumps(doc, separators=(",", ":")).encode()
+    with pytest.raises(CorruptStepError, match="inconsistent values/offsets|do not fit"):
+        load(_rewrite_header(good, start, end, text))

@@ -67,7 +67,7 @@ class ReplayMixin:
                 else "?",
             )
         self._check_fingerprint()
-        from rollout_mock.debug.expected import describe_expected
+        from rollout_mock.compare.metrics.expected import describe_expected
 
         if (note := describe_expected(self.config)) is not None:
             logger.info(note)

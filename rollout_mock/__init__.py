@@ -122,6 +122,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.wrap.scheduler import MockScheduler
 
 
+# the adapters package registers its scheduler hooks (rollout_mock.wrap.hooks) on import; it
+# imports no framework and no torch
+from rollout_mock import adapters as _adapters  # noqa: E402,F401
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:

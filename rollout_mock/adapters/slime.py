@@ -35,6 +35,7 @@ from typing import Any
 
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError
+from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = [
     "DEFAULT_ROLLOUT", "RECORD_FORMAT", "generate_rollout", "output_from_record", "record_from_flat",
@@ -161,8 +162,6 @@ def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
     key = (config.model_dump_json(), path, split)
     with _lock:
         if key not in _wrappers:
-            from rollout_mock.wrap.scheduler import MockScheduler
-
             inner = _Rollout(path)
             # The real rollout is only imported when called (dump mode, on_missing_step: record).
             _wrappers[key] = (MockScheduler(inner, config, split=split, methods=("generate_rollout",)), inner)

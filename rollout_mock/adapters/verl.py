@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rollout_mock.wrap.scheduler import MockScheduler
+
 from rollout_mock.config import load_config
 from rollout_mock.errors import ConfigError
 
@@ -40,8 +42,6 @@ class VerlRollout:
     """``generate_sequences`` recorded/replayed per split; everything else passes through."""
 
     def __init__(self, rollout: Any, config: Any, *, method: str = "generate_sequences") -> None:
-        from rollout_mock.wrap.scheduler import MockScheduler
-
         self._rollout = rollout
         self._method = method
         cfg = load_config(config)

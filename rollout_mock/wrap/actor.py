@@ -13,10 +13,11 @@ from typing import Any
 
 from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.determinism import apply_from_env
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
-from rollout_mock.wrap.calls import detect_convention, step_arg_position
+from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
+from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor
-from rollout_mock.wrap.scheduler import _ray_actor_class
 
 __all__ = ["mock_class"]
 
@@ -88,7 +89,7 @@ def mock_class(
     if not method_names:
         raise ConfigError("mock_class needs at least one method name to intercept")
     remote_options: dict[str, Any] | None = None
-    actor_class = _ray_actor_class(cls) if not isinstance(cls, type) else None
+    actor_class = ray_actor_class(cls) if not isinstance(cls, type) else None
     if actor_class is not None:
         remote_options = dict(getattr(cls, "_default_options", None) or {})
         cls = actor_class
@@ -121,14 +122,10 @@ def _build_mock_subclass(
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if apply_determinism:
-            from rollout_mock.determinism import apply_from_env
-
             apply_from_env()
         if not replays:
             cls.__init__(self, *args, **kwargs)
-            from rollout_mock.adapters._native import disable_native_roll_mock
-
-            disable_native_roll_mock(self)
+            prepare_scheduler(self)
         if callable(split) or callable(name):
             arguments = _bound_arguments(cls, args, kwargs)
             this_split = split(arguments) if callable(split) else split
@@ -238,9 +235,7 @@ class _InstanceMock:
                 self.init_args = None
                 logger.info("[RolloutMock] running %s.__init__ (on_missing_step=record)", cls.__qualname__)
                 cls.__init__(owner, *args, **kwargs)
-                from rollout_mock.adapters._native import disable_native_roll_mock
-
-                disable_native_roll_mock(owner)
+                prepare_scheduler(owner)
             return functools.partial(getattr(cls, method), owner)
 
         return resolve

@@ -12,22 +12,12 @@ from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
 from rollout_mock.modes import Convention
 from rollout_mock.storage.base import StepStore
-from rollout_mock.wrap.calls import detect_convention, step_arg_position
+from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
+from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor
 
 __all__ = ["MockScheduler"]
 
-
-
-def _disable_native(scheduler: Any) -> None:
-    """ROLL's own rollout mock would write the same files: switch it off (see adapters._native)."""
-    from rollout_mock.adapters._native import disable_native_roll_mock, disable_native_roll_mock_in_actor
-    from rollout_mock.wrap.calls import is_ray_actor_method
-
-    if is_ray_actor_method(getattr(scheduler, "get_batch", None)):
-        disable_native_roll_mock_in_actor(scheduler)
-    else:
-        disable_native_roll_mock(scheduler)
 
 
 class _RemoteMethod:
@@ -60,18 +50,6 @@ def _method_info(method: str, target: Any, *, bound: bool) -> dict[str, Any]:
     return {"convention": convention.value, "step_arg": step_arg_position(attribute, bound=bound)}
 
 
-def _ray_actor_class(spec: Any) -> type | None:
-    """The user's class behind a ``ray.remote`` actor class (``ActorClass``), else ``None``.
-
-    Ray 2.x sets ``__ray_actor_class__`` on the ``ActorClass`` (and on its internal modified
-    subclass); a plain class does not have it.
-    """
-    if isinstance(spec, type) and "__ray_actor_class__" not in vars(spec) and not hasattr(spec, "remote"):
-        return None
-    actor_class = getattr(spec, "__ray_actor_class__", None)
-    return actor_class if isinstance(actor_class, type) else None
-
-
 def _spec_methods(
     spec: Any, methods: Iterable[str], recorded: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -82,7 +60,7 @@ def _spec_methods(
     recorded for the method when there is one (a plain ``RolloutScheduler`` class as the spec of
     a dump recorded around its actor handle still replays as ``.remote()``), else the class's own.
     """
-    actor_class = _ray_actor_class(spec)
+    actor_class = ray_actor_class(spec)
     cls = actor_class if actor_class is not None else spec
     if not isinstance(cls, type):
         raise ConfigError(f"spec must be a class or a ray.remote actor class, got {spec!r}")
@@ -174,7 +152,7 @@ class MockScheduler:
         if not self.enabled:
             return
         if scheduler is not None and self.config.mode.records:
-            _disable_native(scheduler)
+            prepare_scheduler(scheduler)
         self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank)
         conventions = self._conventions(scheduler, spec)
         if self.config.mode.records and self.interceptor.writes:
@@ -215,7 +193,7 @@ class MockScheduler:
         if self.scheduler is None and self._factory is not None:
             logger.info("[RolloutMock] building the real scheduler (on_missing_step=record)")
             self.scheduler = self._factory()
-            _disable_native(self.scheduler)
+            prepare_scheduler(self.scheduler)
         return None if self.scheduler is None else getattr(self.scheduler, method)
 
     def _make(self, method: str, info: Mapping[str, Any]) -> Any:
@@ -228,27 +206,7 @@ class MockScheduler:
 
         if convention is Convention.RAY:
             def call_remote(options: dict[str, Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                import ray
-
-                step, call = interceptor.begin(method, args, kwargs, position)
-                live = real
-                if interceptor.mode.replays:
-                    source = interceptor.replay_source(step)
-                    if source is not None:
-                        return ray.put(interceptor.replay_at(source))
-                    live = interceptor._live(method, real, resolve)
-                    remote = live.options(**options) if options else live
-                    batch = ray.get(remote.remote(*args, **kwargs))
-                    interceptor.record_missing(interceptor.config.dump_step(step), batch, method=method,
-                                               seconds=None, call=call)
-                    return ray.put(batch)
-                assert live is not None
-                remote = live.options(**options) if options else live
-                ref = remote.remote(*args, **kwargs)
-                if interceptor.records_step(step):
-                    # Ray objects are immutable: no snapshot needed; fetch on the writer thread.
-                    interceptor.record_later(step, lambda: ray.get(ref), method=method, seconds=None, call=call)
-                return ref
+                return interceptor.call_remote(method, real, args, kwargs, position, resolve, options)
 
             return _RemoteMethod(call_remote)
 
@@ -329,9 +287,12 @@ class MockScheduler:
     def close(self) -> None:
         """Finish recording (nothing is lost), release the dump directory, then close the
         wrapped scheduler if it has a ``close``. Idempotent for rollout_mock's part."""
+        self._close(failed=False)
+
+    def _close(self, *, failed: bool) -> None:
         try:
             if self.interceptor is not None:
-                self.interceptor.close()
+                self.interceptor.close(failed=failed)
         finally:
             inner = getattr(self.scheduler, "close", None)
             if callable(inner) and detect_convention(inner) is Convention.SYNC:
@@ -340,5 +301,5 @@ class MockScheduler:
     def __enter__(self) -> MockScheduler:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: Any) -> None:
+        self._close(failed=exc_type is not None)

@@ -50,6 +50,7 @@ _EXPORTS: dict[str, str] = {
     "RolloutMockError": "rollout_mock.errors",
     "ConfigError": "rollout_mock.errors",
     "StepNotFoundError": "rollout_mock.errors",
+    "StreamNotFoundError": "rollout_mock.errors",
     "DumpNotFoundError": "rollout_mock.errors",
     "IncompleteDumpError": "rollout_mock.errors",
     "StepExistsError": "rollout_mock.errors",

@@ -22,10 +22,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_mock.wrap.scheduler import MockScheduler
-
 from rollout_mock.config import load_config
 from rollout_mock.errors import ConfigError
+from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = ["ATTRIBUTES", "VerlRollout", "is_validation", "wrap_verl_rollout"]
 

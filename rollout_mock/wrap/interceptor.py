@@ -30,8 +30,8 @@ from typing import Any
 from rollout_mock._text import logger
 from rollout_mock.codec import BufferPool
 from rollout_mock.config import RankPolicy, RolloutMockConfig
-from rollout_mock.errors import ConfigError
 from rollout_mock.debug.watchdog import StallWatchdog
+from rollout_mock.errors import ConfigError
 from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.stores import open_store

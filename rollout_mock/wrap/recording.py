@@ -10,7 +10,6 @@ convention), the recorder *how*. Hooks that run after a live call belong to the 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 

@@ -96,8 +96,6 @@ class Replayer:
                 else "?",
             )
         self._check_fingerprint()
-        from rollout_mock.compare.metrics.expected import describe_expected
-
         if (note := describe_expected(self.config)) is not None:
             logger.info(note)
         self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=self.config.prefetch)

@@ -9,9 +9,10 @@ from typing import Any
 
 from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.errors import ConfigError, SchedulerUnavailableError
+from rollout_mock.errors import ConfigError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention
 from rollout_mock.storage.base import StepStore
+from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor
@@ -179,6 +180,7 @@ class MockScheduler:
         info = {}
         for method in self.methods:
             if method not in recorded:
+                self._raise_if_stream_missing()
                 raise ConfigError(
                     f"mock mode without a scheduler: the manifest of {self.config.dump_dir} does not "
                     f"record how {self.split}.{method} is called (recorded: {sorted(recorded) or 'none'}); "
@@ -186,6 +188,30 @@ class MockScheduler:
                 )
             info[method] = recorded[method]
         return info
+
+    def _raise_if_stream_missing(self) -> None:
+        """Mock mode without a scheduler on a dump that has no step of this stream: say which
+        split (or name) is missing and which are there, rather than that a call spec is."""
+        interceptor = self.interceptor
+        assert interceptor is not None
+        store = interceptor.store
+        stream = interceptor.stream
+        if not isinstance(store, IndexedStore) or store.steps(stream):
+            return
+        present = store.stream_ids()
+        splits = sorted({s.split for s in present})
+        if self.split not in splits:
+            what = f"no {self.split!r} split"
+            fix = (f"record the {self.split!r} split in dump mode first (a MockScheduler with "
+                   f"split={self.split!r}), or replay one of the recorded splits")
+        else:
+            what = f"no stream {stream.key!r}"
+            fix = "check the scheduler's `name` and the rank settings"
+        raise StreamNotFoundError(
+            f"[RolloutMock] mode=mock: {interceptor.config.dump_dir} has {what} (splits recorded: "
+            f"{', '.join(splits) or 'none'}; streams: {', '.join(s.key for s in present) or 'none'}); {fix}",
+            mode=self.config.mode.value, split=self.split, path=interceptor.config.dump_dir,
+        )
 
     def _resolve(self, method: str) -> Any:
         """The real ``method``, building the scheduler with ``factory`` if needed (mock mode,
@@ -301,5 +327,5 @@ class MockScheduler:
     def __enter__(self) -> MockScheduler:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         self._close(failed=exc_type is not None)

@@ -28,6 +28,7 @@ from rollout_mock._version import __version__
 _EXPORTS: dict[str, str] = {
     "MockScheduler": "rollout_mock.wrap.scheduler",
     "mock_class": "rollout_mock.wrap.actor",
+    "wrap_scheduler": "rollout_mock.wrap.scheduler",
     "RolloutMockConfig": "rollout_mock.config",
     "load_config": "rollout_mock.config",
     "Mode": "rollout_mock.modes",
@@ -120,7 +121,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.storage.partial import rank_rows
     from rollout_mock.storage.reader import Dump, load_step, open_dump
     from rollout_mock.wrap.actor import mock_class
-    from rollout_mock.wrap.scheduler import MockScheduler
+    from rollout_mock.wrap.scheduler import MockScheduler, wrap_scheduler
 
 
 # the adapters package registers its scheduler hooks (rollout_mock.wrap.hooks) on import; it

@@ -83,7 +83,7 @@ def record_from_flat(samples: list[dict[str, Any]], *, evaluation: bool) -> dict
 
 
 def _sample_class() -> Any:
-    from slime.utils.types import Sample
+    from slime.utils.types import Sample  # type: ignore[import-not-found]
 
     return Sample
 
@@ -101,9 +101,9 @@ def output_from_record(record: Mapping[str, Any]) -> Any:
         raise ConfigError(f"not a rollout_mock slime record (format={record.get('format')!r})")
     sample_cls = _sample_class()
     try:
-        from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+        from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput  # type: ignore[import-not-found]
     except ImportError:  # older slime: legacy returns
-        RolloutFnEvalOutput = RolloutFnTrainOutput = None  # type: ignore[assignment,misc]
+        RolloutFnEvalOutput = RolloutFnTrainOutput = None
     if record.get("kind") == "eval":
         data = {name: {k: (_from_dict(v, sample_cls) if k == "samples" else v) for k, v in info.items()}
                 for name, info in record["data"].items()}

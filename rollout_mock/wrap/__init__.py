@@ -12,13 +12,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__all__ = ["MockScheduler", "mock_class", "wrap"]
+__all__ = ["MockScheduler", "mock_class", "wrap_scheduler"]
 
-_EXPORTS = {"MockScheduler": "scheduler", "wrap": "scheduler", "mock_class": "actor"}
+_EXPORTS = {"MockScheduler": "scheduler", "wrap_scheduler": "scheduler", "mock_class": "actor"}
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.wrap.actor import mock_class
-    from rollout_mock.wrap.scheduler import MockScheduler, wrap
+    from rollout_mock.wrap.scheduler import MockScheduler, wrap_scheduler
 
 
 def __getattr__(name: str) -> Any:

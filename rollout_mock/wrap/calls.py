@@ -80,7 +80,7 @@ def as_step(value: Any, *, method: str | None, argument: str, **context: Any) ->
     if step is None or step < 0:
         why = "a negative step" if step is not None else f"not an integer ({type(original).__qualname__})"
         shape = getattr(original, "shape", None)
-        if shape is not None and getattr(original, "ndim", 0):
+        if shape is not None and getattr(original, "ndim", False):
             why = f"a {type(original).__qualname__} of shape {tuple(shape)}, not a single number"
         shown = short_repr(original)
         where = ", ".join(f"{k}={v}" for k, v in context.items() if k in ("mode", "split") and v)

@@ -307,7 +307,7 @@ class Interceptor:
                 batch = self.replayer.replay_at(source)
                 self.after_replayed_call(step, source, batch)
                 return ray.put(batch)
-            function = self._real(method, real, resolve)
+            function: Any = self._real(method, real, resolve)
             remote = function.options(**options) if options else function
             start = time.perf_counter()
             ref = remote.remote(*args, **kwargs)

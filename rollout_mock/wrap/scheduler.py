@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar, cast, overload
 
 from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
@@ -17,7 +17,9 @@ from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg
 from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor
 
-__all__ = ["MockScheduler"]
+__all__ = ["MockScheduler", "wrap_scheduler"]
+
+T = TypeVar("T")
 
 
 
@@ -80,7 +82,7 @@ def _spec_methods(
     return info
 
 
-class MockScheduler:
+class MockScheduler(Generic[T]):
     """Record or replay what a rollout scheduler's batch methods return.
 
     Args:
@@ -120,12 +122,12 @@ class MockScheduler:
 
     def __init__(
         self,
-        scheduler: Any = None,
+        scheduler: T | None = None,
         config: Any = None,
         *,
         split: str = "train",
         methods: Iterable[str] = ("get_batch",),
-        factory: Callable[[], Any] | None = None,
+        factory: Callable[[], T] | None = None,
         spec: Any = None,
         name: str | None = None,
         store: StepStore | None = None,
@@ -324,8 +326,32 @@ class MockScheduler:
             if callable(inner) and detect_convention(inner) is Convention.SYNC:
                 inner()
 
-    def __enter__(self) -> MockScheduler:
+    def __enter__(self) -> MockScheduler[T]:
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         self._close(failed=exc_type is not None)
+
+
+@overload
+def wrap_scheduler(scheduler: None, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
+                   factory: Callable[[], T], spec: Any = ..., name: str | None = ...,
+                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+@overload
+def wrap_scheduler(scheduler: None, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
+                   factory: None = ..., spec: type[T], name: str | None = ...,
+                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+@overload
+def wrap_scheduler(scheduler: T, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
+                   factory: Callable[[], T] | None = ..., spec: Any = ..., name: str | None = ...,
+                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+def wrap_scheduler(scheduler: Any, config: Any = None, **options: Any) -> Any:
+    """:class:`MockScheduler` typed as what it wraps: ``wrap_scheduler(real, cfg)`` is a
+    ``MockScheduler`` at run time, and to a type checker the type of ``real`` (or of what
+    ``factory`` builds, or an instance of the ``spec`` class), so that a misspelt method
+    (``rollout.get_btach(...)``) is an error in mypy. The arguments are MockScheduler's.
+
+    Use the :class:`MockScheduler` name when the code calls rollout_mock's own methods
+    (``close``, ``flush``, ``state_dict``...), which the wrapped type may not declare.
+    """
+    return cast(Any, MockScheduler(scheduler, config, **options))

@@ -28,9 +28,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
-from collections.abc import Iterator
 from typing import Any
 
+from rollout_mock.batch import dataproto_fields
 from rollout_mock.errors import ConfigError, UnsafePickleError
 
 __all__ = [
@@ -126,6 +126,18 @@ def _plain_items(mapping: Any) -> dict[str, Any]:
 def split_batch(obj: Any) -> tuple[str, str, dict[str, Any], dict[str, Any]] | None:
     """``(kind, layout, fields, extra)`` for a DataProto-like or registered object, else None."""
     cls = type(obj)
+    found = dataproto_fields(obj)  # the batch model's one DataProto rule (instance state only)
+    if found is not None:
+        layout, state = found
+        names = _FIELDS if layout == "public" else _PRIVATE
+        nt = state[names[1]]
+        fields = {
+            "batch": state[names[0]],
+            "non_tensor_batch": None if nt is None else _plain_items(nt),
+            "meta_info": state[names[2]],
+        }
+        extra = {k: v for k, v in state.items() if k not in names}
+        return "dataproto", layout, fields, extra
     if cls.__module__ == "builtins":
         return None
     try:
@@ -134,18 +146,6 @@ def split_batch(obj: Any) -> tuple[str, str, dict[str, Any], dict[str, Any]] | N
         return None
     if not isinstance(state, dict):
         return None
-    for layout, names in (("public", _FIELDS), ("private", _PRIVATE)):
-        if all(name in state for name in names) and isinstance(state[names[2]], dict):
-            nt = state[names[1]]
-            if nt is not None and not (hasattr(nt, "keys") and hasattr(nt, "__getitem__")):
-                continue
-            fields = {
-                "batch": state[names[0]],
-                "non_tensor_batch": None if nt is None else _plain_items(nt),
-                "meta_info": state[names[2]],
-            }
-            extra = {k: v for k, v in state.items() if k not in names}
-            return "dataproto", layout, fields, extra
     if is_batch_class(cls):
         return "object", "dict", {}, dict(state)
     return None
@@ -245,10 +245,3 @@ def build_batch(kind: str, path: str, layout: str, fields: dict[str, Any], extra
         if name.isidentifier() and not name.startswith("__") and name not in state:
             state[name] = value
     return obj
-
-
-def iter_batch_keys(fields: dict[str, Any]) -> Iterator[str]:
-    batch = fields.get("batch")
-    if batch is not None:
-        yield from batch.keys()
-    yield from (fields.get("non_tensor_batch") or {})

@@ -33,7 +33,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -298,7 +298,7 @@ def _tuple_take(obj: tuple[Any, ...], index: list[int]) -> Any:
 def _mapping_take(obj: Mapping[str, Any], index: list[int]) -> Any:
     n = _mapping_rows(obj)
     out = {k: _index_column(v, index, n) if n is not None else v for k, v in obj.items()}
-    return out if type(obj) is dict else type(obj)(out)
+    return out if type(obj) is dict else cast(Any, type(obj))(out)
 
 
 def _mapping_concat(parts: list[Any]) -> Any:

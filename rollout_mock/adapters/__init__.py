@@ -26,7 +26,10 @@ _EXPORTS = {
     "open_foreign": "foreign", "import_foreign": "foreign", "detect_format": "foreign",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ArealRollout", "VerlRollout", "detect_format", "import_foreign", "open_foreign", "roll_config",
+    "roll_handle", "roll_scheduler", "wrap_areal", "wrap_verl_rollout",
+]
 
 
 def __getattr__(name: str) -> Any:

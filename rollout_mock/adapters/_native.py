@@ -57,7 +57,7 @@ def disable_native_roll_mock_in_actor(handle: Any) -> bool:
 
     try:
         return bool(ray.get(caller.remote(_disable_in_actor), timeout=60))
-    except Exception as exc:  # an actor that cannot run it: its own dump stays as it was
+    except Exception as exc:  # noqa: BLE001 - an actor that cannot run it: its own dump stays as it was
         logger.debug("[RolloutMock] could not check the actor for ROLL's rollout mock: %s", exc)
         return False
 

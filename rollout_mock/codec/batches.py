@@ -224,7 +224,7 @@ def build_batch(kind: str, path: str, layout: str, fields: dict[str, Any], extra
                 f"class of this process (rollout_mock.register_batch_class; its module must be "
                 f"imported before loading). A trusted load does not help here: register the class.",
             )
-        obj = object.__new__(cls)
+        obj: Any = object.__new__(cls)
         object.__getattribute__(obj, "__dict__").update(extra)
         return obj
     if cls is None:

@@ -273,7 +273,7 @@ def _close_quietly(reference: weakref.ref[_InstanceMock]) -> None:
         return
     try:
         state.close()
-    except Exception as exc:  # at exit there is nobody left to raise to: say it loudly
+    except Exception as exc:  # noqa: BLE001 - at exit there is nobody left to raise to: say it loudly
         logger.error("[RolloutMock] closing %s at exit failed: %s", state.interceptor.stream, exc)
 
 

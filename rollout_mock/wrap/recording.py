@@ -114,7 +114,7 @@ class Recorder:
             try:
                 batch = produce()
                 seconds = elapsed(started)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the caller gets the error from its own ray.get
                 logger.warning(
                     "[RolloutMock] step %d of %s not recorded: the rollout failed (%s: %s)",
                     step, self.stream, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",

@@ -186,8 +186,8 @@ def test_no_import_cycles() -> None:
     modules = _modules()
     graph = {name: _top_level_imports(path, name, modules) for name, path in modules.items()}
     # a package's __init__ importing its own submodules is not a cycle with them
-    for name in graph:
-        graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
+    for name, targets in graph.items():
+        graph[name] = {t for t in targets if not t.startswith(name + ".")}
     state: dict[str, int] = {}
     stack: list[str] = []
 

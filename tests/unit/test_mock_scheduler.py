@@ -345,3 +345,22 @@ def test_an_exception_in_the_with_block_is_not_hidden_by_the_nothing_recorded_wa
     with MockScheduler(RlvrScheduler(), cfg(dump_dir, overwrite=True)):
         pass
     assert any("without recording any step" in r.getMessage() for r in caplog.records)
+
+
+def test_registered_scheduler_hooks_see_the_real_scheduler_in_dump_mode_only(dump_dir: Path) -> None:
+    from rollout_mock.adapters._native import prepare_roll_scheduler
+    from rollout_mock.wrap import hooks
+
+    seen: list[Any] = []
+    hooks.register_scheduler_hook(seen.append)
+    try:
+        assert prepare_roll_scheduler in hooks.scheduler_hooks()  # registered by `import rollout_mock`
+        real = RlvrScheduler()
+        with MockScheduler(real, cfg(dump_dir)) as mock:
+            mock.get_batch(None, 0, 2)
+        assert seen == [real]
+        with MockScheduler(None, cfg(dump_dir, "mock")) as mock:
+            mock.get_batch(None, 0, 2)
+        assert seen == [real]
+    finally:
+        hooks._HOOKS.remove(seen.append)

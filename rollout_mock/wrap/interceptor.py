@@ -170,16 +170,6 @@ class Interceptor:
     def _buffers(self) -> BufferPool | None:
         return None if self.recorder is None else self.recorder.buffers
 
-    def records_step(self, step: int) -> bool:
-        """Dump mode: whether ``step`` is written (``dump_steps``, rank, on_disk_full=skip)."""
-        return self.recorder is not None and self.recorder.records_step(step)
-
-    def replay_source(self, step: int) -> int | None:
-        """Mock mode: the recorded step serving run step ``step``, ``None`` = run it live
-        (``on_missing_step: record``); see :meth:`Replayer.replay_source`."""
-        assert self.replayer is not None, "replay_source is mock mode only"
-        return self.replayer.replay_source(step)
-
     # ------------------------------------------------------------------ hooks
     def after_live_call(self, step: int, method: str, batch: Any) -> None:
         """Runs on the calling thread after the real method returned, whether or not its batch

@@ -26,16 +26,15 @@ T = TypeVar("T")
 class _RemoteMethod:
     """Stands in for a Ray ``ActorMethod``: ``.remote(...)`` returns an ``ObjectRef``."""
 
-    def __init__(self, call: Callable[..., Any], options: Callable[..., Any] | None = None) -> None:
+    def __init__(self, call: Callable[..., Any]) -> None:
         self._call = call
-        self._options = options
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(None, args, kwargs)
 
     def options(self, **options: Any) -> _RemoteMethod:
         """Ray call options (``num_returns``...) are forwarded in dump mode, ignored in mock mode."""
-        return _RemoteMethod(lambda _, a, k: self._call(options, a, k), self._options)
+        return _RemoteMethod(lambda _, a, k: self._call(options, a, k))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("Actor methods cannot be called directly; use .remote(...)")

@@ -32,7 +32,7 @@ verl_protocol = pytest.importorskip("verl.protocol")
 DataProto = verl_protocol.DataProto
 
 from rollout_mock import LockedError, MockScheduler, load_step, mock_class, open_dump
-from rollout_mock.determinism import (  # noqa: E402
+from rollout_mock.determinism import (
     FINGERPRINT_ENV_VARS,
     PROFILE_VAR,
     PROFILES,
@@ -67,7 +67,7 @@ def make_batch(step: int, batch_size: int, domain: str = "agentic") -> Any:
 def assert_same_batch(actual: Any, expected: Any) -> None:
     assert type(actual) is type(expected)
     assert sorted(actual.batch.keys()) == sorted(expected.batch.keys())
-    for key in expected.batch.keys():
+    for key in expected.batch.keys():  # noqa: SIM118 - a TensorDict
         assert actual.batch[key].dtype == expected.batch[key].dtype, key
         assert torch.equal(actual.batch[key], expected.batch[key]), key
     assert sorted(actual.non_tensor_batch) == sorted(expected.non_tensor_batch)

@@ -160,9 +160,9 @@ def test_missing_step_error_lists_ranges_and_reasons(dump_dir: Path) -> None:
     with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
         for step in (0, 1, 2, 5, 7, 8):
             mock.get_batch(None, step, 1)
-    with MockScheduler(None, cfg(dump_dir, "mock", prefetch=False)) as mock:
-        with pytest.raises(StepNotFoundError) as info:
-            mock.get_batch(None, 4, 1)
+    with MockScheduler(None, cfg(dump_dir, "mock", prefetch=False)) as mock, \
+            pytest.raises(StepNotFoundError) as info:
+        mock.get_batch(None, 4, 1)
     error = info.value
     assert isinstance(error, FileNotFoundError)
     message = str(error)
@@ -210,9 +210,9 @@ def test_corrupted_file_is_detected(dump_dir: Path) -> None:
     path.write_bytes(bytes(data))
     from rollout_mock.errors import CorruptStepError
 
-    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
-        with pytest.raises(CorruptStepError) as info:
-            mock.get_batch(None, 0, 64)
+    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock, \
+            pytest.raises(CorruptStepError) as info:
+        mock.get_batch(None, 0, 64)
     assert str(path) in str(info.value) and "step 0" in str(info.value) and "checksum" in str(info.value)
     with pytest.raises(CorruptStepError):
         load_step(path)
@@ -337,9 +337,8 @@ def test_an_exception_in_the_with_block_is_not_hidden_by_the_nothing_recorded_wa
     dump_dir: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.WARNING, logger="rollout_mock")
-    with pytest.raises(RuntimeError, match="the real scheduler crashed"):
-        with MockScheduler(RlvrScheduler(), cfg(dump_dir)):
-            raise RuntimeError("the real scheduler crashed")
+    with pytest.raises(RuntimeError, match="the real scheduler crashed"), MockScheduler(RlvrScheduler(), cfg(dump_dir)):
+        raise RuntimeError("the real scheduler crashed")
     assert not any("without recording any step" in r.getMessage() for r in caplog.records)
     # the warning itself still exists for a block that ends normally having recorded nothing
     with MockScheduler(RlvrScheduler(), cfg(dump_dir, overwrite=True)):

@@ -4,7 +4,8 @@ The public API, all importable from here::
 
     from rollout_mock import MockScheduler, load_config, open_dump, verify, diff_dumps
 
-* wrapping: :class:`MockScheduler`, :func:`mock_class` (``rollout_mock.wrap``);
+* wrapping: :class:`MockScheduler`, :func:`wrap_scheduler` (typed as what it wraps),
+  :func:`mock_class` (``rollout_mock.wrap``);
 * configuration: :class:`RolloutMockConfig`, :func:`load_config`, :class:`Mode`;
 * reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`StepStore`,
   :class:`DirectoryStore`, :class:`MemoryStore` (``rollout_mock.storage``);

@@ -25,27 +25,26 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 from rollout_mock.codec import register_batch_class
 from rollout_mock.compare.metrics import MetricsWriter
+from rollout_mock.debug.demo_model import VOCAB, Policy
 from rollout_mock.determinism import apply as apply_determinism
 from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = [
     "BOS",
+    "VOCAB",
     "Policy",
     "RolloutBatch",
     "RunResult",
     "StepRequest",
     "ToyRolloutScheduler",
-    "VOCAB",
     "run_pipeline",
     "target_of",
     "train_step",
 ]
 
-VOCAB = 16
 BOS = 0
 
 
@@ -67,18 +66,6 @@ class StepRequest:
     """What the trainer passes to ``get_batch``: ROLL-style, the step rides in ``meta_info``."""
 
     meta_info: dict[str, Any]
-
-
-class Policy(nn.Module):
-    def __init__(self, hidden: int = 64) -> None:
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, hidden)
-        self.rnn = nn.GRU(hidden, hidden, batch_first=True)
-        self.head = nn.Linear(hidden, VOCAB)
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        out, _ = self.rnn(self.embed(tokens))
-        return self.head(out)
 
 
 def target_of(prompts: torch.Tensor, length: int) -> torch.Tensor:

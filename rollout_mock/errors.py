@@ -41,6 +41,7 @@ __all__ = [
     "StepArgumentError",
     "StepExistsError",
     "StepNotFoundError",
+    "StreamNotFoundError",
     "TraceError",
     "UnsafePathError",
     "UnsafePickleError",
@@ -77,6 +78,11 @@ class ConfigError(RolloutMockError, ValueError):
 
 class StepNotFoundError(RolloutMockError, FileNotFoundError):
     """Mock mode asked for a step that was never recorded."""
+
+
+class StreamNotFoundError(StepNotFoundError, ConfigError):
+    """Mock mode on a dump that holds no step of the scheduler's split (or stream name); the
+    message names the splits that are there. A :class:`ConfigError` too (the wrong ``split``)."""
 
 
 class DumpNotFoundError(RolloutMockError, FileNotFoundError):

@@ -7,13 +7,17 @@
 * :mod:`~rollout_mock.adapters.foreign` — ``open_foreign`` / ``import_foreign`` for ROLL, verl
   ``skip.rollout``, AReaL ``trajectory_debug`` and slime debug rollout dumps.
 
-Names are imported lazily: ``import rollout_mock.adapters`` imports no framework.
+Names are imported lazily: ``import rollout_mock.adapters`` imports no framework. It does
+register the adapters' scheduler hooks (:mod:`rollout_mock.wrap.hooks`), e.g. switching off
+ROLL's built-in rollout mock on a scheduler that rollout_mock records.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+from rollout_mock.adapters import _native  # noqa: F401  (registers ROLL's scheduler hook)
 
 _EXPORTS = {
     "roll_scheduler": "roll", "roll_handle": "roll", "roll_config": "roll",
@@ -22,7 +26,10 @@ _EXPORTS = {
     "open_foreign": "foreign", "import_foreign": "foreign", "detect_format": "foreign",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ArealRollout", "VerlRollout", "detect_format", "import_foreign", "open_foreign", "roll_config",
+    "roll_handle", "roll_scheduler", "wrap_areal", "wrap_verl_rollout",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,8 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from rollout_mock._text import logger
+from rollout_mock.wrap.calls import is_ray_actor_method
+from rollout_mock.wrap.hooks import register_scheduler_hook
 
-__all__ = ["disable_native_roll_mock", "disable_native_roll_mock_in_actor", "has_native_roll_mock"]
+__all__ = [
+    "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "has_native_roll_mock",
+    "prepare_roll_scheduler",
+]
 
 
 
@@ -52,10 +57,20 @@ def disable_native_roll_mock_in_actor(handle: Any) -> bool:
 
     try:
         return bool(ray.get(caller.remote(_disable_in_actor), timeout=60))
-    except Exception as exc:  # an actor that cannot run it: its own dump stays as it was
+    except Exception as exc:  # noqa: BLE001 - an actor that cannot run it: its own dump stays as it was
         logger.debug("[RolloutMock] could not check the actor for ROLL's rollout mock: %s", exc)
         return False
 
 
 def _disable_in_actor(instance: Any) -> bool:
     return disable_native_roll_mock(instance)
+
+
+@register_scheduler_hook
+def prepare_roll_scheduler(scheduler: Any) -> None:
+    """The scheduler hook (:mod:`rollout_mock.wrap.hooks`): ROLL's own mock off on an object, an
+    instance inside an actor, or (through ``__ray_call__``) the actor behind a handle."""
+    if is_ray_actor_method(getattr(scheduler, "get_batch", None)):
+        disable_native_roll_mock_in_actor(scheduler)
+    else:
+        disable_native_roll_mock(scheduler)

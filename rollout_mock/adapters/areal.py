@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rollout_mock.wrap.scheduler import MockScheduler
+
 __all__ = ["ArealRollout", "wrap_areal"]
 
 
@@ -29,8 +31,6 @@ class ArealRollout:
     def __init__(self, engine: Any, config: Any, *, step: Callable[[], int] | None = None,
                  methods: Iterable[str] = ("rollout_batch", "prepare_batch"), split: str = "train",
                  factory: Callable[[], Any] | None = None) -> None:
-        from rollout_mock.wrap.scheduler import MockScheduler
-
         self._mock = MockScheduler(engine, config, methods=tuple(methods), split=split, factory=factory)
         self._step = step
         for method in self._mock.methods:

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock.errors import DumpNotFoundError, ForeignDumpError, UnsafePickleError
+from rollout_mock.storage.base import BatchInfo
 from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.stores import open_store
 
 __all__ = ["FORMATS", "ForeignDump", "ForeignStep", "detect_format", "import_foreign", "open_foreign"]
 
@@ -141,9 +143,6 @@ def import_foreign(
     report: Callable[[str], None] | None = None,
 ) -> ForeignDump:
     """Convert a foreign dump into a rollout_mock dump at ``dst`` (manifest, checksums, safe format)."""
-    from rollout_mock.storage.base import BatchInfo
-    from rollout_mock.storage.stores import open_store
-
     foreign = open_foreign(src, trust=trust, format=format)
     store = open_store(dst)
     try:

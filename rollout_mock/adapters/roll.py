@@ -47,6 +47,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.wrap.actor import mock_class
+from rollout_mock.wrap.calls import ray_actor_class
+from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = ["LIFECYCLE_METHODS", "roll_config", "roll_handle", "roll_name", "roll_scheduler", "roll_split"]
 
@@ -131,8 +134,6 @@ def roll_scheduler(
     recorded/replayed inside each instance; use it where ROLL uses the class (see the module
     docstring). ``split``/``name`` override what is read from the constructor's arguments.
     With ``enable: false`` (or no block) ``cls`` itself is returned."""
-    from rollout_mock.wrap.actor import mock_class
-
     resolved = roll_config(config)
     wrapped = mock_class(
         cls, resolved,
@@ -171,9 +172,7 @@ def roll_handle(
     class (its ``get_batch`` signature tells where the step is). Calls stay
     ``ray.get(handle.get_batch.remote(...))``; in dump mode ROLL's own mock inside the actor is
     switched off. Other actor methods (``suspend``...) are unavailable in mock mode."""
-    from rollout_mock.wrap.scheduler import MockScheduler, _ray_actor_class
-
-    if isinstance(spec, type) and _ray_actor_class(spec) is None:
+    if isinstance(spec, type) and ray_actor_class(spec) is None:
         import ray
 
         spec = ray.remote(spec)  # never instantiated: only tells mock mode to answer .remote()

@@ -35,6 +35,7 @@ from typing import Any
 
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError
+from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = [
     "DEFAULT_ROLLOUT", "RECORD_FORMAT", "generate_rollout", "output_from_record", "record_from_flat",
@@ -82,7 +83,7 @@ def record_from_flat(samples: list[dict[str, Any]], *, evaluation: bool) -> dict
 
 
 def _sample_class() -> Any:
-    from slime.utils.types import Sample
+    from slime.utils.types import Sample  # type: ignore[import-not-found]
 
     return Sample
 
@@ -100,9 +101,9 @@ def output_from_record(record: Mapping[str, Any]) -> Any:
         raise ConfigError(f"not a rollout_mock slime record (format={record.get('format')!r})")
     sample_cls = _sample_class()
     try:
-        from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput
+        from slime.rollout.base_types import RolloutFnEvalOutput, RolloutFnTrainOutput  # type: ignore[import-not-found]
     except ImportError:  # older slime: legacy returns
-        RolloutFnEvalOutput = RolloutFnTrainOutput = None  # type: ignore[assignment,misc]
+        RolloutFnEvalOutput = RolloutFnTrainOutput = None
     if record.get("kind") == "eval":
         data = {name: {k: (_from_dict(v, sample_cls) if k == "samples" else v) for k, v in info.items()}
                 for name, info in record["data"].items()}
@@ -161,8 +162,6 @@ def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
     key = (config.model_dump_json(), path, split)
     with _lock:
         if key not in _wrappers:
-            from rollout_mock.wrap.scheduler import MockScheduler
-
             inner = _Rollout(path)
             # The real rollout is only imported when called (dump mode, on_missing_step: record).
             _wrappers[key] = (MockScheduler(inner, config, split=split, methods=("generate_rollout",)), inner)

@@ -24,6 +24,7 @@ from typing import Any
 
 from rollout_mock.config import load_config
 from rollout_mock.errors import ConfigError
+from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = ["ATTRIBUTES", "VerlRollout", "is_validation", "wrap_verl_rollout"]
 
@@ -40,8 +41,6 @@ class VerlRollout:
     """``generate_sequences`` recorded/replayed per split; everything else passes through."""
 
     def __init__(self, rollout: Any, config: Any, *, method: str = "generate_sequences") -> None:
-        from rollout_mock.wrap.scheduler import MockScheduler
-
         self._rollout = rollout
         self._method = method
         cfg = load_config(config)

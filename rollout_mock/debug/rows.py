@@ -12,36 +12,20 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
-import torch
-
-from rollout_mock.batch import count_samples, is_dataproto, is_tensordict, type_name
-from rollout_mock.errors import DebugInputError
+from rollout_mock.batch import count_samples, dataproto_parts, is_dataproto, is_tensordict, take_rows, type_name
+from rollout_mock.errors import DebugInputError, RolloutMockError
 
 __all__ = ["row_count", "select_keys", "select_rows"]
 
 
 def row_count(batch: Any) -> int:
-    """Rows of a batch (list items for lists, samples for slime dumps)."""
+    """Rows of a batch (list items for lists, samples for slime dumps): :mod:`rollout_mock.batch`."""
     if isinstance(batch, Mapping) and isinstance(batch.get("samples"), list):
         return len(batch["samples"])
     n = count_samples(batch)
     if n is None:
         raise DebugInputError(f"cannot tell how many rows a {type_name(batch)} has")
     return n
-
-
-def _take(value: Any, index: list[int], n: int) -> Any:
-    """Rows ``index`` of one column whose first dimension is ``n``; other values unchanged."""
-    if isinstance(value, torch.Tensor | np.ndarray) and value.ndim >= 1 and value.shape[0] == n:
-        return value[torch.tensor(index, dtype=torch.long) if isinstance(value, torch.Tensor) else np.asarray(index, dtype=np.int64)]
-    if isinstance(value, list) and len(value) == n:
-        return [value[i] for i in index]
-    return value
-
-
-def _take_mapping(mapping: Mapping[str, Any], index: list[int], n: int) -> dict[str, Any]:
-    return {k: _take(v, index, n) for k, v in mapping.items()}
 
 
 def select_rows(batch: Any, index: Sequence[int]) -> Any:
@@ -55,24 +39,10 @@ def select_rows(batch: Any, index: Sequence[int]) -> Any:
         return [copy.copy(batch[i]) for i in index]
     if isinstance(batch, Mapping) and isinstance(batch.get("samples"), list):
         return {**batch, "samples": [batch["samples"][i] for i in index]}
-    if is_dataproto(batch):
-        select = getattr(batch, "select_idxs", None)
-        if callable(select):  # verl and ROLL: their own implementation keeps every invariant
-            return select(np.asarray(index, dtype=np.int64))
-        new = copy.copy(batch)
-        inner = batch.batch
-        if is_tensordict(inner) and not isinstance(inner, Mapping):
-            new.batch = inner[torch.tensor(index, dtype=torch.long)]
-        elif inner is not None:
-            new.batch = _take_mapping(inner, index, n)
-        new.non_tensor_batch = _take_mapping(batch.non_tensor_batch or {}, index, n)
-        new.meta_info = copy.copy(batch.meta_info)
-        return new
-    if is_tensordict(batch) and not isinstance(batch, Mapping):
-        return batch[torch.tensor(index, dtype=torch.long)]
-    if isinstance(batch, Mapping):
-        return type(batch)(_take_mapping(batch, index, n)) if type(batch) is not dict else _take_mapping(batch, index, n)
-    raise DebugInputError(f"cannot select rows of a {type_name(batch)}")
+    try:
+        return take_rows(batch, index)
+    except RolloutMockError as exc:
+        raise DebugInputError(str(exc)) from exc
 
 
 def _keep(mapping: Mapping[str, Any], keys: set[str]) -> dict[str, Any]:
@@ -93,9 +63,7 @@ def select_keys(batch: Any, keys: Sequence[str]) -> Any:
             present |= set(sample) if isinstance(sample, Mapping) else set()
         out = {**batch, "samples": [_keep(s, wanted) if isinstance(s, Mapping) else s for s in batch["samples"]]}
     elif is_dataproto(batch):
-        state = getattr(batch, "__dict__", {})
-        tensors = state.get("_batch", batch.batch) if "_batch" in state else batch.batch
-        others = state.get("_non_tensor_batch", {}) if "_non_tensor_batch" in state else batch.non_tensor_batch or {}
+        tensors, others, _ = dataproto_parts(batch)
         present = set(map(str, tensors.keys())) if tensors is not None else set()
         present |= set(others)
         if callable(getattr(batch, "select", None)) and hasattr(batch, "select_idxs"):  # verl/ROLL DataProto

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from rollout_mock.batch import concat, count_samples
 from rollout_mock.errors import IncompleteDumpError, RolloutMockError
 from rollout_mock.storage.manifest import StreamId
 
@@ -123,8 +124,6 @@ def open_view(store: Any, stream: StreamId, step: int, *, trusted: bool = False,
 
 
 def _rows_of(batch: Any) -> int:
-    from rollout_mock.batch import count_samples
-
     n = count_samples(batch)
     if n is None:
         raise RolloutMockError(f"cannot re-split a {type(batch).__name__}: it has no batch dimension")
@@ -153,38 +152,11 @@ def load_resplit(store: Any, split: str, step: int, *, dp_rank: int, dp_size: in
 
 
 def _concat(parts: list[Any], split: str, step: int) -> Any:
-    import numpy as np
-    import torch
-
-    first = parts[0]
-    if hasattr(first, "concat") and hasattr(type(first), "concat"):  # verl DataProto
-        return type(first).concat(parts)
-    if isinstance(first, dict):
-        out = {}
-        for key, value in first.items():
-            values = [p[key] for p in parts]
-            if isinstance(value, torch.Tensor):
-                out[key] = torch.cat(values)
-            elif isinstance(value, np.ndarray):
-                out[key] = np.concatenate(values)
-            elif all(v == value for v in values):
-                out[key] = value  # per-step metadata, identical on every rank
-            else:
-                raise RolloutMockError(
-                    f"[RolloutMock] cannot re-split step {step} of {split}: key {key!r} is a "
-                    f"{type(value).__name__} that differs between ranks and has no batch dimension; "
-                    f"replay on the recorded rank count instead", split=split, step=step)
-        return out
     try:
-        from tensordict import TensorDict
-
-        if isinstance(first, TensorDict):
-            return torch.cat(parts)
-    except ImportError:  # pragma: no cover
-        pass
-    raise RolloutMockError(f"[RolloutMock] cannot re-split step {step} of {split}: a {type(first).__name__} "
-                           f"cannot be concatenated; replay on the recorded rank count instead",
-                           split=split, step=step)
+        return concat(parts)
+    except RolloutMockError as exc:
+        raise RolloutMockError(f"[RolloutMock] cannot re-split step {step} of {split}: {exc}; replay on "
+                               f"the recorded rank count instead", split=split, step=step) from exc
 
 
 def _take(batch: Any, rows: range) -> Any:

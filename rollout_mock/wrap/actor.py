@@ -9,17 +9,26 @@ import inspect
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.determinism import apply_from_env
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
-from rollout_mock.wrap.calls import detect_convention, step_arg_position
+from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
+from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor
-from rollout_mock.wrap.scheduler import _ray_actor_class
 
 __all__ = ["mock_class"]
 
+_C = TypeVar("_C")
+
+
+
+def _constructor(cls: type) -> Callable[..., None]:
+    """``cls.__init__`` as a plain function of ``(self, *args, **kwargs)``."""
+    init: Callable[..., None] = vars(type)["__getattribute__"](cls, "__init__")
+    return init
 
 
 def _is_async_class(cls: type) -> bool:
@@ -38,7 +47,7 @@ def _is_async_class(cls: type) -> bool:
 def _bound_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The constructor's arguments by parameter name (defaults applied), for split/name callables."""
     try:
-        bound = inspect.signature(cls.__init__).bind(None, *args, **kwargs)
+        bound = inspect.signature(_constructor(cls)).bind(None, *args, **kwargs)
     except TypeError:
         return dict(kwargs)
     bound.apply_defaults()
@@ -46,7 +55,7 @@ def _bound_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -
 
 
 def mock_class(
-    cls: type,
+    cls: _C,
     config: Any,
     *,
     split: str | Callable[[dict[str, Any]], str] = "train",
@@ -54,7 +63,7 @@ def mock_class(
     name: str | Callable[[dict[str, Any]], str | None] | None = None,
     rank: int | None = None,
     apply_determinism: bool = True,
-) -> Any:
+) -> _C:
     """A subclass of ``cls`` whose ``methods`` are recorded/replayed inside each instance.
 
     Made for Ray: ``ray.remote(mock_class(RolloutScheduler, cfg))`` runs the interception inside
@@ -88,24 +97,25 @@ def mock_class(
     if not method_names:
         raise ConfigError("mock_class needs at least one method name to intercept")
     remote_options: dict[str, Any] | None = None
-    actor_class = _ray_actor_class(cls) if not isinstance(cls, type) else None
+    target: Any = cls
+    actor_class = ray_actor_class(target) if not isinstance(target, type) else None
     if actor_class is not None:
-        remote_options = dict(getattr(cls, "_default_options", None) or {})
-        cls = actor_class
-    if not isinstance(cls, type):
-        raise ConfigError(f"mock_class needs a class (or a ray.remote actor class), got {cls!r}")
+        remote_options = dict(getattr(target, "_default_options", None) or {})
+        target = actor_class
+    if not isinstance(target, type):
+        raise ConfigError(f"mock_class needs a class (or a ray.remote actor class), got {target!r}")
     for method in method_names:
-        if not callable(getattr(cls, method, None)):
-            raise ConfigError(f"{cls.__qualname__} has no method {method!r} to intercept")
+        if not callable(getattr(target, method, None)):
+            raise ConfigError(f"{target.__qualname__} has no method {method!r} to intercept")
     if not resolved.enable:
-        subclass: type = cls
+        subclass: type = target
     else:
-        subclass = _build_mock_subclass(cls, resolved, split, method_names, name, rank, apply_determinism)
+        subclass = _build_mock_subclass(target, resolved, split, method_names, name, rank, apply_determinism)
     if remote_options is None:
-        return subclass
+        return cast(_C, subclass)
     import ray
 
-    return ray.remote(**remote_options)(subclass) if remote_options else ray.remote(subclass)
+    return cast(_C, ray.remote(**remote_options)(subclass) if remote_options else ray.remote(subclass))
 
 
 def _build_mock_subclass(
@@ -121,14 +131,10 @@ def _build_mock_subclass(
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if apply_determinism:
-            from rollout_mock.determinism import apply_from_env
-
             apply_from_env()
         if not replays:
-            cls.__init__(self, *args, **kwargs)
-            from rollout_mock.adapters._native import disable_native_roll_mock
-
-            disable_native_roll_mock(self)
+            _constructor(cls)(self, *args, **kwargs)
+            prepare_scheduler(self)
         if callable(split) or callable(name):
             arguments = _bound_arguments(cls, args, kwargs)
             this_split = split(arguments) if callable(split) else split
@@ -237,10 +243,8 @@ class _InstanceMock:
                 args, kwargs = self.init_args
                 self.init_args = None
                 logger.info("[RolloutMock] running %s.__init__ (on_missing_step=record)", cls.__qualname__)
-                cls.__init__(owner, *args, **kwargs)
-                from rollout_mock.adapters._native import disable_native_roll_mock
-
-                disable_native_roll_mock(owner)
+                _constructor(cls)(owner, *args, **kwargs)
+                prepare_scheduler(owner)
             return functools.partial(getattr(cls, method), owner)
 
         return resolve
@@ -269,7 +273,7 @@ def _close_quietly(reference: weakref.ref[_InstanceMock]) -> None:
         return
     try:
         state.close()
-    except Exception as exc:  # at exit there is nobody left to raise to: say it loudly
+    except Exception as exc:  # noqa: BLE001 - at exit there is nobody left to raise to: say it loudly
         logger.error("[RolloutMock] closing %s at exit failed: %s", state.interceptor.stream, exc)
 
 

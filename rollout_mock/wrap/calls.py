@@ -9,12 +9,14 @@ import operator
 import os
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout_mock._text import json_float, short_repr
-from rollout_mock.config import RolloutMockConfig
-from rollout_mock.errors import StepArgumentError
+from rollout_mock.errors import ConfigError, StepArgumentError
 from rollout_mock.modes import Convention
+
+if TYPE_CHECKING:  # pragma: no cover  (kept out of run time: adapters import this module cheaply)
+    from rollout_mock.config import RolloutMockConfig
 
 __all__ = [
     "STATE_VERSION",
@@ -25,6 +27,7 @@ __all__ = [
     "detect_convention",
     "elapsed",
     "is_ray_actor_method",
+    "ray_actor_class",
     "step_arg_position",
     "step_from_call",
     "step_position_in",
@@ -77,7 +80,7 @@ def as_step(value: Any, *, method: str | None, argument: str, **context: Any) ->
     if step is None or step < 0:
         why = "a negative step" if step is not None else f"not an integer ({type(original).__qualname__})"
         shape = getattr(original, "shape", None)
-        if shape is not None and getattr(original, "ndim", 0):
+        if shape is not None and getattr(original, "ndim", False):
             why = f"a {type(original).__qualname__} of shape {tuple(shape)}, not a single number"
         shown = short_repr(original)
         where = ", ".join(f"{k}={v}" for k, v in context.items() if k in ("mode", "split") and v)
@@ -150,6 +153,18 @@ def is_ray_actor_method(attribute: Any) -> bool:
     return type(attribute).__name__ == "ActorMethod" and hasattr(attribute, "remote")
 
 
+def ray_actor_class(spec: Any) -> type | None:
+    """The user's class behind a ``ray.remote`` actor class (``ActorClass``), else ``None``.
+
+    Ray 2.x sets ``__ray_actor_class__`` on the ``ActorClass`` (and on its internal modified
+    subclass); a plain class does not have it.
+    """
+    if isinstance(spec, type) and "__ray_actor_class__" not in vars(spec) and not hasattr(spec, "remote"):
+        return None
+    actor_class = getattr(spec, "__ray_actor_class__", None)
+    return actor_class if isinstance(actor_class, type) else None
+
+
 def detect_convention(attribute: Any) -> Convention:
     """How ``attribute`` (a bound method, a function, or a Ray actor method) is called."""
     if is_ray_actor_method(attribute):
@@ -175,8 +190,6 @@ def _hmac_key(config: RolloutMockConfig) -> bytes | None:
         return None
     value = os.environ.get(config.hmac_key_env)
     if not value:
-        from rollout_mock.errors import ConfigError
-
         raise ConfigError(
             f"rollout_mock.hmac_key_env: environment variable {config.hmac_key_env!r} is not set "
             f"or empty; export the signing key in it, or remove hmac_key_env from the config"

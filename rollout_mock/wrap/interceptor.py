@@ -9,6 +9,13 @@ dump directory and knows how to run an intercepted call in the current mode:
 It is independent of *how* the scheduler is wrapped: :class:`~rollout_mock.MockScheduler` (a
 proxy object around an instance or a Ray actor handle) and :func:`~rollout_mock.mock_class` (a
 subclass, so that interception happens inside a Ray actor) both drive it.
+
+Dispatch: one method per calling convention (:meth:`Interceptor.call`, :meth:`~Interceptor.call_async`,
+:meth:`~Interceptor.call_remote`), each the same sequence — :meth:`~Interceptor.begin` (step,
+call summary, checks), the stall watchdog around the call, then either the replayed batch
+(:meth:`~Interceptor.after_replayed_call`) or the real method, timed, its batch recorded
+(:meth:`~Interceptor.after_live_call`). The dump half is a :class:`~rollout_mock.wrap.recording.Recorder`,
+the mock half a :class:`~rollout_mock.wrap.replay.Replayer`; exactly one of them exists.
 """
 
 from __future__ import annotations
@@ -21,11 +28,12 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from rollout_mock._text import logger
+from rollout_mock.codec import BufferPool
 from rollout_mock.config import RankPolicy, RolloutMockConfig
 from rollout_mock.debug.watchdog import StallWatchdog
+from rollout_mock.errors import ConfigError
 from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.prefetch import Prefetcher
 from rollout_mock.storage.stores import open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.wrap.calls import (
@@ -37,14 +45,14 @@ from rollout_mock.wrap.calls import (
     elapsed,
     step_from_call,
 )
-from rollout_mock.wrap.recording import RecordingMixin
-from rollout_mock.wrap.replay import ReplayMixin
+from rollout_mock.wrap.recording import Recorder
+from rollout_mock.wrap.replay import Replayer
 
 __all__ = ["Interceptor"]
 
 
 
-class Interceptor(RecordingMixin, ReplayMixin):
+class Interceptor:
     """Runs intercepted calls for one stream in the configured mode (see the module docstring)."""
 
     def __init__(
@@ -75,23 +83,21 @@ class Interceptor(RecordingMixin, ReplayMixin):
         )
         self._next_step = 0
         self._lock = threading.Lock()
-        self._dump_disabled = False
         self._call_warned: set[str] = set()
-        #: steps written by this interceptor, and the intercepted methods called at all
-        self.saved = 0
+        #: the intercepted methods called at all
         self._methods_seen: set[str] = set()
-        self._estimated = False
-        self._writer: BackgroundWriter | SyncWriter | None = None
-        self._prefetcher: Prefetcher | None = None
         self.closed = False
+        #: the dump half (dump mode) and the mock half (mock mode): exactly one is set
+        self.recorder: Recorder | None = None
+        self.replayer: Replayer | None = None
         #: stall reports go to {dump_dir}/stalls/ (not from dump ranks that never touch the dump)
         self.watchdog = None if not config.watchdog.enable else StallWatchdog(
             config.watchdog, directory=config.dump_dir if self.writes or self.mode.replays else None,
             label=str(self.stream))
         if self.mode.records:
-            self._open_dump()
+            self.recorder = Recorder(config, self.store, self.stream, writes=self.writes)
         else:
-            self._open_mock()
+            self.replayer = Replayer(config, self.store, self.stream)
         logger.info(
             "[RolloutMock] Rollout Mock enabled: mode=%s, dir=%s, scheduler_mode=%s, format=pickle%s",
             self.mode.value,
@@ -133,10 +139,6 @@ class Interceptor(RecordingMixin, ReplayMixin):
             raise ValueError(f"not a rollout_mock scheduler state: {dict(state)!r}")
         self._next_step = int(state["next_step"])
 
-    def _next_recorded(self, step: int) -> int | None:
-        candidate = step + 1
-        return candidate if self.store.contains(self.stream, candidate) else None
-
     def check_call(self, step: int, method: str, call: dict[str, Any]) -> None:
         """Mock mode: warn (once per method) when a call's plain arguments differ from the
         recorded call's — e.g. another ``batch_size`` than the dump was made with."""
@@ -154,6 +156,32 @@ class Interceptor(RecordingMixin, ReplayMixin):
             step, self.stream, method, describe_call(call), describe_call(recorded), method,
         )
 
+    # ------------------------------------------------------------------ the two halves
+    @property
+    def saved(self) -> int:
+        """Steps written by this interceptor (dump mode)."""
+        return 0 if self.recorder is None else self.recorder.saved
+
+    @property
+    def _writer(self) -> BackgroundWriter | SyncWriter | None:
+        return None if self.recorder is None else self.recorder.writer
+
+    @property
+    def _buffers(self) -> BufferPool | None:
+        return None if self.recorder is None else self.recorder.buffers
+
+    # ------------------------------------------------------------------ hooks
+    def after_live_call(self, step: int, method: str, batch: Any) -> None:
+        """Runs on the calling thread after the real method returned, whether or not its batch
+        is recorded (``batch`` is ``None`` on the Ray path: the call returned an ``ObjectRef``).
+        The place for hooks that capture state produced by the live call. Nothing by default."""
+
+    def after_replayed_call(self, step: int, source: int, batch: Any) -> None:
+        """Runs on the calling thread after recorded step ``source`` was served for run step
+        ``step`` (``batch`` is what the caller gets). The place for hooks that restore state
+        the live call would have produced. Nothing by default."""
+
+    # ------------------------------------------------------------------ dispatch
     def begin(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
               position: int | None) -> tuple[int, dict[str, Any]]:
         """Start an intercepted call: its step and plain-argument summary. Mock mode checks the
@@ -163,78 +191,27 @@ class Interceptor(RecordingMixin, ReplayMixin):
         self._methods_seen.add(method)
         step = self.resolve_step(args, kwargs, position, method)
         call = call_summary(args, kwargs)
-        if self.mode.replays:
-            self.check_call(step, method, call)
+        if self.recorder is not None:
+            self.recorder.before_rollout(step)
         else:
-            self.before_rollout(step)
+            self.check_call(step, method, call)
         return step, call
 
-    def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
-             kwargs: dict[str, Any], position: int | None,
-             resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
-        """Run one intercepted plain call: replay, or call ``real`` and record its batch.
+    def _replayed(self, step: int) -> tuple[bool, int | None]:
+        """``(True, source)`` when the call is served from the dump, ``(False, None)`` when the
+        real method runs (dump mode, or mock mode's ``on_missing_step: record``)."""
+        if self.replayer is None:
+            return False, None
+        source = self.replayer.replay_source(step)
+        return source is not None, source
 
-        ``resolve`` builds the real method on demand (mock mode, ``on_missing_step: record``)."""
-        step, call = self.begin(method, args, kwargs, position)
-        with self._watching(method, step):
-            if self.mode.replays:
-                source = self.replay_source(step)
-                if source is not None:
-                    return self.replay_at(source)
-                real = self._live(method, real, resolve)
-                start = time.perf_counter()
-                batch = real(*args, **kwargs)
-                self.record_missing(self.config.dump_step(step), batch, method=method, seconds=elapsed(start), call=call)
-                return batch
-            assert real is not None, "dump mode always has the real scheduler"
-            start = time.perf_counter()
-            batch = real(*args, **kwargs)
-            if self.records_step(step):
-                self.record(step, batch, method=method, seconds=elapsed(start), call=call)
-            return batch
-
-    async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
-                         kwargs: dict[str, Any], position: int | None,
-                         resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
-        """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
-        step, call = self.begin(method, args, kwargs, position)
-        if self.watchdog is not None:
-            self.watchdog.note_loop(asyncio.get_running_loop())
-        with self._watching(method, step):
-            if self.mode.replays:
-                source = self.replay_source(step)
-                if source is not None:
-                    return await self.replay_at_async(source)
-                real = self._live(method, real, resolve)
-                start = time.perf_counter()
-                batch = await real(*args, **kwargs)
-                seconds = elapsed(start)
-                target = self.config.dump_step(step)
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: self.record_missing(target, batch, method=method, seconds=seconds, call=call)
-                )
-                return batch
-            assert real is not None, "dump mode always has the real scheduler"
-            start = time.perf_counter()
-            batch = await real(*args, **kwargs)
-            if self.records_step(step):
-                seconds = elapsed(start)
-                await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: self.record(step, batch, method=method, seconds=seconds, call=call)
-                )
-            return batch
-
-    def _watching(self, method: str, step: int) -> AbstractContextManager[None]:
-        return nullcontext() if self.watchdog is None else self.watchdog.watch(f"{method}(step {step})")
-
-    def _live(self, method: str, real: Callable[..., Any] | None,
+    def _real(self, method: str, real: Callable[..., Any] | None,
               resolve: Callable[[], Callable[..., Any]] | None) -> Callable[..., Any]:
-        """The real method for ``on_missing_step: record``, or a ConfigError saying what is missing."""
-        if real is None and resolve is not None:
+        """The real method: given, built on demand (mock mode, ``on_missing_step: record``), or a
+        ConfigError saying what is missing."""
+        if real is None and resolve is not None and self.replayer is not None:
             real = resolve()
         if real is None:
-            from rollout_mock.errors import ConfigError
-
             raise ConfigError(
                 f"[RolloutMock] on_missing_step=record (mode=mock, split={self.split}): a step of "
                 f"{self.stream} is not recorded and there is no real scheduler to run {method}: pass "
@@ -243,21 +220,137 @@ class Interceptor(RecordingMixin, ReplayMixin):
             )
         return real
 
-    def flush(self) -> None:
-        if self._writer is not None:
-            self._writer.flush()
+    def _keep(self, step: int, batch: Any, *, method: str, seconds: float, call: dict[str, Any]) -> None:
+        """Record a live call's batch: dump mode (when ``step`` is recorded) or a missing step
+        of mock mode (``on_missing_step: record``, written synchronously: it is rare)."""
+        if self.replayer is not None:
+            self.replayer.record_missing(self.config.dump_step(step), batch, method=method,
+                                         seconds=seconds, call=call)
+        elif self.recorder is not None and self.recorder.records_step(step):
+            self.recorder.record(step, batch, method=method, seconds=seconds, call=call)
 
-    def close(self) -> None:
-        """Write everything pending, stop background threads, release locks. Idempotent."""
+    def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
+             kwargs: dict[str, Any], position: int | None,
+             resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
+        """One intercepted plain call: replay, or call ``real`` and record its batch.
+
+        ``resolve`` builds the real method on demand (mock mode, ``on_missing_step: record``)."""
+        step, call = self.begin(method, args, kwargs, position)
+        with self._watching(method, step):
+            replayed, source = self._replayed(step)
+            if replayed:
+                assert self.replayer is not None and source is not None
+                batch = self.replayer.replay_at(source)
+                self.after_replayed_call(step, source, batch)
+                return batch
+            function = self._real(method, real, resolve)
+            start = time.perf_counter()
+            batch = function(*args, **kwargs)
+            seconds = elapsed(start)
+            self.after_live_call(step, method, batch)
+            self._keep(step, batch, method=method, seconds=seconds, call=call)
+            return batch
+
+    async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
+                         kwargs: dict[str, Any], position: int | None,
+                         resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
+        """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
+        step, call = self.begin(method, args, kwargs, position)
+        loop = asyncio.get_running_loop()
+        if self.watchdog is not None:
+            self.watchdog.note_loop(loop)
+        with self._watching(method, step):
+            replayed, source = self._replayed(step)
+            if replayed:
+                assert self.replayer is not None and source is not None
+                batch = await self.replayer.replay_at_async(source)
+                self.after_replayed_call(step, source, batch)
+                return batch
+            function = self._real(method, real, resolve)
+            start = time.perf_counter()
+            batch = await function(*args, **kwargs)
+            seconds = elapsed(start)
+            self.after_live_call(step, method, batch)
+            await loop.run_in_executor(
+                None, lambda: self._keep(step, batch, method=method, seconds=seconds, call=call))
+            return batch
+
+    def call_remote(self, method: str, real: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
+                    position: int | None, resolve: Callable[[], Any] | None = None,
+                    options: Mapping[str, Any] | None = None) -> Any:
+        """Like :meth:`call` for a Ray actor method (``real`` is the ``ActorMethod``): returns an
+        ``ObjectRef``. Replayed batches are ``ray.put``; a step run live in mock mode is fetched,
+        recorded, and put back. In dump mode the call does not wait: the batch is fetched with
+        ``ray.get`` on the writer thread, the watchdog watches the call until it arrives there and
+        its seconds are measured to that point (an upper bound when the writer was busy)."""
+        import ray
+
+        step, call = self.begin(method, args, kwargs, position)
+        label = f"{method}(step {step})"
+        if self.watchdog is not None:
+            self.watchdog.enter(label)
+        pending = False
+        try:
+            replayed, source = self._replayed(step)
+            if replayed:
+                assert self.replayer is not None and source is not None
+                batch = self.replayer.replay_at(source)
+                self.after_replayed_call(step, source, batch)
+                return ray.put(batch)
+            function: Any = self._real(method, real, resolve)
+            remote = function.options(**options) if options else function
+            start = time.perf_counter()
+            ref = remote.remote(*args, **kwargs)
+            if self.replayer is not None:
+                batch = ray.get(ref)
+                seconds = elapsed(start)
+                self.after_live_call(step, method, batch)
+                self._keep(step, batch, method=method, seconds=seconds, call=call)
+                return ray.put(batch)
+            self.after_live_call(step, method, None)
+            if self.recorder is not None and self.recorder.records_step(step):
+                # Ray objects are immutable: no snapshot needed; fetched on the writer thread.
+                self.recorder.record_later(step, lambda: ray.get(ref), method=method, started=start,
+                                           call=call, done=lambda: self._unwatch(label))
+                pending = True
+            return ref
+        finally:
+            if not pending:
+                self._unwatch(label)
+
+    def _unwatch(self, label: str) -> None:
+        if self.watchdog is not None:
+            self.watchdog.leave(label)
+
+    def _watching(self, method: str, step: int) -> AbstractContextManager[None]:
+        return nullcontext() if self.watchdog is None else self.watchdog.watch(f"{method}(step {step})")
+
+    @property
+    def last_stall(self) -> float:
+        """Seconds the most recent replayed call waited for its data (0 with a prefetch hit)."""
+        return 0.0 if self.replayer is None else self.replayer.last_stall
+
+    def flush(self) -> None:
+        """Block until every recorded step is written; raise a write failure if one happened."""
+        if self.recorder is not None and self.recorder.writer is not None:
+            self.recorder.writer.flush()
+
+    def close(self, *, failed: bool = False) -> None:
+        """Write everything pending, stop background threads, release locks. Idempotent.
+
+        ``failed``: the caller is unwinding an exception (a ``with`` block that raised); the
+        warning about a dump that recorded no step is then not logged, since it would hide the
+        real error."""
         if self.closed:
             return
         self.closed = True
         if self.watchdog is not None:
             self.watchdog.close()
         try:
-            if self._writer is not None:
-                self._writer.close()
-                if not self.saved and not self._dump_disabled:
+            recorder = self.recorder
+            if recorder is not None and recorder.writer is not None:
+                recorder.writer.close()
+                if not recorder.saved and not recorder.dump_disabled and not failed:
                     # ROLL could return before its dump and silently record nothing: say so.
                     logger.warning(
                         "[RolloutMock] dump mode closed without recording any step of %s in %s: "
@@ -266,6 +359,6 @@ class Interceptor(RecordingMixin, ReplayMixin):
                         self.stream, self.config.dump_dir, sorted(self._methods_seen) or "none called",
                     )
         finally:
-            if self._prefetcher is not None:
-                self._prefetcher.close()
+            if self.replayer is not None:
+                self.replayer.close()
             self.store.close()

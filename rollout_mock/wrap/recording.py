@@ -1,4 +1,11 @@
-"""Dump mode: recording batches through the background writer, retention, disk estimates."""
+"""Dump mode: recording batches through the background writer, retention, disk estimates.
+
+:class:`Recorder` is the dump half of :class:`~rollout_mock.wrap.interceptor.Interceptor`: it
+owns the writer thread, the snapshot buffers and the retention of one stream. Its state is
+declared in ``__init__``; the interceptor decides *when* to record (one dispatch per calling
+convention), the recorder *how*. Hooks that run after a live call belong to the interceptor
+(``Interceptor.after_live_call``), which runs on the calling thread.
+"""
 
 from __future__ import annotations
 
@@ -8,39 +15,54 @@ from typing import Any
 
 from rollout_mock import codec
 from rollout_mock._text import logger
-from rollout_mock.config import DiskFullPolicy
+from rollout_mock.config import DiskFullPolicy, RolloutMockConfig
+from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import DiskFullError
-from rollout_mock.storage.base import BatchInfo
+from rollout_mock.storage.base import BatchInfo, StepStore
 from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.fileio import free_bytes
 from rollout_mock.storage.indexed import IndexedStore
+from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
+from rollout_mock.wrap.calls import elapsed
 
-__all__ = ["RecordingMixin"]
+__all__ = ["Recorder"]
 
 
+class Recorder:
+    """Writes one stream's batches (dump mode; see the module docstring).
 
-class RecordingMixin:
-    """The dump half of :class:`~rollout_mock.wrap.interceptor.Interceptor`."""
+    ``writes`` false (a rank that does not write under ``ranks: one``): nothing is opened and
+    :meth:`records_step` is always false.
+    """
 
-    def _open_dump(self) -> None:
-        if not self.writes:
+    def __init__(self, config: RolloutMockConfig, store: StepStore, stream: StreamId, *, writes: bool) -> None:
+        self.config = config
+        self.store = store
+        self.stream = stream
+        self.writes = writes
+        #: steps written so far
+        self.saved = 0
+        #: on_disk_full=skip fired: nothing more is recorded
+        self.dump_disabled = False
+        self._estimated = False
+        self.writer: BackgroundWriter | SyncWriter | None = None
+        self.buffers: codec.BufferPool | None = None
+        if not writes:
             return
-        self.store.open_writer(self.stream)
-        try:
-            from rollout_mock.determinism import fingerprint
-
-            self.store.set_fingerprint(fingerprint())
-        except ImportError:  # pragma: no cover - determinism is part of the package
-            pass
-        if self.config.background:
-            self._writer = BackgroundWriter(max_pending=self.config.max_pending, on_error=self._on_write_error)
-            self._buffers = codec.BufferPool(keep=self.config.max_pending)
+        store.open_writer(stream)
+        store.set_fingerprint(fingerprint())
+        if config.background:
+            self.writer = BackgroundWriter(max_pending=config.max_pending, on_error=self._on_write_error)
+            self.buffers = codec.BufferPool(keep=config.max_pending)
         else:
-            self._writer = SyncWriter(on_error=self._on_write_error)
+            self.writer = SyncWriter(on_error=self._on_write_error)
+
+    def __repr__(self) -> str:
+        return f"Recorder({self.stream}, writes={self.writes}, saved={self.saved})"
 
     def records_step(self, step: int) -> bool:
-        if not self.writes or self._dump_disabled:
+        if not self.writes or self.dump_disabled:
             return False
         steps = self.config.dump_steps
         return steps is None or step in steps
@@ -49,22 +71,22 @@ class RecordingMixin:
         """Fail fast, before an expensive rollout, if its result could not be recorded."""
         if self.records_step(step) and isinstance(self.store, IndexedStore):
             self.store.check_writable(self.stream, step, overwrite=self.config.overwrite)
-        if self._writer is not None and isinstance(self._writer, BackgroundWriter):
-            self._writer.raise_if_failed()
+        if self.writer is not None and isinstance(self.writer, BackgroundWriter):
+            self.writer.raise_if_failed()
 
     def record(self, step: int, batch: Any, *, method: str, seconds: float | None,
                call: dict[str, Any] | None = None, snapshot: bool = True) -> None:
         """Write ``batch`` as ``step``. With ``snapshot`` (and a background writer) it is copied
         first, so the caller may mutate it as soon as this returns; the copy is taken only once
         the writer has a free slot, so at most ``max_pending`` copies exist at a time."""
-        assert self._writer is not None
+        assert self.writer is not None
         info = BatchInfo.of(batch)
         describe = f"step {step} of {self.stream}"
 
         def make_job() -> WriteJob:
-            if not (isinstance(self._writer, BackgroundWriter) and snapshot):
+            if not (isinstance(self.writer, BackgroundWriter) and snapshot):
                 return WriteJob(lambda: self._save(step, batch, info, method, seconds, call), describe)
-            snap = codec.capture(batch, pool=getattr(self, "_buffers", None))
+            snap = codec.capture(batch, pool=self.buffers)
 
             def run() -> None:
                 try:
@@ -74,33 +96,41 @@ class RecordingMixin:
 
             return WriteJob(run, describe)
 
-        self._writer.submit_when_free(make_job, describe)
+        self.writer.submit_when_free(make_job, describe)
 
-    def record_later(self, step: int, produce: Callable[[], Any], *, method: str, seconds: float | None,
-                     call: dict[str, Any] | None = None) -> None:
+    def record_later(self, step: int, produce: Callable[[], Any], *, method: str, started: float,
+                     call: dict[str, Any] | None = None, done: Callable[[], None] | None = None) -> None:
         """Write the batch that ``produce()`` returns on the writer thread (e.g. ``ray.get``).
 
-        If ``produce()`` itself raises, the rollout failed (the caller sees the same error from
-        its own ``ray.get``): nothing is recorded for ``step``, which stays free for a retry,
-        and recording goes on; only failures to *write* stop the dump.
+        The rollout's seconds are measured from ``started`` (``time.perf_counter()`` when the
+        call was made) to ``produce()`` returning: an upper bound when the writer thread was busy
+        with earlier steps. ``done()`` runs once ``produce()`` has returned or raised (the
+        interceptor ends the watchdog's view of the call there). If ``produce()`` itself raises,
+        the rollout failed (the caller sees the same error from its own ``ray.get``): nothing is
+        recorded for ``step``, which stays free for a retry, and recording goes on; only failures
+        to *write* stop the dump.
         """
         def write() -> None:
             try:
                 batch = produce()
-            except Exception as exc:
+                seconds = elapsed(started)
+            except Exception as exc:  # noqa: BLE001 - the caller gets the error from its own ray.get
                 logger.warning(
                     "[RolloutMock] step %d of %s not recorded: the rollout failed (%s: %s)",
                     step, self.stream, type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "",
                 )
                 return
+            finally:
+                if done is not None:
+                    done()
             self._save(step, batch, BatchInfo.of(batch), method, seconds, call)
 
-        assert self._writer is not None
-        self._writer.submit(WriteJob(write, f"step {step} of {self.stream}"))
+        assert self.writer is not None
+        self.writer.submit(WriteJob(write, f"step {step} of {self.stream}"))
 
     def _save(self, step: int, batch: Any, info: BatchInfo, method: str, seconds: float | None,
               call: dict[str, Any] | None = None) -> None:
-        if self._dump_disabled:  # on_disk_full=skip fired while this step waited in the queue
+        if self.dump_disabled:  # on_disk_full=skip fired while this step waited in the queue
             return
         entry = self.store.save(
             self.stream, step, batch, info, method=method, rollout_seconds=seconds,
@@ -154,7 +184,7 @@ class RecordingMixin:
 
     def _on_write_error(self, job: WriteJob, exc: BaseException) -> bool:
         if isinstance(exc, DiskFullError) and self.config.on_disk_full is DiskFullPolicy.SKIP:
-            self._dump_disabled = True
+            self.dump_disabled = True
             logger.error(
                 "[RolloutMock] %s. on_disk_full=skip: DUMPING IS NOW DISABLED for %s; training "
                 "continues, but the recording stops before %s and is incomplete.",

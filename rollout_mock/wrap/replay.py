@@ -8,6 +8,9 @@ Replay policies (all in the ``rollout_mock:`` block, see :mod:`rollout_mock.conf
   ``repeat_nearest`` (the nearest recorded step, earlier first: verl's ``action: repeat``), or
   ``record`` (the interceptor runs the real scheduler and records the step);
 * ``subsample``: only a deterministic fraction of each replayed batch is served.
+
+:class:`Replayer` is the mock half of :class:`~rollout_mock.wrap.interceptor.Interceptor`, with
+its state declared in ``__init__``; the interceptor decides when a call is replayed.
 """
 
 from __future__ import annotations
@@ -15,24 +18,50 @@ from __future__ import annotations
 from typing import Any
 
 from rollout_mock._text import logger
-from rollout_mock.config import FingerprintPolicy, MissingStepPolicy
+from rollout_mock.compare.metrics.expected import describe_expected
+from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, RolloutMockConfig
+from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, StepNotFoundError
-from rollout_mock.storage.base import format_ranges
+from rollout_mock.storage.base import BatchInfo, StepStore, format_ranges
 from rollout_mock.storage.indexed import IndexedStore
+from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.partial import load_partial, rank_rows
 from rollout_mock.storage.prefetch import Prefetcher
+from rollout_mock.wrap.subsample import subsample_batch
 
-__all__ = ["ReplayMixin"]
+__all__ = ["Replayer"]
 
 
+class Replayer:
+    """Serves one stream's recorded batches (mock mode; see the module docstring).
 
-class ReplayMixin:
-    """The mock half of :class:`~rollout_mock.wrap.interceptor.Interceptor`."""
+    Opening it runs the pre-flight checks: the dump exists and holds the stream (else an error
+    naming the splits that are there), ``max_steps`` is covered, the fingerprint matches.
+    """
 
-    def _open_mock(self) -> None:
+    def __init__(self, config: RolloutMockConfig, store: StepStore, stream: StreamId) -> None:
+        self.config = config
+        self.store = store
+        self.stream = stream
+        self.split = stream.split
+        self.mode = config.mode
+        self._repeat_warned: set[int] = set()
+        #: on_missing_step: record took the stream's writer lock
+        self._recorder_open = False
+        self.prefetcher: Prefetcher | None = None
+        self._open()
+
+    def __repr__(self) -> str:
+        return f"Replayer({self.stream}, store={self.store!r})"
+
+    def close(self) -> None:
+        if self.prefetcher is not None:
+            self.prefetcher.close()
+
+    def _open(self) -> None:
         if isinstance(self.store, IndexedStore):
             self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
-        self._repeat_warned: set[int] = set()
         lenient = self.config.on_missing_step is not MissingStepPolicy.ERROR
         if self.config.max_steps is not None and self.split == "train":
             wanted = {self.config.dump_step(step) for step in range(self.config.max_steps)}
@@ -67,25 +96,19 @@ class ReplayMixin:
                 else "?",
             )
         self._check_fingerprint()
-        from rollout_mock.debug.expected import describe_expected
-
         if (note := describe_expected(self.config)) is not None:
             logger.info(note)
-        self._prefetcher = Prefetcher(self._load, self._next_recorded, enabled=self.config.prefetch)
+        self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=self.config.prefetch)
+
+    def _next_recorded(self, step: int) -> int | None:
+        candidate = step + 1
+        return candidate if self.store.contains(self.stream, candidate) else None
 
     def _check_fingerprint(self) -> None:
         if self.config.fingerprint is FingerprintPolicy.OFF:
             return
         recorded = self.store.fingerprint()
         if not recorded:
-            return
-        try:
-            from rollout_mock.determinism import (
-                compare_fingerprints,
-                fingerprint,
-                format_differences,
-            )
-        except ImportError:  # pragma: no cover
             return
         differences = compare_fingerprints(recorded, fingerprint())
         if not differences:
@@ -121,8 +144,6 @@ class ReplayMixin:
 
     def _load_part(self, step: int, entry: Any) -> Any:
         """replay_rows / replay_keys: this rank's rows and the wanted keys only."""
-        from rollout_mock.storage.partial import load_partial, rank_rows
-
         if entry is None:
             raise self.store.missing_step_error(self.stream, step, mode=self.mode.value)
         rows = None
@@ -168,38 +189,22 @@ class ReplayMixin:
 
     def _served(self, batch: Any) -> Any:
         if self.config.subsample is not None:
-            from rollout_mock.wrap.subsample import subsample_batch
-
             return subsample_batch(batch, self.config.subsample)
         return batch
 
     def replay_at(self, source: int) -> Any:
         """Serve recorded step ``source`` (through the prefetcher, then ``subsample``)."""
-        assert self._prefetcher is not None
-        return self._served(self._prefetcher.get(source))
+        assert self.prefetcher is not None
+        return self._served(self.prefetcher.get(source))
 
     async def replay_at_async(self, source: int) -> Any:
-        assert self._prefetcher is not None
-        return self._served(await self._prefetcher.get_async(source))
-
-    def replay(self, step: int) -> Any:
-        """Serve run step ``step`` under the replay policies (``record`` is not possible here:
-        there is no call to run; it raises StepNotFoundError)."""
-        source = self.replay_source(step)
-        if source is None:
-            raise self.store.missing_step_error(self.stream, self.config.dump_step(step), mode=self.mode.value)
-        return self.replay_at(source)
-
-    async def replay_async(self, step: int) -> Any:
-        source = self.replay_source(step)
-        if source is None:
-            raise self.store.missing_step_error(self.stream, self.config.dump_step(step), mode=self.mode.value)
-        return await self.replay_at_async(source)
+        assert self.prefetcher is not None
+        return self._served(await self.prefetcher.get_async(source))
 
     # ------------------------------------------------------------------ on_missing_step: record
     def _open_recorder(self) -> None:
         """Mock mode, ``on_missing_step: record``: take the stream's writer lock on first use."""
-        if getattr(self, "_recorder_open", False):
+        if self._recorder_open:
             return
         self.store.open_writer(self.stream)
         self._recorder_open = True
@@ -207,8 +212,6 @@ class ReplayMixin:
     def record_missing(self, source: int, batch: Any, *, method: str, seconds: float | None,
                        call: dict[str, Any] | None) -> None:
         """Write a batch produced live for a missing step (synchronously: it is rare)."""
-        from rollout_mock.storage.base import BatchInfo
-
         self._open_recorder()
         entry = self.store.save(self.stream, source, batch, BatchInfo.of(batch), method=method,
                                 rollout_seconds=seconds, overwrite=False, call=call)
@@ -220,4 +223,4 @@ class ReplayMixin:
 
     @property
     def last_stall(self) -> float:
-        return 0.0 if self._prefetcher is None else self._prefetcher.last_stall
+        return 0.0 if self.prefetcher is None else self.prefetcher.last_stall

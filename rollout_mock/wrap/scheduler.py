@@ -5,44 +5,36 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar, cast, overload
 
 from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.errors import ConfigError, SchedulerUnavailableError
+from rollout_mock.errors import ConfigError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention
 from rollout_mock.storage.base import StepStore
-from rollout_mock.wrap.calls import detect_convention, step_arg_position
+from rollout_mock.storage.indexed import IndexedStore
+from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
+from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor
 
-__all__ = ["MockScheduler"]
+__all__ = ["MockScheduler", "wrap_scheduler"]
 
+T = TypeVar("T")
 
-
-def _disable_native(scheduler: Any) -> None:
-    """ROLL's own rollout mock would write the same files: switch it off (see adapters._native)."""
-    from rollout_mock.adapters._native import disable_native_roll_mock, disable_native_roll_mock_in_actor
-    from rollout_mock.wrap.calls import is_ray_actor_method
-
-    if is_ray_actor_method(getattr(scheduler, "get_batch", None)):
-        disable_native_roll_mock_in_actor(scheduler)
-    else:
-        disable_native_roll_mock(scheduler)
 
 
 class _RemoteMethod:
     """Stands in for a Ray ``ActorMethod``: ``.remote(...)`` returns an ``ObjectRef``."""
 
-    def __init__(self, call: Callable[..., Any], options: Callable[..., Any] | None = None) -> None:
+    def __init__(self, call: Callable[..., Any]) -> None:
         self._call = call
-        self._options = options
 
     def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._call(None, args, kwargs)
 
     def options(self, **options: Any) -> _RemoteMethod:
         """Ray call options (``num_returns``...) are forwarded in dump mode, ignored in mock mode."""
-        return _RemoteMethod(lambda _, a, k: self._call(options, a, k), self._options)
+        return _RemoteMethod(lambda _, a, k: self._call(options, a, k))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         raise TypeError("Actor methods cannot be called directly; use .remote(...)")
@@ -60,18 +52,6 @@ def _method_info(method: str, target: Any, *, bound: bool) -> dict[str, Any]:
     return {"convention": convention.value, "step_arg": step_arg_position(attribute, bound=bound)}
 
 
-def _ray_actor_class(spec: Any) -> type | None:
-    """The user's class behind a ``ray.remote`` actor class (``ActorClass``), else ``None``.
-
-    Ray 2.x sets ``__ray_actor_class__`` on the ``ActorClass`` (and on its internal modified
-    subclass); a plain class does not have it.
-    """
-    if isinstance(spec, type) and "__ray_actor_class__" not in vars(spec) and not hasattr(spec, "remote"):
-        return None
-    actor_class = getattr(spec, "__ray_actor_class__", None)
-    return actor_class if isinstance(actor_class, type) else None
-
-
 def _spec_methods(
     spec: Any, methods: Iterable[str], recorded: Mapping[str, Mapping[str, Any]] | None = None
 ) -> dict[str, dict[str, Any]]:
@@ -82,7 +62,7 @@ def _spec_methods(
     recorded for the method when there is one (a plain ``RolloutScheduler`` class as the spec of
     a dump recorded around its actor handle still replays as ``.remote()``), else the class's own.
     """
-    actor_class = _ray_actor_class(spec)
+    actor_class = ray_actor_class(spec)
     cls = actor_class if actor_class is not None else spec
     if not isinstance(cls, type):
         raise ConfigError(f"spec must be a class or a ray.remote actor class, got {spec!r}")
@@ -101,7 +81,7 @@ def _spec_methods(
     return info
 
 
-class MockScheduler:
+class MockScheduler(Generic[T]):
     """Record or replay what a rollout scheduler's batch methods return.
 
     Args:
@@ -141,12 +121,12 @@ class MockScheduler:
 
     def __init__(
         self,
-        scheduler: Any = None,
+        scheduler: T | None = None,
         config: Any = None,
         *,
         split: str = "train",
         methods: Iterable[str] = ("get_batch",),
-        factory: Callable[[], Any] | None = None,
+        factory: Callable[[], T] | None = None,
         spec: Any = None,
         name: str | None = None,
         store: StepStore | None = None,
@@ -174,7 +154,7 @@ class MockScheduler:
         if not self.enabled:
             return
         if scheduler is not None and self.config.mode.records:
-            _disable_native(scheduler)
+            prepare_scheduler(scheduler)
         self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank)
         conventions = self._conventions(scheduler, spec)
         if self.config.mode.records and self.interceptor.writes:
@@ -201,6 +181,7 @@ class MockScheduler:
         info = {}
         for method in self.methods:
             if method not in recorded:
+                self._raise_if_stream_missing()
                 raise ConfigError(
                     f"mock mode without a scheduler: the manifest of {self.config.dump_dir} does not "
                     f"record how {self.split}.{method} is called (recorded: {sorted(recorded) or 'none'}); "
@@ -209,13 +190,37 @@ class MockScheduler:
             info[method] = recorded[method]
         return info
 
+    def _raise_if_stream_missing(self) -> None:
+        """Mock mode without a scheduler on a dump that has no step of this stream: say which
+        split (or name) is missing and which are there, rather than that a call spec is."""
+        interceptor = self.interceptor
+        assert interceptor is not None
+        store = interceptor.store
+        stream = interceptor.stream
+        if not isinstance(store, IndexedStore) or store.steps(stream):
+            return
+        present = store.stream_ids()
+        splits = sorted({s.split for s in present})
+        if self.split not in splits:
+            what = f"no {self.split!r} split"
+            fix = (f"record the {self.split!r} split in dump mode first (a MockScheduler with "
+                   f"split={self.split!r}), or replay one of the recorded splits")
+        else:
+            what = f"no stream {stream.key!r}"
+            fix = "check the scheduler's `name` and the rank settings"
+        raise StreamNotFoundError(
+            f"[RolloutMock] mode=mock: {interceptor.config.dump_dir} has {what} (splits recorded: "
+            f"{', '.join(splits) or 'none'}; streams: {', '.join(s.key for s in present) or 'none'}); {fix}",
+            mode=self.config.mode.value, split=self.split, path=interceptor.config.dump_dir,
+        )
+
     def _resolve(self, method: str) -> Any:
         """The real ``method``, building the scheduler with ``factory`` if needed (mock mode,
         ``on_missing_step: record``); ``None`` when there is neither."""
         if self.scheduler is None and self._factory is not None:
             logger.info("[RolloutMock] building the real scheduler (on_missing_step=record)")
             self.scheduler = self._factory()
-            _disable_native(self.scheduler)
+            prepare_scheduler(self.scheduler)
         return None if self.scheduler is None else getattr(self.scheduler, method)
 
     def _make(self, method: str, info: Mapping[str, Any]) -> Any:
@@ -228,27 +233,7 @@ class MockScheduler:
 
         if convention is Convention.RAY:
             def call_remote(options: dict[str, Any] | None, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-                import ray
-
-                step, call = interceptor.begin(method, args, kwargs, position)
-                live = real
-                if interceptor.mode.replays:
-                    source = interceptor.replay_source(step)
-                    if source is not None:
-                        return ray.put(interceptor.replay_at(source))
-                    live = interceptor._live(method, real, resolve)
-                    remote = live.options(**options) if options else live
-                    batch = ray.get(remote.remote(*args, **kwargs))
-                    interceptor.record_missing(interceptor.config.dump_step(step), batch, method=method,
-                                               seconds=None, call=call)
-                    return ray.put(batch)
-                assert live is not None
-                remote = live.options(**options) if options else live
-                ref = remote.remote(*args, **kwargs)
-                if interceptor.records_step(step):
-                    # Ray objects are immutable: no snapshot needed; fetch on the writer thread.
-                    interceptor.record_later(step, lambda: ray.get(ref), method=method, seconds=None, call=call)
-                return ref
+                return interceptor.call_remote(method, real, args, kwargs, position, resolve, options)
 
             return _RemoteMethod(call_remote)
 
@@ -329,16 +314,43 @@ class MockScheduler:
     def close(self) -> None:
         """Finish recording (nothing is lost), release the dump directory, then close the
         wrapped scheduler if it has a ``close``. Idempotent for rollout_mock's part."""
+        self._close(failed=False)
+
+    def _close(self, *, failed: bool) -> None:
         try:
             if self.interceptor is not None:
-                self.interceptor.close()
+                self.interceptor.close(failed=failed)
         finally:
             inner = getattr(self.scheduler, "close", None)
             if callable(inner) and detect_convention(inner) is Convention.SYNC:
                 inner()
 
-    def __enter__(self) -> MockScheduler:
+    def __enter__(self) -> MockScheduler[T]:
         return self
 
-    def __exit__(self, *exc_info: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self._close(failed=exc_type is not None)
+
+
+@overload
+def wrap_scheduler(scheduler: None, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
+                   factory: Callable[[], T], spec: Any = ..., name: str | None = ...,
+                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+@overload
+def wrap_scheduler(scheduler: None, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
+                   factory: None = ..., spec: type[T], name: str | None = ...,
+                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+@overload
+def wrap_scheduler(scheduler: T, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
+                   factory: Callable[[], T] | None = ..., spec: Any = ..., name: str | None = ...,
+                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+def wrap_scheduler(scheduler: Any, config: Any = None, **options: Any) -> Any:
+    """:class:`MockScheduler` typed as what it wraps: ``wrap_scheduler(real, cfg)`` is a
+    ``MockScheduler`` at run time, and to a type checker the type of ``real`` (or of what
+    ``factory`` builds, or an instance of the ``spec`` class), so that a misspelt method
+    (``rollout.get_btach(...)``) is an error in mypy. The arguments are MockScheduler's.
+
+    Use the :class:`MockScheduler` name when the code calls rollout_mock's own methods
+    (``close``, ``flush``, ``state_dict``...), which the wrapped type may not declare.
+    """
+    return cast(Any, MockScheduler(scheduler, config, **options))

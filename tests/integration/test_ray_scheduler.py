@@ -31,8 +31,8 @@ ray = pytest.importorskip("ray")
 verl_protocol = pytest.importorskip("verl.protocol")
 DataProto = verl_protocol.DataProto
 
-from rollout_mock import LockedError, MockScheduler, load_step, mock_class
-from rollout_mock.determinism import (  # noqa: E402
+from rollout_mock import LockedError, MockScheduler, load_step, mock_class, open_dump
+from rollout_mock.determinism import (
     FINGERPRINT_ENV_VARS,
     PROFILE_VAR,
     PROFILES,
@@ -67,7 +67,7 @@ def make_batch(step: int, batch_size: int, domain: str = "agentic") -> Any:
 def assert_same_batch(actual: Any, expected: Any) -> None:
     assert type(actual) is type(expected)
     assert sorted(actual.batch.keys()) == sorted(expected.batch.keys())
-    for key in expected.batch.keys():
+    for key in expected.batch.keys():  # noqa: SIM118 - a TensorDict
         assert actual.batch[key].dtype == expected.batch[key].dtype, key
         assert torch.equal(actual.batch[key], expected.batch[key]), key
     assert sorted(actual.non_tensor_batch) == sorted(expected.non_tensor_batch)
@@ -168,6 +168,16 @@ class SlowRecordScheduler:
     async def gate_report(self) -> dict[str, Any]:
         assert self.gate is not None
         return {"released_in_time": self.gate.released_in_time, "capture_thread": self.gate.capture_thread}
+
+
+class SlowRolloutScheduler:
+    """get_batch of step 1 takes 1.5 s: a stall the watchdog must see on the Ray handle path."""
+
+    def get_batch(self, data: Any, batch_size: int) -> Any:
+        step = data.meta_info["global_step"]
+        if step == 1:
+            time.sleep(1.5)
+        return make_batch(step, batch_size)
 
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -405,3 +415,33 @@ def test_around_handle_rlvr_positional_global_step(tmp_path: Path) -> None:
         assert_same_batch(ray.get(mocked.get_batch.remote(step_data(None), step, 2)), batch)
         assert_same_batch(batch, make_batch(step, 2, "math"))
     mocked.close()
+
+
+def test_around_handle_the_watchdog_and_timing_apply_to_ray_calls(tmp_path: Path) -> None:
+    """The Ray handle path goes through the same dispatch as plain calls: the stall watchdog
+    watches each call until its batch arrives, and the manifest records the rollout's seconds."""
+    dump_dir = tmp_path / "dumps"
+    handle = ray.remote(SlowRolloutScheduler).remote()
+    watchdog = {"absolute_seconds": 0.5, "min_seconds": 0.0}
+    with MockScheduler(handle, cfg(dump_dir, "dump", watchdog=watchdog)) as dumping:
+        for step in range(3):  # a training loop: one rollout at a time
+            ray.get(dumping.get_batch.remote(step_data(step), 2))
+            dumping.flush()
+    ray.kill(handle)
+    stalls = sorted((dump_dir / "stalls").glob("stall-*.txt"))
+    assert len(stalls) == 1, stalls
+    assert "get_batch(step 1)" in stalls[0].read_text()
+    dump = open_dump(dump_dir)
+    seconds = {step: dump.entry(dump.stream("train"), step).rollout_seconds for step in range(3)}
+    assert all(value is not None for value in seconds.values()), seconds
+    assert seconds[1] >= 1.4 > seconds[0], seconds
+
+    mocked = MockScheduler(None, cfg(dump_dir, "mock", watchdog=watchdog), spec=ray.remote(SlowRolloutScheduler))
+    assert mocked.interceptor is not None and mocked.interceptor.watchdog is not None
+    entered: list[str] = []
+    original = mocked.interceptor.watchdog.enter
+    mocked.interceptor.watchdog.enter = lambda what: (entered.append(what), original(what))[1]  # type: ignore[method-assign]
+    for step in range(3):
+        assert_same_batch(ray.get(mocked.get_batch.remote(step_data(step), 2)), make_batch(step, 2))
+    mocked.close()
+    assert entered == [f"get_batch(step {step})" for step in range(3)]

@@ -18,6 +18,34 @@ LAYERS: dict[str, set[str]] = {
     "determinism": {"errors", "_text", "config", "_version"},
 }
 
+#: The foundation: modules every unit may import (they import nothing of the package but each
+#: other, and ``batch`` only ``errors``).
+FOUNDATION = {"errors", "_text", "_version", "_crc", "_progress", "_yaml", "modes", "batch"}
+
+#: The allowed layer graph between the package's units (its subpackages and top-level modules),
+#: counting EVERY run-time import: module level and inside functions (only ``if TYPE_CHECKING:``
+#: blocks are left out). A unit may import the foundation and the units listed here, which
+#: are all below it, so the graph has no cycle:
+#:
+#:   foundation <- codec <- storage <- config <- determinism
+#:   compare (storage, config, determinism) <- debug <- wrap <- adapters <- demo <- cli
+#:
+#: wrap/ knows no framework: adapters register hooks with it (rollout_mock.wrap.hooks) and
+#: batch types with rollout_mock.batch; wrap never imports adapters.
+UNIT_LAYERS: dict[str, set[str]] = {
+    "codec": set(),
+    "storage": {"codec"},
+    "config": {"storage"},
+    "determinism": set(),
+    "compare": {"codec", "storage", "config", "determinism"},
+    "debug": {"codec", "storage", "config", "determinism", "compare"},
+    "wrap": {"codec", "storage", "config", "determinism", "compare", "debug"},
+    "adapters": {"codec", "storage", "config", "determinism", "compare", "wrap"},
+    "demo": {"codec", "storage", "config", "determinism", "compare", "debug", "wrap"},
+    "cli": {"codec", "storage", "config", "determinism", "compare", "debug", "wrap", "adapters", "demo"},
+    "__main__": {"cli"},
+}
+
 
 def _modules() -> dict[str, Path]:
     out = {}
@@ -48,6 +76,107 @@ def _top_level_imports(path: Path, name: str, modules: dict[str, Path]) -> set[s
     return found
 
 
+def _unit(module: str) -> str:
+    """The unit a module belongs to: ``rollout_mock.wrap.scheduler`` -> ``wrap``; the root
+    package itself (the lazy public facade) -> ``""``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _runtime_imports(path: Path, name: str, modules: dict[str, Path]) -> list[tuple[str, str | None, int]]:
+    """Every run-time import of a package module, at module level or inside functions:
+    ``(target module, imported name or None, line)``; ``if TYPE_CHECKING:`` blocks excluded."""
+    tree = ast.parse(path.read_text())
+    checking_only: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            checking_only.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: list[tuple[str, str | None, int]] = []
+    for node in ast.walk(tree):
+        if id(node) in checking_only:
+            continue
+        if isinstance(node, ast.Import):
+            pairs: list[tuple[str, str | None]] = [(alias.name, None) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            pairs = [(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base, a.name) for a in node.names]
+        else:
+            continue
+        found.extend((target, alias, node.lineno) for target, alias in pairs if target in modules and target != name)
+    return found
+
+
+def _unit_edges() -> dict[tuple[str, str], list[str]]:
+    """``(importing unit, imported unit) -> ["file:line", ...]`` over all run-time imports."""
+    modules = _modules()
+    edges: dict[tuple[str, str], list[str]] = {}
+    for name, path in modules.items():
+        for target, _, line in _runtime_imports(path, name, modules):
+            a, b = _unit(name), _unit(target)
+            if a and b and a != b:
+                edges.setdefault((a, b), []).append(f"{path.relative_to(PACKAGE.parent)}:{line}")
+    return edges
+
+
+def test_no_import_cycle_between_units_counting_function_level_imports() -> None:
+    edges = _unit_edges()
+    graph: dict[str, set[str]] = {}
+    for a, b in edges:
+        graph.setdefault(a, set()).add(b)
+    cycles = []
+    for (a, b), where in sorted(edges.items()):
+        seen, todo = set(), [b]  # is `a` reachable from `b`?
+        while todo:
+            node = todo.pop()
+            if node == a:
+                cycles.append(f"{a} -> {b} ({', '.join(where[:3])}) closes a cycle")
+                break
+            if node not in seen:
+                seen.add(node)
+                todo.extend(graph.get(node, ()))
+    assert cycles == []
+
+
+def test_units_only_import_the_layers_below_them() -> None:
+    bad = []
+    for (a, b), where in sorted(_unit_edges().items()):
+        if b in FOUNDATION and (a not in FOUNDATION or a in UNIT_LAYERS):
+            continue
+        allowed = UNIT_LAYERS.get(a)
+        if a in FOUNDATION:
+            allowed = {"errors"} if a in ("batch", "_yaml") else set()
+        if allowed is None or b not in allowed:
+            bad.append(f"{a} imports {b}: {', '.join(where)}")
+    assert bad == [], "see UNIT_LAYERS for the allowed graph"
+
+
+def test_wrap_imports_no_framework_adapter() -> None:
+    """ROLL-, verl-, AReaL- and slime-specific code lives in adapters/, which registers hooks."""
+    assert [w for (a, b), w in _unit_edges().items() if a == "wrap" and b == "adapters"] == []
+
+
+def test_no_private_name_is_imported_from_another_unit() -> None:
+    """``from rollout_mock.x.y import _name`` (or a ``_module`` inside another subpackage) from
+    outside ``x``: a private name is private to its subpackage. The top-level helper modules
+    (``rollout_mock._text``...) are the package's own and may be imported by name."""
+    modules = _modules()
+    bad = []
+    for name, path in modules.items():
+        for target, alias, line in _runtime_imports(path, name, modules):
+            if _unit(target) in ("", _unit(name)):
+                continue
+            private_module = any(p.startswith("_") and not p.startswith("__") for p in target.split(".")[2:])
+            private_name = (alias is not None and alias.startswith("_") and not alias.startswith("__")
+                            and f"{target}" != f"rollout_mock.{alias}")
+            if private_module or private_name:
+                bad.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {alias or target} from {target}")
+    assert bad == []
+
+
 def test_no_module_is_over_about_400_lines() -> None:
     long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"split these modules by concept: {long}"
@@ -57,8 +186,8 @@ def test_no_import_cycles() -> None:
     modules = _modules()
     graph = {name: _top_level_imports(path, name, modules) for name, path in modules.items()}
     # a package's __init__ importing its own submodules is not a cycle with them
-    for name in graph:
-        graph[name] = {t for t in graph[name] if not t.startswith(name + ".")}
+    for name, targets in graph.items():
+        graph[name] = {t for t in targets if not t.startswith(name + ".")}
     state: dict[str, int] = {}
     stack: list[str] = []
 

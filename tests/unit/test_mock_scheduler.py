@@ -160,9 +160,9 @@ def test_missing_step_error_lists_ranges_and_reasons(dump_dir: Path) -> None:
     with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
         for step in (0, 1, 2, 5, 7, 8):
             mock.get_batch(None, step, 1)
-    with MockScheduler(None, cfg(dump_dir, "mock", prefetch=False)) as mock:
-        with pytest.raises(StepNotFoundError) as info:
-            mock.get_batch(None, 4, 1)
+    with MockScheduler(None, cfg(dump_dir, "mock", prefetch=False)) as mock, \
+            pytest.raises(StepNotFoundError) as info:
+        mock.get_batch(None, 4, 1)
     error = info.value
     assert isinstance(error, FileNotFoundError)
     message = str(error)
@@ -191,9 +191,8 @@ def test_overwrite_refused_before_the_rollout_runs(dump_dir: Path) -> None:
     with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
         mock.get_batch(None, 0, 1)
     real = RlvrScheduler()
-    with MockScheduler(real, cfg(dump_dir)) as mock:
-        with pytest.raises(StepExistsError) as info:
-            mock.get_batch(None, 0, 1)
+    with MockScheduler(real, cfg(dump_dir)) as mock, pytest.raises(StepExistsError) as info:
+        mock.get_batch(None, 0, 1)
     assert real.calls == 0  # no expensive rollout was wasted
     message = str(info.value)
     assert "step_000000.pkl" in message and "overwrite: true" in message and "new directory" in message
@@ -211,9 +210,9 @@ def test_corrupted_file_is_detected(dump_dir: Path) -> None:
     path.write_bytes(bytes(data))
     from rollout_mock.errors import CorruptStepError
 
-    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
-        with pytest.raises(CorruptStepError) as info:
-            mock.get_batch(None, 0, 64)
+    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock, \
+            pytest.raises(CorruptStepError) as info:
+        mock.get_batch(None, 0, 64)
     assert str(path) in str(info.value) and "step 0" in str(info.value) and "checksum" in str(info.value)
     with pytest.raises(CorruptStepError):
         load_step(path)
@@ -320,3 +319,47 @@ def test_retention_keeps_newest_and_pinned_steps(dump_dir: Path) -> None:
         assert int(mock.get_batch(None, 4, 1)["step"]) == 4
         with pytest.raises(StepNotFoundError, match="Recorded steps for train: 0, 4-5"):
             mock.get_batch(None, 2, 1)
+
+
+def test_mock_mode_on_a_missing_split_names_it_and_the_splits_present(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
+        mock.get_batch(None, 0, 2)
+    with pytest.raises(StepNotFoundError) as caught:  # also a ConfigError (the wrong split)
+        MockScheduler(None, cfg(dump_dir, "mock"), split="val")
+    assert isinstance(caught.value, ConfigError)
+    message = str(caught.value)
+    assert "has no 'val' split (splits recorded: train;" in message
+    assert "call" not in message.split("(splits")[0]  # not the old "does not record how ... is called"
+    assert caught.value.split == "val"
+
+
+def test_an_exception_in_the_with_block_is_not_hidden_by_the_nothing_recorded_warning(
+    dump_dir: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    with pytest.raises(RuntimeError, match="the real scheduler crashed"), MockScheduler(RlvrScheduler(), cfg(dump_dir)):
+        raise RuntimeError("the real scheduler crashed")
+    assert not any("without recording any step" in r.getMessage() for r in caplog.records)
+    # the warning itself still exists for a block that ends normally having recorded nothing
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir, overwrite=True)):
+        pass
+    assert any("without recording any step" in r.getMessage() for r in caplog.records)
+
+
+def test_registered_scheduler_hooks_see_the_real_scheduler_in_dump_mode_only(dump_dir: Path) -> None:
+    from rollout_mock.adapters._native import prepare_roll_scheduler
+    from rollout_mock.wrap import hooks
+
+    seen: list[Any] = []
+    hooks.register_scheduler_hook(seen.append)
+    try:
+        assert prepare_roll_scheduler in hooks.scheduler_hooks()  # registered by `import rollout_mock`
+        real = RlvrScheduler()
+        with MockScheduler(real, cfg(dump_dir)) as mock:
+            mock.get_batch(None, 0, 2)
+        assert seen == [real]
+        with MockScheduler(None, cfg(dump_dir, "mock")) as mock:
+            mock.get_batch(None, 0, 2)
+        assert seen == [real]
+    finally:
+        hooks._HOOKS.remove(seen.append)

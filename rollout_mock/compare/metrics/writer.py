@@ -40,7 +40,7 @@ class MetricsWriter:
     ``expected=`` a :class:`~rollout_mock.MockScheduler` (or its config): in dump mode every line
     is also stored in the dump (``expected/metrics.jsonl``); in mock mode every metric is compared
     with the dump run's value as it is logged (config ``verdict``; see
-    :mod:`rollout_mock.debug.expected`).
+    :mod:`rollout_mock.compare.metrics.expected`).
     """
 
     def __init__(self, path: str | Path, *, fsync: bool = False, expected: object = None) -> None:
@@ -53,7 +53,7 @@ class MetricsWriter:
         self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         self._expected = None
         if expected is not None:
-            from rollout_mock.debug.expected import attach_expected
+            from rollout_mock.compare.metrics.expected import attach_expected  # it imports this module
 
             self._expected = attach_expected(expected)
 

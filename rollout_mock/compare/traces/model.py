@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rollout_mock._text import jsonable
+from rollout_mock.batch import leading_dim
 
 __all__ = ["DEFAULT_MAX_TRACES", "MAX_FIELD_CHARS", "MAX_IDS_SHOWN", "Tokenizer", "Trace"]
 
@@ -74,9 +75,6 @@ class Trace:
         })
 
 
-
-
-
 def _ndim(value: Any) -> int:
     return int(value.ndim) if isinstance(value, torch.Tensor | np.ndarray) else 1
 
@@ -105,7 +103,7 @@ def _n_rows(tensors: Mapping[str, Any], non_tensor: Mapping[str, Any]) -> int:
     for key in ("input_ids", "prompts", "responses"):
         value = tensors.get(key)
         if isinstance(value, torch.Tensor | np.ndarray):
-            return int(value.shape[0]) if value.ndim else 0
+            return leading_dim(value) or 0  # the batch model's rule (nested tensors included)
         if isinstance(value, list | tuple):
             return len(value)
     for value in non_tensor.values():

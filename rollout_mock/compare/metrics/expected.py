@@ -1,0 +1,227 @@
+"""Expected values: the dump run's training metrics stored in the dump, checked as a replay logs.
+
+Attach to the :class:`~rollout_mock.compare.metrics.MetricsWriter` you already use::
+
+    scheduler = MockScheduler(real, config)
+    with MetricsWriter("run/metrics.jsonl", expected=scheduler) as log:
+        ...
+        log.log(step, {"pg_loss": loss, "grad_norm": norm})
+
+* dump mode: each logged line is also appended to ``{dump_dir}/expected/metrics.jsonl``
+  (``metrics_rank{R}.jsonl`` for ranks other than the writing one when ``ranks: all``), so the
+  dump carries the values a faithful replay must reproduce;
+* mock mode: each logged metric is compared with the dump run's value of that step as it is
+  logged (config ``verdict``: bitwise by default, per-metric ``rtol``/``atol``); the first
+  divergence is reported at the step it happens — a warning with ``verdict: warn`` (default),
+  :class:`~rollout_mock.errors.MetricsDivergenceError` with ``verdict: fail``. Closing the writer
+  logs a one-line verdict. Metrics or steps the dump run did not log are not compared.
+
+``rollout-mock verify DUMP_DIR RUN_DIR`` compares a finished run against the same values.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from rollout_mock._text import logger
+from rollout_mock.compare.metrics.readers import read_jsonl
+from rollout_mock.compare.metrics.table import MetricsTable
+from rollout_mock.compare.metrics.values import DEFAULT_METRICS_FILE, decode_value, encode_value
+from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.config.debug_settings import VerdictAction
+from rollout_mock.errors import MetricsDivergenceError, MetricsError, UnsafePathError
+from rollout_mock.storage.paths import open_inside, read_inside
+
+__all__ = [
+    "EXPECTED_DIR", "ExpectedMetrics", "attach_expected", "describe_expected", "expected_path", "expected_relpath",
+    "read_expected",
+]
+
+
+EXPECTED_DIR = "expected"
+
+
+def expected_relpath(rank: int | None = None) -> str:
+    name = DEFAULT_METRICS_FILE if rank is None else f"metrics_rank{rank}.jsonl"
+    return f"{EXPECTED_DIR}/{name}"
+
+
+def expected_path(dump_dir: str | os.PathLike[str], rank: int | None = None) -> Path:
+    return Path(dump_dir) / expected_relpath(rank)
+
+
+def read_expected(dump_dir: str | os.PathLike[str], rank: int | None = None) -> MetricsTable | None:
+    """The dump run's metrics (``None`` when the dump has none), read through
+    :func:`~rollout_mock.storage.paths.open_inside`: a symlink at ``expected`` or at the file,
+    or a FIFO/device planted there, is :class:`~rollout_mock.errors.UnsafePathError`, never a
+    read outside the dump or a hang. Malformed content is :class:`MetricsFormatError`."""
+    data = read_inside(dump_dir, expected_relpath(rank))
+    return None if data is None else read_jsonl(expected_path(dump_dir, rank), data=data)
+
+
+def _open_for_append(dump_dir: str | os.PathLike[str], rank: int | None) -> int:
+    """The expected-metrics file opened for appending (created with its directory), never through
+    a link or into a FIFO (:func:`~rollout_mock.storage.paths.open_inside`)."""
+    return open_inside(dump_dir, expected_relpath(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
+
+
+def _number(key: str, value: object) -> float:
+    return decode_value(encode_value(key, value))
+
+
+def _identical(a: float, b: float) -> bool:
+    from rollout_mock.compare.verify import identical  # verify imports metrics: kept local
+
+    return identical(a, b)
+
+
+class ExpectedMetrics:
+    """Records (dump mode) or checks (mock mode) the metrics of one MetricsWriter."""
+
+    def __init__(self, config: RolloutMockConfig, *, rank: int | None = None, writes: bool = True) -> None:
+        self.config = config
+        self.verdict = config.verdict
+        self.path = expected_path(config.dump_dir, rank)
+        self.rank = rank
+        self.records = config.mode.records
+        self._writer: Any = None
+        self._table: Mapping[str, Mapping[int, float]] | None = None
+        self.compared = 0
+        self.diverged = 0
+        self.first: tuple[int, str, float, float] | None = None
+        self._steps: set[int] = set()
+        if self.records:
+            if writes:
+                from rollout_mock.compare.metrics.writer import MetricsWriter
+
+                # Checked open first (no link below dump_dir, a regular file), then the writer
+                # opens the same name: it must be the very file checked, or nothing is written.
+                checked = _open_for_append(config.dump_dir, rank)
+                try:
+                    self._writer = MetricsWriter(self.path)
+                    same = os.path.samestat(os.fstat(checked), os.fstat(self._writer._fd or -1))
+                finally:
+                    os.close(checked)
+                if not same:
+                    self._writer.close()
+                    raise UnsafePathError(f"[RolloutMock] {self.path} changed while it was opened (a link "
+                                          f"swapped in?); refusing to record expected metrics there",
+                                          path=self.path)
+        elif self.verdict.action is not VerdictAction.OFF:
+            self._table = self._read()
+
+    def __repr__(self) -> str:
+        return f"ExpectedMetrics({str(self.path)!r}, {'record' if self.records else self.verdict.action.value})"
+
+    def _read(self) -> Mapping[str, Mapping[int, float]] | None:
+        try:
+            table = read_expected(self.config.dump_dir, self.rank)
+        except MetricsError as exc:
+            logger.warning("[RolloutMock] verdict disabled: cannot read the expected metrics: %s", exc)
+            return None
+        if table is None:
+            logger.warning(
+                "[RolloutMock] verdict=%s: %s holds no expected metrics (%s); the replay's metrics are "
+                "not compared as they are logged. Record them by passing expected=<scheduler> to the "
+                "MetricsWriter of the dump run.", self.verdict.action.value, self.config.dump_dir, self.path,
+            )
+            return None
+        return table
+
+    def observe(self, step: int, metrics: Mapping[str, object]) -> None:
+        """Record (dump) or compare (mock) one logged line; may raise MetricsDivergenceError."""
+        if self._writer is not None:
+            self._writer.log(step, metrics)
+            return
+        if self._table is None:
+            return
+        self._steps.add(step)
+        for name, raw in metrics.items():
+            series = self._table.get(name)
+            if series is None or step not in series:
+                continue
+            expected, actual = series[step], _number(name, raw)
+            rtol, atol = self.verdict.tolerance(name)
+            self.compared += 1
+            if rtol == 0.0 and atol == 0.0:
+                same = _identical(actual, expected)
+            elif math.isnan(actual) or math.isnan(expected):
+                same = math.isnan(actual) and math.isnan(expected)
+            else:
+                same = actual == expected or abs(actual - expected) <= atol + rtol * abs(expected)
+            if same:
+                continue
+            self.diverged += 1
+            if self.first is None:
+                self.first = (step, name, expected, actual)
+                self._report(step, name, expected, actual, rtol, atol)
+
+    def _report(self, step: int, name: str, expected: float, actual: float, rtol: float, atol: float) -> None:
+        how = "bitwise" if rtol == 0.0 and atol == 0.0 else f"rtol={rtol:g}, atol={atol:g}"
+        diff = abs(actual - expected) if math.isfinite(actual) and math.isfinite(expected) else math.inf
+        message = (
+            f"[RolloutMock] verdict: first divergence from the dump run at step {step}: {name} = {actual!r}, "
+            f"the dump run logged {expected!r} (|Δ| = {diff:.3g}, {how}; expected values: {self.path}). "
+            + (f"Every earlier step matched; look at what changed in step {step}'s computation."
+               if self._steps - {step} else "It is the first step compared.")
+        )
+        if self.verdict.action is VerdictAction.FAIL:
+            raise MetricsDivergenceError(
+                message + " (verdict: fail; set `verdict: warn` to only warn)",
+                path=self.path, step=step, metric=name, expected=expected, actual=actual,
+            )
+        logger.warning(message)
+
+    def summary(self) -> str | None:
+        """One line for the end of a replay (``None`` in dump mode or without expected values)."""
+        if self._table is None or self.records:
+            return None
+        steps = sorted(self._steps)
+        span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
+        if self.first is None:
+            return (f"[RolloutMock] verdict: {self.compared} metric values over {span} match the dump run"
+                    f" ({'bitwise' if self.verdict.rtol.get('default') == 0 == self.verdict.atol.get('default') else 'within tolerance'})")
+        step, name, _, _ = self.first
+        return (f"[RolloutMock] verdict: {self.diverged} of {self.compared} metric values over {span} differ from "
+                f"the dump run; first at step {step} ({name})")
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            return
+        line = self.summary()
+        if line is not None:
+            (logger.info if self.first is None else logger.warning)(line)
+
+
+def attach_expected(source: Any) -> ExpectedMetrics | None:
+    """An :class:`ExpectedMetrics` for ``source``: a MockScheduler (or anything with ``config``
+    and optionally ``interceptor``), a :class:`RolloutMockConfig`, or a config mapping/path.
+    ``None`` when rollout_mock is disabled."""
+    interceptor = getattr(source, "interceptor", None)
+    config = getattr(source, "config", None)
+    if not isinstance(config, RolloutMockConfig):
+        config = load_config(source)
+    if not config.enable:
+        return None
+    rank = writes = None
+    if interceptor is not None:
+        stream_rank = interceptor.stream.rank
+        rank = stream_rank if stream_rank not in (None, config.dump_rank) else None
+        writes = interceptor.writes
+    return ExpectedMetrics(config, rank=rank, writes=True if writes is None else bool(writes))
+
+
+def describe_expected(config: RolloutMockConfig) -> str | None:
+    """Mock mode's start-up line about the dump run's metrics (``None`` when there are none)."""
+    path = expected_path(config.dump_dir)
+    if not os.path.isfile(path) or os.path.islink(path) or os.path.islink(path.parent):
+        return None
+    if config.verdict.action is VerdictAction.OFF:
+        return f"[RolloutMock] {path} holds the dump run's metrics (verdict: off, not compared)"
+    return (f"[RolloutMock] {path} holds the dump run's metrics; verdict={config.verdict.action.value}: "
+            f"metrics logged through MetricsWriter(..., expected=<scheduler>) are compared as they are logged")

@@ -278,7 +278,8 @@ def _dataproto_concat(parts: list[Any]) -> Any:
 
 
 def _is_slime(obj: Any) -> bool:
-    return isinstance(obj, Mapping) and obj.get("format") == SLIME_FORMAT and isinstance(obj.get("samples"), list)
+    # a plain dict: a TensorDict is a Mapping whose .get() of a missing key may raise
+    return isinstance(obj, dict) and obj.get("format") == SLIME_FORMAT and isinstance(obj.get("samples"), list)
 
 
 def _tuple_rows(obj: tuple[Any, ...]) -> int | None:

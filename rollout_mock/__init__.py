@@ -4,7 +4,8 @@ The public API, all importable from here::
 
     from rollout_mock import MockScheduler, load_config, open_dump, verify, diff_dumps
 
-* wrapping: :class:`MockScheduler`, :func:`mock_class` (``rollout_mock.wrap``);
+* wrapping: :class:`MockScheduler`, :func:`mock_class` (``rollout_mock.wrap``); Hugging Face TRL
+  trainers: :func:`wrap_trl` (``rollout_mock.adapters.trl``);
 * configuration: :class:`RolloutMockConfig`, :func:`load_config`, :class:`Mode`;
 * reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`StepStore`,
   :class:`DirectoryStore`, :class:`MemoryStore` (``rollout_mock.storage``);
@@ -28,6 +29,7 @@ from rollout_mock._version import __version__
 _EXPORTS: dict[str, str] = {
     "MockScheduler": "rollout_mock.wrap.scheduler",
     "mock_class": "rollout_mock.wrap.actor",
+    "wrap_trl": "rollout_mock.adapters.trl",
     "RolloutMockConfig": "rollout_mock.config",
     "load_config": "rollout_mock.config",
     "Mode": "rollout_mock.modes",
@@ -118,6 +120,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.storage.memory import MemoryStore
     from rollout_mock.storage.partial import rank_rows
     from rollout_mock.storage.reader import Dump, load_step, open_dump
+    from rollout_mock.adapters.trl import wrap_trl
     from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.scheduler import MockScheduler
 

@@ -137,6 +137,12 @@ class RolloutMockConfig(BaseModel):
     given) and records the step into the dump. With ``repeat_nearest``/``record`` the
     ``max_steps`` pre-flight check only warns."""
 
+    replay_rng: bool = True
+    """Record the random number generator states (torch CPU and CUDA, numpy, Python ``random``)
+    as a rollout call leaves them in dump mode, and restore them after serving that call in mock
+    mode, so the training side sees the same random stream. Recorded only for calls that changed
+    a state (an in-process rollout that samples); see :mod:`rollout_mock.wrap.rng`."""
+
     subsample: float | None = Field(default=None, gt=0, le=1)
     """Mock mode: serve only this fraction of each replayed batch (slime's
     ``--load-debug-rollout-data-subsample``). Deterministic: of ``n`` rows (samples; list items

@@ -39,6 +39,7 @@ from rollout_mock.wrap.calls import (
 )
 from rollout_mock.wrap.recording import RecordingMixin
 from rollout_mock.wrap.replay import ReplayMixin
+from rollout_mock.wrap.rng import RngHook  # [replay_rng]
 
 __all__ = ["Interceptor"]
 
@@ -92,6 +93,8 @@ class Interceptor(RecordingMixin, ReplayMixin):
             self._open_dump()
         else:
             self._open_mock()
+        self.rng = RngHook(enabled=config.replay_rng, store=self.store, stream=self.stream,  # [replay_rng]
+                           overwrite=config.overwrite)
         logger.info(
             "[RolloutMock] Rollout Mock enabled: mode=%s, dir=%s, scheduler_mode=%s, format=pickle%s",
             self.mode.value,
@@ -180,17 +183,21 @@ class Interceptor(RecordingMixin, ReplayMixin):
             if self.mode.replays:
                 source = self.replay_source(step)
                 if source is not None:
-                    return self.replay_at(source)
+                    served = self.replay_at(source)
+                    self.rng.after_replay(source)  # [replay_rng]
+                    return served
                 real = self._live(method, real, resolve)
                 start = time.perf_counter()
                 batch = real(*args, **kwargs)
                 self.record_missing(self.config.dump_step(step), batch, method=method, seconds=elapsed(start), call=call)
                 return batch
             assert real is not None, "dump mode always has the real scheduler"
+            rng_before = self.rng.before() if self.records_step(step) else None  # [replay_rng]
             start = time.perf_counter()
             batch = real(*args, **kwargs)
             if self.records_step(step):
                 self.record(step, batch, method=method, seconds=elapsed(start), call=call)
+                self.rng.after_call(step, rng_before, self._writer)  # [replay_rng]
             return batch
 
     async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
@@ -204,7 +211,9 @@ class Interceptor(RecordingMixin, ReplayMixin):
             if self.mode.replays:
                 source = self.replay_source(step)
                 if source is not None:
-                    return await self.replay_at_async(source)
+                    served = await self.replay_at_async(source)
+                    self.rng.after_replay(source)  # [replay_rng]
+                    return served
                 real = self._live(method, real, resolve)
                 start = time.perf_counter()
                 batch = await real(*args, **kwargs)
@@ -215,10 +224,12 @@ class Interceptor(RecordingMixin, ReplayMixin):
                 )
                 return batch
             assert real is not None, "dump mode always has the real scheduler"
+            rng_before = self.rng.before() if self.records_step(step) else None  # [replay_rng]
             start = time.perf_counter()
             batch = await real(*args, **kwargs)
             if self.records_step(step):
                 seconds = elapsed(start)
+                self.rng.after_call(step, rng_before, self._writer)  # [replay_rng]
                 await asyncio.get_running_loop().run_in_executor(
                     None, lambda: self.record(step, batch, method=method, seconds=seconds, call=call)
                 )

@@ -30,7 +30,15 @@ from __future__ import annotations
 import random
 from typing import Any
 
-__all__ = ["RNG_FORMAT", "capture_rng", "changed", "restore_rng"]
+from rollout_mock._text import logger
+from rollout_mock.storage.base import BatchInfo, StepStore
+from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
+
+__all__ = ["RNG_FORMAT", "RNG_NAME", "RngHook", "capture_rng", "changed", "rng_stream", "restore_rng"]
+
+#: Scheduler name (suffix) of the stream holding the states: ``{split}/rng`` or ``{split}/{name}.rng``.
+RNG_NAME = "rng"
 
 #: Value of the ``format`` key of a captured state.
 RNG_FORMAT = "rollout_mock.rng/1"
@@ -106,3 +114,54 @@ def changed(before: dict[str, Any], after: dict[str, Any]) -> bool:
         elif value != other:
             return True
     return False
+
+
+def rng_stream(stream: StreamId) -> StreamId:
+    """The stream that holds the generator states of ``stream``'s calls (same split and rank)."""
+    name = RNG_NAME if stream.name is None else f"{stream.name}.{RNG_NAME}"
+    return StreamId(stream.split, name, stream.rank)
+
+
+class RngHook:
+    """``replay_rng`` for an :class:`~rollout_mock.wrap.interceptor.Interceptor`'s plain and
+    async calls (a Ray ``.remote()`` rollout runs in another process and leaves this one's
+    generators alone).
+
+    Dump mode: :meth:`before` captures the states before the real call, :meth:`after_call`
+    records them as the call left them, in :func:`rng_stream`, only when the call changed them
+    (so rollouts that draw no random numbers here record nothing). Mock mode: :meth:`after_replay`
+    restores the states recorded for the served step, if there are any.
+    """
+
+    def __init__(self, *, enabled: bool, store: StepStore, stream: StreamId, overwrite: bool) -> None:
+        self.enabled = enabled
+        self.store = store
+        self.stream = rng_stream(stream)
+        self.overwrite = overwrite
+        self._opened = False
+
+    def before(self) -> dict[str, Any] | None:
+        return capture_rng() if self.enabled else None
+
+    def after_call(self, step: int, before: dict[str, Any] | None,
+                   writer: BackgroundWriter | SyncWriter | None) -> None:
+        if before is None or writer is None:
+            return
+        after = capture_rng()
+        if not changed(before, after):
+            return
+        if not self._opened:
+            self.store.open_writer(self.stream)
+            self._opened = True
+
+        def save() -> None:
+            self.store.save(self.stream, step, after, BatchInfo.of(after), method="rng",
+                            rollout_seconds=None, overwrite=self.overwrite)
+
+        writer.submit(WriteJob(save, f"random number state of step {step} of {self.stream}"))
+
+    def after_replay(self, source: int) -> None:
+        if not self.enabled or not self.store.contains(self.stream, source):
+            return
+        restore_rng(self.store.load(self.stream, source))
+        logger.debug("[RolloutMock] restored the random number state of step %d (%s)", source, self.stream)

@@ -40,6 +40,12 @@ def _take(value: Any, index: list[int], n: int) -> Any:
     return value
 
 
+def _is_td(value: Any) -> bool:
+    """A TensorDict (recent tensordict versions register it as a ``Mapping``: test by shape)."""
+    return is_tensordict(value) or (isinstance(value, Mapping) and type(value) is not dict
+                                    and hasattr(value, "batch_size") and callable(getattr(value, "select", None)))
+
+
 def _take_mapping(mapping: Mapping[str, Any], index: list[int], n: int) -> dict[str, Any]:
     return {k: _take(v, index, n) for k, v in mapping.items()}
 
@@ -61,7 +67,7 @@ def select_rows(batch: Any, index: Sequence[int]) -> Any:
             return select(np.asarray(index, dtype=np.int64))
         new = copy.copy(batch)
         inner = batch.batch
-        if is_tensordict(inner) and not isinstance(inner, Mapping):
+        if _is_td(inner):  # stays a TensorDict (a stand-in of a verl DataProto, in `cut`)
             new.batch = inner[torch.tensor(index, dtype=torch.long)]
         elif inner is not None:
             new.batch = _take_mapping(inner, index, n)
@@ -103,7 +109,7 @@ def select_keys(batch: Any, keys: Sequence[str]) -> Any:
                                non_tensor_batch_keys=[k for k in wanted if k in others], deepcopy=False)
         else:
             out = copy.copy(batch)
-            if is_tensordict(tensors) and not isinstance(tensors, Mapping):
+            if _is_td(tensors):
                 out.batch = tensors.select(*[k for k in tensors.keys() if k in wanted])
             elif tensors is not None:
                 out.batch = _keep(tensors, wanted)

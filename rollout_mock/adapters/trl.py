@@ -215,7 +215,7 @@ class TrlRollout:
 def _callback(rollout: TrlRollout) -> Any:
     from transformers import TrainerCallback
 
-    class RolloutMockCallback(TrainerCallback):  # type: ignore[misc]
+    class RolloutMockCallback(TrainerCallback):
         """Flushes the dump at each save and closes it when training ends."""
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

@@ -15,7 +15,7 @@ Covered, in this process only:
 * numpy's legacy global generator (``numpy.random.get_state``: what ``np.random.*`` uses);
 * Python's ``random`` module.
 
-Not covered (documented in ``docs/reproducibility.md`` and ``docs/frameworks/trl.md``): other
+Not covered (documented in ``docs/determinism.md`` and ``docs/frameworks/trl.md``): other
 processes' generators (Ray actors, data loader workers, inference servers), explicit
 ``torch.Generator`` / ``numpy.random.Generator`` objects a library owns, CUDA generators of
 devices that are not visible here, and backends with their own state (MPS, XLA).
@@ -35,7 +35,7 @@ from rollout_mock.storage.base import BatchInfo, StepStore
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 
-__all__ = ["RNG_FORMAT", "RNG_NAME", "RngHook", "capture_rng", "changed", "rng_stream", "restore_rng"]
+__all__ = ["RNG_FORMAT", "RNG_NAME", "RngHook", "capture_rng", "changed", "restore_rng", "rng_stream"]
 
 #: Scheduler name (suffix) of the stream holding the states: ``{split}/rng`` or ``{split}/{name}.rng``.
 RNG_NAME = "rng"

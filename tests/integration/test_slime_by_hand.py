@@ -13,23 +13,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_frameworks_slime import args, slime_pkg  # noqa: F401  (fixture; pytest puts this directory on sys.path)
 
 from rollout_mock import open_dump
-
-from test_frameworks_slime import args, slime_pkg  # noqa: F401  (fixture; pytest puts this directory on sys.path)
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "frameworks" / "slime.md"
 
 
 def load_wrapper(tmp_path: Path, mode: str) -> types.ModuleType:
     text = DOC.read_text(encoding="utf-8")
-    code = re.search(r"<!-- slime-by-hand -->\s*```python\n(.*?)```", text, re.S)
+    code = re.search(r"<!-- slime-by-hand -->\s*```python\n(.*?)```", text, re.DOTALL)
     assert code is not None, "the by-hand example is missing from docs/frameworks/slime.md"
     (tmp_path / "rollout_mock.yaml").write_text(
         f"rollout_mock:\n  enable: true\n  mode: {mode}\n  dump_dir: {tmp_path / 'd'}\n")
     module = types.ModuleType(f"my_rollout_{mode}")
     source = code.group(1).replace('"rollout_mock.yaml"', repr(str(tmp_path / "rollout_mock.yaml")))
-    exec(compile(source, str(DOC), "exec"), module.__dict__)
+    exec(compile(source, str(DOC), "exec"), module.__dict__)  # noqa: S102 - the documented example itself
     return module
 
 

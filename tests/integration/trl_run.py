@@ -21,7 +21,7 @@ os.environ.setdefault("WANDB_DISABLED", "true")
 WORDS = ["red", "green", "blue", "cat", "dog", "sun", "moon", "tree", "sky", "sea", "one", "two"]
 
 
-def build_tokenizer():  # noqa: ANN201
+def build_tokenizer():
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -34,7 +34,7 @@ def build_tokenizer():  # noqa: ANN201
                                    eos_token="</s>", unk_token="<unk>")
 
 
-def reward_len(completions, **kwargs):  # noqa: ANN001, ANN201
+def reward_len(completions, **kwargs):
     if os.environ.get("TRL_RUN_FORBID") == "1":
         raise AssertionError("reward function called in mock mode")
     return [float(len(c.split())) - 0.5 * c.count("red") for c in completions]
@@ -83,7 +83,7 @@ def main() -> None:
     if args.forbid:
         os.environ["TRL_RUN_FORBID"] = "1"
 
-        def forbidden(*a, **k):  # noqa: ANN002, ANN003, ANN202
+        def forbidden(*a, **k):
             raise AssertionError("model.generate called in mock mode")
 
         trainer.model.generate = forbidden

@@ -103,7 +103,7 @@ class TrlRollout:
     def __init__(self, trainer: Any, config: RolloutMockConfig) -> None:
         self.trainer = trainer
         self.config = config
-        self.rng = config.replay_rng
+        self.rng = config.replay_rng is not False  # auto (null) means on: generation runs in-process
         self._source = _Source()
         self._schedulers: dict[str, MockScheduler] = {}
         self._current: dict[str, Any] | None = None

@@ -93,7 +93,7 @@ class Interceptor(RecordingMixin, ReplayMixin):
             self._open_dump()
         else:
             self._open_mock()
-        self.rng = RngHook(enabled=config.replay_rng, store=self.store, stream=self.stream,  # [replay_rng]
+        self.rng = RngHook(enabled=config.replay_rng is True, store=self.store, stream=self.stream,  # [replay_rng]
                            overwrite=config.overwrite)
         logger.info(
             "[RolloutMock] Rollout Mock enabled: mode=%s, dir=%s, scheduler_mode=%s, format=pickle%s",

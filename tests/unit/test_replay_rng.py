@@ -80,8 +80,16 @@ def test_training_side_sees_the_dump_runs_stream(tmp_path: Path, replay_rng: boo
     assert ("train/rng" in streams) is replay_rng
 
 
+def test_default_leaves_other_schedulers_dumps_unchanged(tmp_path: Path) -> None:
+    """``replay_rng: null`` (auto) is on for wrap_trl only: a scheduler's dump keeps its streams."""
+    dump = MockScheduler(Sampling(), {"enable": True, "dump_dir": str(tmp_path / "d"), "mode": "dump"})
+    dump.get_batch(global_step=0)
+    dump.close()
+    assert [s.key for s in open_dump(tmp_path / "d").streams()] == ["train"]
+
+
 def test_rollouts_that_draw_nothing_record_no_state(tmp_path: Path) -> None:
-    config = {"enable": True, "dump_dir": str(tmp_path / "d")}
+    config = {"enable": True, "dump_dir": str(tmp_path / "d"), "replay_rng": True}
     dump = MockScheduler(Pure(), {**config, "mode": "dump"})
     dump.get_batch(global_step=0)
     dump.close()

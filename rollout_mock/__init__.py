@@ -80,6 +80,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.adapters.trl import wrap_trl
     from rollout_mock.codec import register_batch_class
     from rollout_mock.compare.diff import DiffReport, compare_batches, diff_dumps
     from rollout_mock.compare.metrics import MetricsWriter, read_metrics
@@ -120,7 +121,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.storage.memory import MemoryStore
     from rollout_mock.storage.partial import rank_rows
     from rollout_mock.storage.reader import Dump, load_step, open_dump
-    from rollout_mock.adapters.trl import wrap_trl
     from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.scheduler import MockScheduler
 

@@ -4,7 +4,8 @@ The public API, all importable from here::
 
     from rollout_mock import MockScheduler, load_config, open_dump, verify, diff_dumps
 
-* wrapping: :class:`MockScheduler`, :func:`mock_class` (``rollout_mock.wrap``);
+* wrapping: :class:`MockScheduler`, :func:`mock_class` (``rollout_mock.wrap``); Hugging Face TRL
+  trainers: :func:`wrap_trl` (``rollout_mock.adapters.trl``);
 * configuration: :class:`RolloutMockConfig`, :func:`load_config`, :class:`Mode`;
 * reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`StepStore`,
   :class:`DirectoryStore`, :class:`MemoryStore` (``rollout_mock.storage``);
@@ -34,6 +35,7 @@ from rollout_mock.errors import *  # noqa: F403
 _EXPORTS: dict[str, str] = {
     "MockScheduler": "rollout_mock.wrap.scheduler",
     "mock_class": "rollout_mock.wrap.actor",
+    "wrap_trl": "rollout_mock.adapters.trl",
     "RolloutMockConfig": "rollout_mock.config",
     "load_config": "rollout_mock.config",
     "Mode": "rollout_mock.modes",
@@ -59,6 +61,7 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 __all__ += _errors.__all__
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.adapters.trl import wrap_trl
     from rollout_mock.codec import register_batch_class
     from rollout_mock.compare.diff import DiffReport, compare_batches, diff_dumps
     from rollout_mock.compare.metrics import MetricsWriter, read_metrics

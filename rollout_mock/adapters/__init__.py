@@ -3,6 +3,7 @@
 * :mod:`~rollout_mock.adapters.roll`  — ``ray.remote(roll_scheduler(RolloutScheduler, pipeline_config))``
 * :mod:`~rollout_mock.adapters.verl`  — ``wrap_verl_rollout(trainer)`` after ``init_workers()``
 * :mod:`~rollout_mock.adapters.areal` — ``wrap_areal(engine, cfg, step=lambda: global_step)``
+* :mod:`~rollout_mock.adapters.trl`   — ``wrap_trl(trainer, cfg)`` after building a TRL ``GRPOTrainer``
 * :mod:`~rollout_mock.adapters.slime` — ``--rollout-function-path rollout_mock.adapters.slime.generate_rollout``
 * :mod:`~rollout_mock.adapters.foreign` — ``open_foreign`` / ``import_foreign`` for ROLL, verl
   ``skip.rollout``, AReaL ``trajectory_debug`` and slime debug rollout dumps.
@@ -23,6 +24,7 @@ _EXPORTS = {
     "roll_scheduler": "roll", "roll_handle": "roll", "roll_config": "roll",
     "wrap_verl_rollout": "verl", "VerlRollout": "verl",
     "wrap_areal": "areal", "ArealRollout": "areal",
+    "wrap_trl": "trl", "TrlRollout": "trl",
     "open_foreign": "foreign", "import_foreign": "foreign", "detect_format": "foreign",
 }
 

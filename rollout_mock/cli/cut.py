@@ -34,6 +34,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--split", action="append", dest="splits", metavar="SPLIT",
                         help="cut only this split (repeatable; default: every stream holding the steps)")
     parser.add_argument("--redact", action="store_true", help="replace prompt/response text with placeholders")
+    parser.add_argument("--import", action="append", dest="imports", metavar="MODULE", default=None,
+                        help="import MODULE first (repeatable): registers your batch classes "
+                             "(register_batch_class) so the cut dump keeps them")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (only for dumps you trust)")
     return parser
@@ -45,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     result = cut_dump(
         args.src, args.dst, steps=args.steps, samples=args.samples, groups=args.groups,
         group_size=args.group_size, keys=args.keys, redact=args.redact, splits=args.splits,
-        trusted=args.trust,
+        trusted=args.trust, imports=args.imports,
     )
     print(result.summary())
     return 0

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from rollout_mock._text import logger
-from rollout_mock.codec.batches import class_path, split_batch
+from rollout_mock.codec.batches import Batch, class_path, split_batch
 from rollout_mock.codec.bodyenc import BodyWriter
 from rollout_mock.codec.buffers import BufferPool
 from rollout_mock.codec.classes import encode_class, encode_scalar, keeps_structure, tensordict_state
@@ -367,7 +367,10 @@ class _Encoder:
         parts = split_batch(obj)
         if parts is not None:
             kind, layout, fields, extra = parts
-            node: dict[str, Any] = {"$": "batch", "kind": kind, "class": class_path(cls), "layout": layout}
+            written = class_path(cls)
+            if cls is Batch and isinstance(extra.get("source_class"), str):  # a stand-in keeps its class
+                written = extra.pop("source_class")  # (e.g. `rollout-mock cut` without verl imported)
+            node: dict[str, Any] = {"$": "batch", "kind": kind, "class": written, "layout": layout}
             for name, value in fields.items():
                 self._structural = 2
                 node[name] = self.node(value, f"{path}.{name}" if path else name)

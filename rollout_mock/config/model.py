@@ -137,6 +137,15 @@ class RolloutMockConfig(BaseModel):
     given) and records the step into the dump. With ``repeat_nearest``/``record`` the
     ``max_steps`` pre-flight check only warns."""
 
+    replay_rng: bool | None = None
+    """Record the random number generator states (torch CPU and CUDA, numpy, Python ``random``)
+    as a rollout call leaves them in dump mode, and restore them after serving that call in mock
+    mode, so the training side sees the same random stream (needed for bit-identity when the
+    rollout runs in the training process). ``null`` (auto): on where the rollout is known to run
+    in-process (``wrap_trl``), off for other schedulers (Ray actors do not touch this process's
+    generators); ``true``: on for every scheduler (a state is recorded only for calls that changed
+    one, in a sibling stream ``{split}/rng``); ``false``: off. See :mod:`rollout_mock.wrap.rng`."""
+
     subsample: float | None = Field(default=None, gt=0, le=1)
     """Mock mode: serve only this fraction of each replayed batch (slime's
     ``--load-debug-rollout-data-subsample``). Deterministic: of ``n`` rows (samples; list items

@@ -1,5 +1,11 @@
 """Minimal repro dumps: a few steps and rows of a dump, as a new dump that replays on its own.
 
+Each batch keeps its class: a verl ``DataProto`` stays a ``DataProto`` and a registered class
+stays itself, even when the class's module is not imported here (a DataProto-like batch loads as
+a :class:`~rollout_mock.codec.Batch` stand-in that is written back under the recorded class
+name). Classes stored by attribute dict (``register_batch_class`` on a non-DataProto-like
+class) need their module imported: ``imports=["my_module"]`` (CLI ``--import my_module``).
+
 The new dump is written through the store's public API, so it has its own manifest and
 checksums; the source's environment fingerprint and calling conventions are copied, and
 ``provenance.json`` records where it came from and what was kept. The source's expected metrics
@@ -9,6 +15,7 @@ of a cut batch would not match them).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -22,7 +29,7 @@ from rollout_mock.debug._files import write_text_inside
 from rollout_mock.debug.redact import redact as redact_batch
 from rollout_mock.debug.redact import redact_call
 from rollout_mock.debug.rows import row_count, select_keys, select_rows
-from rollout_mock.errors import DebugInputError, UnsafePathError
+from rollout_mock.errors import DebugInputError, UnsafePathError, UnsafePickleError
 from rollout_mock.storage.paths import read_inside
 
 __all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges"]
@@ -115,6 +122,7 @@ def cut_dump(
     redact: bool = False,
     splits: Sequence[str] | None = None,
     trusted: bool = False,
+    imports: Sequence[str] | None = None,
 ) -> CutResult:
     """Write the chosen ``steps`` (and rows, and keys) of dump ``src`` as a new dump ``dst``.
 
@@ -123,12 +131,18 @@ def cut_dump(
     the rows are the list items (trajectories). ``keys`` keeps only those columns; ``redact``
     replaces prompt/response text (see :mod:`rollout_mock.debug.redact`). Every stream (split,
     name, rank) holding a chosen step is cut, or only those of ``splits``. ``dst`` must not exist
-    or be empty. Raises :class:`DebugInputError` for a step recorded in no stream.
+    or be empty. ``imports`` are modules imported first (they register batch classes). Raises
+    :class:`DebugInputError` for a step recorded in no stream or a module that cannot be imported.
     """
     from rollout_mock.storage.base import BatchInfo
     from rollout_mock.storage.reader import open_dump
     from rollout_mock.storage.stores import open_store
 
+    for module in imports or ():
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise DebugInputError(f"--import {module}: {exc}") from exc
     src_path, dst_path = Path(src), Path(dst)
     step_list = parse_ranges(steps, "--steps") if isinstance(steps, str) else sorted(set(steps))
     sample_list = parse_ranges(samples, "--samples") if isinstance(samples, str) else samples
@@ -165,7 +179,13 @@ def cut_dump(
             for step in chosen:
                 entry = dump.entry(stream, step)
                 assert entry is not None
-                batch = dump.load(step, stream, trusted=trusted)
+                try:
+                    batch = dump.load(step, stream, trusted=trusted)
+                except UnsafePickleError as exc:
+                    raise DebugInputError(
+                        f"{src_path}: step {step} of {stream} holds a batch class that is not registered "
+                        f"in this process; pass --import <module that defines and registers it> "
+                        f"(imports=[...]) so the cut dump keeps the class ({exc})") from exc
                 index = _rows(row_count(batch), sample_list, group_list, group_size)
                 if index is not None:
                     whole = whole and index == list(range(row_count(batch)))

@@ -20,7 +20,7 @@ __all__ = ["row_count", "select_keys", "select_rows"]
 
 def row_count(batch: Any) -> int:
     """Rows of a batch (list items for lists, samples for slime dumps): :mod:`rollout_mock.batch`."""
-    if isinstance(batch, Mapping) and isinstance(batch.get("samples"), list):
+    if isinstance(batch, dict) and isinstance(batch.get("samples"), list):
         return len(batch["samples"])
     n = count_samples(batch)
     if n is None:
@@ -37,7 +37,7 @@ def select_rows(batch: Any, index: Sequence[int]) -> Any:
         raise DebugInputError(f"rows {bad} out of range: the batch has {n} rows (0-{n - 1})")
     if isinstance(batch, list):
         return [copy.copy(batch[i]) for i in index]
-    if isinstance(batch, Mapping) and isinstance(batch.get("samples"), list):
+    if isinstance(batch, dict) and isinstance(batch.get("samples"), list):
         return {**batch, "samples": [batch["samples"][i] for i in index]}
     try:
         return take_rows(batch, index)
@@ -71,7 +71,7 @@ def select_keys(batch: Any, keys: Sequence[str]) -> Any:
                                non_tensor_batch_keys=[k for k in wanted if k in others], deepcopy=False)
         else:
             out = copy.copy(batch)
-            if is_tensordict(tensors) and not isinstance(tensors, Mapping):
+            if _is_td(tensors):
                 out.batch = tensors.select(*[k for k in tensors.keys() if k in wanted])
             elif tensors is not None:
                 out.batch = _keep(tensors, wanted)

@@ -47,6 +47,7 @@ from rollout_mock.wrap.calls import (
 )
 from rollout_mock.wrap.recording import Recorder
 from rollout_mock.wrap.replay import Replayer
+from rollout_mock.wrap.rng import RngHook
 
 __all__ = ["Interceptor"]
 
@@ -98,6 +99,9 @@ class Interceptor:
             self.recorder = Recorder(config, self.store, self.stream, writes=self.writes)
         else:
             self.replayer = Replayer(config, self.store, self.stream)
+        #: replay_rng: generator states recorded after live calls, restored after replayed ones
+        self.rng = RngHook(enabled=config.replay_rng is True, store=self.store, stream=self.stream,
+                           overwrite=config.overwrite)
         logger.info(
             "[RolloutMock] Rollout Mock enabled: mode=%s, dir=%s, scheduler_mode=%s, format=pickle%s",
             self.mode.value,
@@ -179,7 +183,12 @@ class Interceptor:
     def after_replayed_call(self, step: int, source: int, batch: Any) -> None:
         """Runs on the calling thread after recorded step ``source`` was served for run step
         ``step`` (``batch`` is what the caller gets). The place for hooks that restore state
-        the live call would have produced. Nothing by default."""
+        the live call would have produced: the random number state (``replay_rng``)."""
+        self.rng.after_replay(source)
+
+    def _rng_before(self, step: int) -> dict[str, Any] | None:
+        """Generator states before a live call that dump mode records (``replay_rng``)."""
+        return self.rng.before() if self.recorder is not None and self.recorder.records_step(step) else None
 
     # ------------------------------------------------------------------ dispatch
     def begin(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
@@ -245,10 +254,12 @@ class Interceptor:
                 return batch
             function = self._real(method, real, resolve)
             start = time.perf_counter()
+            rng_before = self._rng_before(step)
             batch = function(*args, **kwargs)
             seconds = elapsed(start)
             self.after_live_call(step, method, batch)
             self._keep(step, batch, method=method, seconds=seconds, call=call)
+            self.rng.after_call(step, rng_before, self._writer)
             return batch
 
     async def call_async(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
@@ -268,9 +279,11 @@ class Interceptor:
                 return batch
             function = self._real(method, real, resolve)
             start = time.perf_counter()
+            rng_before = self._rng_before(step)
             batch = await function(*args, **kwargs)
             seconds = elapsed(start)
             self.after_live_call(step, method, batch)
+            self.rng.after_call(step, rng_before, self._writer)
             await loop.run_in_executor(
                 None, lambda: self._keep(step, batch, method=method, seconds=seconds, call=call))
             return batch

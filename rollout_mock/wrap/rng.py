@@ -93,10 +93,21 @@ def restore_rng(state: Any) -> None:
         np.random.set_state((saved["name"], keys, saved["pos"], saved["has_gauss"], saved["cached"]))
     torch = _torch()
     if torch is not None and state.get("torch") is not None:
-        torch.set_rng_state(state["torch"].to(dtype=torch.uint8, device="cpu"))
+        torch.set_rng_state(_owned_state(torch, state["torch"], torch.get_rng_state()))
         cuda = state.get("cuda")
         if cuda is not None and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-            torch.cuda.set_rng_state_all([s.to(dtype=torch.uint8, device="cpu") for s in cuda])
+            torch.cuda.set_rng_state_all([_owned_state(torch, s, torch.cuda.get_rng_state(i))
+                                          for i, s in enumerate(cuda)])
+
+
+def _owned_state(torch: Any, value: Any, current: Any) -> Any:
+    """A generator state as torch's setters need it: a uint8 CPU tensor of the current state's size
+    in memory of its own (a loaded tensor may be a view into a shared chunk, which the setters
+    misread), checked so that a hostile dump cannot hand torch a state of another size."""
+    if not isinstance(value, torch.Tensor) or value.dtype != torch.uint8 or value.shape != current.shape:
+        raise ValueError(f"not a torch generator state: {type(value).__name__} "
+                         f"{getattr(value, 'dtype', '')} {tuple(getattr(value, 'shape', ()))}")
+    return value.detach().to(device="cpu").clone(memory_format=torch.contiguous_format)
 
 
 def changed(before: dict[str, Any], after: dict[str, Any]) -> bool:

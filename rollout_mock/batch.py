@@ -95,9 +95,14 @@ def _leaf(value: Any) -> dict[str, Any] | None:
 
 
 def is_tensordict(obj: Any) -> bool:
-    """A TensorDict-like object: ``batch_size``, ``keys`` and ``items``, but not a plain mapping."""
+    """A TensorDict-like object: tensordict's own classes (recent tensordict registers them as
+    ``Mapping``s), or ``batch_size``, ``keys`` and ``items`` on something that is not a mapping."""
+    if isinstance(obj, dict | torch.Tensor | np.ndarray | type):
+        return False
+    if any(c.__name__ == "TensorDictBase" and c.__module__.startswith("tensordict") for c in type(obj).__mro__):
+        return True
     return (
-        not isinstance(obj, Mapping | torch.Tensor | np.ndarray | type)
+        not isinstance(obj, Mapping)
         and hasattr(obj, "batch_size")
         and hasattr(obj, "items")
         and hasattr(obj, "keys")

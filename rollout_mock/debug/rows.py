@@ -58,7 +58,7 @@ def select_keys(batch: Any, keys: Sequence[str]) -> Any:
             if isinstance(item, Mapping):
                 present |= set(item)
         out: Any = [None if item is None else _keep(item, wanted) for item in batch]
-    elif isinstance(batch, Mapping) and isinstance(batch.get("samples"), list):
+    elif isinstance(batch, dict) and isinstance(batch.get("samples"), list):
         for sample in batch["samples"]:
             present |= set(sample) if isinstance(sample, Mapping) else set()
         out = {**batch, "samples": [_keep(s, wanted) if isinstance(s, Mapping) else s for s in batch["samples"]]}
@@ -71,14 +71,14 @@ def select_keys(batch: Any, keys: Sequence[str]) -> Any:
                                non_tensor_batch_keys=[k for k in wanted if k in others], deepcopy=False)
         else:
             out = copy.copy(batch)
-            if _is_td(tensors):
+            if is_tensordict(tensors):
                 out.batch = tensors.select(*[k for k in tensors.keys() if k in wanted])
             elif tensors is not None:
                 out.batch = _keep(tensors, wanted)
             out.non_tensor_batch = _keep(others, wanted)
     elif isinstance(batch, Mapping) or is_tensordict(batch):
         present = set(map(str, batch.keys()))
-        if is_tensordict(batch) and not isinstance(batch, Mapping):
+        if is_tensordict(batch):
             out = batch.select(*[k for k in batch.keys() if k in wanted])
         else:
             out = _keep(batch, wanted)

@@ -92,7 +92,8 @@ def run_loop(mode: str, dump_dir: Path, steps: int, batch_size: int, payload: in
             scheduler = context = MockScheduler(rollout, config)
         else:
             config.update(mode="mock", prefetch=mode == "mock", max_steps=steps)
-            scheduler = context = MockScheduler(None, config, spec=ToyRolloutScheduler)  # never constructed in mock mode
+            # the scheduler is never constructed in mock mode
+            scheduler = context = MockScheduler(None, config, spec=ToyRolloutScheduler)
     calls, trains, totals = [], [], []
     batch_bytes = 0
     start_all = time.perf_counter()

@@ -125,7 +125,8 @@ def concurrent(root: Path, r: int, k: int) -> dict[str, Any]:
 
 
 def table(results: dict[str, Any]) -> str:
-    lines = ["| N steps already indexed | index state | per-step save, mean (p95) | writer open | close (compaction) | open_dump + steps() |",
+    lines = ["| N steps already indexed | index state | per-step save, mean (p95) | writer open "
+             "| close (compaction) | open_dump + steps() |",
              "|---:|---|---:|---:|---:|---:|"]
     for row in results["per_step"]:
         lines.append(f"| {row['n']:,} | {row['state']} | {row['mean_ms']:.2f} ms ({row['p95_ms']:.2f}) | "

@@ -47,9 +47,9 @@ import _common  # noqa: E402
 from _data import SIZES, clone_all, make_dataproto, object_bytes, tensor_bytes  # noqa: E402
 
 from rollout_mock import codec
-from rollout_mock.wrap import MockScheduler
-from rollout_mock.storage.manifest import StreamId  # noqa: E402
 from rollout_mock.storage import BatchInfo, DirectoryStore  # noqa: E402
+from rollout_mock.storage.manifest import StreamId  # noqa: E402
+from rollout_mock.wrap import MockScheduler
 
 RESULTS = Path(__file__).resolve().parent / "results"
 README = Path(__file__).resolve().parent / "README.md"
@@ -260,7 +260,6 @@ def bench_size(size: str, repeat: int, work: Path, cold: bool) -> dict[str, Any]
             result = run()
             samples[key].append(time.perf_counter() - start)
             del result
-    del payload
     for key, values in samples.items():
         r[key] = statistics.median(values)
     r["rm_dump_s"] = r["capture_s"] + r["rm_save_s"]

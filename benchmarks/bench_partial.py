@@ -68,8 +68,8 @@ def main() -> int:
             store.close()
             dump = open_dump(where)
             size = dump.entry(STREAM, 0).size
-            full = timed(lambda: dump.load(0, "train"), args.repeat)
-            part = timed(lambda: dump.load(0, "train", rows=rows), args.repeat)
+            full = timed(lambda dump=dump: dump.load(0, "train"), args.repeat)
+            part = timed(lambda dump=dump: dump.load(0, "train", rows=rows), args.repeat)
             got = dump.load(0, "train", rows=rows)
             assert torch.equal(got["input_ids"], batch["input_ids"][rows.start:rows.stop])
             read = "-"

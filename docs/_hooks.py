@@ -41,7 +41,8 @@ PLACEHOLDERS = {
 # --------------------------------------------------------------------------- text helpers
 def _rst_to_md(text: str) -> str:
     """The docstrings use reST roles and double backticks; Markdown wants single backticks."""
-    text = re.sub(r":(?:class|func|meth|attr|mod|exc|data):`~?([^`]+)`", lambda m: f"`{m.group(1).split('.')[-1]}`", text)
+    role = r":(?:class|func|meth|attr|mod|exc|data):`~?([^`]+)`"
+    text = re.sub(role, lambda m: f"`{m.group(1).split('.')[-1]}`", text)
     return text.replace("``", "`")
 
 
@@ -284,7 +285,9 @@ def _arguments_table(parser: argparse.ArgumentParser) -> list[str]:
         if action.option_strings:
             metavar = ""
             if action.nargs != 0:
-                metavar = " " + (action.metavar or action.dest.upper()) if not isinstance(action.metavar, tuple) else " " + " ".join(action.metavar)
+                names = (action.metavar if isinstance(action.metavar, tuple)
+                         else (action.metavar or action.dest.upper(),))
+                metavar = " " + " ".join(names)
             name = ", ".join(f"`{opt}{metavar}`" for opt in action.option_strings)
         else:
             name = f"`{action.metavar or action.dest}`"

@@ -109,7 +109,9 @@ def output_from_record(record: Mapping[str, Any]) -> Any:
                 for name, info in record["data"].items()}
         return data if RolloutFnEvalOutput is None else RolloutFnEvalOutput(data=data, metrics=record.get("metrics"))
     samples = _from_dict(record["samples"], sample_cls)
-    return samples if RolloutFnTrainOutput is None else RolloutFnTrainOutput(samples=samples, metrics=record.get("metrics"))
+    if RolloutFnTrainOutput is None:
+        return samples
+    return RolloutFnTrainOutput(samples=samples, metrics=record.get("metrics"))
 
 
 # ---------------------------------------------------------------------------- configuration
@@ -157,7 +159,8 @@ class _Rollout:
 
 def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
     config = _config(args)
-    path = getattr(args, "rollout_mock_rollout", None) or os.environ.get("ROLLOUT_MOCK_SLIME_ROLLOUT") or DEFAULT_ROLLOUT
+    path = (getattr(args, "rollout_mock_rollout", None) or os.environ.get("ROLLOUT_MOCK_SLIME_ROLLOUT")
+            or DEFAULT_ROLLOUT)
     split = "val" if evaluation else "train"
     key = (config.model_dump_json(), path, split)
     with _lock:

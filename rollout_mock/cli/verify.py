@@ -116,8 +116,8 @@ def run(args: argparse.Namespace) -> int:
         baseline,
         candidate,
         metrics=selected,
-        rtol={**{m: rtol for m in names}, **rtol_over},
-        atol={**{m: atol for m in names}, **atol_over},
+        rtol={**dict.fromkeys(names, rtol), **rtol_over},
+        atol={**dict.fromkeys(names, atol), **atol_over},
     )
     plot_path: Path | None = None
     if plot_missing:

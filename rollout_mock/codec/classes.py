@@ -268,7 +268,8 @@ def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:
     axis = ragged - 1
     bounds = offsets.tolist()
     sizes = lengths.tolist() if lengths is not None else [b - a for a, b in itertools.pairwise(bounds)]
-    if len(sizes) != len(bounds) - 1 or any(a < 0 or s < 0 or a + s > values.shape[axis] for a, s in zip(bounds, sizes)):
+    if len(sizes) != len(bounds) - 1 \
+            or any(a < 0 or s < 0 or a + s > values.shape[axis] for a, s in zip(bounds, sizes)):
         raise ValueError("njt offsets do not fit its values")
     minimum, maximum = node.get("min"), node.get("max")
     picked = _rows_of(rows, len(sizes))

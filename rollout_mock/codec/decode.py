@@ -15,9 +15,9 @@ import torch
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec.batches import build_batch
 from rollout_mock.codec.bodydec import BodyReader
+from rollout_mock.codec.classes import CLASS_TAGS, decode_class, finish_tensordict
 from rollout_mock.codec.hashguard import check_keys
 from rollout_mock.codec.jsonitems import parse_items
-from rollout_mock.codec.classes import CLASS_TAGS, decode_class, finish_tensordict
 from rollout_mock.codec.layout import TORCH_DTYPES, numpy_dtype
 from rollout_mock.codec.select import select
 from rollout_mock.codec.strcol import read_strings

@@ -60,7 +60,8 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name) for name in _TORCH_NAMES if isinstance(getattr(torch, name, None), torch.dtype)
 }
 
-_NUMPY_DTYPE = re.compile(r"[<>|=]?(b1|[iu][1248]|f(2|4|8|16)|c(8|16|32)|[mM]8(\[[0-9]*[a-zA-Z]{1,2}\])?|[SU][0-9]{1,6})")
+_NUMPY_DTYPE = re.compile(
+    r"[<>|=]?(b1|[iu][1248]|f(2|4|8|16)|c(8|16|32)|[mM]8(\[[0-9]*[a-zA-Z]{1,2}\])?|[SU][0-9]{1,6})")
 
 
 def numpy_dtype(text: object) -> np.dtype:

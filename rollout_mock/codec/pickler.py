@@ -229,7 +229,7 @@ class _BatchPickler(cloudpickle.Pickler):
         # references tensordict internals); its items, batch size and names are all it is.
         device = td.device
         names = list(td.names) if getattr(td, "_has_names", lambda: False)() else None
-        items = {key: value for key, value in td.items()}
+        items = dict(td.items())
         keep_device = None if device is None or device.type != "cpu" else "cpu"
         return _rebuild_tensordict, (items, list(td.batch_size), keep_device, names)
 

@@ -71,7 +71,8 @@ class CutResult:
         return "\n".join(lines)
 
 
-def _rows(n: int, samples: Sequence[int] | None, groups: Sequence[int] | None, group_size: int | None) -> list[int] | None:
+def _rows(n: int, samples: Sequence[int] | None, groups: Sequence[int] | None,
+          group_size: int | None) -> list[int] | None:
     if samples is not None and groups is not None:
         raise DebugInputError("give samples or groups, not both")
     if groups is not None:

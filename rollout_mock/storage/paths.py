@@ -108,7 +108,7 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
     except OSError as exc:
-        if exc.errno == getattr(__import__("errno"), "ELOOP"):
+        if exc.errno == __import__("errno").ELOOP:
             raise UnsafePathError(
                 f"[RolloutMock] {path} is a symbolic link; refusing to open it (lock and temporary "
                 f"files are never followed through links). Remove the link.",

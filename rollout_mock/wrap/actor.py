@@ -51,7 +51,7 @@ def _bound_arguments(cls: type, args: tuple[Any, ...], kwargs: dict[str, Any]) -
     except TypeError:
         return dict(kwargs)
     bound.apply_defaults()
-    return {k: v for k, v in list(bound.arguments.items())[1:]}
+    return dict(list(bound.arguments.items())[1:])
 
 
 def mock_class(
@@ -227,7 +227,8 @@ class _InstanceMock:
         if config.mode.records and self.interceptor.writes:
             self.interceptor.store.set_methods(
                 self.interceptor.stream,
-                {m: {"convention": detect_convention(getattr(cls, m)).value, "step_arg": self.positions[m]} for m in methods},
+                {m: {"convention": detect_convention(getattr(cls, m)).value, "step_arg": self.positions[m]}
+                 for m in methods},
             )
         # Steps still pending at a normal process exit are written by the writer's atexit hook;
         # this one releases the dump directory afterwards (ray.kill gives no chance for either).

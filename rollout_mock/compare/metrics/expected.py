@@ -183,8 +183,9 @@ class ExpectedMetrics:
         steps = sorted(self._steps)
         span = f"steps {steps[0]}-{steps[-1]}" if steps else "no steps"
         if self.first is None:
+            bitwise = self.verdict.rtol.get("default") == 0 == self.verdict.atol.get("default")
             return (f"[RolloutMock] verdict: {self.compared} metric values over {span} match the dump run"
-                    f" ({'bitwise' if self.verdict.rtol.get('default') == 0 == self.verdict.atol.get('default') else 'within tolerance'})")
+                    f" ({'bitwise' if bitwise else 'within tolerance'})")
         step, name, _, _ = self.first
         return (f"[RolloutMock] verdict: {self.diverged} of {self.compared} metric values over {span} differ from "
                 f"the dump run; first at step {step} ({name})")

@@ -25,6 +25,16 @@ from rollout_mock.debug.sequences import extract_sequences  # noqa: E402
 from rollout_mock.errors import DebugInputError  # noqa: E402
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fixed_threads() -> Any:
+    """The exact-zero checks compare batched and one-sequence forwards: both must run with the same
+    CPU thread count, whatever earlier tests set (the demo pins 1 thread). Restored afterwards."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(saved)
+
+
 @pytest.fixture(scope="module")
 def model() -> Any:
     return tiny_model()

@@ -175,7 +175,7 @@ def _mount_of(path: Path) -> dict[str, str]:
 def machine(work: Path) -> dict[str, Any]:
     import torch
 
-    from rollout_mock import _crc
+    import rollout_mock.crc as _crc
 
     try:
         import isal

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 from _data import SIZES, clone_all, make_dataproto, object_bytes, tensor_bytes  # noqa: E402
 
-from rollout_mock import codec
+import rollout_mock.codec as codec
 from rollout_mock.storage import BatchInfo, DirectoryStore  # noqa: E402
 from rollout_mock.storage.manifest import StreamId  # noqa: E402
 from rollout_mock.wrap import MockScheduler
@@ -112,7 +112,7 @@ import gc, json, os, sys, time
 sys.path.insert(0, sys.argv[1])
 import verl.protocol, tensordict  # imported before the baseline: not part of the peak
 from _data import make_dataproto
-from rollout_mock import codec
+import rollout_mock.codec as codec
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage import BatchInfo, DirectoryStore
 

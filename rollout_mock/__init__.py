@@ -26,11 +26,11 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from rollout_mock import errors as _errors
-from rollout_mock._version import __version__
 
 # Every error, imported eagerly (errors.py needs only the standard library): a class added to
 # errors.__all__ is exported here, typed, without a second list to keep in step.
 from rollout_mock.errors import *  # noqa: F403
+from rollout_mock.version import __version__
 
 _EXPORTS: dict[str, str] = {
     "MockScheduler": "rollout_mock.wrap.scheduler",

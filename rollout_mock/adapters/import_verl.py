@@ -16,11 +16,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rollout_mock._text import short_repr
 from rollout_mock.adapters.foreign import ForeignStep
 from rollout_mock.errors import ForeignDumpError
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.paths import open_regular, read_fd
+from rollout_mock.text import short_repr
 
 __all__ = ["detect", "run_dirs", "scan"]
 

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rollout_mock._text import terminal_safe
 from rollout_mock.errors import RolloutMockError
+from rollout_mock.text import terminal_safe
 
 #: Subcommand name -> module under ``rollout_mock.cli``.
 COMMANDS: dict[str, str] = {
@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="rollout-mock",
         description="Record and replay RL rollout batches; verify that training numerics did not change.",
     )
-    from rollout_mock._version import __version__
+    from rollout_mock.version import __version__
 
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     parser.add_argument("--version", action="version", version=f"rollout-mock {__version__}")
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class _SafeStream:
-    """A text stream that writes everything through :func:`~rollout_mock._text.terminal_safe`:
+    """A text stream that writes everything through :func:`~rollout_mock.text.terminal_safe`:
     the CLI prints values read from dumps (keys, prompts, file names, manifest fields), which are
     untrusted; none of its own output uses control characters, so escaping every write is
     exact (JSON output never holds raw controls either: ``json`` escapes them)."""

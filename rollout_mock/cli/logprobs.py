@@ -70,8 +70,8 @@ def parse_step_ranges(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rollout_mock._text import dumps_json
     from rollout_mock.debug.logprobs import format_logprob_report, logprob_consistency
+    from rollout_mock.text import dumps_json
 
     report = logprob_consistency(
         args.dump_dir,

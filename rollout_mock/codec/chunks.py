@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from rollout_mock import _crc
+import rollout_mock.crc as _crc
 from rollout_mock.errors import MissingExtraError
 
 __all__ = ["CODECS", "crc32", "compress", "decompress", "shuffle", "unshuffle"]
@@ -25,7 +25,7 @@ _CODEC_NAMES = {v: k for k, v in CODECS.items()}
 
 
 def crc32(data: Any, value: int = 0) -> int:
-    """CRC-32 of a chunk (:func:`rollout_mock._crc.crc32`: ISA-L when installed, else zlib)."""
+    """CRC-32 of a chunk (:func:`rollout_mock.crc.crc32`: ISA-L when installed, else zlib)."""
     return _crc.crc32(data, value) & 0xFFFFFFFF
 
 

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock._text import logger
 from rollout_mock.codec.layout import TORCH_DTYPES
+from rollout_mock.text import logger
 
 __all__ = [
     "CLASS_TAGS", "CLASS_VERSION", "check_class_node", "decode_class", "encode_class", "encode_scalar",

@@ -26,7 +26,6 @@ import cloudpickle
 import numpy as np
 import torch
 
-from rollout_mock._text import logger
 from rollout_mock.codec.batches import Batch, class_path, split_batch
 from rollout_mock.codec.bodyenc import BodyWriter
 from rollout_mock.codec.buffers import BufferPool
@@ -36,6 +35,7 @@ from rollout_mock.codec.layout import (
     TORCH_DTYPES,
 )
 from rollout_mock.codec.strcol import string_column
+from rollout_mock.text import logger
 
 __all__ = ["tensor_bytes"]
 

@@ -145,7 +145,7 @@ class StepView:
         matches the manifest's checksum and the load succeeds, the file is exactly the one that
         was written. Format-1 files (no chunk table) are hashed whole.
         """
-        from rollout_mock import _crc
+        import rollout_mock.crc as _crc
 
         if self._layout is None:
             size = self.source.size()

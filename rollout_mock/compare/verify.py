@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_mock._text import json_float
 from rollout_mock.compare.metrics import MetricsTable, read_metrics
 from rollout_mock.errors import VerifyInputError
+from rollout_mock.text import json_float
 
 __all__ = [
     "MetricComparison",

@@ -9,10 +9,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rollout_mock._text import short_repr
-from rollout_mock._yaml import load_yaml_file
 from rollout_mock.config.model import _MAX_MESSAGE, BLOCK_KEY, RolloutMockConfig, build_config
 from rollout_mock.errors import ConfigError
+from rollout_mock.text import short_repr
+from rollout_mock.yamlio import load_yaml_file
 
 __all__ = ["MAX_CONFIG_BYTES", "MAX_YAML_NODES", "load_config"]
 
@@ -100,7 +100,7 @@ def load_config(source: Any) -> RolloutMockConfig:
     * a :class:`RolloutMockConfig` (returned as is);
     * a path (``str`` or ``PathLike``) to a YAML file: either a whole training config holding a
       ``rollout_mock:`` key, or just the block. It is read with the bounded safe loader of
-      :mod:`rollout_mock._yaml` (size, alias-expansion and nesting limits);
+      :mod:`rollout_mock.yamlio` (size, alias-expansion and nesting limits);
     * a mapping holding a ``rollout_mock`` key, or the block itself;
     * an OmegaConf ``DictConfig`` of either shape, or a dataclass (ROLL's ``RolloutMockConfig``
       or a pipeline config with a ``rollout_mock`` attribute).

@@ -26,11 +26,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from rollout_mock._text import short_repr
 from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
 from rollout_mock.config.policies import DiskFullPolicy, FingerprintPolicy, MissingStepPolicy, RankPolicy, ReplayRows
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
+from rollout_mock.text import short_repr
 
 __all__ = ["BLOCK_KEY", "MAX_ERROR_LINES", "RolloutMockConfig", "build_config"]
 

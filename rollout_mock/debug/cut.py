@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollout_mock._version import __version__
 from rollout_mock.debug._files import write_text_inside
 from rollout_mock.debug.redact import redact as redact_batch
 from rollout_mock.debug.redact import redact_call
 from rollout_mock.debug.rows import row_count, select_keys, select_rows
 from rollout_mock.errors import DebugInputError, UnsafePathError, UnsafePickleError
 from rollout_mock.storage.paths import read_inside
+from rollout_mock.version import __version__
 
 __all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges"]
 

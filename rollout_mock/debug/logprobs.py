@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from rollout_mock._text import jsonable, table
 from rollout_mock.debug.model import ModelFn, load_model, token_logprobs
 from rollout_mock.debug.sequences import LogprobKeys, RecordedSequence, extract_sequences
 from rollout_mock.errors import DebugInputError
+from rollout_mock.text import jsonable, table
 
 __all__ = ["LogprobReport", "SampleDiff", "StepStats", "TokenDiff", "format_logprob_report", "logprob_consistency"]
 

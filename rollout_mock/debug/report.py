@@ -21,10 +21,10 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from rollout_mock._text import jsonable
 from rollout_mock.debug._files import write_text_atomic
 from rollout_mock.debug.svg import line_chart
 from rollout_mock.errors import DebugInputError
+from rollout_mock.text import jsonable
 
 __all__ = ["write_report"]
 

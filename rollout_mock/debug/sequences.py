@@ -33,9 +33,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock._text import logger
 from rollout_mock.batch import is_dataproto, is_tensordict, type_name
 from rollout_mock.errors import DebugInputError
+from rollout_mock.text import logger
 
 __all__ = ["LogprobKeys", "RecordedSequence", "Extraction", "extract_sequences"]
 

@@ -24,9 +24,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rollout_mock._text import logger
 from rollout_mock.config.debug_settings import WatchdogConfig
 from rollout_mock.storage.paths import is_url
+from rollout_mock.text import logger
 
 __all__ = ["STALLS_DIR", "StallWatchdog"]
 

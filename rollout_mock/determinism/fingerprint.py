@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from rollout_mock._text import logger, table
 from rollout_mock.determinism.profiles import FINGERPRINT_ENV_VARS, FINGERPRINT_VERSION
+from rollout_mock.text import logger, table
 
 __all__ = [
     "FingerprintDifference",

@@ -9,7 +9,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Final
 
-from rollout_mock._text import logger
 from rollout_mock.determinism.fingerprint import torch_flags
 from rollout_mock.determinism.profiles import (
     _MAX_SEED,
@@ -19,6 +18,7 @@ from rollout_mock.determinism.profiles import (
     get_profile,
 )
 from rollout_mock.errors import ConfigError, DeterminismError
+from rollout_mock.text import logger
 
 __all__ = ["ApplyReport", "LateSetting", "apply", "apply_from_env", "seed_everything"]
 

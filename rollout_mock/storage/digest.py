@@ -9,7 +9,7 @@ import queue
 import threading
 from typing import Any
 
-from rollout_mock import _crc
+import rollout_mock.crc as _crc
 
 __all__ = ["MAC_ALGORITHM", "Digest", "mac_context"]
 

@@ -18,8 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rollout_mock import codec
-from rollout_mock._text import logger
+import rollout_mock.codec as codec
 from rollout_mock.errors import DumpNotFoundError, LockedError
 from rollout_mock.storage.fileio import fsync_dir, fsync_path, is_temp_name, write_temp
 from rollout_mock.storage.index import FINGERPRINT_NAME, INDEX_DIR, STREAMS_DIR, stream_record_name
@@ -35,6 +34,7 @@ from rollout_mock.storage.manifest import (
 )
 from rollout_mock.storage.paths import check_relpath, open_nofollow, open_regular, read_fd, resolve_inside
 from rollout_mock.storage.verified import load_verified
+from rollout_mock.text import logger
 
 __all__ = ["DirectoryStore"]
 

@@ -7,7 +7,7 @@ at any moment leaves either the old file, the new complete file, or a temporary 
 
 Checksums (CRC-32, plus HMAC-SHA256 when a key is given, keyed over a context that binds the
 bytes to their stream and step: see :func:`mac_context`) are computed while the bytes stream
-through. With ISA-L's CRC-32 (:mod:`rollout_mock._crc`, ~12 GB/s on one core) and no HMAC, the
+through. With ISA-L's CRC-32 (:mod:`rollout_mock.crc`, ~12 GB/s on one core) and no HMAC, the
 checksum runs inline, on 1 MiB pieces just before they are written (or just after they are read),
 while they are in the CPU cache: measured, that costs less than handing buffers to a thread. With
 zlib's CRC-32 (the fallback, 2-7 GB/s) or an HMAC, large buffers are hashed on a helper thread so
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_mock import _crc
+import rollout_mock.crc as _crc
 from rollout_mock.errors import DiskFullError
 from rollout_mock.storage.digest import _PIECE, Digest
 from rollout_mock.storage.paths import open_nofollow

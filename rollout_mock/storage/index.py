@@ -33,9 +33,9 @@ import json
 import re
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.errors import ManifestError, UnsafePathError
 from rollout_mock.storage.manifest import Manifest, StepEntry, StreamId
+from rollout_mock.text import logger
 
 __all__ = [
     "FINGERPRINT_NAME", "INDEX_DIR", "STREAMS_DIR", "decode_entry", "decode_stream_record",

@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.errors import CorruptStepError, DumpNotFoundError, LockedError
 from rollout_mock.storage.backend import StoreBackend
 from rollout_mock.storage.base import BatchInfo, _exists_error
@@ -42,6 +41,7 @@ from rollout_mock.storage.manifest import (
     parse_manifest,
     utc_now,
 )
+from rollout_mock.text import logger
 
 __all__ = ["IndexedStore"]
 

@@ -30,8 +30,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from rollout_mock._text import logger, short_repr
 from rollout_mock.errors import LockedError
+from rollout_mock.text import logger, short_repr
 
 __all__ = ["Lease"]
 

@@ -45,11 +45,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from rollout_mock._version import __version__
 from rollout_mock.codec import PROTOCOL
 from rollout_mock.errors import FormatVersionError, ManifestError, UnsafePathError
 from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
 from rollout_mock.storage.paths import check_name, open_inside, open_nofollow, parse_step_key, read_fd
+from rollout_mock.version import __version__
 
 __all__ = [
     "FORMAT",

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from rollout_mock import codec
+import rollout_mock.codec as codec
 from rollout_mock.errors import MissingExtraError
 from rollout_mock.storage.digest import Digest
 from rollout_mock.storage.indexed import IndexedStore

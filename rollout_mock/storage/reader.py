@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.errors import ManifestError
 from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.index import STREAMS_DIR, parse_step_relpath
@@ -20,6 +19,7 @@ from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StreamId
 from rollout_mock.storage.stores import open_store
 from rollout_mock.storage.verified import load_verified
+from rollout_mock.text import logger
 
 __all__ = ["Dump", "RecordedStep", "load_step", "open_dump"]
 

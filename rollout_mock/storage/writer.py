@@ -38,8 +38,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.errors import WriterError
+from rollout_mock.text import logger
 
 __all__ = ["BackgroundWriter", "ErrorHandler", "SyncWriter", "WriteJob"]
 

@@ -11,10 +11,10 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
-from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.determinism import apply_from_env
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
+from rollout_mock.text import logger
 from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor

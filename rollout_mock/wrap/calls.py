@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from rollout_mock._text import json_float, short_repr
 from rollout_mock.errors import ConfigError, StepArgumentError
 from rollout_mock.modes import Convention
+from rollout_mock.text import json_float, short_repr
 
 if TYPE_CHECKING:  # pragma: no cover  (kept out of run time: adapters import this module cheaply)
     from rollout_mock.config import RolloutMockConfig
@@ -212,7 +212,7 @@ def _bounded_str(text: str) -> str:
 
 def _plain(value: Any) -> Any:
     """One argument as strict JSON: ``None``, bools, ints of up to 64 bits, floats (non-finite
-    ones as ``"NaN"``/``"Infinity"``/``"-Infinity"``, see :func:`rollout_mock._text.json_float`),
+    ones as ``"NaN"``/``"Infinity"``/``"-Infinity"``, see :func:`rollout_mock.text.json_float`),
     strings (long ones cut, with their length and hash so that different values still differ);
     any other object as ``"<TypeName>"``."""
     if value is None or isinstance(value, bool):

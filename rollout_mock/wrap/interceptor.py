@@ -27,7 +27,6 @@ from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.codec import BufferPool
 from rollout_mock.config import RankPolicy, RolloutMockConfig
 from rollout_mock.debug.watchdog import StallWatchdog
@@ -36,6 +35,7 @@ from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.stores import open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
+from rollout_mock.text import logger
 from rollout_mock.wrap.calls import (
     STATE_VERSION,
     _distributed_rank,

@@ -13,8 +13,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from rollout_mock import codec
-from rollout_mock._text import logger
+import rollout_mock.codec as codec
 from rollout_mock.config import DiskFullPolicy, RolloutMockConfig
 from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import DiskFullError
@@ -24,6 +23,7 @@ from rollout_mock.storage.fileio import free_bytes
 from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
+from rollout_mock.text import logger
 from rollout_mock.wrap.calls import elapsed
 
 __all__ = ["Recorder"]

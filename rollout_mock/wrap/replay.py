@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.compare.metrics.expected import describe_expected
 from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, RolloutMockConfig
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
@@ -27,6 +26,7 @@ from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.partial import load_partial, rank_rows
 from rollout_mock.storage.prefetch import Prefetcher
+from rollout_mock.text import logger
 from rollout_mock.wrap.subsample import subsample_batch
 
 __all__ = ["Replayer"]

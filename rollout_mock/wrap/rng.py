@@ -30,10 +30,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.storage.base import BatchInfo, StepStore
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
+from rollout_mock.text import logger
 
 __all__ = ["RNG_FORMAT", "RNG_NAME", "RngHook", "capture_rng", "changed", "restore_rng", "rng_stream"]
 

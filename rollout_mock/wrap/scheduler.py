@@ -7,12 +7,12 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar, cast, overload
 
-from rollout_mock._text import logger
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention
 from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.indexed import IndexedStore
+from rollout_mock.text import logger
 from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor

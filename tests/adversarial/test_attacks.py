@@ -53,7 +53,7 @@ def _warm_up() -> None:
     import torch
     from tensordict import TensorDict
 
-    from rollout_mock import codec
+    import rollout_mock.codec as codec
 
     batch = {"t": TensorDict({"a": torch.ones(2, 2)}, batch_size=[2]), "n": np.zeros(2),
              "o": np.array([1, "x"], dtype=object), "p": torch.nn.Parameter(torch.ones(1)),

@@ -499,7 +499,7 @@ def test_error_messages_are_escaped_too(tmp_path: Path, dump: Path) -> None:
 
 
 def test_terminal_safe_is_total() -> None:
-    from rollout_mock._text import terminal_safe
+    from rollout_mock.text import terminal_safe
 
     for code in range(0x110000):  # every code point: escaped or printable, always encodable
         terminal_safe(chr(code)).encode("utf-8")

@@ -18,9 +18,9 @@ from conftest import restored_process_state
 from tensordict import TensorDict
 
 from rollout_mock import DirectoryStore, MockScheduler, cli, compare_batches, diff_dumps
-from rollout_mock._progress import progress_bar
 from rollout_mock.compare.diff import format_diff, parse_steps
 from rollout_mock.demo import RolloutBatch, StepRequest, ToyRolloutScheduler, run_pipeline
+from rollout_mock.progress import progress_bar
 from rollout_mock.storage import BatchInfo
 from rollout_mock.storage.manifest import StreamId
 

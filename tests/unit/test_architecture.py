@@ -13,14 +13,14 @@ MAX_LINES = 420  # "about 400": a module is one concept, readable in one sitting
 #: Which top-level packages may import which at module level (data flows wrap -> codec ->
 #: storage -> disk; compare/cli/debug sit on top). Function-local imports are not edges.
 LAYERS: dict[str, set[str]] = {
-    "codec": {"errors", "_text", "batch", "_version", "_crc"},
-    "storage": {"codec", "errors", "_text", "_progress", "batch", "config", "modes", "_version", "_crc"},
-    "determinism": {"errors", "_text", "config", "_version"},
+    "codec": {"errors", "text", "batch", "version", "crc"},
+    "storage": {"codec", "errors", "text", "progress", "batch", "config", "modes", "version", "crc"},
+    "determinism": {"errors", "text", "config", "version"},
 }
 
 #: The foundation: modules every unit may import (they import nothing of the package but each
 #: other, and ``batch`` only ``errors``).
-FOUNDATION = {"errors", "_text", "_version", "_crc", "_progress", "_yaml", "modes", "batch"}
+FOUNDATION = {"errors", "text", "version", "crc", "progress", "yamlio", "modes", "batch"}
 
 #: The allowed layer graph between the package's units (its subpackages and top-level modules),
 #: counting EVERY run-time import: module level and inside functions (only ``if TYPE_CHECKING:``
@@ -148,7 +148,7 @@ def test_units_only_import_the_layers_below_them() -> None:
             continue
         allowed = UNIT_LAYERS.get(a)
         if a in FOUNDATION:
-            allowed = {"errors"} if a in ("batch", "_yaml") else set()
+            allowed = {"errors"} if a in ("batch", "yamlio") else set()
         if allowed is None or b not in allowed:
             bad.append(f"{a} imports {b}: {', '.join(where)}")
     assert bad == [], "see UNIT_LAYERS for the allowed graph"
@@ -162,7 +162,7 @@ def test_wrap_imports_no_framework_adapter() -> None:
 def test_no_private_name_is_imported_from_another_unit() -> None:
     """``from rollout_mock.x.y import _name`` (or a ``_module`` inside another subpackage) from
     outside ``x``: a private name is private to its subpackage. The top-level helper modules
-    (``rollout_mock._text``...) are the package's own and may be imported by name."""
+    (``rollout_mock.text``...) are the package's own and may be imported by name."""
     modules = _modules()
     bad = []
     for name, path in modules.items():
@@ -255,6 +255,6 @@ def test_one_logger_and_one_json_float_encoder() -> None:
     offenders = []
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
-        if path.name != "_text.py" and ("getLogger(" in text or "def _json_float" in text):
+        if path.relative_to(PACKAGE) != Path("text.py") and ("getLogger(" in text or "def _json_float" in text):
             offenders.append(str(path.relative_to(PACKAGE)))
-    assert offenders == [], "use rollout_mock._text.logger / json_float"
+    assert offenders == [], "use rollout_mock.text.logger / json_float"

@@ -266,7 +266,7 @@ def test_memory_store_detects_corruption() -> None:
     store.save(STREAM, 0, batch_for(0), BatchInfo.of(batch_for(0)))
     good = store.load(STREAM, 0)
     assert torch.equal(good["ids"], batch_for(0)["ids"])
-    from rollout_mock import codec
+    import rollout_mock.codec as codec
 
     data = bytearray(codec.dumps(batch_for(0)))
     data[-20] ^= 0x10

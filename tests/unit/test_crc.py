@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_mock import _crc
+import rollout_mock.crc as _crc
 from rollout_mock.storage.digest import Digest
 from rollout_mock.storage.fileio import HashingWriter
 from rollout_mock.storage.hashread import read_hashed
@@ -119,7 +119,7 @@ def test_zlib_fallback_when_isal_is_missing(tmp_path: Path) -> None:
 def test_crc32_combine_equals_the_crc_of_the_concatenation(a: bytes, b: bytes) -> None:
     import zlib
 
-    from rollout_mock import _crc
+    import rollout_mock.crc as _crc
 
     whole = zlib.crc32(a + b)
     assert _crc.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == whole

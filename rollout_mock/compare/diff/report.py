@@ -6,8 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_mock._text import json_float
 from rollout_mock.storage.base import format_ranges
+from rollout_mock.text import json_float
 
 __all__ = [
     "DiffReport",

@@ -6,11 +6,11 @@ import math
 import os
 from typing import TextIO, TypedDict
 
-from rollout_mock._progress import progress_bar
 from rollout_mock.compare.diff.batches import compare_batches
 from rollout_mock.compare.diff.report import DiffReport, KeyDiff, StepDiff, StreamDiff
 from rollout_mock.determinism.fingerprint import compare_fingerprints
 from rollout_mock.errors import CorruptStepError, DiffInputError, StepNotFoundError
+from rollout_mock.progress import progress_bar
 from rollout_mock.storage.manifest import StepEntry, StreamId
 from rollout_mock.storage.reader import Dump, open_dump
 

@@ -27,7 +27,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.compare.metrics.readers import read_jsonl
 from rollout_mock.compare.metrics.table import MetricsTable
 from rollout_mock.compare.metrics.values import DEFAULT_METRICS_FILE, decode_value, encode_value
@@ -35,6 +34,7 @@ from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.config.debug_settings import VerdictAction
 from rollout_mock.errors import MetricsDivergenceError, MetricsError, UnsafePathError
 from rollout_mock.storage.paths import open_inside, read_inside
+from rollout_mock.text import logger
 
 __all__ = [
     "EXPECTED_DIR", "ExpectedMetrics", "attach_expected", "describe_expected", "expected_path", "expected_relpath",

@@ -9,7 +9,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from rollout_mock._text import logger
 from rollout_mock.compare.metrics.table import MetricsTable, _TableBuilder
 from rollout_mock.compare.metrics.values import (
     _JSONL_SUFFIXES,
@@ -24,6 +23,7 @@ from rollout_mock.errors import (
     MissingExtraError,
 )
 from rollout_mock.storage.paths import read_inside
+from rollout_mock.text import logger
 
 __all__ = ["read_csv", "read_jsonl", "read_metrics", "read_tensorboard", "resolve_metrics_path"]
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from rollout_mock._text import json_default as _json_default
 from rollout_mock.batch import type_name
 from rollout_mock.compare.traces.model import (
     _REWARD_KEYS,
@@ -17,6 +16,7 @@ from rollout_mock.compare.traces.model import (
     MAX_FIELD_CHARS,
     _rows_of,
 )
+from rollout_mock.text import json_default as _json_default
 
 __all__ = []
 

@@ -9,8 +9,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 import torch
 
-from rollout_mock._text import jsonable
 from rollout_mock.batch import leading_dim
+from rollout_mock.text import jsonable
 
 __all__ = ["DEFAULT_MAX_TRACES", "MAX_FIELD_CHARS", "MAX_IDS_SHOWN", "Tokenizer", "Trace"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 
-from rollout_mock._text import json_default as _json_default
 from rollout_mock.compare.traces.model import Trace
+from rollout_mock.text import json_default as _json_default
 
 __all__ = ["format_trace", "format_traces", "traces_to_jsonl"]
 

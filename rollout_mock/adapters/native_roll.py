@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rollout_mock._text import logger
+from rollout_mock.text import logger
 from rollout_mock.wrap.calls import is_ray_actor_method
 from rollout_mock.wrap.hooks import register_scheduler_hook
 

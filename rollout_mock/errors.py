@@ -10,10 +10,7 @@ from __future__ import annotations
 import errno
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # pragma: no cover
-    from rollout_mock.determinism.process import LateSetting
+from typing import Any
 
 __all__ = [
     "ConfigError",
@@ -177,7 +174,7 @@ class DeterminismError(RolloutMockError):
     Nothing was changed.
     """
 
-    def __init__(self, message: str, *, too_late: Sequence[LateSetting]) -> None:
+    def __init__(self, message: str, *, too_late: Sequence[Any]) -> None:  # determinism.LateSetting
         super().__init__(message)
         self.too_late = tuple(too_late)
 

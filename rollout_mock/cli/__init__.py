@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     parser.add_argument("--version", action="version", version=f"rollout-mock {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module_name in COMMANDS.items():
+    for module_name in COMMANDS.values():
         module = importlib.import_module(f"rollout_mock.cli.{module_name}")
         sub_parser = module.add_parser(sub)
         sub_parser.set_defaults(_run=module.run)

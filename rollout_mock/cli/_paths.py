@@ -42,7 +42,8 @@ def resolve_dump(location: str | Path, command: str, rest: str = "") -> Any:
     if not path.exists():
         raise DumpNotFoundError(f"dump directory not found: no such folder: {path}", path=path)
     if not path.is_dir():
-        raise DumpNotFoundError(f"dump directory not found: {path} is a file; pass the dump folder (the one holding {MANIFEST_NAME})", path=path)
+        raise DumpNotFoundError(f"dump directory not found: {path} is a file; pass the dump folder "
+                                f"(the one holding {MANIFEST_NAME})", path=path)
     suffix = f" {rest}" if rest else ""
     below = find_dumps(path)
     if below:
@@ -58,7 +59,8 @@ def resolve_dump(location: str | Path, command: str, rest: str = "") -> Any:
     if fmt is not None:
         raise DumpNotFoundError(
             f"{path} is a {fmt} dump, not a rollout_mock one (no {MANIFEST_NAME}); convert it once: "
-            f"rollout-mock import {path} {path}_imported --trust  (then: rollout-mock {command} {path}_imported{suffix})",
+            f"rollout-mock import {path} {path}_imported --trust  "
+            f"(then: rollout-mock {command} {path}_imported{suffix})",
             path=path,
         )
     raise DumpNotFoundError(

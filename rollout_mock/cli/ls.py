@@ -13,9 +13,10 @@ from typing import Any
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("ls", help="list the streams and steps of a dump", description=__doc__)
-    parser.add_argument("dump_dir", help="dump directory or fsspec URL (s3://bucket/prefix; credentials from AWS_* env)")
+    parser.add_argument("dump_dir",
+                        help="dump directory or fsspec URL (s3://bucket/prefix; credentials from AWS_* env)")
     parser.add_argument("--keys", action="store_true", help="also list the keys, shapes and dtypes (once per key set)")
     parser.add_argument("--json", action="store_true", help="print the manifest's streams as JSON")
     return parser

@@ -23,12 +23,15 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("dump_dir", metavar="DUMP", type=Path, help="dump directory (holds manifest.json)")
-    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"), help="output file (default report.html)")
+    parser.add_argument("-o", "--output", type=Path, default=Path("report.html"),
+                        help="output file (default report.html)")
     parser.add_argument("--split", default="train", help="the split to show (default: train)")
-    parser.add_argument("--tokenizer", type=Path, metavar="DIR", help="decode token ids with this local tokenizer directory")
+    parser.add_argument("--tokenizer", type=Path, metavar="DIR",
+                        help="decode token ids with this local tokenizer directory")
     parser.add_argument("--logprobs-json", type=Path, metavar="FILE",
                         help="output of `rollout-mock logprobs --json`, plotted per step")
-    parser.add_argument("--max-samples", type=int, default=64, metavar="N", help="samples per step in the browser (default 64)")
+    parser.add_argument("--max-samples", type=int, default=64, metavar="N",
+                        help="samples per step in the browser (default 64)")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (only for dumps you trust)")
     return parser

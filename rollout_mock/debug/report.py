@@ -83,7 +83,8 @@ _JS = """
 def _script_json(value: Any) -> str:
     """JSON that cannot end a ``<script>`` element (``<``, ``>``, ``&`` and U+2028/9 escaped)."""
     text = json.dumps(jsonable(value), allow_nan=False, separators=(",", ":"))
-    for raw, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+    escapes = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+    for raw, esc in escapes:
         text = text.replace(raw, esc)
     return text
 
@@ -167,7 +168,8 @@ def write_report(
     table = read_expected(dump_dir)  # contained: never a link out of the dump, a FIFO or a device
     if table is not None:
         for name in sorted(table):
-            charts.append(line_chart(f"dump run: {name}", table.steps, {name: [table[name].get(s) for s in table.steps]}))
+            series = {name: [table[name].get(s) for s in table.steps]}
+            charts.append(line_chart(f"dump run: {name}", table.steps, series))
     head = ["step", "samples", "rejected", "reward mean", "min", "max", "length mean", "min", "max"]
     table_html = "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + "</tr>" + "".join(
         "<tr>" + "".join(f"<td>{escape(c)}</td>" for c in row) + "</tr>" for row in rows) + "</table>"

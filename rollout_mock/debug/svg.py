@@ -67,6 +67,7 @@ def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[f
         for seg in segments:
             if len(seg) > 1:
                 parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{" ".join(seg)}"/>')
-        parts.append(f'<text x="{left + 6 + i * 90}" y="{top + 12}" class="legend" fill="{color}">{escape(name)}</text>')
+        parts.append(f'<text x="{left + 6 + i * 90}" y="{top + 12}" class="legend" '
+                     f'fill="{color}">{escape(name)}</text>')
     parts.append("</svg>")
     return "".join(parts)

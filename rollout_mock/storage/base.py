@@ -39,7 +39,7 @@ def format_ranges(steps: list[int]) -> str:
         return "none"
     parts: list[str] = []
     start = prev = steps[0]
-    for step in steps[1:] + [None]:  # type: ignore[list-item]
+    for step in [*steps[1:], None]:
         if step is not None and step == prev + 1:
             prev = step
             continue
@@ -123,9 +123,11 @@ class StepStore(abc.ABC):
 
     def open_writer(self, stream: StreamId) -> None:
         """Claim ``stream`` for writing by this object (no-op for stores without locking)."""
+        return None
 
     def close(self) -> None:
-        """Release locks held by this store."""
+        """Release locks held by this store (nothing by default)."""
+        return None
 
     def missing_step_error(self, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
         recorded = self.steps(stream)

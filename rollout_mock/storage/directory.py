@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import rollout_mock.codec as codec
 from rollout_mock.errors import DumpNotFoundError, LockedError
@@ -59,6 +59,8 @@ class DirectoryStore(IndexedStore):
     ``hmac_key`` signs steps on save and is required to match on load. ``verify=False`` skips
     checksum verification on load (sizes, and a configured HMAC, are still checked).
     """
+
+    dump_dir: Path
 
     def __init__(
         self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None, verify: bool = True
@@ -188,7 +190,8 @@ class DirectoryStore(IndexedStore):
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
     def _write_step(self, rel: str, batch: Any, context: bytes) -> tuple[int, str, str | None]:
-        written = write_temp(self.path(rel), lambda w: codec.encode(batch, w), hmac_key=self.hmac_key,
+        # HashingWriter is the file-like sink codec.encode writes through (write, reserve_head, ...)
+        written = write_temp(self.path(rel), lambda w: codec.encode(batch, cast(BinaryIO, w)), hmac_key=self.hmac_key,
                              mac_context=context)
         written.commit()
         return written.size, written.checksum, written.hmac
@@ -240,7 +243,8 @@ class DirectoryStore(IndexedStore):
         for stale in remove_stale_temps(self.dump_dir):
             logger.warning("[RolloutMock] removing leftover temporary manifest %s", stale)
         suffix = "" if stream.rank is None else f"_rank{stream.rank}"
-        pattern = re.compile(rf"^\.step_-?\d+{re.escape(suffix)}\.(pkl|json)\.tmp-|^\.{re.escape(stream_record_name(stream))}\.tmp-")
+        pattern = re.compile(rf"^\.step_-?\d+{re.escape(suffix)}\.(pkl|json)\.tmp-"
+                             rf"|^\.{re.escape(stream_record_name(stream))}\.tmp-")
         for name in os.listdir(self.path("")):
             # another process's exclusive create of the fingerprint: stale once that pid is gone
             match = re.match(rf"^\.{re.escape(FINGERPRINT_NAME)}\.tmp-(\d+)-", name)

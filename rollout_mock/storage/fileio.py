@@ -233,7 +233,7 @@ def free_bytes(path: Path) -> int:
 
 def write_temp(
     final_path: Path,
-    body: Callable[[HashingWriter], None],
+    body: Callable[[HashingWriter], object],
     *,
     hmac_key: bytes | None = None,
     mac_context: bytes = b"",

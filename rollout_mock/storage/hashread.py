@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ T = TypeVar("T")
 class HashingReader:
     """A minimal binary file object for the C unpickler that hashes everything it reads."""
 
-    def __init__(self, file: BinaryIO, digest: Digest) -> None:
+    def __init__(self, file: BinaryIO | io.RawIOBase, digest: Digest) -> None:
         self._file = file
         self.digest = digest
         self.consumed = 0
@@ -40,7 +41,7 @@ class HashingReader:
         total = 0
         while total < view.nbytes:
             chunk = view[total : total + step]
-            count = self._file.readinto(chunk)
+            count = self._file.readinto(chunk)  # type: ignore[union-attr]  # opened buffering=0: raw
             if not count:
                 break
             self.digest.update(chunk[:count])
@@ -72,7 +73,7 @@ def read_hashed(
     checksum and reported in :attr:`ReadResult.trailing`.
     """
     with open(path, "rb", buffering=0) as raw:
-        reader = HashingReader(raw, Digest(hmac_key, mac_context))  # type: ignore[arg-type]
+        reader = HashingReader(raw, Digest(hmac_key, mac_context))
         try:
             result = body(reader)
         except BaseException:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rollout_mock.errors import CorruptStepError, DumpNotFoundError, LockedError
@@ -58,6 +59,9 @@ class _Owned:
 
 class IndexedStore(StoreBackend):
     """A dump kept as entry files plus a compacted manifest (see the module docstring)."""
+
+    #: where the dump lives: a local path, or the URL of an object-store prefix (set by each backend)
+    dump_dir: Path | str
 
     def __init__(self, *, hmac_key: bytes | None = None, verify: bool = True) -> None:
         self.hmac_key = hmac_key

@@ -62,7 +62,8 @@ class FsspecStore(IndexedStore):
         try:
             import fsspec
         except ImportError:  # pragma: no cover - fsspec comes with torch
-            raise MissingExtraError("[RolloutMock] object-store dumps need fsspec: pip install 'rollout_mock[s3]'") from None
+            raise MissingExtraError(
+                "[RolloutMock] object-store dumps need fsspec: pip install 'rollout_mock[s3]'") from None
         self.url = url.rstrip("/")
         try:
             self.fs, root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))

@@ -106,7 +106,8 @@ class Dump:
         stream = StreamId(split, name, rank)
         if self.manifest.stream(stream) is None:
             known = ", ".join(s.key for s in self.streams()) or "none"
-            raise ManifestError(f"{self.dump_dir}: no stream {stream.key!r} (recorded: {known})", path=str(self.dump_dir))
+            raise ManifestError(f"{self.dump_dir}: no stream {stream.key!r} (recorded: {known})",
+                                path=str(self.dump_dir))
         return stream
 
     def steps(self, stream: StreamId) -> list[int]:

@@ -30,6 +30,7 @@ import atexit
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -67,7 +68,7 @@ def _detach_traceback(exc: BaseException) -> None:
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         tb = current.__traceback__
-        if tb is not None:
+        if tb is not None and sys.version_info >= (3, 11):
             current.add_note("[RolloutMock] where the write failed:\n" + "".join(traceback.format_tb(tb)).rstrip())
             traceback.clear_frames(tb)
             current.__traceback__ = None

@@ -22,7 +22,13 @@ from typing import Any
 
 from rollout_mock.wrap.scheduler import MockScheduler
 
-__all__ = ["ArealRollout", "wrap_areal"]
+__all__ = ["ENGINE_CONTROL", "ArealRollout", "wrap_areal"]
+
+#: What AReaL's trainer calls on its rollout engine besides the batch methods (weight updates,
+#: offloading, shutdown). In mock mode there is no engine: these become no-ops (``get_version``
+#: returns the last ``set_version``), as the ``NoOpRollout`` of AReaL's PR #1407 does.
+ENGINE_CONTROL = ("pause", "resume", "set_version", "get_version", "destroy", "offload", "onload",
+                  "pause_generation", "continue_generation")
 
 
 class ArealRollout:
@@ -33,6 +39,9 @@ class ArealRollout:
                  factory: Callable[[], Any] | None = None) -> None:
         self._mock = MockScheduler(engine, config, methods=tuple(methods), split=split, factory=factory)
         self._step = step
+        self._version = 0
+        #: mock mode without an engine: the engine-control calls are no-ops
+        self._no_engine = engine is None and self._mock.enabled and self._mock.config.mode.replays
         for method in self._mock.methods:
             setattr(self, method, self._stepped(method))
 
@@ -63,9 +72,20 @@ class ArealRollout:
         self._mock.close()
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("__") or attribute in ("_mock", "_step"):
+        if attribute.startswith("__") or attribute in ("_mock", "_step", "_version", "_no_engine"):
             raise AttributeError(attribute)
+        if attribute in ENGINE_CONTROL and self._no_engine:
+            return self._control(attribute)
         return getattr(self._mock, attribute)
+
+    def _control(self, name: str) -> Callable[..., Any]:
+        def control(*args: Any, **kwargs: Any) -> Any:
+            if name == "set_version" and args:
+                self._version = int(args[0])
+            return self._version if name == "get_version" else None
+
+        control.__name__ = name
+        return control
 
 
 def wrap_areal(engine: Any, config: Any, *, step: Callable[[], int] | None = None,

@@ -104,3 +104,30 @@ def test_areal_does_not_import_here() -> None:
     except ImportError:
         return
     pytest.skip("AReaL is importable here: the wrapper still needs only prepare_batch's shape")
+
+
+def test_mock_mode_without_engine_answers_the_trainers_engine_calls(tmp_path: Path) -> None:
+    """AReaL's trainer pauses, resumes, versions and destroys its rollout engine; with no engine
+    (mock mode) those are no-ops, while a batch method still replays or names the missing step."""
+    from rollout_mock.adapters.areal import ENGINE_CONTROL, wrap_areal
+    from rollout_mock.errors import StepNotFoundError
+
+    class Engine:
+        def rollout_batch(self, data: Any, workflow: Any = None) -> list[Any]:
+            return [{"rewards": torch.tensor([1.0])}, None]
+
+    cfg = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path)}
+    dumped = wrap_areal(Engine(), cfg, methods=("rollout_batch",))
+    assert dumped.rollout_batch([0])[1] is None
+    dumped.close()
+    replay = wrap_areal(None, {**cfg, "mode": "mock"}, methods=("rollout_batch",))
+    for name in ENGINE_CONTROL:
+        if name != "get_version":
+            assert getattr(replay, name)() is None
+    replay.set_version(7)
+    assert replay.get_version() == 7
+    batch = replay.rollout_batch([0])
+    assert torch.equal(batch[0]["rewards"], torch.tensor([1.0])) and batch[1] is None
+    with pytest.raises(StepNotFoundError):
+        replay.rollout_batch([0])
+    replay.close()

@@ -31,6 +31,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from rollout_mock.batch import dataproto_fields
 from rollout_mock.errors import ConfigError, UnsafePickleError
 
 __all__ = [
@@ -124,31 +125,28 @@ def _plain_items(mapping: Any) -> dict[str, Any]:
 
 
 def split_batch(obj: Any) -> tuple[str, str, dict[str, Any], dict[str, Any]] | None:
-    """``(kind, layout, fields, extra)`` for a DataProto-like or registered object, else None."""
+    """``(kind, layout, fields, extra)`` for a DataProto-like or registered object, else None.
+    What is DataProto-like is the batch model's rule (:func:`rollout_mock.batch.dataproto_fields`)."""
+    found = dataproto_fields(obj)
+    if found is not None:
+        layout, state = found
+        names = _FIELDS if layout == "public" else _PRIVATE
+        nt = state[names[1]]
+        fields = {
+            "batch": state[names[0]],
+            "non_tensor_batch": None if nt is None else _plain_items(nt),
+            "meta_info": state[names[2]],
+        }
+        extra = {k: v for k, v in state.items() if k not in names}
+        return "dataproto", layout, fields, extra
     cls = type(obj)
-    if cls.__module__ == "builtins":
+    if cls.__module__ == "builtins" or not is_batch_class(cls):
         return None
     try:
         state = object.__getattribute__(obj, "__dict__")
     except AttributeError:
         return None
-    if not isinstance(state, dict):
-        return None
-    for layout, names in (("public", _FIELDS), ("private", _PRIVATE)):
-        if all(name in state for name in names) and isinstance(state[names[2]], dict):
-            nt = state[names[1]]
-            if nt is not None and not (hasattr(nt, "keys") and hasattr(nt, "__getitem__")):
-                continue
-            fields = {
-                "batch": state[names[0]],
-                "non_tensor_batch": None if nt is None else _plain_items(nt),
-                "meta_info": state[names[2]],
-            }
-            extra = {k: v for k, v in state.items() if k not in names}
-            return "dataproto", layout, fields, extra
-    if is_batch_class(cls):
-        return "object", "dict", {}, dict(state)
-    return None
+    return ("object", "dict", {}, dict(state)) if isinstance(state, dict) else None
 
 
 # --------------------------------------------------------------------------- load side

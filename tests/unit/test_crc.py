@@ -85,7 +85,7 @@ def test_zlib_fallback_when_isal_is_missing(tmp_path: Path) -> None:
     script = (
         "import sys, os, zlib\n"
         "sys.modules['isal'] = None  # makes `import isal...` raise ImportError\n"
-        "from rollout_mock import _crc\n"
+        "import rollout_mock.crc as _crc\n"
         "from rollout_mock.storage.digest import Digest\n"
         "data = os.urandom(3 << 20)\n"
         "assert not _crc.FAST and _crc.IMPLEMENTATION == 'zlib', _crc.IMPLEMENTATION\n"

@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "open_dump": "rollout_mock.storage.reader",
     "Dump": "rollout_mock.storage.reader",
     "StepStore": "rollout_mock.storage.base",
+    "Store": "rollout_mock.storage.store",
     "DirectoryStore": "rollout_mock.storage.directory",
     "MemoryStore": "rollout_mock.storage.memory",
     "rank_rows": "rollout_mock.storage.partial",
@@ -74,6 +75,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.storage.memory import MemoryStore
     from rollout_mock.storage.partial import rank_rows
     from rollout_mock.storage.reader import Dump, load_step, open_dump
+    from rollout_mock.storage.store import Store
     from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.scheduler import MockScheduler
 

@@ -1,95 +1,128 @@
-"""The primitives a file- or object-based backend implements for
-:class:`~rollout_mock.storage.indexed.IndexedStore`: small-file reads, exclusive creates,
-replaces, listings, removals, step writes and loads, and locks.
+"""The byte-level interface a storage backend implements: objects addressed by a relative path
+(``train/step_000003.pkl``, ``train/.index/step_000003.json``, ``manifest.json``), nothing more.
 
-Each docstring says what happens at the edge; :class:`~rollout_mock.storage.directory.DirectoryStore`
-and :class:`~rollout_mock.storage.objectstore.FsspecStore` are the two implementations.
+Everything above the bytes (the index, the codec, checksums, HMAC, overwrite protection,
+retention, compaction) is the one :class:`~rollout_mock.storage.store.Store`, which owns a
+backend. A backend is a plain class with these methods (no base class needed: this is a
+``typing.Protocol``); :mod:`rollout_mock.storage.testing` is the conformance suite that checks one.
+The three shipped backends are :class:`~rollout_mock.storage.directory.LocalBackend` (a local
+directory: rename, fsync, flock), :class:`~rollout_mock.storage.objectstore.FsspecBackend`
+(``s3://`` and every other fsspec URL: conditional puts, leases) and
+:class:`~rollout_mock.storage.memory.MemoryBackend` (a dict, for tests).
+
+Rules every backend keeps (the store's crash safety rests on them):
+
+* ``create`` is *conditional*: it writes only if ``rel`` is absent, atomically, and says whether
+  it did. It is how a step becomes visible (its entry file), so two writers of one step cannot
+  both succeed. ``replace`` is an atomic create-or-overwrite.
+* ``write_step`` makes the object appear whole or not at all (temporary file + rename, a single
+  put, or a multipart upload completed last) and returns its size, CRC-32 and keyed MAC.
+* ``read`` returns the bytes of an object or None; it never blocks on a FIFO or a device and
+  never follows a path outside the backend's root.
 """
 
 from __future__ import annotations
 
-import abc
+from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
 
-from rollout_mock.storage.base import StepStore
-from rollout_mock.storage.manifest import StepEntry, StreamId
+from rollout_mock.storage.manifest import StreamId
 
-__all__ = ["StoreBackend"]
+__all__ = ["ByteBackend", "ProduceBytes"]
+
+#: What the store hands ``write_step``: a function writing the step's bytes into a file-like sink
+#: (``write``; sinks of local files also offer the codec's ranged writes, see ``codec.container``).
+ProduceBytes = Callable[[Any], object]
 
 
-class StoreBackend(StepStore):
-    """Abstract primitives of a backend (see the module docstring)."""
+@runtime_checkable
+class ByteBackend(Protocol):
+    """Objects under one root (see the module docstring for the rules)."""
 
-    @abc.abstractmethod
+    @property
+    def root_location(self) -> Path | str:
+        """The root: a local ``Path``, or the URL of an object-store prefix."""
+        ...
+
     def where(self, rel: str) -> str:
-        """A human-readable location (path or URL) of ``rel``."""
+        """A human-readable location (path or URL) of ``rel`` (the root for ``""``)."""
+        ...
 
-    @abc.abstractmethod
-    def _read(self, rel: str) -> bytes | None:
-        """The bytes of a small file, or None if absent."""
+    def read(self, rel: str) -> bytes | None:
+        """The bytes of a small object, or None if absent."""
+        ...
 
-    @abc.abstractmethod
-    def _create(self, rel: str, data: bytes) -> bool:
-        """Create ``rel`` atomically *only if absent*; False if it exists."""
+    def create(self, rel: str, data: bytes, *, durable: bool = True) -> bool:
+        """Write ``rel`` atomically *only if absent*; False if it exists. ``durable=False``: the
+        object may be lost (never torn) by a power cut until :meth:`sync`."""
+        ...
 
-    def _create_entry(self, rel: str, data: bytes) -> bool:
-        """:meth:`_create` for a step's entry file (the commit point). A backend may defer the
-        entry's durability to :meth:`sync` when a crash can only lose it, never tear it."""
-        return self._create(rel, data)
+    def replace(self, rel: str, data: bytes) -> None:
+        """Atomically create or overwrite ``rel``."""
+        ...
 
-    def sync(self) -> None:
-        """Make every step committed so far durable (a no-op where commits already are)."""
+    def listdir(self, rel_dir: str) -> list[str]:
+        """Names directly under ``rel_dir`` (empty if it does not exist)."""
+        ...
 
-    @abc.abstractmethod
-    def _replace(self, rel: str, data: bytes) -> None:
-        """Atomically create or replace ``rel``."""
+    def remove(self, rels: list[str]) -> None:
+        """Remove objects (in as few requests as the backend allows); absent ones are fine."""
+        ...
 
-    @abc.abstractmethod
-    def _list(self, rel_dir: str) -> list[str]:
-        """Names directly in ``rel_dir`` (empty if it does not exist)."""
+    def exists(self, rel: str) -> bool:
+        ...
 
-    @abc.abstractmethod
-    def _remove(self, rels: list[str]) -> None:
-        """Remove files; absent ones are fine."""
-
-    @abc.abstractmethod
-    def _exists(self, rel: str) -> bool: ...
-
-    @abc.abstractmethod
-    def _signature(self, rel: str) -> Any:
+    def signature(self, rel: str) -> Any:
         """Something that changes whenever ``rel`` is replaced (None if absent)."""
+        ...
 
-    @abc.abstractmethod
-    def _write_step(self, rel: str, batch: Any, context: bytes) -> tuple[int, str, str | None]:
-        """Write a step's data so that it appears complete or not at all; (size, crc, mac)."""
-
-    @abc.abstractmethod
-    def _load_step(self, rel: str, entry: StepEntry, stream: StreamId, step: int, trusted: bool) -> Any:
-        """Load and verify a step against ``entry`` (and the bound HMAC when keyed)."""
-
-    @abc.abstractmethod
-    def _lock_stream(self, stream: StreamId) -> Any:
-        """Claim ``stream`` for writing; :class:`LockedError` if another writer holds it."""
-
-    @abc.abstractmethod
-    def _unlock_stream(self, stream: StreamId, handle: Any) -> None: ...
-
-    @abc.abstractmethod
-    def _manifest_lock(self) -> AbstractContextManager[None]:
-        """Exclusive access to ``manifest.json`` for a read-modify-write."""
+    def write_step(self, rel: str, produce: ProduceBytes, *, hmac_key: bytes | None,
+                   context: bytes) -> tuple[int, str, str | None]:
+        """Write the bytes ``produce`` emits as ``rel``, whole or not at all: (size, crc, mac)."""
+        ...
 
     def open_source(self, rel: str, *, mapped: bool = False) -> Any:
-        """A :class:`~rollout_mock.codec.source.ByteSource` over ``rel`` (ranged reads); ``mapped``:
-        a memory-mapped local file where the backend has one (others ignore it)."""
-        raise NotImplementedError(f"{type(self).__name__} has no ranged reads")
+        """A :class:`~rollout_mock.codec.source.ByteSource` over ``rel`` (ranged reads);
+        ``mapped``: a memory-mapped local file where the backend has one (others ignore it).
+        :class:`FileNotFoundError` if absent."""
+        ...
 
-    def _lock_lost(self, handle: Any) -> str | None:
-        """Why the stream lock was lost (object-store leases), or None."""
-        return None
+    def local_path(self, rel: str) -> Path | None:
+        """The local file of ``rel`` (checked to stay inside the root), or None for a backend
+        without local files."""
+        ...
 
-    def _recover(self, stream: StreamId) -> None:
+    def lock_stream(self, stream: StreamId) -> Any:
+        """Claim ``stream`` for writing; :class:`~rollout_mock.errors.LockedError` if another
+        writer holds it. Returns the handle :meth:`unlock_stream` takes."""
+        ...
+
+    def unlock_stream(self, stream: StreamId, handle: Any) -> None:
+        ...
+
+    def lock_lost(self, handle: Any) -> str | None:
+        """Why a stream lock was lost (an expired lease), or None."""
+        ...
+
+    def manifest_lock(self) -> AbstractContextManager[None]:
+        """Exclusive access to ``manifest.json`` for a read-modify-write."""
+        ...
+
+    def recover(self, stream: StreamId) -> None:
         """Remove what a crashed writer of ``stream`` left behind (temporary files)."""
+        ...
 
-    def _prune_dirs(self, rel_dirs: list[str]) -> None:
-        """Remove directories left empty by compaction (local filesystems only)."""
+    def prune_dirs(self, rel_dirs: list[str]) -> None:
+        """Remove directories left empty (backends without directories: nothing)."""
+        ...
+
+    def sync(self) -> None:
+        """Make every ``create(durable=False)`` so far durable."""
+        ...
+
+    def reopen(self) -> ByteBackend:
+        """A second handle on the same objects, as another process would have (its locks are
+        its own)."""
+        ...

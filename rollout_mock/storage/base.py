@@ -16,7 +16,7 @@ from rollout_mock.storage.manifest import (
     StreamId,
 )
 
-__all__ = ["BatchInfo", "StepStore", "format_ranges"]
+__all__ = ["BatchInfo", "StepStore", "exists_error", "format_ranges"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ def format_ranges(steps: list[int]) -> str:
     return ", ".join(parts)
 
 
-def _exists_error(stream: StreamId, step: int, where: str) -> StepExistsError:
+def exists_error(stream: StreamId, step: int, where: str) -> StepExistsError:
     return StepExistsError(
         f"[RolloutMock] refusing to overwrite step {step} of {stream} (mode=dump): {where} already "
         f"exists. Either set `overwrite: true` in the rollout_mock config (e.g. when resuming a "

@@ -16,27 +16,45 @@ import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import Any
 
-import rollout_mock.codec as codec
-from rollout_mock.errors import DumpNotFoundError, LockedError
+from rollout_mock.errors import LockedError
+from rollout_mock.storage.backend import ProduceBytes
 from rollout_mock.storage.fileio import fsync_dir, fsync_path, is_temp_name, write_temp
 from rollout_mock.storage.index import FINGERPRINT_NAME, INDEX_DIR, STREAMS_DIR, stream_record_name
-from rollout_mock.storage.indexed import IndexedStore
-from rollout_mock.storage.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    StepEntry,
-    StreamId,
-    locked,
-    remove_stale_temps,
-    utc_now,
-)
+from rollout_mock.storage.manifest import LOCK_NAME, MANIFEST_NAME, StreamId, utc_now
 from rollout_mock.storage.paths import check_relpath, open_nofollow, open_regular, read_fd, resolve_inside
-from rollout_mock.storage.verified import load_verified
+from rollout_mock.storage.store import Store
 from rollout_mock.text import logger
 
-__all__ = ["DirectoryStore"]
+__all__ = ["DirectoryStore", "LocalBackend"]
+
+
+@contextmanager
+def locked(dump_dir: Path) -> Iterator[None]:
+    """Hold the dump directory's manifest lock (exclusive, released when the process dies)."""
+    Path(dump_dir).mkdir(parents=True, exist_ok=True)
+    fd = open_nofollow(Path(dump_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temps(dump_dir: Path) -> list[Path]:
+    """Delete temporary manifests left by writers that died mid-update; return what went.
+
+    Temporary manifests are only written under the manifest lock, so any that exists while we
+    hold the lock belongs to a dead writer.
+    """
+    removed: list[Path] = []
+    with locked(dump_dir):
+        for child in Path(dump_dir).iterdir():
+            if is_temp_name(child.name) and child.name.startswith(f".{MANIFEST_NAME}"):
+                child.unlink(missing_ok=True)
+                removed.append(child)
+    return removed
 
 
 def _pid_alive(pid: int) -> bool:
@@ -53,26 +71,31 @@ def _pid_alive(pid: int) -> bool:
 _SYNC_EVERY = 1024
 
 
-class DirectoryStore(IndexedStore):
-    """Steps as files under ``dump_dir`` (see :mod:`rollout_mock.storage.index` for the index).
+def DirectoryStore(dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,  # noqa: N802
+                   verify: bool = True) -> Store:
+    """The store of a dump in a local directory (the constructor of the storage redesign's
+    predecessor, kept: ``Store(LocalBackend(dump_dir), ...)``)."""
+    return Store(LocalBackend(dump_dir), hmac_key=hmac_key, verify=verify)
 
-    ``hmac_key`` signs steps on save and is required to match on load. ``verify=False`` skips
-    checksum verification on load (sizes, and a configured HMAC, are still checked).
-    """
 
-    dump_dir: Path
+class LocalBackend:
+    """Objects as files under a local directory (see the module docstring)."""
 
-    def __init__(
-        self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None, verify: bool = True
-    ) -> None:
-        super().__init__(hmac_key=hmac_key, verify=verify)
+    def __init__(self, dump_dir: str | os.PathLike[str]) -> None:
         self.dump_dir = Path(dump_dir)
+        self.root_location: Path = self.dump_dir
         self._real_root: str | None = None
         self._inside: set[str] = set()
-        self._unsynced: list[Path] = []  # entry files committed without fsync (see _create_entry)
+        self.unsynced: list[Path] = []  # entry files created without fsync (see create)
 
     def __repr__(self) -> str:
-        return f"DirectoryStore({str(self.dump_dir)!r})"
+        return f"LocalBackend({str(self.dump_dir)!r})"
+
+    def reopen(self) -> LocalBackend:
+        return LocalBackend(self.dump_dir)
+
+    def local_path(self, rel: str) -> Path:
+        return self.path(rel)
 
     # ------------------------------------------------------------------ paths
     def path(self, rel: str) -> Path:
@@ -97,14 +120,11 @@ class DirectoryStore(IndexedStore):
             resolve_inside(self.dump_dir, rel, real_root=self._real_root)
         return candidate
 
-    def path_of(self, stream: StreamId, step: int) -> Path:
-        return self.path(stream.relpath(step))
-
     def where(self, rel: str) -> str:
         return str(self.dump_dir / rel) if rel else str(self.dump_dir)
 
     # ------------------------------------------------------------------ primitives
-    def _read(self, rel: str) -> bytes | None:
+    def read(self, rel: str) -> bytes | None:
         try:
             # a regular file only: a FIFO or device planted as an entry/stream record never blocks
             return read_fd(open_regular(self.path(rel)))
@@ -113,7 +133,7 @@ class DirectoryStore(IndexedStore):
 
     def _write_temp(self, rel: str, data: bytes, *, durable: bool = True) -> Any:
         # Another writer compacting at the same moment may remove an index directory that just
-        # became empty (``_prune_dirs``) between our mkdir and our temporary file: try again.
+        # became empty (``prune_dirs``) between our mkdir and our temporary file: try again.
         for attempt in range(3):
             try:
                 return write_temp(self.path(rel), lambda w: w.write(data) and None, durable=durable)
@@ -122,24 +142,24 @@ class DirectoryStore(IndexedStore):
                     raise
         raise AssertionError("unreachable")
 
-    def _create(self, rel: str, data: bytes) -> bool:
-        return bool(self._write_temp(rel, data).commit_new())
-
-    def _create_entry(self, rel: str, data: bytes) -> bool:
-        """The entry file without fsyncs (one per step is the step file's): a crash can lose it,
-        never tear a visible step. A lost or torn entry leaves its step invisible (readers ignore
-        it), and the step file it pointed at was fsync-ed before. :meth:`sync` (called by
-        ``close``) and compaction into manifest.json make the entries durable."""
+    def create(self, rel: str, data: bytes, *, durable: bool = True) -> bool:
+        """Hard-link a complete temporary file to ``rel`` (fails if it exists). ``durable=False``
+        (a step's entry file) skips the fsyncs: a crash can lose the file, never tear it; the
+        store ignores a lost or torn entry (its step is invisible), and the step file it points at
+        was fsync-ed before. :meth:`sync` makes such files durable, at the latest every
+        ``_SYNC_EVERY`` creates."""
+        if durable:
+            return bool(self._write_temp(rel, data).commit_new())
         if not self._write_temp(rel, data, durable=False).commit_new(durable=False):
             return False
-        self._unsynced.append(self.path(rel))
-        if len(self._unsynced) >= _SYNC_EVERY:
+        self.unsynced.append(self.path(rel))
+        if len(self.unsynced) >= _SYNC_EVERY:
             self.sync()
         return True
 
     def sync(self) -> None:
         """fsync the entry files committed since the last sync, then their directories."""
-        pending, self._unsynced = self._unsynced, []
+        pending, self.unsynced = self.unsynced, []
         for path in pending:
             fsync_path(path)
         for directory in {path.parent for path in pending}:
@@ -148,16 +168,16 @@ class DirectoryStore(IndexedStore):
             except FileNotFoundError:  # pruned by a compaction: its entries are in the manifest
                 pass
 
-    def _replace(self, rel: str, data: bytes) -> None:
+    def replace(self, rel: str, data: bytes) -> None:
         self._write_temp(rel, data).commit()
 
-    def _list(self, rel_dir: str) -> list[str]:
+    def listdir(self, rel_dir: str) -> list[str]:
         try:
             return [n for n in os.listdir(self.path(rel_dir)) if not is_temp_name(n)]
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def _remove(self, rels: list[str]) -> None:
+    def remove(self, rels: list[str]) -> None:
         parents = set()
         for rel in rels:
             path = self.path(rel)
@@ -172,33 +192,29 @@ class DirectoryStore(IndexedStore):
             except FileNotFoundError:  # pruned by another writer's compaction: nothing to sync
                 pass
 
-    def _prune_dirs(self, rel_dirs: list[str]) -> None:
+    def prune_dirs(self, rel_dirs: list[str]) -> None:
         for rel in rel_dirs:
             try:
                 os.rmdir(self.path(rel))
             except OSError:  # not empty (another rank's entries), or gone
                 pass
 
-    def _exists(self, rel: str) -> bool:
+    def exists(self, rel: str) -> bool:
         return self.path(rel).exists()
 
-    def _signature(self, rel: str) -> Any:
+    def signature(self, rel: str) -> Any:
         try:
             st = self.path(rel).stat()
         except (FileNotFoundError, NotADirectoryError):
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def _write_step(self, rel: str, batch: Any, context: bytes) -> tuple[int, str, str | None]:
-        # HashingWriter is the file-like sink codec.encode writes through (write, reserve_head, ...)
-        written = write_temp(self.path(rel), lambda w: codec.encode(batch, cast(BinaryIO, w)), hmac_key=self.hmac_key,
-                             mac_context=context)
+    def write_step(self, rel: str, produce: ProduceBytes, *, hmac_key: bytes | None,
+                   context: bytes) -> tuple[int, str, str | None]:
+        # the sink is fileio's HashingWriter: write, plus the codec's ranged writes (reserve_head, ...)
+        written = write_temp(self.path(rel), produce, hmac_key=hmac_key, mac_context=context)
         written.commit()
         return written.size, written.checksum, written.hmac
-
-    def _load_step(self, rel: str, entry: StepEntry, stream: StreamId, step: int, trusted: bool) -> Any:
-        return load_verified(self.path(rel), entry, stream=stream, step=step, trusted=trusted,
-                             verify=self.verify, hmac_key=self.hmac_key)
 
     def open_source(self, rel: str, *, mapped: bool = False) -> Any:
         from rollout_mock.codec.source import FileSource, MappedSource
@@ -206,7 +222,7 @@ class DirectoryStore(IndexedStore):
         return (MappedSource if mapped else FileSource)(self.path(rel))
 
     # ------------------------------------------------------------------ locks
-    def _lock_stream(self, stream: StreamId) -> Any:
+    def lock_stream(self, stream: StreamId) -> Any:
         directory = self.path(stream.directory)
         directory.mkdir(parents=True, exist_ok=True)
         self.path(stream.directory)  # re-check containment now that it exists
@@ -230,16 +246,19 @@ class DirectoryStore(IndexedStore):
         os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename} since {utc_now()}".encode(), 0)
         return fd
 
-    def _unlock_stream(self, stream: StreamId, handle: Any) -> None:
+    def unlock_stream(self, stream: StreamId, handle: Any) -> None:
         os.close(handle)
 
+    def lock_lost(self, handle: Any) -> str | None:
+        return None  # a flock dies with its process, never while it lives
+
     @contextmanager
-    def _manifest_lock(self) -> Iterator[None]:
+    def manifest_lock(self) -> Iterator[None]:
         self.path("").mkdir(parents=True, exist_ok=True)
         with locked(self.dump_dir):
             yield
 
-    def _recover(self, stream: StreamId) -> None:
+    def recover(self, stream: StreamId) -> None:
         for stale in remove_stale_temps(self.dump_dir):
             logger.warning("[RolloutMock] removing leftover temporary manifest %s", stale)
         suffix = "" if stream.rank is None else f"_rank{stream.rank}"
@@ -259,26 +278,3 @@ class DirectoryStore(IndexedStore):
                 if is_temp_name(name) and pattern.match(name):
                     logger.warning("[RolloutMock] removing leftover temporary file %s", self.where(f"{rel_dir}/{name}"))
                     self.path(f"{rel_dir}/{name}").unlink(missing_ok=True)
-
-    # ------------------------------------------------------------------ reader conveniences
-    def require_manifest(self, *, mode: str, split: str | None = None) -> Manifest:
-        if not self.dump_dir.is_dir():
-            raise DumpNotFoundError(
-                f"[RolloutMock] dump directory not found: {self.dump_dir} (mode={mode}). Run the "
-                f"same steps in dump mode first, or fix dump_dir.",
-                mode=mode, split=split, path=self.dump_dir,
-            )
-        if not self.has_dump():
-            pickles = sorted(self.dump_dir.glob("*/step_*.pkl"))
-            hint = (
-                f" It holds {len(pickles)} step file(s) but no manifest: it was probably written "
-                f"by ROLL or an older tool; convert it with `rollout-mock import {self.dump_dir} NEW_DIR "
-                f"--trust` and point dump_dir at NEW_DIR."
-                if pickles
-                else " Run the same steps in dump mode first, or fix dump_dir."
-            )
-            raise DumpNotFoundError(
-                f"[RolloutMock] no {MANIFEST_NAME} in {self.dump_dir} (mode={mode}).{hint}",
-                mode=mode, split=split, path=self.dump_dir / MANIFEST_NAME,
-            )
-        return self.manifest(refresh=True)

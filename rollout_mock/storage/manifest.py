@@ -22,24 +22,25 @@ Listing a dump reads only this file; nothing is unpickled. Layout (format versio
       }
     }
 
-Format 2 (this version) has the same layout; what changed is how it is kept up to date (see
-:mod:`rollout_mock.storage.index`): a writer commits each step as one small entry file and
-compacts them into ``manifest.json`` when it closes, and the ``hmac`` field is
-``"hmac-sha256:<hex>"`` over the stream key, the step and the bytes. Format 1 dumps still load.
+Format 2 has the same layout; what changed is how it is kept up to date (see
+:mod:`rollout_mock.storage.index`): a writer commits each step as one small entry file and folds
+them into ``manifest.json``, and the ``hmac`` field is ``"hmac-sha256:<hex>"`` over the stream
+key, the step and the bytes. A stream of more than ``INLINE_STEPS`` steps (and any
+stream while its writer runs) has, instead of inline entries, ``"segments": [{"seq": 3, "steps":
+[[0, 1023]]}]``: references to index segment files holding those steps' entries, read only when a
+step is loaded; the manifest then says ``"requires": ["index-segments"]`` (a reader refuses a
+feature it does not know). Format 1 still loads.
 
-Local updates are read-modify-write under an exclusive ``flock`` on ``.manifest.lock`` (opened
-without following symlinks), and the new manifest replaces the old one atomically.
+Updates are read-modify-write under the backend's manifest lock (a local ``flock``, an object-
+store lease), and the new manifest replaces the old one atomically.
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import platform
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -47,29 +48,34 @@ from typing import Any
 
 from rollout_mock.codec import PROTOCOL
 from rollout_mock.errors import FormatVersionError, ManifestError, UnsafePathError
-from rollout_mock.storage.fileio import is_temp_name, write_bytes_atomic
-from rollout_mock.storage.paths import check_name, open_inside, open_nofollow, parse_step_key, read_fd
+from rollout_mock.storage.paths import open_inside, parse_step_key, read_fd
+from rollout_mock.storage.streams import StreamId
 from rollout_mock.version import __version__
 
 __all__ = [
     "FORMAT",
+    "FEATURES",
     "FORMAT_VERSION",
     "LOCK_NAME",
     "MANIFEST_NAME",
     "Manifest",
     "StepEntry",
     "StreamId",
-    "locked",
     "manifest_path",
     "parse_step_key",
     "read_manifest",
-    "remove_stale_temps",
-    "update_manifest",
     "utc_now",
 ]
 
 FORMAT = "rollout_mock.dump"
 FORMAT_VERSION = 2  # 2: data-only step files (rollout_mock.codec), entry-file index, bound HMAC; 1 still read
+#: Additions to a format version that a reader must understand, named in the manifest's
+#: ``"requires"`` list only when used: a reader refuses a manifest requiring one it does not know.
+#: ``index-segments``: streams reference index segment files (``"segments"``).
+FEATURES = frozenset({"index-segments"})
+#: Bound on the steps the segment references of one manifest may name (a forged range cannot
+#: make a reader allocate without limit).
+MAX_RANGED_STEPS = 5_000_000
 MANIFEST_NAME = "manifest.json"
 LOCK_NAME = ".manifest.lock"
 _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
@@ -77,49 +83,6 @@ _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-@dataclass(frozen=True, order=True)
-class StreamId:
-    """One sequence of steps: a split, optionally a scheduler name and a rank."""
-
-    split: str
-    name: str | None = None
-    rank: int | None = None
-
-    def __post_init__(self) -> None:
-        check_name(self.split, "split")
-        if self.name is not None:
-            check_name(self.name, "scheduler name")
-        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0):
-            raise UnsafePathError(f"[RolloutMock] invalid rank {self.rank!r}: expected an integer >= 0")
-
-    @classmethod
-    def from_key(cls, key: str) -> StreamId:
-        """Inverse of :attr:`key` (``split[/name][@rankR]``); validated like any StreamId."""
-        rest, _, rank = key.partition("@rank")
-        split, _, name = rest.partition("/")
-        digits = rank.isascii() and rank.isdigit() and len(rank) <= 9
-        return cls(split, name or None, int(rank) if digits else None if not rank else -1)
-
-    @property
-    def key(self) -> str:
-        key = self.split if self.name is None else f"{self.split}/{self.name}"
-        return key if self.rank is None else f"{key}@rank{self.rank}"
-
-    @property
-    def directory(self) -> str:
-        return self.split if self.name is None else f"{self.split}/{self.name}"
-
-    def file_name(self, step: int) -> str:
-        suffix = "" if self.rank is None else f"_rank{self.rank}"
-        return f"step_{step:06d}{suffix}.pkl"
-
-    def relpath(self, step: int) -> str:
-        return f"{self.directory}/{self.file_name(step)}"
-
-    def __str__(self) -> str:
-        return self.key
 
 
 @dataclass
@@ -199,6 +162,10 @@ class Manifest:
     streams: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: str | None = field(default=None, compare=False)
     """Where it was read from (named in the errors of entries validated on use)."""
+    segment_reader: Callable[[StreamId, int], dict[str, Any]] | None = field(default=None, compare=False,
+                                                                            repr=False)
+    """Reads a referenced index segment (set by the store that opened the manifest)."""
+    _segments: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------ access
     def stream(self, stream: StreamId, *, create: bool = False) -> dict[str, Any] | None:
@@ -216,16 +183,47 @@ class Manifest:
 
     def steps(self, stream: StreamId) -> list[int]:
         data = self.streams.get(stream.key)
-        return sorted(parse_step_key(s, self.source) for s in data["steps"]) if data else []
+        if not data:
+            return []
+        steps = {parse_step_key(s, self.source) for s in data["steps"]}
+        for ref in data.get("segments") or ():
+            for first, last in ref["steps"]:
+                steps.update(range(first, last + 1))
+        return sorted(steps)
 
-    def entry(self, stream: StreamId, step: int) -> StepEntry | None:
+    def raw_entry(self, stream: StreamId, step: int) -> Any:
+        """The unvalidated entry of a step (inline, else from the segment referencing it), or None."""
         data = self.streams.get(stream.key)
         if not data:
             return None
         raw = data["steps"].get(str(step))
+        if raw is not None:
+            return raw
+        for ref in reversed(data.get("segments") or ()):
+            if any(first <= step <= last for first, last in ref["steps"]):
+                return self._segment(stream, int(ref["seq"])).get(str(step), _MISSING)
+        return None
+
+    def _segment(self, stream: StreamId, seq: int) -> dict[str, Any]:
+        cached = self._segments.get((stream.key, seq))
+        if cached is None:
+            if self.segment_reader is None:
+                raise ManifestError(f"{self.source}: {stream.key} references index segment {seq}, but this "
+                                    f"manifest was read without its dump", path=self.source)
+            cached = self.segment_reader(stream, seq)
+            if len(self._segments) >= 8:
+                self._segments.pop(next(iter(self._segments)))
+            self._segments[(stream.key, seq)] = cached
+        return cached
+
+    def entry(self, stream: StreamId, step: int) -> StepEntry | None:
+        raw = self.raw_entry(stream, step)
         if raw is None:
             return None
         where = f"{stream.key} step {step}" if self.source is None else f"{self.source}: {stream.key} step {step}"
+        if raw is _MISSING:
+            raise ManifestError(f"{where}: the index segment that should hold this step does not; the index was "
+                                f"edited or damaged — restore it from a copy, or re-dump", path=self.source)
         parsed = StepEntry.from_json(raw, where=where, path=self.source)
         expected = stream.relpath(step)
         if parsed.file != expected:
@@ -251,6 +249,7 @@ class Manifest:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
+            **({"requires": ["index-segments"]} if any(d.get("segments") for d in self.streams.values()) else {}),
             "created_at": self.created_at,
             "writer": self.writer,
             "fingerprint": self.fingerprint,
@@ -276,6 +275,16 @@ class Manifest:
                 f"(the writer was {data.get('writer', {}).get('rollout_mock', 'unknown')})",
                 path=path,
             )
+        requires = data.get("requires", [])
+        if not isinstance(requires, list) or not all(isinstance(r, str) for r in requires):
+            raise ManifestError(f"{path}: \"requires\" is not a list of feature names", path=path)
+        unknown = sorted(set(requires) - FEATURES)
+        if unknown:
+            raise FormatVersionError(
+                f"{path}: needs on-disk format features {unknown} that this rollout_mock ({__version__}) does not "
+                f"know; upgrade rollout_mock (the writer was {data.get('writer', {}).get('rollout_mock', 'unknown')})",
+                path=path,
+            )
         streams = data.get("streams")
         if not isinstance(streams, dict):
             raise ManifestError(f"{path}: \"streams\" is missing or not an object", path=path)
@@ -283,6 +292,7 @@ class Manifest:
             if not isinstance(data.get(part) or {}, dict):
                 raise ManifestError(f"{path}: \"{part}\" is not an object; the manifest was edited or damaged "
                                     f"— restore it from a copy, or re-dump", path=path)
+        ranged = 0
         for key, stream in streams.items():
             if not isinstance(stream, dict) or not isinstance(stream.get("steps"), dict):
                 raise ManifestError(f"{path}: stream {key!r} has no \"steps\" object", path=path)
@@ -312,6 +322,10 @@ class Manifest:
             # 100,000 steps must not parse 100,000 entries it will not load.
             for step_key in stream["steps"]:
                 parse_step_key(step_key, f"{path}: stream {key!r}")
+            ranged += _check_segments(stream, f"{path}: stream {key!r}", path)
+            if ranged > MAX_RANGED_STEPS:
+                raise ManifestError(f"{path}: the segment references name more than {MAX_RANGED_STEPS:,} steps; the "
+                                    f"manifest was forged or damaged — restore it from a copy", path=path)
         return cls(
             created_at=str(data.get("created_at", "")),
             writer=dict(data.get("writer") or {}),
@@ -319,6 +333,39 @@ class Manifest:
             streams=streams,
             source=str(path),
         )
+
+
+_MISSING = object()
+
+
+def _check_segments(stream: dict[str, Any], where: str, path: Path | str) -> int:
+    """Validate a stream's segment references (``[{"seq": n, "steps": [[first, last], ...]}]``,
+    ascending sequence numbers, ordered disjoint runs of valid steps); the steps they name."""
+    refs = stream.get("segments")
+    if refs is None:
+        return 0
+    total, last_seq = 0, -1
+    bad = ManifestError(f"{where}: malformed \"segments\" (expected [{{\"seq\": n, \"steps\": [[first, last], "
+                        f"...]}}, ...]); the manifest was edited or damaged — restore it from a copy", path=path)
+    if not isinstance(refs, list):
+        raise bad
+    for ref in refs:
+        if not isinstance(ref, dict) or not isinstance(ref.get("steps"), list):
+            raise bad
+        seq = ref.get("seq")
+        if not isinstance(seq, int) or isinstance(seq, bool) or not last_seq < seq < 10**9:
+            raise bad
+        last_seq, previous = seq, None
+        for run in ref["steps"]:
+            if (not isinstance(run, list) or len(run) != 2
+                    or not all(isinstance(x, int) and not isinstance(x, bool) and abs(x) < 10**18 for x in run)
+                    or run[0] > run[1] or (previous is not None and run[0] <= previous)):
+                raise bad
+            previous = run[1]
+            total += run[1] - run[0] + 1
+            if total > MAX_RANGED_STEPS:
+                return total
+    return total
 
 
 def manifest_path(dump_dir: Path) -> Path:
@@ -358,50 +405,6 @@ def parse_manifest(data: bytes, path: Path | str) -> Manifest:
             path=path,
         ) from None
     return Manifest.from_json(parsed, path=path)
-
-
-@contextmanager
-def locked(dump_dir: Path) -> Iterator[None]:
-    """Hold the dump directory's manifest lock (exclusive, released when the process dies)."""
-    Path(dump_dir).mkdir(parents=True, exist_ok=True)
-    fd = open_nofollow(Path(dump_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def remove_stale_temps(dump_dir: Path) -> list[Path]:
-    """Delete temporary manifests left by writers that died mid-update; return what went.
-
-    Temporary manifests are only written under the manifest lock, so any that exists while we
-    hold the lock belongs to a dead writer.
-    """
-    removed: list[Path] = []
-    with locked(dump_dir):
-        for child in Path(dump_dir).iterdir():
-            if is_temp_name(child.name) and child.name.startswith(f".{MANIFEST_NAME}"):
-                child.unlink(missing_ok=True)
-                removed.append(child)
-    return removed
-
-
-def update_manifest(dump_dir: Path, change: Callable[[Manifest], None]) -> Manifest:
-    """Apply ``change`` to the current manifest under the lock and write it atomically."""
-    with locked(dump_dir):
-        current = read_manifest(dump_dir)
-        manifest = current or Manifest()
-        before = None if current is None else _dumps(manifest)
-        change(manifest)
-        text = _dumps(manifest)
-        if text != before:  # unchanged (e.g. fingerprint already recorded): no write, no fsync
-            write_bytes_atomic(manifest_path(dump_dir), text.encode("utf-8"))
-        return manifest
-
-
-def _dumps(manifest: Manifest) -> str:
-    return dumps_manifest(manifest)
 
 
 def dumps_manifest(manifest: Manifest) -> str:

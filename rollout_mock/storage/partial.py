@@ -94,11 +94,12 @@ def open_view(store: Any, stream: StreamId, step: int, *, trusted: bool = False,
     ``verify`` (default): the file's size and its whole-file CRC-32 are checked against the index
     first (the CRC from the chunk table: nothing of the data is read), and every chunk ``load``
     returns is CRC-checked as it is handed out. ``verify=False`` reads and checks nothing beyond
-    the header; the view's ``verified`` attribute is then False. With an HMAC key the whole file
-    is read once and authenticated first, whatever ``verify`` says (a MAC covers every byte).
+    the header; the view's ``verified`` attribute is then False. With an HMAC key the step is read
+    once into private memory and authenticated, and the view serves those bytes (never the file's
+    pages), whatever ``mapped`` and ``verify`` say: see
+    :func:`~rollout_mock.storage.verified.open_verified`.
     """
-    from rollout_mock.codec import open_step
-    from rollout_mock.storage.verified import _check, _corrupt, _require_signature, source_digest
+    from rollout_mock.storage.verified import corrupt_error, open_verified
 
     entry = store.entry(stream, step)
     if entry is None:
@@ -107,20 +108,10 @@ def open_view(store: Any, stream: StreamId, step: int, *, trusted: bool = False,
         rel = stream.relpath(step)  # (a backend of one's own may not know ``mapped``)
         source = store.open_source(rel, mapped=True) if mapped else store.open_source(rel)
     except FileNotFoundError:
-        raise _corrupt(store.where(stream.relpath(step)), stream, step,
-                       "the file listed in the manifest is missing") from None
-    if source.size() != entry.size:
-        raise _corrupt(source.name, stream, step, f"size is {source.size()} bytes, manifest says {entry.size}")
-    if store.hmac_key is not None:  # authenticate the very bytes the view will hand out
-        context = _require_signature(source.name, entry, stream, step)
-        _check(source.name, entry, stream, step, *source_digest(source, store.hmac_key, context), keyed=True)
-    view = open_step(source, trusted=trusted, verify=verify)
-    if verify:
-        checksum = f"crc32:{view.file_crc32():08x}"
-        if checksum != entry.checksum:
-            raise _corrupt(source.name, stream, step, f"checksum {checksum} does not match the "
-                           f"manifest's {entry.checksum}")
-    return view
+        raise corrupt_error(store.where(stream.relpath(step)), stream, step,
+                            "the file listed in the manifest is missing") from None
+    return open_verified(source, entry, stream=stream, step=step, trusted=trusted, verify=verify,
+                         hmac_key=store.hmac_key)
 
 
 def _rows_of(batch: Any) -> int:

@@ -15,8 +15,8 @@ from typing import Any
 from rollout_mock.errors import ManifestError
 from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.index import STREAMS_DIR, parse_step_relpath
-from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StreamId
+from rollout_mock.storage.store import Store
 from rollout_mock.storage.stores import open_store
 from rollout_mock.storage.verified import load_verified
 from rollout_mock.text import logger
@@ -87,7 +87,7 @@ class Dump:
 
     def __init__(self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,
                  storage_options: dict[str, Any] | None = None, verify: bool = True) -> None:
-        self._store: IndexedStore = open_store(dump_dir, storage_options=storage_options, hmac_key=hmac_key,
+        self._store: Store = open_store(dump_dir, storage_options=storage_options, hmac_key=hmac_key,
                                                verify=verify)
         self.dump_dir: Path | str = self._store.dump_dir
         self.manifest: Manifest = self._store.require_manifest(mode="read")
@@ -96,7 +96,7 @@ class Dump:
         return f"Dump({str(self.dump_dir)!r})"
 
     @property
-    def store(self) -> IndexedStore:
+    def store(self) -> Store:
         return self._store
 
     def streams(self) -> list[StreamId]:

@@ -18,10 +18,9 @@ from rollout_mock.config import DiskFullPolicy, RolloutMockConfig
 from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import DiskFullError
 from rollout_mock.storage.base import BatchInfo, StepStore
-from rollout_mock.storage.directory import DirectoryStore
 from rollout_mock.storage.fileio import free_bytes
-from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.store import Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import elapsed
@@ -69,7 +68,7 @@ class Recorder:
 
     def before_rollout(self, step: int) -> None:
         """Fail fast, before an expensive rollout, if its result could not be recorded."""
-        if self.records_step(step) and isinstance(self.store, IndexedStore):
+        if self.records_step(step) and isinstance(self.store, Store):
             self.store.check_writable(self.stream, step, overwrite=self.config.overwrite)
         if self.writer is not None and isinstance(self.writer, BackgroundWriter):
             self.writer.raise_if_failed()
@@ -166,10 +165,11 @@ class Recorder:
             remaining = max(self.config.max_steps - step - 1, 0)
         else:
             return
-        if not isinstance(self.store, DirectoryStore):
+        local = self.store.backend.local_path("") if isinstance(self.store, Store) else None
+        if local is None:
             return
         needed = remaining * size
-        free = free_bytes(self.store.dump_dir)
+        free = free_bytes(local)
         level = logging.WARNING if needed > free else logging.INFO
         logger.log(
             level,
@@ -178,7 +178,7 @@ class Recorder:
             size / 1e6,
             needed / 1e6,
             free / 1e6,
-            self.store.dump_dir,
+            local,
             " — NOT ENOUGH: the dump will fail part-way" if needed > free else "",
         )
 

@@ -22,10 +22,10 @@ from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, RolloutMoc
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, StepNotFoundError
 from rollout_mock.storage.base import BatchInfo, StepStore, format_ranges
-from rollout_mock.storage.indexed import IndexedStore
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.partial import load_partial, rank_rows
 from rollout_mock.storage.prefetch import Prefetcher
+from rollout_mock.storage.store import Store
 from rollout_mock.text import logger
 from rollout_mock.wrap.subsample import subsample_batch
 
@@ -59,7 +59,7 @@ class Replayer:
             self.prefetcher.close()
 
     def _open(self) -> None:
-        if isinstance(self.store, IndexedStore):
+        if isinstance(self.store, Store):
             self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
         lenient = self.config.on_missing_step is not MissingStepPolicy.ERROR
@@ -92,7 +92,7 @@ class Replayer:
                 self.config.dump_dir,
                 self.stream,
                 ", ".join(s.key for s in self.store.stream_ids()) or "none"
-                if isinstance(self.store, IndexedStore)
+                if isinstance(self.store, Store)
                 else "?",
             )
         self._check_fingerprint()

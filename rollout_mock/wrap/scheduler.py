@@ -11,7 +11,7 @@ from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention
 from rollout_mock.storage.base import StepStore
-from rollout_mock.storage.indexed import IndexedStore
+from rollout_mock.storage.store import Store
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
@@ -197,7 +197,7 @@ class MockScheduler(Generic[T]):
         assert interceptor is not None
         store = interceptor.store
         stream = interceptor.stream
-        if not isinstance(store, IndexedStore) or store.steps(stream):
+        if not isinstance(store, Store) or store.steps(stream):
             return
         present = store.stream_ids()
         splits = sorted({s.split for s in present})

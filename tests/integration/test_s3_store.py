@@ -14,11 +14,19 @@ from typing import Any
 
 import pytest
 import torch
-from storage_conformance import TRAIN, StoreConformance, batch_for, s3_server, same, save  # noqa: F401
+from storage_conformance import (  # noqa: F401
+    TRAIN,
+    BackendConformance,
+    StoreConformance,
+    batch_for,
+    s3_server,
+    same,
+    save,
+)
 
 from rollout_mock import LockedError, MockScheduler, open_dump
 from rollout_mock.cli import main as cli_main
-from rollout_mock.storage import FsspecStore
+from rollout_mock.storage import FsspecBackend, FsspecStore
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -28,18 +36,26 @@ def url(s3_server: dict[str, Any]) -> str:
     return f"s3://{s3_server['bucket']}/{uuid.uuid4().hex[:10]}"
 
 
-class TestS3Store(StoreConformance):
+class TestS3Store(BackendConformance, StoreConformance):
     @pytest.fixture
-    def handles(self, url: str, s3_server: dict[str, Any]) -> Any:
-        return lambda **kw: FsspecStore(url, storage_options=s3_server["storage_options"], **kw)
+    def backends(self, url: str, s3_server: dict[str, Any]) -> Any:
+        return lambda: FsspecBackend(url, storage_options=s3_server["storage_options"])
+
+
+class TestS3StoreMultipart(BackendConformance, StoreConformance):
+    """Parts of 5 MiB (S3's minimum): steps above that go up as real multipart uploads."""
+
+    @pytest.fixture
+    def backends(self, url: str, s3_server: dict[str, Any]) -> Any:
+        return lambda: FsspecBackend(url, storage_options=s3_server["storage_options"], part_size=5 << 20)
 
 
 def test_conditional_put_is_real(url: str, s3_server: dict[str, Any]) -> None:
     """The entry commit is an If-None-Match put the server enforces (not a client-side check)."""
     store = FsspecStore(url, storage_options=s3_server["storage_options"])
-    assert store._native_create
-    assert store._create("x/probe.json", b"1") and not store._create("x/probe.json", b"2")
-    assert store._read("x/probe.json") == b"1"
+    assert store.backend.native_create
+    assert store.backend.create("x/probe.json", b"1") and not store.backend.create("x/probe.json", b"2")
+    assert store.backend.read("x/probe.json") == b"1"
 
 
 def test_expired_lease_is_taken_over_and_the_old_writer_stops(url: str, s3_server: dict[str, Any]) -> None:
@@ -54,7 +70,7 @@ def test_expired_lease_is_taken_over_and_the_old_writer_stops(url: str, s3_serve
     time.sleep(4.2)
     successor = FsspecStore(url, storage_options=options, lease_ttl=30)
     save(successor, TRAIN, 1)
-    current = json.loads(dead._read(f"{TRAIN.directory}/.writer.lease") or b"{}")
+    current = json.loads(dead.backend.read(f"{TRAIN.directory}/.writer.lease") or b"{}")
     assert current["owner"] == successor._owned[TRAIN.key].handle.owner != handle.owner
     # the old writer wakes up: its next heartbeat finds the lease taken, and it stops writing
     assert handle.renew() is False and "taken over" in (handle.lost or "")
@@ -95,31 +111,42 @@ def test_dump_mock_and_cli_on_s3(url: str, s3_server: dict[str, Any], capsys: py
 KILLED_WRITER = textwrap.dedent(
     r'''
     import json, os, sys, torch
-    from rollout_mock.storage import BatchInfo, FsspecStore
+    import s3fs.core
+    from rollout_mock.storage import BatchInfo, FsspecBackend, Store
     from rollout_mock.storage.manifest import StreamId
-    url, options = sys.argv[1], json.loads(sys.argv[2])
-    store = FsspecStore(url, storage_options=options)
+    url, options, multipart = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3] == "multipart"
+    # multipart: parts of 5 MiB, so the 12 MB step is a multipart upload killed after its first part
+    store = Store(FsspecBackend(url, storage_options=options, part_size=(5 << 20) if multipart else (16 << 20)))
     stream = StreamId("train")
-    big = {"x": torch.zeros(3_000_000)}  # 12 MB: s3fs uploads it in parts
+    big = {"x": torch.zeros(3_000_000)}  # 12 MB
     store.save(stream, 0, {"x": torch.ones(4)}, BatchInfo.of({"x": torch.ones(4)}))
-    original = store.fs.pipe_file
+    original_put, original_part = store.backend.fs.pipe_file, s3fs.core.S3File._upload_chunk
     def upload(path, data, **kw):
         if path.endswith("step_000001.pkl"):
             print("UPLOADING", flush=True)
-            # die half-way through the upload: the object never completes
-            os.kill(os.getpid(), 9)
-        return original(path, data, **kw)
-    store.fs.pipe_file = upload
+            os.kill(os.getpid(), 9)  # die during the put: the object never completes
+        return original_put(path, data, **kw)
+    parts = []
+    def upload_part(self, final=False):
+        parts.append(final)
+        if len(parts) == 2:
+            print("UPLOADING", flush=True)
+            os.kill(os.getpid(), 9)  # one part is up, the upload is not completed
+        return original_part(self, final)
+    store.backend.fs.pipe_file = upload
+    s3fs.core.S3File._upload_chunk = upload_part
     store.save(stream, 1, big, BatchInfo.of(big))
     '''
 )
 
 
-def test_writer_killed_mid_upload_leaves_no_step(url: str, s3_server: dict[str, Any], tmp_path: Path) -> None:
+@pytest.mark.parametrize("upload", ["put", "multipart"])
+def test_writer_killed_mid_upload_leaves_no_step(url: str, s3_server: dict[str, Any], tmp_path: Path,
+                                                 upload: str) -> None:
     script = tmp_path / "writer.py"
     script.write_text(KILLED_WRITER)
     options = dict(s3_server["storage_options"])
-    proc = subprocess.run([sys.executable, str(script), url, json.dumps(options)], capture_output=True,
+    proc = subprocess.run([sys.executable, str(script), url, json.dumps(options), upload], capture_output=True,
                           text=True, timeout=90)
     assert proc.returncode == -9 and "UPLOADING" in proc.stdout, proc.stderr[-3000:]
     dump = open_dump(url, storage_options=options)

@@ -288,9 +288,6 @@ def test_store_depth_scan_sees_inheritance() -> None:
     assert depths.get("BatchInfo") == 1 and max(depths.values()) >= 2
 
 
-@pytest.mark.xfail(max(_store_depths().values()) > 2, strict=True,
-                   reason="issue 18: storage is still an inheritance stack (StepStore -> StoreBackend -> "
-                          "IndexedStore -> backends); the composition redesign is open")
 def test_store_classes_are_at_most_two_levels_deep() -> None:
     deep = {cls: d for cls, d in _store_depths().items() if d > 2}
     assert deep == {}, "storage is composition: interface -> backend, no deeper"

@@ -207,6 +207,9 @@ def test_manifest_entry_edited_by_hand(dump: Path, change: Callable[[dict[str, A
         (lambda d: d["streams"]["train"].pop("steps"), ManifestError, 'has no "steps"'),
         (lambda d: d["streams"]["train"]["steps"].__setitem__("one", {}), ManifestError, "step key 'one'"),
         (lambda d: d.update(format_version=3), FormatVersionError, "format version 3"),
+        (lambda d: d.update(requires=["index-segments", "from-the-future"]), FormatVersionError,
+         "'from-the-future'"),
+        (lambda d: d.update(requires="index-segments"), ManifestError, '"requires" is not a list'),
         (lambda d: d.update(format_version=0), FormatVersionError, "unknown on-disk format version 0"),
     ],
 )
@@ -270,6 +273,6 @@ def test_memory_store_detects_corruption() -> None:
 
     data = bytearray(codec.dumps(batch_for(0)))
     data[-20] ^= 0x10
-    store.corrupt(STREAM, 0, bytes(data))
+    store.backend.replace(STREAM.relpath(0), bytes(data))
     with pytest.raises(CorruptStepError, match="step 0 of train"):
         store.load(STREAM, 0)

@@ -136,7 +136,7 @@ def test_a_lost_entry_hides_its_step_and_the_step_can_be_recorded_again(tmp_path
     assert entry.exists()
     entry.write_bytes(b"")  # as after a power cut (the process itself is gone: no close)
     owned = store._owned.pop(TRAIN.key)  # the writer dies: its lock goes, nothing is compacted
-    store._unlock_stream(TRAIN, owned.handle)
+    store.backend.unlock_stream(TRAIN, owned.handle)
     reader = DirectoryStore(tmp_path / "d")
     assert sorted(reader.steps(TRAIN)) == [0, 1]
     again = DirectoryStore(tmp_path / "d")
@@ -159,13 +159,13 @@ def test_entries_are_synced_on_close_and_in_batches(tmp_path: Path, monkeypatch:
     first = len(synced)
     store.save(TRAIN, 1, {"x": torch.arange(4)}, BatchInfo.of({"x": torch.arange(4)}))
     assert len(synced) - first == 2  # the step file and its directory; the entry waits
-    assert len(store._unsynced) == 2
+    assert len(store.backend.unsynced) == 2
     store.save(TRAIN, 2, {"x": torch.arange(4)}, BatchInfo.of({"x": torch.arange(4)}))
-    assert store._unsynced == []  # the third entry triggered a sync of all three
+    assert store.backend.unsynced == []  # the third entry triggered a sync of all three
     store.save(TRAIN, 3, {"x": torch.arange(4)}, BatchInfo.of({"x": torch.arange(4)}))
     before = len(synced)
     store.close()
-    assert store._unsynced == [] and len(synced) > before
+    assert store.backend.unsynced == [] and len(synced) > before
     manifest = json.loads((tmp_path / "d" / "manifest.json").read_text())
     assert sorted(manifest["streams"]["train"]["steps"]) == ["0", "1", "2", "3"]
 

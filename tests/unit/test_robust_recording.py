@@ -18,6 +18,7 @@ from conftest import cfg
 
 from rollout_mock import DirectoryStore, MockScheduler, RolloutMockError, WriterError, codec
 from rollout_mock.errors import StepArgumentError
+from rollout_mock.storage import Store
 from rollout_mock.storage import writer as writer_module
 from rollout_mock.storage.writer import BackgroundWriter, WriteJob
 
@@ -195,14 +196,14 @@ def test_max_pending_1_keeps_at_most_one_snapshot(dump_dir: Path, monkeypatch: p
 
 def test_a_failed_job_does_not_keep_its_snapshot(dump_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     refs, _ = _tracking_capture(monkeypatch)
-    original_save = DirectoryStore.save
+    original_save = Store.save
 
-    def failing_save(self: DirectoryStore, stream: Any, step: int, batch: Any, *args: Any, **kwargs: Any) -> Any:
+    def failing_save(self: Store, stream: Any, step: int, batch: Any, *args: Any, **kwargs: Any) -> Any:
         if step == 1:
             raise OSError("injected write failure")
         return original_save(self, stream, step, batch, *args, **kwargs)
 
-    monkeypatch.setattr(DirectoryStore, "save", failing_save)
+    monkeypatch.setattr(Store, "save", failing_save)
     mock = MockScheduler(Scheduler(), cfg(dump_dir, max_pending=1))
     mock.get_batch(None, global_step=0)
     mock.get_batch(None, global_step=1)

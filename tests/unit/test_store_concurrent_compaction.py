@@ -51,5 +51,5 @@ def test_a_create_retries_when_its_directory_vanishes(tmp_path: Path, monkeypatc
         return real_write_temp(path, *args, **kwargs)
 
     monkeypatch.setattr(directory_module, "write_temp", vanishing)
-    assert store._create(".streams/train.json", b"{}")
+    assert store.backend.create(".streams/train.json", b"{}")
     assert calls["n"] == 2 and (tmp_path / ".streams" / "train.json").read_bytes() == b"{}"

@@ -1,42 +1,50 @@
-"""The store conformance suite on the local stores: DirectoryStore, MemoryStore, and the fsspec
-store on ``memory://`` (the S3 run is in tests/integration/test_s3_store.py)."""
+"""The storage conformance suite (rollout_mock.storage.testing) on the shipped backends: the local
+directory, memory, and fsspec on ``memory://`` (the S3 run is in tests/integration/test_s3_store.py)."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from storage_conformance import StoreConformance
 
-from rollout_mock import DirectoryStore, MemoryStore
-from rollout_mock.storage import FsspecStore
-from rollout_mock.storage.indexed import IndexedStore
+from rollout_mock.storage import FsspecBackend, LocalBackend, MemoryBackend
+from rollout_mock.storage.backend import ByteBackend
+from rollout_mock.storage.testing import BackendConformance, StoreConformance
 
 
-class TestDirectoryStore(StoreConformance):
+class TestLocalBackend(BackendConformance, StoreConformance):
     @pytest.fixture
-    def handles(self, tmp_path: Path) -> Any:
-        return lambda **kw: DirectoryStore(tmp_path / "dump", **kw)
+    def backends(self, tmp_path: Path) -> Callable[[], ByteBackend]:
+        return lambda: LocalBackend(tmp_path / "dump")
 
 
-class TestMemoryStore(StoreConformance):
+class TestMemoryBackend(BackendConformance, StoreConformance):
     @pytest.fixture
-    def handles(self) -> Any:
-        first = MemoryStore()
-
-        def make(**kw: Any) -> IndexedStore:
-            return MemoryStore(_contents=first._c, **kw)
-
-        return make
+    def backends(self) -> Callable[[], ByteBackend]:
+        return MemoryBackend().reopen
 
 
-class TestFsspecMemoryStore(StoreConformance):
+class TestFsspecMemoryBackend(BackendConformance, StoreConformance):
     @pytest.fixture
-    def handles(self) -> Any:
+    def backends(self) -> Iterator[Callable[[], ByteBackend]]:
         url = f"memory://rollout-mock-conformance/{uuid.uuid4().hex}"
-        yield lambda **kw: FsspecStore(url, **kw)
+        yield lambda: FsspecBackend(url)
+        import fsspec
+
+        fs = fsspec.filesystem("memory")
+        if fs.exists(url):
+            fs.rm(url, recursive=True)
+
+
+class TestSmallPartsFsspecBackend(BackendConformance, StoreConformance):
+    """Parts of 64 KiB: every step above that goes up as a multipart-style streamed write."""
+
+    @pytest.fixture
+    def backends(self) -> Iterator[Callable[[], ByteBackend]]:
+        url = f"memory://rollout-mock-parts/{uuid.uuid4().hex}"
+        yield lambda: FsspecBackend(url, part_size=64 << 10)
         import fsspec
 
         fs = fsspec.filesystem("memory")

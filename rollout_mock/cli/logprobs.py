@@ -73,8 +73,11 @@ def run(args: argparse.Namespace) -> int:
     from rollout_mock.debug.logprobs import format_logprob_report, logprob_consistency
     from rollout_mock.text import dumps_json
 
+    from rollout_mock.cli._paths import resolve_dump
+
+    dump_dir = resolve_dump(args.dump_dir, "logprobs", f"--model {args.model}")
     report = logprob_consistency(
-        args.dump_dir,
+        dump_dir,
         args.model,
         steps=None if args.steps is None else parse_step_ranges(args.steps),
         split=args.split,

@@ -18,6 +18,7 @@ used literally (e.g. as a directory name).
 from __future__ import annotations
 
 import difflib
+import logging
 import os
 from collections.abc import Mapping
 from enum import Enum
@@ -269,6 +270,31 @@ def build_config(block: Mapping[str, Any]) -> RolloutMockConfig:
         )
     plain = {str(k): v for k, v in block.items()}
     try:
-        return RolloutMockConfig(**plain)
+        config = RolloutMockConfig(**plain)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, plain)) from None
+    _check_dump_dir_given(config)
+    return config
+
+
+_warned_default_dump_dir = False
+
+
+def _check_dump_dir_given(config: RolloutMockConfig) -> None:
+    """A block without ``dump_dir``: in mock mode a mistake (there is nothing to replay in a
+    default folder nobody recorded into), so an error naming the fix; in dump mode the default
+    is used and said once per process."""
+    global _warned_default_dump_dir
+    if not config.enable or "dump_dir" in config.model_fields_set:
+        return
+    default = RolloutMockConfig.model_fields["dump_dir"].default
+    if config.mode is Mode.MOCK:
+        raise ConfigError(
+            f"{BLOCK_KEY}.dump_dir: missing in mock mode; set it to the dump_dir the dump-mode run "
+            f"wrote, e.g. `dump_dir: ./dumps/baseline_v1`"
+        )
+    if not _warned_default_dump_dir:
+        _warned_default_dump_dir = True
+        logging.getLogger(__name__).warning(
+            "[RolloutMock] %s.dump_dir is not set: recording into %s (set dump_dir to choose where)",
+            BLOCK_KEY, os.path.abspath(default))

@@ -155,6 +155,11 @@ def cut_dump(
         raise DebugInputError("the destination must differ from the source")
     dump = open_dump(src_path)
     streams = [s for s in dump.streams() if splits is None or s.split in splits]
+    if not streams:
+        present = sorted({s.split for s in dump.streams()})
+        raise DebugInputError(
+            f"{src_path}: no split {', '.join(splits or ())} recorded (splits present: "
+            f"{', '.join(present) or 'none'}); pick one with --split {present[0] if present else 'SPLIT'}")
     found = {step for s in streams for step in dump.steps(s)}
     missing = [s for s in step_list if s not in found]
     if missing:

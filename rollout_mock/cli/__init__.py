@@ -42,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from rollout_mock.version import __version__
 
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level (every step)")
+    loudness.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
     parser.add_argument("--version", action="version", version=f"rollout-mock {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
@@ -99,7 +101,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print("\nstart with: rollout-mock demo   (records and replays a toy run, then verifies it)")
         return 0
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
         format="%(message)s",
         stream=sys.stderr,
     )

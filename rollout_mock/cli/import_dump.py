@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from rollout_mock.errors import DumpNotFoundError, RolloutMockError
+from rollout_mock.errors import DumpNotFoundError, RolloutMockError, StepExistsError
 from rollout_mock.storage.paths import is_url
 
 __all__ = ["add_parser", "run"]
@@ -66,8 +66,15 @@ def run(args: argparse.Namespace) -> int:
         )
     if not is_url(args.dst) and Path(args.dst).resolve() == src.resolve():
         raise RolloutMockError(f"DST must differ from SRC; e.g. rollout-mock import {src} {src}_imported --trust{fmt}")
-    foreign = import_foreign(src, args.dst, trust=True, format=foreign.format, overwrite=args.overwrite,
-                             report=print)
+    try:
+        foreign = import_foreign(src, args.dst, trust=True, format=foreign.format, overwrite=args.overwrite,
+                                 report=print)
+    except StepExistsError as exc:  # the library's fix is a config key; the CLI's is a flag
+        raise StepExistsError(
+            f"{args.dst} already holds step {exc.step} of {exc.split} (imported before?); replace the "
+            f"steps it holds with: rollout-mock import {src} {args.dst} --trust{fmt} --overwrite  "
+            f"(or pick a new DST)", split=exc.split, step=exc.step, path=exc.path,
+        ) from exc
     print(f"{len(foreign.records)} step(s) of a {foreign.format} dump imported into {args.dst}; they "
           f"replay in safe mode: mode: mock, dump_dir: {args.dst}  (list them: rollout-mock ls {args.dst})")
     return 0

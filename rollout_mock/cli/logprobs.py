@@ -5,6 +5,11 @@ model gives (a local Hugging Face directory, or ``package.module:factory``). Pri
 ``|Δlogp|``, NeMo-RL's ``token_mult_prob_error`` (mean of ``exp|Δlogp|``), a per-step table and the
 worst samples and tokens. Keys of ROLL, verl, AReaL and slime batches are found automatically.
 Exit 0 within the threshold, 1 over it, 2 on bad input.
+
+Try it on a ``rollout-mock demo`` dump with the demo's own policy (step 0 matches; later steps
+were sampled after training updates and do not)::
+
+    rollout-mock logprobs DUMP --model rollout_mock.debug.demo_model:initial_policy --steps 0
 """
 
 from __future__ import annotations

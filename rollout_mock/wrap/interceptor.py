@@ -352,12 +352,13 @@ class Interceptor:
         if self.recorder is not None and self.recorder.writer is not None:
             self.recorder.writer.flush()
 
-    def close(self, *, failed: bool = False) -> None:
+    def close(self, *, failed: bool = False, interrupted: bool = False) -> None:
         """Write everything pending, stop background threads, release locks. Idempotent.
 
         ``failed``: the caller is unwinding an exception (a ``with`` block that raised); the
         warning about a dump that recorded no step is then not logged, since it would hide the
-        real error."""
+        real error. ``interrupted``: the block was left by Ctrl-C (KeyboardInterrupt); what was
+        kept is said in one line."""
         if self.closed:
             return
         self.closed = True
@@ -367,6 +368,9 @@ class Interceptor:
             recorder = self.recorder
             if recorder is not None and recorder.writer is not None:
                 recorder.writer.close()
+                if interrupted:
+                    logger.warning("[RolloutMock] interrupted; %d step(s) kept in %s (stream %s)",
+                                   recorder.saved, self.config.dump_dir, self.stream)
                 if not recorder.saved and not recorder.dump_disabled and not failed:
                     # ROLL could return before its dump and silently record nothing: say so.
                     logger.warning(

@@ -38,6 +38,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--import", action="append", dest="imports", metavar="MODULE", default=None,
                         help="import MODULE first (repeatable): registers your batch classes "
                              "(register_batch_class) so the cut dump keeps them")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (only for dumps you trust)")
     return parser
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     result = cut_dump(
         src, args.dst, steps=args.steps, samples=args.samples, groups=args.groups,
         group_size=args.group_size, keys=args.keys, redact=args.redact, splits=args.splits,
-        trusted=args.trust, imports=args.imports,
+        trusted=args.trust, imports=args.imports, progress=False if args.no_progress else None,
     )
     print(result.summary())
     return 0

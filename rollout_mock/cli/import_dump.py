@@ -17,6 +17,7 @@ replays in safe mode, without any trust: ``mode: mock, dump_dir: DST``.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rollout_mock.errors import DumpNotFoundError, RolloutMockError, StepExistsError
@@ -37,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--format", choices=("roll", "verl", "areal", "slime"),
                         help="the source format (default: detected)")
     parser.add_argument("--overwrite", action="store_true", help="replace steps DST already holds")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     return parser
 
 
@@ -66,9 +68,19 @@ def run(args: argparse.Namespace) -> int:
         )
     if not is_url(args.dst) and Path(args.dst).resolve() == src.resolve():
         raise RolloutMockError(f"DST must differ from SRC; e.g. rollout-mock import {src} {src}_imported --trust{fmt}")
+    imported: list[str] = []
+
+    def report(line: str) -> None:
+        imported.append(line)
+        print(line, flush=True)
+
     try:
         foreign = import_foreign(src, args.dst, trust=True, format=foreign.format, overwrite=args.overwrite,
-                                 report=print)
+                                 report=report, progress=False if args.no_progress else None)
+    except KeyboardInterrupt:
+        print(f"interrupted; {len(imported)} step(s) kept in {args.dst} (rerun with --overwrite to redo them)",
+              file=sys.stderr, flush=True)
+        raise
     except StepExistsError as exc:  # the library's fix is a config key; the CLI's is a flag
         raise StepExistsError(
             f"{args.dst} already holds step {exc.step} of {exc.split} (imported before?); replace the "

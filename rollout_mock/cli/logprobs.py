@@ -48,6 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="load the model in this dtype (default: the model's own)")
     parser.add_argument("--top", type=int, default=5, help="worst samples and tokens listed (default 5)")
     parser.add_argument("--json", action="store_true", help="print the report as strict JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (only for dumps you trust)")
     return parser
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=None if args.dtype is None else getattr(torch, args.dtype),
         trusted=args.trust,
         top=args.top,
+        progress=False if args.no_progress else None,
     )
     if args.json:
         print(dumps_json(report.to_json(), indent=2))

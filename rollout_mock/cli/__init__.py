@@ -64,7 +64,8 @@ class _PlainRawHelp(argparse.RawDescriptionHelpFormatter):
 
 def _plain_formatter(parser: argparse.ArgumentParser) -> None:
     """Help output without reStructuredText markup, keeping the parser's raw/wrapped choice."""
-    raw = issubclass(parser.formatter_class, argparse.RawDescriptionHelpFormatter)
+    kind = parser.formatter_class
+    raw = isinstance(kind, type) and issubclass(kind, argparse.RawDescriptionHelpFormatter)
     parser.formatter_class = _PlainRawHelp if raw else _PlainHelp
 
 

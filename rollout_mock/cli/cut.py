@@ -30,7 +30,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     rows.add_argument("--samples", metavar="RANGES", help="rows to keep, e.g. 0-7 (default: all)")
     rows.add_argument("--groups", metavar="RANGES", help="groups to keep (with --group-size), e.g. 0,2")
     parser.add_argument("--group-size", type=int, metavar="N", help="rows per group (GRPO's n)")
-    parser.add_argument("--keys", metavar="K1,K2,...", help="keep only these columns, as `ls --keys` prints them (batch.rewards) or bare "
+    parser.add_argument("--keys", metavar="K1,K2,...",
+                        help="keep only these columns, as `ls --keys` prints them (batch.rewards) or bare "
                              "(rewards); default: all")
     parser.add_argument("--split", action="append", dest="splits", metavar="SPLIT",
                         help="cut only this split (repeatable; default: every stream holding the steps)")

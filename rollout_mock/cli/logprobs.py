@@ -76,10 +76,9 @@ def parse_step_ranges(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from rollout_mock.cli._paths import resolve_dump
     from rollout_mock.debug.logprobs import format_logprob_report, logprob_consistency
     from rollout_mock.text import dumps_json
-
-    from rollout_mock.cli._paths import resolve_dump
 
     dump_dir = resolve_dump(args.dump_dir, "logprobs", f"--model {args.model}")
     report = logprob_consistency(

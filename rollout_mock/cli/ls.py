@@ -1,8 +1,8 @@
 """``rollout-mock ls DUMP_DIR``: what a dump holds, read from manifest.json alone (never unpickles).
 
 ``--json`` prints the format, writer and streams as JSON (``--all``: the whole manifest, with
-the environment fingerprint). ``--keys`` lists each stream's keys (shapes and dtypes) once per distinct key set, naming the
-steps that share it, instead of repeating the list for every step.
+the environment fingerprint). ``--keys`` lists each stream's keys (shapes and dtypes) once per
+distinct key set, naming the steps that share it, instead of repeating the list for every step.
 """
 
 from __future__ import annotations

@@ -12,10 +12,18 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rollout_mock.batch import count_samples, dataproto_parts, is_dataproto, is_tensordict, take_rows, type_name
+from rollout_mock.batch import (
+    column_name,
+    count_samples,
+    dataproto_parts,
+    is_dataproto,
+    is_tensordict,
+    take_rows,
+    type_name,
+)
 from rollout_mock.errors import DebugInputError, RolloutMockError
 
-__all__ = ["KEY_PREFIXES", "column_name", "row_count", "select_keys", "select_rows"]
+__all__ = ["row_count", "select_keys", "select_rows"]
 
 
 def row_count(batch: Any) -> int:
@@ -47,19 +55,6 @@ def select_rows(batch: Any, index: Sequence[int]) -> Any:
 
 def _keep(mapping: Mapping[str, Any], keys: set[str]) -> dict[str, Any]:
     return {k: v for k, v in mapping.items() if k in keys}
-
-
-#: The prefixes ``rollout-mock ls --keys`` (the manifest) puts before a DataProto's columns.
-KEY_PREFIXES = ("batch.", "non_tensor_batch.")
-
-
-def column_name(key: str) -> str:
-    """The column a key names, in either syntax: ``batch.rewards`` (as ``ls --keys`` prints it)
-    and ``rewards`` are the same key."""
-    for prefix in KEY_PREFIXES:
-        if key.startswith(prefix) and len(key) > len(prefix):
-            return key[len(prefix):]
-    return key
 
 
 def select_keys(batch: Any, keys: Sequence[str]) -> Any:

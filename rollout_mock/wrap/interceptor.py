@@ -23,9 +23,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from pathlib import Path
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 from rollout_mock.codec import BufferPool

@@ -41,8 +41,7 @@ import torch
 from rollout_mock.errors import RolloutMockError
 
 __all__ = [
-    "KEY_PREFIXES", "BatchType", "batch_type_of", "column_name", "concat", "count_samples", "dataproto_fields",
-    "dataproto_parts",
+    "BatchType", "batch_type_of", "concat", "count_samples", "dataproto_fields", "dataproto_parts",
     "describe_keys", "is_dataproto", "is_tensordict", "leading_dim", "register_batch_type",
     "rejected_count", "take_rows", "type_name",
 ]
@@ -378,20 +377,6 @@ def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
         return
     for key, value in items:
         _walk(f"{prefix}.{key}" if prefix else str(key), value, out)
-
-
-#: The prefixes :func:`describe_keys` (the manifest, ``rollout-mock ls --keys``) puts before a
-#: DataProto's columns and a list's items' keys.
-KEY_PREFIXES = ("batch.", "non_tensor_batch.", "[*].")
-
-
-def column_name(key: str) -> str:
-    """The column a key names, in either syntax: ``batch.rewards`` (as ``ls --keys`` prints it)
-    and ``rewards`` are the same key, and so are ``[*].rewards`` and ``rewards`` for a list."""
-    for prefix in KEY_PREFIXES:
-        if key.startswith(prefix) and len(key) > len(prefix):
-            return key[len(prefix):]
-    return key
 
 
 def describe_keys(batch: Any) -> dict[str, dict[str, Any]]:

@@ -18,7 +18,6 @@ used literally (e.g. as a directory name).
 from __future__ import annotations
 
 import difflib
-import logging
 import os
 from collections.abc import Mapping
 from enum import Enum
@@ -31,7 +30,7 @@ from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
 from rollout_mock.config.policies import DiskFullPolicy, FingerprintPolicy, MissingStepPolicy, RankPolicy, ReplayRows
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
-from rollout_mock.text import short_repr
+from rollout_mock.text import logger, short_repr
 
 __all__ = ["BLOCK_KEY", "MAX_ERROR_LINES", "RolloutMockConfig", "build_config"]
 
@@ -295,6 +294,6 @@ def _check_dump_dir_given(config: RolloutMockConfig) -> None:
         )
     if not _warned_default_dump_dir:
         _warned_default_dump_dir = True
-        logging.getLogger(__name__).warning(
+        logger.warning(
             "[RolloutMock] %s.dump_dir is not set: recording into %s (set dump_dir to choose where)",
             BLOCK_KEY, os.path.abspath(default))

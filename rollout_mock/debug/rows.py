@@ -12,18 +12,23 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rollout_mock.batch import (
-    column_name,
-    count_samples,
-    dataproto_parts,
-    is_dataproto,
-    is_tensordict,
-    take_rows,
-    type_name,
-)
+from rollout_mock.batch import count_samples, dataproto_parts, is_dataproto, is_tensordict, take_rows, type_name
 from rollout_mock.errors import DebugInputError, RolloutMockError
 
-__all__ = ["row_count", "select_keys", "select_rows"]
+__all__ = ["KEY_PREFIXES", "column_name", "row_count", "select_keys", "select_rows"]
+
+#: The prefixes :func:`rollout_mock.batch.describe_keys` (the manifest, ``rollout-mock ls --keys``)
+#: puts before a DataProto's columns and a list's items' keys.
+KEY_PREFIXES = ("batch.", "non_tensor_batch.", "[*].")
+
+
+def column_name(key: str) -> str:
+    """The column a key names, in either syntax: ``batch.rewards`` (as ``ls --keys`` prints it)
+    and ``rewards`` are the same key, and so are ``[*].rewards`` and ``rewards`` for a list."""
+    for prefix in KEY_PREFIXES:
+        if key.startswith(prefix) and len(key) > len(prefix):
+            return key[len(prefix):]
+    return key
 
 
 def row_count(batch: Any) -> int:

@@ -33,7 +33,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.batch import column_name, is_dataproto, is_tensordict, type_name
+from rollout_mock.batch import is_dataproto, is_tensordict, type_name
+from rollout_mock.debug.rows import column_name
 from rollout_mock.errors import DebugInputError
 from rollout_mock.text import logger
 

@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 BOS = 0
+#: Responses sampled per prompt (GRPO group size): the batch size is a multiple of it.
+GROUP_SIZE = 4
 
 
 @register_batch_class
@@ -79,7 +81,7 @@ class ToyRolloutScheduler:
 
     constructed = 0
 
-    def __init__(self, policy: Policy, *, prompt_len: int = 4, response_len: int = 10, group: int = 4) -> None:
+    def __init__(self, policy: Policy, *, prompt_len: int = 4, response_len: int = 10, group: int = GROUP_SIZE) -> None:
         ToyRolloutScheduler.constructed += 1
         self.policy = policy
         self.prompt_len = prompt_len

@@ -249,3 +249,14 @@ class MetricsWarning(UserWarning):
 
 class ForeignDumpError(RolloutMockError, ValueError):
     """A foreign dump (ROLL, verl, AReaL, slime) could not be recognised or read."""
+
+
+def dump_path_is_a_file(path: str | Path, *, mode: str | None = None) -> DumpNotFoundError:
+    """The one message for a dump location that is a file (a step file, the manifest): every
+    command, :func:`~rollout_mock.open_dump` and ``MockScheduler`` say the same, naming the dump
+    folder above the file when there is one (the nearest parent holding ``manifest.json``)."""
+    path = Path(path)
+    folder = next((p for p in path.parents if (p / "manifest.json").is_file()), None)
+    fix = f"; pass the dump folder: {folder}" if folder is not None else \
+        "; pass the dump folder (the one holding manifest.json)"
+    return DumpNotFoundError(f"{path} is a file{fix}", mode=mode, path=path)

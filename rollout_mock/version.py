@@ -1,4 +1,4 @@
-"""The package version (the one place it is written; pyproject.toml reads it)."""
+"""The package version: the one place it is written (pyproject.toml reads it: `dynamic = ["version"]`)."""
 
 __all__ = ["__version__"]
 

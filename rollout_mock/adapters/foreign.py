@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock.errors import DumpNotFoundError, ForeignDumpError, UnsafePickleError
+from rollout_mock.progress import progress_bar
 from rollout_mock.storage.base import BatchInfo
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.stores import open_store
@@ -141,10 +142,13 @@ def import_foreign(
     format: str | None = None,
     overwrite: bool = False,
     report: Callable[[str], None] | None = None,
+    progress: bool | None = False,
 ) -> ForeignDump:
-    """Convert a foreign dump into a rollout_mock dump at ``dst`` (manifest, checksums, safe format)."""
+    """Convert a foreign dump into a rollout_mock dump at ``dst`` (manifest, checksums, safe format).
+    ``progress``: a bar over the step files on stderr (``None``: on a terminal outside CI only)."""
     foreign = open_foreign(src, trust=trust, format=format)
     store = open_store(dst)
+    bar = progress_bar(len(foreign.records), enabled=progress, unit="step", unit_scale=False, desc="import")
     try:
         for record in foreign.records:
             store.open_writer(record.stream)
@@ -154,6 +158,8 @@ def import_foreign(
             if report is not None:
                 report(f"imported {record.path} -> {Path(dst) / entry.file} "
                        f"(samples={entry.samples}, {entry.size / 1e6:.2f} MB)")
+            bar.update(1)
     finally:
+        bar.close()
         store.close()
     return foreign

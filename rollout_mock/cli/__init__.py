@@ -13,6 +13,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -35,20 +36,57 @@ COMMANDS: dict[str, str] = {
 }
 
 
+_ROLE = re.compile(r":[a-z]+:`(~?)([^`<]+?)(?:\s*<[^>]*>)?`")
+
+
+def plain_text(text: str) -> str:
+    """reStructuredText markup of the docstrings the help texts are made of, as plain text:
+    ``code`` -> code, :func:`~a.b` -> b, :class:`a.B` -> a.B, a literal block's ``::`` -> ``:``."""
+
+    def role(match: re.Match[str]) -> str:
+        target = match.group(2).strip()
+        return target.rsplit(".", 1)[-1] if match.group(1) else target
+
+    text = _ROLE.sub(role, text)
+    text = re.sub(r"``([^`]+)``", r"\1", text)
+    return re.sub(r"(\S)::$", r"\1:", re.sub(r"\s+::$", "", text, flags=re.M), flags=re.M)
+
+
+class _PlainHelp(argparse.HelpFormatter):
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
+
+
+class _PlainRawHelp(argparse.RawDescriptionHelpFormatter):
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
+
+
+def _plain_formatter(parser: argparse.ArgumentParser) -> None:
+    """Help output without reStructuredText markup, keeping the parser's raw/wrapped choice."""
+    kind = parser.formatter_class
+    raw = isinstance(kind, type) and issubclass(kind, argparse.RawDescriptionHelpFormatter)
+    parser.formatter_class = _PlainRawHelp if raw else _PlainHelp
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rollout-mock",
         description="Record and replay RL rollout batches; verify that training numerics did not change.",
+        formatter_class=_PlainHelp,
     )
     from rollout_mock.version import __version__
 
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level (every step)")
+    loudness.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
     parser.add_argument("--version", action="version", version=f"rollout-mock {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
         module = importlib.import_module(f"rollout_mock.cli.{module_name}")
         sub_parser = module.add_parser(sub)
         sub_parser.set_defaults(_run=module.run)
+        _plain_formatter(sub_parser)
     return parser
 
 
@@ -99,7 +137,7 @@ def _main(argv: Sequence[str] | None) -> int:
         print("\nstart with: rollout-mock demo   (records and replays a toy run, then verifies it)")
         return 0
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
+        level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
         format="%(message)s",
         stream=sys.stderr,
     )

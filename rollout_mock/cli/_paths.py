@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.errors import DumpNotFoundError
+from rollout_mock.errors import DumpNotFoundError, dump_path_is_a_file
 from rollout_mock.storage.manifest import MANIFEST_NAME
 
 __all__ = ["find_dumps", "resolve_dump"]
@@ -42,8 +42,7 @@ def resolve_dump(location: str | Path, command: str, rest: str = "") -> Any:
     if not path.exists():
         raise DumpNotFoundError(f"dump directory not found: no such folder: {path}", path=path)
     if not path.is_dir():
-        raise DumpNotFoundError(f"dump directory not found: {path} is a file; pass the dump folder "
-                                f"(the one holding {MANIFEST_NAME})", path=path)
+        raise dump_path_is_a_file(path)
     suffix = f" {rest}" if rest else ""
     below = find_dumps(path)
     if below:

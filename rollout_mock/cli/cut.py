@@ -30,25 +30,30 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     rows.add_argument("--samples", metavar="RANGES", help="rows to keep, e.g. 0-7 (default: all)")
     rows.add_argument("--groups", metavar="RANGES", help="groups to keep (with --group-size), e.g. 0,2")
     parser.add_argument("--group-size", type=int, metavar="N", help="rows per group (GRPO's n)")
-    parser.add_argument("--keys", metavar="K1,K2,...", help="keep only these columns (default: all)")
+    parser.add_argument("--keys", metavar="K1,K2,...",
+                        help="keep only these columns, as `ls --keys` prints them (batch.rewards) or bare "
+                             "(rewards); default: all")
     parser.add_argument("--split", action="append", dest="splits", metavar="SPLIT",
                         help="cut only this split (repeatable; default: every stream holding the steps)")
     parser.add_argument("--redact", action="store_true", help="replace prompt/response text with placeholders")
     parser.add_argument("--import", action="append", dest="imports", metavar="MODULE", default=None,
                         help="import MODULE first (repeatable): registers your batch classes "
                              "(register_batch_class) so the cut dump keeps them")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (only for dumps you trust)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    from rollout_mock.cli._paths import resolve_dump
     from rollout_mock.debug.cut import cut_dump
 
+    src = resolve_dump(args.src, "cut", f"{args.dst} --steps {args.steps}")
     result = cut_dump(
-        args.src, args.dst, steps=args.steps, samples=args.samples, groups=args.groups,
+        src, args.dst, steps=args.steps, samples=args.samples, groups=args.groups,
         group_size=args.group_size, keys=args.keys, redact=args.redact, splits=args.splits,
-        trusted=args.trust, imports=args.imports,
+        trusted=args.trust, imports=args.imports, progress=False if args.no_progress else None,
     )
     print(result.summary())
     return 0

@@ -36,6 +36,26 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     return parser
 
 
+def _say(*parts: object) -> None:
+    """print, flushed: the log lines (stderr) and this output (stdout) keep their order when both
+    are piped into one file or pager."""
+    print(*parts, flush=True)
+
+
+def _check_sizes(steps: int, batch_size: int) -> None:
+    """Bad sizes fail before anything runs, with the valid values."""
+    from rollout_mock.demo import GROUP_SIZE
+    from rollout_mock.errors import RolloutMockError
+
+    if steps < 1:
+        raise RolloutMockError(f"--steps {steps}: must be at least 1, e.g. rollout-mock demo --steps 8")
+    if batch_size < GROUP_SIZE or batch_size % GROUP_SIZE:
+        fix = max(GROUP_SIZE, batch_size // GROUP_SIZE * GROUP_SIZE)
+        raise RolloutMockError(
+            f"--batch-size {batch_size}: must be a positive multiple of {GROUP_SIZE} (the demo samples "
+            f"{GROUP_SIZE} responses per prompt), e.g. rollout-mock demo --batch-size {fix}")
+
+
 def _fmt(value: float) -> str:
     return f"{value: .10f}"
 
@@ -53,9 +73,9 @@ def _print_table(dump: dict[int, dict[str, float]], mock: dict[int, dict[str, fl
             + [f"{a['reward_mean']:.3f}", "yes" if same else "NO"]
         )
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    _say("  ".join(h.rjust(w) for h, w in zip(header, widths)))
     for row in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(row, widths)))
+        _say("  ".join(c.rjust(w) for c, w in zip(row, widths)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -64,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from rollout_mock.errors import RolloutMockError
     from rollout_mock.storage.manifest import MANIFEST_NAME
 
+    _check_sizes(args.steps, args.batch_size)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rollout-mock-demo-"))
     if workdir.exists() and not workdir.is_dir():
         raise RolloutMockError(f"--workdir {workdir} is a file; pass a folder, e.g. "
@@ -84,31 +105,31 @@ def run(args: argparse.Namespace) -> int:
         raise RolloutMockError(f"--workdir {workdir}: cannot create it ({exc.strerror}); pick a writable "
                                f"folder, e.g. rollout-mock demo --workdir /tmp/rollout-mock-demo") from None
     common = {"steps": args.steps, "batch_size": args.batch_size}
-    print(f"rollout-mock demo: {args.steps} GRPO steps on a toy policy, CPU; files in {workdir}\n")
+    _say(f"rollout-mock demo: {args.steps} GRPO steps on a toy policy, CPU; files in {workdir}\n")
 
     dump = run_pipeline("dump", dump_dir, workdir / "dump_metrics.jsonl", **common)
-    print(f"1. dump run: rollouts sampled from the policy and recorded to {dump_dir} "
+    _say(f"1. dump run: rollouts sampled from the policy and recorded to {dump_dir} "
           f"({dump.seconds:.2f} s, scheduler built {dump.scheduler_constructed}x)")
     mock = run_pipeline("mock", dump_dir, workdir / "mock_metrics.jsonl", **common)
-    print(f"2. mock run: rollouts replayed from disk ({mock.seconds:.2f} s, scheduler built "
+    _say(f"2. mock run: rollouts replayed from disk ({mock.seconds:.2f} s, scheduler built "
           f"{mock.scheduler_constructed}x — no inference engine in mock mode)\n")
     _print_table(dump.metrics, mock.metrics)
 
     report = verify(dump.metrics_path, mock.metrics_path)
-    print(f"\n3. rollout-mock verify {dump.metrics_path.name} {mock.metrics_path.name}")
-    print(format_report(report))
+    _say(f"\n3. rollout-mock verify {dump.metrics_path.name} {mock.metrics_path.name}")
+    _say(format_report(report))
     ok = report.ok and mock.scheduler_constructed == 0
     verdict = "BIT-IDENTICAL" if report.ok else "DIFFERENT"
-    print(f"\nResult: replayed metrics are {verdict} to the recorded run; "
+    _say(f"\nResult: replayed metrics are {verdict} to the recorded run; "
           f"dump {dump.seconds:.2f} s vs mock {mock.seconds:.2f} s "
           f"({dump.seconds / max(mock.seconds, 1e-9):.1f}x faster without rollouts).")
 
     if args.negative_control:
+        _say("\n4. negative control: the same replay with 4 micro-batches instead of 2 "
+             "(same maths, different summation order); the verdict lines below are expected")
         changed = run_pipeline("mock", dump_dir, workdir / "changed_metrics.jsonl", micro_batches=4, **common)
         negative = verify(dump.metrics_path, changed.metrics_path)
-        print("\n4. negative control: the same replay with 4 micro-batches instead of 2 "
-              "(same maths, different summation order)")
-        print(format_report(negative))
+        _say(format_report(negative))
         caught = not negative.ok
         first = min(
             (c for c in negative.comparisons if c.first_divergent_step is not None),
@@ -116,9 +137,14 @@ def run(args: argparse.Namespace) -> int:
             default=None,
         )
         if caught and first is not None:
-            print(f"Caught: first divergence at step {first.first_divergent_step} in {first.name} "
+            _say(f"Caught: first divergence at step {first.first_divergent_step} in {first.name} "
                   f"({first.baseline_value!r} vs {first.candidate_value!r}).")
         else:
-            print("NOT caught: the changed computation produced identical numbers.")
+            _say("NOT caught: the changed computation produced identical numbers.")
         ok = ok and caught
+    _say(f"\nnext: rollout-mock ls {dump_dir} --keys   (what was recorded)\n"
+         f"      rollout-mock show {dump_dir} --step 0   (the rollouts as readable traces)\n"
+         f"      rollout-mock report {dump_dir} -o {workdir / 'report.html'}   (plots and a sample browser)\n"
+         f"      rollout-mock logprobs {dump_dir} --model rollout_mock.debug.demo_model:initial_policy --steps 0   "
+         f"(recompute the recorded log-probs)")
     return 0 if ok else 1

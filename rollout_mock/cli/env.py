@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dump_dir is not None:
         from rollout_mock.cli._paths import resolve_dump
 
-        if args.dump_dir.is_dir():  # a parent folder: say where the dump is
+        if args.dump_dir.is_dir() or args.dump_dir.is_file():  # a parent folder or a file: say where the dump is
             args.dump_dir = resolve_dump(args.dump_dir, "env --dump-dir")
         diffs = compare_fingerprints(load_dump_fingerprint(args.dump_dir), current)
     (_print_json if args.json else _print_text)(current, args.dump_dir, diffs)

@@ -17,9 +17,10 @@ replays in safe mode, without any trust: ``mode: mock, dump_dir: DST``.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
-from rollout_mock.errors import DumpNotFoundError, RolloutMockError
+from rollout_mock.errors import DumpNotFoundError, RolloutMockError, StepExistsError
 from rollout_mock.storage.paths import is_url
 
 __all__ = ["add_parser", "run"]
@@ -37,6 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("--format", choices=("roll", "verl", "areal", "slime"),
                         help="the source format (default: detected)")
     parser.add_argument("--overwrite", action="store_true", help="replace steps DST already holds")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     return parser
 
 
@@ -66,8 +68,25 @@ def run(args: argparse.Namespace) -> int:
         )
     if not is_url(args.dst) and Path(args.dst).resolve() == src.resolve():
         raise RolloutMockError(f"DST must differ from SRC; e.g. rollout-mock import {src} {src}_imported --trust{fmt}")
-    foreign = import_foreign(src, args.dst, trust=True, format=foreign.format, overwrite=args.overwrite,
-                             report=print)
+    imported: list[str] = []
+
+    def report(line: str) -> None:
+        imported.append(line)
+        print(line, flush=True)
+
+    try:
+        foreign = import_foreign(src, args.dst, trust=True, format=foreign.format, overwrite=args.overwrite,
+                                 report=report, progress=False if args.no_progress else None)
+    except KeyboardInterrupt:
+        print(f"interrupted; {len(imported)} step(s) kept in {args.dst} (rerun with --overwrite to redo them)",
+              file=sys.stderr, flush=True)
+        raise
+    except StepExistsError as exc:  # the library's fix is a config key; the CLI's is a flag
+        raise StepExistsError(
+            f"{args.dst} already holds step {exc.step} of {exc.split} (imported before?); replace the "
+            f"steps it holds with: rollout-mock import {src} {args.dst} --trust{fmt} --overwrite  "
+            f"(or pick a new DST)", split=exc.split, step=exc.step, path=exc.path,
+        ) from exc
     print(f"{len(foreign.records)} step(s) of a {foreign.format} dump imported into {args.dst}; they "
           f"replay in safe mode: mode: mock, dump_dir: {args.dst}  (list them: rollout-mock ls {args.dst})")
     return 0

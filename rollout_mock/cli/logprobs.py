@@ -5,6 +5,11 @@ model gives (a local Hugging Face directory, or ``package.module:factory``). Pri
 ``|Δlogp|``, NeMo-RL's ``token_mult_prob_error`` (mean of ``exp|Δlogp|``), a per-step table and the
 worst samples and tokens. Keys of ROLL, verl, AReaL and slime batches are found automatically.
 Exit 0 within the threshold, 1 over it, 2 on bad input.
+
+Try it on a ``rollout-mock demo`` dump with the demo's own policy (step 0 matches; later steps
+were sampled after training updates and do not)::
+
+    rollout-mock logprobs DUMP --model rollout_mock.debug.demo_model:initial_policy --steps 0
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="load the model in this dtype (default: the model's own)")
     parser.add_argument("--top", type=int, default=5, help="worst samples and tokens listed (default 5)")
     parser.add_argument("--json", action="store_true", help="print the report as strict JSON")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (only for dumps you trust)")
     return parser
@@ -70,11 +76,13 @@ def parse_step_ranges(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from rollout_mock.cli._paths import resolve_dump
     from rollout_mock.debug.logprobs import format_logprob_report, logprob_consistency
     from rollout_mock.text import dumps_json
 
+    dump_dir = resolve_dump(args.dump_dir, "logprobs", f"--model {args.model}")
     report = logprob_consistency(
-        args.dump_dir,
+        dump_dir,
         args.model,
         steps=None if args.steps is None else parse_step_ranges(args.steps),
         split=args.split,
@@ -86,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
         dtype=None if args.dtype is None else getattr(torch, args.dtype),
         trusted=args.trust,
         top=args.top,
+        progress=False if args.no_progress else None,
     )
     if args.json:
         print(dumps_json(report.to_json(), indent=2))

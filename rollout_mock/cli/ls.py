@@ -1,7 +1,8 @@
 """``rollout-mock ls DUMP_DIR``: what a dump holds, read from manifest.json alone (never unpickles).
 
-``--keys`` lists each stream's keys (shapes and dtypes) once per distinct key set, naming the
-steps that share it, instead of repeating the list for every step.
+``--json`` prints the format, writer and streams as JSON (``--all``: the whole manifest, with
+the environment fingerprint). ``--keys`` lists each stream's keys (shapes and dtypes) once per
+distinct key set, naming the steps that share it, instead of repeating the list for every step.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
     parser.add_argument("dump_dir",
                         help="dump directory or fsspec URL (s3://bucket/prefix; credentials from AWS_* env)")
     parser.add_argument("--keys", action="store_true", help="also list the keys, shapes and dtypes (once per key set)")
-    parser.add_argument("--json", action="store_true", help="print the manifest's streams as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print the dump's format, writer and streams (steps, files, keys) as JSON")
+    parser.add_argument("--all", action="store_true",
+                        help="with --json: the whole manifest, the environment fingerprint included")
     return parser
 
 
@@ -28,12 +32,18 @@ def _key_set(keys: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.errors import RolloutMockError
     from rollout_mock.storage.base import format_ranges
     from rollout_mock.storage.reader import open_dump
 
     dump = open_dump(resolve_dump(args.dump_dir, "ls", "--keys" if args.keys else ""))
+    if args.all and not args.json:
+        raise RolloutMockError(f"--all goes with --json: rollout-mock ls {args.dump_dir} --json --all")
     if args.json:
-        print(json.dumps(dump.manifest.to_json(), indent=1))
+        manifest = dump.manifest.to_json()
+        if not args.all:
+            manifest.pop("fingerprint", None)
+        print(json.dumps(manifest, indent=1))
         return 0
     writer = dump.manifest.writer
     print(f"{dump.dump_dir}: rollout_mock dump, written by rollout_mock {writer.get('rollout_mock', '?')} "

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -119,11 +120,36 @@ def load_config(source: Any) -> RolloutMockConfig:
         loaded = load_yaml_file(path, max_bytes=MAX_CONFIG_BYTES, max_nodes=MAX_YAML_NODES)
         if loaded is None:
             raise ConfigError(f"{path}: the file is empty; expected a '{BLOCK_KEY}:' block")
+        _check_has_block(loaded, str(path), whole_file=True)
         try:
             return _from_object(loaded, interpolate=True)
         except ConfigError as exc:
             raise ConfigError(f"{path}: {exc}") from None
+    if isinstance(source, Mapping):
+        _check_has_block(source, "the config")
     return _from_object(source, interpolate=True)
+
+
+def _check_has_block(source: Any, where: str, *, whole_file: bool = False) -> None:
+    """A whole training config without a ``rollout_mock:`` key (or with a misspelt one) is an
+    error saying so, not a list of "unknown keys" of a block it never was. A mapping counts as
+    the block itself unless one of its keys looks like a misspelt ``rollout_mock`` or most of its
+    (two or more) keys are neither block options nor close to one (half of them in a file: a YAML
+    file is usually a whole training config)."""
+    if not isinstance(source, Mapping) or BLOCK_KEY in source:
+        return
+    keys = [str(k) for k in source]
+    typo = difflib.get_close_matches(BLOCK_KEY, [k[:80] for k in keys], n=1, cutoff=0.8)
+    fields = list(RolloutMockConfig.model_fields)
+    foreign = [k for k in keys if k not in fields and not difflib.get_close_matches(k[:80], fields, n=1, cutoff=0.75)]
+    mostly_foreign = len(foreign) * 2 >= len(keys) if whole_file else len(foreign) * 2 > len(keys)
+    if not typo and not (len(keys) >= 2 and mostly_foreign):
+        return
+    hint = f" (did you mean `{typo[0]}`?)" if typo else ""
+    raise ConfigError(
+        f"{where} has no `{BLOCK_KEY}:` block{hint}; add one, e.g. `{BLOCK_KEY}: {{enable: true, mode: dump, "
+        f"dump_dir: ./rollout_mock_dumps}}`, or pass the block itself"
+    )
 
 
 def _from_object(source: Any, *, interpolate: bool) -> RolloutMockConfig:

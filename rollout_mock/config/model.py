@@ -30,7 +30,7 @@ from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
 from rollout_mock.config.policies import DiskFullPolicy, FingerprintPolicy, MissingStepPolicy, RankPolicy, ReplayRows
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
-from rollout_mock.text import short_repr
+from rollout_mock.text import logger, short_repr
 
 __all__ = ["BLOCK_KEY", "MAX_ERROR_LINES", "RolloutMockConfig", "build_config"]
 
@@ -269,6 +269,31 @@ def build_config(block: Mapping[str, Any]) -> RolloutMockConfig:
         )
     plain = {str(k): v for k, v in block.items()}
     try:
-        return RolloutMockConfig(**plain)
+        config = RolloutMockConfig(**plain)
     except ValidationError as exc:
         raise ConfigError(_format_errors(exc, plain)) from None
+    _check_dump_dir_given(config)
+    return config
+
+
+_warned_default_dump_dir = False
+
+
+def _check_dump_dir_given(config: RolloutMockConfig) -> None:
+    """A block without ``dump_dir``: in mock mode a mistake (there is nothing to replay in a
+    default folder nobody recorded into), so an error naming the fix; in dump mode the default
+    is used and said once per process."""
+    global _warned_default_dump_dir
+    if not config.enable or "dump_dir" in config.model_fields_set:
+        return
+    default = RolloutMockConfig.model_fields["dump_dir"].default
+    if config.mode is Mode.MOCK:
+        raise ConfigError(
+            f"{BLOCK_KEY}.dump_dir: missing in mock mode; set it to the dump_dir the dump-mode run "
+            f"wrote, e.g. `dump_dir: ./dumps/baseline_v1`"
+        )
+    if not _warned_default_dump_dir:
+        _warned_default_dump_dir = True
+        logger.warning(
+            "[RolloutMock] %s.dump_dir is not set: recording into %s (set dump_dir to choose where)",
+            BLOCK_KEY, os.path.abspath(default))

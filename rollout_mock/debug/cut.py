@@ -124,6 +124,7 @@ def cut_dump(
     splits: Sequence[str] | None = None,
     trusted: bool = False,
     imports: Sequence[str] | None = None,
+    progress: bool | None = False,
 ) -> CutResult:
     """Write the chosen ``steps`` (and rows, and keys) of dump ``src`` as a new dump ``dst``.
 
@@ -132,9 +133,11 @@ def cut_dump(
     the rows are the list items (trajectories). ``keys`` keeps only those columns; ``redact``
     replaces prompt/response text (see :mod:`rollout_mock.debug.redact`). Every stream (split,
     name, rank) holding a chosen step is cut, or only those of ``splits``. ``dst`` must not exist
-    or be empty. ``imports`` are modules imported first (they register batch classes). Raises
+    or be empty. ``imports`` are modules imported first (they register batch classes).
+    ``progress``: a bar over the steps on stderr (``None``: on a terminal outside CI only). Raises
     :class:`DebugInputError` for a step recorded in no stream or a module that cannot be imported.
     """
+    from rollout_mock.progress import progress_bar
     from rollout_mock.storage.base import BatchInfo
     from rollout_mock.storage.reader import open_dump
     from rollout_mock.storage.stores import open_store
@@ -155,6 +158,11 @@ def cut_dump(
         raise DebugInputError("the destination must differ from the source")
     dump = open_dump(src_path)
     streams = [s for s in dump.streams() if splits is None or s.split in splits]
+    if not streams:
+        present = sorted({s.split for s in dump.streams()})
+        raise DebugInputError(
+            f"{src_path}: no split {', '.join(splits or ())} recorded (splits present: "
+            f"{', '.join(present) or 'none'}); pick one with --split {present[0] if present else 'SPLIT'}")
     found = {step for s in streams for step in dump.steps(s)}
     missing = [s for s in step_list if s not in found]
     if missing:
@@ -165,6 +173,8 @@ def cut_dump(
         )
     store = open_store(dst_path)
     result = CutResult(dst=dst_path)
+    todo = sum(1 for stream in streams for s in step_list if s in dump.steps(stream))
+    bar = progress_bar(todo, enabled=progress, unit="step", unit_scale=False, desc="cut")
     redacted: set[str] = set()
     whole = True
     try:
@@ -202,10 +212,13 @@ def cut_dump(
                 store.save(stream, step, batch, BatchInfo.of(batch), method=entry.method,
                            rollout_seconds=entry.rollout_seconds, call=call)
                 result.rows[stream.key][step] = row_count(batch)
+                bar.update(1)
     except BaseException:
+        bar.close()
         store.close()
         shutil.rmtree(dst_path, ignore_errors=True)  # no half-written repro dump left behind
         raise
+    bar.close()
     store.close()
     result.redacted = sorted(redacted)
     if whole:

@@ -170,7 +170,9 @@ def format_logprob_report(report: LogprobReport) -> str:
     return "\n".join(lines)
 
 
-def _batches(source: Any, steps: Iterable[int] | None, split: str, trusted: bool) -> Iterable[tuple[int, Any]]:
+def _batches(source: Any, steps: Iterable[int] | None, split: str, trusted: bool,
+             progress: bool | None = False) -> Iterable[tuple[int, Any]]:
+    from rollout_mock.progress import progress_bar
     from rollout_mock.storage.reader import Dump, open_dump
 
     wanted = None if steps is None else set(steps)
@@ -183,8 +185,10 @@ def _batches(source: Any, steps: Iterable[int] | None, split: str, trusted: bool
             raise DebugInputError(
                 f"{dump.dump_dir}: steps {missing} are not recorded in {stream} (recorded: {recorded})"
             )
-        for step in chosen:
-            yield step, dump.load(step, stream, trusted=trusted)
+        with progress_bar(len(chosen), enabled=progress, unit="step", unit_scale=False, desc="logprobs") as bar:
+            for step in chosen:
+                yield step, dump.load(step, stream, trusted=trusted)
+                bar.update(1)
         return
     if isinstance(source, Mapping) and source and all(isinstance(k, int) for k in source):
         for step in sorted(source):
@@ -233,6 +237,7 @@ def logprob_consistency(
     dtype: torch.dtype | None = None,
     trusted: bool = False,
     top: int = 5,
+    progress: bool | None = False,
 ) -> LogprobReport:
     """Recompute the recorded responses' log-probs with ``model`` and compare (module docstring).
 
@@ -240,7 +245,8 @@ def logprob_consistency(
     ``{step: batch}`` mapping, or one batch (step 0). ``model``: see :mod:`rollout_mock.debug.model`.
     ``steps`` restricts the steps (all recorded steps by default); ``keys`` names the log-prob,
     token and mask keys (``LogprobKeys`` or ``"logprobs=K,tokens=K,mask=K"``). Sequences go
-    through the model ``batch_size`` at a time. Raises :class:`DebugInputError` when no key is
+    through the model ``batch_size`` at a time. ``progress``: a bar over the steps on stderr
+    (``None``: on a terminal outside CI only). Raises :class:`DebugInputError` when no key is
     found or nothing is compared.
     """
     if batch_size < 1:
@@ -250,7 +256,7 @@ def logprob_consistency(
     report = LogprobReport(layout="", keys={}, threshold=threshold, max_abs_threshold=max_abs_threshold)
     samples: list[SampleDiff] = []
     tokens: list[TokenDiff] = []
-    for step, batch in _batches(dump_or_batches, steps, split, trusted):
+    for step, batch in _batches(dump_or_batches, steps, split, trusted, progress):
         extraction = extract_sequences(batch, keys)
         report.layout, report.keys = extraction.layout, extraction.keys
         seqs = extraction.sequences

@@ -15,7 +15,20 @@ from typing import Any
 from rollout_mock.batch import count_samples, dataproto_parts, is_dataproto, is_tensordict, take_rows, type_name
 from rollout_mock.errors import DebugInputError, RolloutMockError
 
-__all__ = ["row_count", "select_keys", "select_rows"]
+__all__ = ["KEY_PREFIXES", "column_name", "row_count", "select_keys", "select_rows"]
+
+#: The prefixes :func:`rollout_mock.batch.describe_keys` (the manifest, ``rollout-mock ls --keys``)
+#: puts before a DataProto's columns and a list's items' keys.
+KEY_PREFIXES = ("batch.", "non_tensor_batch.", "[*].")
+
+
+def column_name(key: str) -> str:
+    """The column a key names, in either syntax: ``batch.rewards`` (as ``ls --keys`` prints it)
+    and ``rewards`` are the same key, and so are ``[*].rewards`` and ``rewards`` for a list."""
+    for prefix in KEY_PREFIXES:
+        if key.startswith(prefix) and len(key) > len(prefix):
+            return key[len(prefix):]
+    return key
 
 
 def row_count(batch: Any) -> int:
@@ -50,8 +63,9 @@ def _keep(mapping: Mapping[str, Any], keys: set[str]) -> dict[str, Any]:
 
 
 def select_keys(batch: Any, keys: Sequence[str]) -> Any:
-    """Only ``keys`` of the batch's columns (``meta_info`` is kept whole). Unknown keys are an error."""
-    wanted = set(keys)
+    """Only ``keys`` of the batch's columns (``meta_info`` is kept whole); a key may be given as
+    ``ls --keys`` prints it (``batch.rewards``) or bare (``rewards``). Unknown keys are an error."""
+    wanted = set(keys) | {column_name(k) for k in keys}
     present: set[str] = set()
     if isinstance(batch, list):
         for item in batch:
@@ -84,7 +98,7 @@ def select_keys(batch: Any, keys: Sequence[str]) -> Any:
             out = _keep(batch, wanted)
     else:
         raise DebugInputError(f"cannot select keys of a {type_name(batch)}")
-    unknown = sorted(wanted - present)
+    unknown = sorted(k for k in set(keys) if k not in present and column_name(k) not in present)
     if unknown:
         raise DebugInputError(f"--keys: {', '.join(unknown)} not in the batch (keys: {', '.join(sorted(present))})")
     return out

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from rollout_mock.batch import is_dataproto, is_tensordict, type_name
+from rollout_mock.debug.rows import column_name
 from rollout_mock.errors import DebugInputError
 from rollout_mock.text import logger
 
@@ -118,6 +119,8 @@ def _tensor(value: Any) -> torch.Tensor | None:
 
 def _pick(columns: Mapping[str, Any], explicit: str | None, candidates: Sequence[str], what: str) -> str | None:
     if explicit is not None:
+        if explicit not in columns and column_name(explicit) in columns:  # as `ls --keys` prints it
+            explicit = column_name(explicit)
         if explicit not in columns:
             raise DebugInputError(
                 f"--keys {what}={explicit}: no such key in the batch (keys: {', '.join(sorted(columns))})"

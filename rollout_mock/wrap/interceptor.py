@@ -25,15 +25,16 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
 from typing import Any
 
 from rollout_mock.codec import BufferPool
 from rollout_mock.config import RankPolicy, RolloutMockConfig
 from rollout_mock.debug.watchdog import StallWatchdog
-from rollout_mock.errors import ConfigError
+from rollout_mock.errors import ConfigError, dump_path_is_a_file
 from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.stores import open_store
+from rollout_mock.storage.stores import is_url, open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import (
@@ -78,6 +79,8 @@ class Interceptor:
         self.writes = self.mode.records and (
             per_rank or self.rank is None or self.rank == config.dump_rank
         )
+        if store is None and not is_url(config.dump_dir) and Path(config.dump_dir).is_file():
+            raise dump_path_is_a_file(config.dump_dir, mode=self.mode.value)
         self.store = store or open_store(
             config.dump_dir, storage_options=config.storage_options, hmac_key=_hmac_key(config),
             verify=config.verify_checksum,
@@ -103,10 +106,11 @@ class Interceptor:
         self.rng = RngHook(enabled=config.replay_rng is True, store=self.store, stream=self.stream,
                            overwrite=config.overwrite)
         logger.info(
-            "[RolloutMock] Rollout Mock enabled: mode=%s, dir=%s, scheduler_mode=%s, format=pickle%s",
+            "[RolloutMock] Rollout Mock enabled: mode=%s, dir=%s, scheduler_mode=%s, format=%s%s",
             self.mode.value,
             config.dump_dir,
             split,
+            "data-only (trust_pickle: opaque blobs unpickled)" if config.trust_pickle else "data-only",
             "" if self.stream.key == split else f", stream={self.stream.key}",
         )
 
@@ -348,12 +352,13 @@ class Interceptor:
         if self.recorder is not None and self.recorder.writer is not None:
             self.recorder.writer.flush()
 
-    def close(self, *, failed: bool = False) -> None:
+    def close(self, *, failed: bool = False, interrupted: bool = False) -> None:
         """Write everything pending, stop background threads, release locks. Idempotent.
 
         ``failed``: the caller is unwinding an exception (a ``with`` block that raised); the
         warning about a dump that recorded no step is then not logged, since it would hide the
-        real error."""
+        real error. ``interrupted``: the block was left by Ctrl-C (KeyboardInterrupt); what was
+        kept is said in one line."""
         if self.closed:
             return
         self.closed = True
@@ -363,6 +368,9 @@ class Interceptor:
             recorder = self.recorder
             if recorder is not None and recorder.writer is not None:
                 recorder.writer.close()
+                if interrupted:
+                    logger.warning("[RolloutMock] interrupted; %d step(s) kept in %s (stream %s)",
+                                   recorder.saved, self.config.dump_dir, self.stream)
                 if not recorder.saved and not recorder.dump_disabled and not failed:
                     # ROLL could return before its dump and silently record nothing: say so.
                     logger.warning(

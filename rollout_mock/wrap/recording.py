@@ -22,7 +22,7 @@ from rollout_mock.storage.fileio import free_bytes
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.store import Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
-from rollout_mock.text import logger
+from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed
 
 __all__ = ["Recorder"]
@@ -136,7 +136,8 @@ class Recorder:
             overwrite=self.config.overwrite, call=call,
         )
         self.saved += 1
-        logger.info(
+        logger.log(
+            step_log_level(self.saved),
             "[RolloutMock] Dumped step %d: %s (samples=%s, size=%.2fMB)",
             step,
             self.store.describe_location(self.stream, step),

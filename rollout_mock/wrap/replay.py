@@ -26,7 +26,7 @@ from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.partial import load_partial, rank_rows
 from rollout_mock.storage.prefetch import Prefetcher
 from rollout_mock.storage.store import Store
-from rollout_mock.text import logger
+from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.subsample import subsample_batch
 
 __all__ = ["Replayer"]
@@ -46,6 +46,8 @@ class Replayer:
         self.split = stream.split
         self.mode = config.mode
         self._repeat_warned: set[int] = set()
+        #: steps loaded so far (per-step log lines: see step_log_level)
+        self.loaded = 0
         #: on_missing_step: record took the stream's writer lock
         self._recorder_open = False
         self.prefetcher: Prefetcher | None = None
@@ -134,7 +136,9 @@ class Replayer:
             batch = self.store.load(self.stream, step, trusted=self.config.trust_pickle)
         else:
             batch = self._load_part(step, entry)
-        logger.info(
+        self.loaded += 1
+        logger.log(
+            step_log_level(self.loaded),
             "[RolloutMock] Loaded step %d: %s (samples=%s)",
             step,
             self.store.describe_location(self.stream, step),

@@ -316,10 +316,10 @@ class MockScheduler(Generic[T]):
         wrapped scheduler if it has a ``close``. Idempotent for rollout_mock's part."""
         self._close(failed=False)
 
-    def _close(self, *, failed: bool) -> None:
+    def _close(self, *, failed: bool, interrupted: bool = False) -> None:
         try:
             if self.interceptor is not None:
-                self.interceptor.close(failed=failed)
+                self.interceptor.close(failed=failed, interrupted=interrupted)
         finally:
             inner = getattr(self.scheduler, "close", None)
             if callable(inner) and detect_convention(inner) is Convention.SYNC:
@@ -329,7 +329,8 @@ class MockScheduler(Generic[T]):
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
-        self._close(failed=exc_type is not None)
+        self._close(failed=exc_type is not None,
+                    interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
 
 
 @overload

@@ -83,3 +83,28 @@ def test_runnable_example(where: str, code: str, tmp_path: Path) -> None:
         f"{where}: the example failed (exit {result.returncode})\n"
         f"--- stdout\n{result.stdout[-4000:]}\n--- stderr\n{result.stderr[-4000:]}"
     )
+
+
+_ANY_PYTHON = re.compile(
+    r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})[ \t]*python\b[^\n]*\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
+    flags=re.M | re.S,
+)
+
+
+def test_every_python_block_is_valid_python() -> None:
+    """Blocks that are not runnable (framework code, fragments) are still pasted by users: each
+    must at least parse (``...`` placeholders only where an expression may stand)."""
+    import ast
+    import textwrap
+
+    bad = []
+    for path in _sources():
+        text = path.read_text(encoding="utf-8")
+        for match in _ANY_PYTHON.finditer(text):
+            line = text.count("\n", 0, match.start()) + 1
+            try:
+                compile(textwrap.dedent(match.group("body")), f"{path.relative_to(ROOT)}:{line}", "exec",
+                        flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
+            except SyntaxError as exc:
+                bad.append(f"{path.relative_to(ROOT)}:{line}: {exc.msg} (block line {exc.lineno})")
+    assert bad == []

@@ -17,12 +17,13 @@ from __future__ import annotations
 import mmap
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rollout_mock.errors import CorruptStepError, UnsafePathError
 
-__all__ = ["HEAD_BYTES", "ByteSource", "BytesSource", "FileSource", "MappedSource", "as_source"]
+__all__ = ["HEAD_BYTES", "ByteSource", "BytesSource", "FileSource", "MappedSource", "ReadAheadSource", "as_source"]
 
 #: A :class:`FileSource` reads this much of the file's start when it opens (one system call).
 HEAD_BYTES = 256 << 10
@@ -167,6 +168,37 @@ class MappedSource(FileSource):
     def readinto_range(self, offset: int, buffer: Any) -> None:
         target = memoryview(buffer).cast("B")
         target[:] = self.map_range(offset, target.nbytes)
+
+
+class ReadAheadSource:
+    """Any ByteSource read in blocks of ``block`` bytes: a sequence of small ranged reads (the
+    chunks of a step, in order) costs one request per block instead of one per chunk, for one
+    block of extra memory. Reads of a block or more go straight to the inner source."""
+
+    def __init__(self, inner: Any, block: int = 16 << 20) -> None:
+        self.inner, self.block, self.name = inner, block, inner.name
+        self._start, self._data = 0, b""
+        self._lock = threading.Lock()
+
+    def size(self) -> int:
+        return int(self.inner.size())
+
+    def read_range(self, offset: int, length: int) -> Any:
+        if length >= self.block:
+            return self.inner.read_range(offset, length)
+        with self._lock:
+            if not (self._start <= offset and offset + length <= self._start + len(self._data)):
+                end = min(self.size(), max(offset + self.block, offset + length))
+                self._start, self._data = offset, bytes(self.inner.read_range(offset, end - offset))
+            start = offset - self._start
+            return memoryview(self._data)[start:start + length]
+
+    def readinto_range(self, offset: int, buffer: Any) -> None:
+        target = memoryview(buffer).cast("B")
+        if target.nbytes >= self.block:
+            self.inner.readinto_range(offset, target)
+        else:
+            target[:] = self.read_range(offset, target.nbytes)
 
 
 def as_source(source: Any) -> Any:

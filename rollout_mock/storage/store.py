@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import rollout_mock.codec as codec
-from rollout_mock.codec.source import BytesSource
-from rollout_mock.errors import CorruptStepError, DumpNotFoundError
+from rollout_mock.codec.source import BytesSource, ReadAheadSource
+from rollout_mock.errors import CorruptStepError, DumpNotFoundError, dump_path_is_a_file
 from rollout_mock.storage.backend import ByteBackend
 from rollout_mock.storage.base import BatchInfo, StepStore, exists_error
 from rollout_mock.storage.digest import mac_context
@@ -156,6 +156,8 @@ class Store(StepStore):
     def require_manifest(self, *, mode: str, split: str | None = None) -> Manifest:
         """The merged index, or :class:`DumpNotFoundError` naming what is missing and the fix."""
         local = self.backend.local_path("")
+        if local is not None and local.is_file():
+            raise dump_path_is_a_file(local, mode=mode)
         if local is not None and not local.is_dir():
             raise DumpNotFoundError(
                 f"[RolloutMock] dump directory not found: {local} (mode={mode}). Run the same steps in dump "
@@ -345,8 +347,8 @@ class Store(StepStore):
                 if data is None:
                     raise FileNotFoundError(rel)
                 source: Any = BytesSource(data, self.where(rel))
-            else:
-                source = self.backend.open_source(rel)
+            else:  # chunk by chunk, in blocks: one request per 16 MiB, one block of extra memory
+                source = ReadAheadSource(self.backend.open_source(rel), WHOLE_READ_BYTES)
         except FileNotFoundError:
             raise corrupt_error(self.where(rel), stream, step, "the object listed in the index is missing") from None
         return load_source_verified(source, entry, stream=stream, step=step, trusted=trusted, verify=self.verify,

@@ -89,7 +89,8 @@ TIMED = textwrap.dedent(
         store = DirectoryStore(root)
         t = time.perf_counter(); store.open_writer(stream); out["resume_s"] = time.perf_counter() - t
         batch = {"x": torch.zeros(4)}
-        t = time.perf_counter(); store.save(stream, n, batch, BatchInfo.of(batch)); out["save_s"] = time.perf_counter() - t
+        t = time.perf_counter(); store.save(stream, n, batch, BatchInfo.of(batch))
+        out["save_s"] = time.perf_counter() - t
         t = time.perf_counter(); store.close(); out["close_s"] = time.perf_counter() - t
     print(json.dumps(out))
     """

@@ -32,7 +32,8 @@ CHILD = textwrap.dedent(
     import json, os, sys, time, torch, fsspec
     from rollout_mock.storage import BatchInfo, FsspecStore
     from rollout_mock.storage.manifest import StreamId
-    op, url, options, size_mb, n_small = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    op, url, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    size_mb, n_small = int(sys.argv[4]), int(sys.argv[5])
     torch.set_num_threads(1)
     stream = StreamId("train")
     fs, root = fsspec.core.url_to_fs(url, **options)
@@ -95,12 +96,14 @@ CHILD = textwrap.dedent(
         blob = bytes(fs.cat_file(f"{root}/small/step_001000.pkl"))
         times_save, times_put = [], []
         for i in range(n_small):
-            t0 = time.perf_counter(); store.save(stream, 1001 + i, b, BatchInfo.of(b)); times_save.append(time.perf_counter() - t0)
-            t0 = time.perf_counter(); fs.pipe_file(f"{root}/raw/small_{i}.bin", blob); times_put.append(time.perf_counter() - t0)
+            t0 = time.perf_counter(); store.save(stream, 1001 + i, b, BatchInfo.of(b))
+            times_save.append(time.perf_counter() - t0)
+            t0 = time.perf_counter(); fs.pipe_file(f"{root}/raw/small_{i}.bin", blob)
+            times_put.append(time.perf_counter() - t0)
         store.close()
         times_save.sort(); times_put.sort()
-        print(json.dumps({"save_ms": 1e3 * times_save[len(times_save) // 2], "put_ms": 1e3 * times_put[len(times_put) // 2],
-                          "bytes": len(blob)}))
+        median = lambda xs: 1e3 * xs[len(xs) // 2]
+        print(json.dumps({"save_ms": median(times_save), "put_ms": median(times_put), "bytes": len(blob)}))
         sys.exit(0)
     if op != "save":
         seconds = time.perf_counter() - t
@@ -153,7 +156,8 @@ def table(r: dict[str, Any]) -> str:
 
     small = r["small"]
     return "\n".join([
-        f"Large step: {size} MB of float32 tensors (8 keys). Extra memory: peak RSS during the call (sampled every 2 ms) minus RSS before it.",
+        f"Large step: {size} MB of float32 tensors (8 keys). Extra memory: peak RSS during the call (sampled "
+        f"every 2 ms) minus RSS before it; a load's extra memory includes the batch it returns.",
         "",
         "| operation | time | vs plain fsspec | extra memory | |",
         "|---|---:|---:|---:|---|",

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import abc
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from rollout_mock.batch import count_samples, describe_keys, rejected_count, type_name
 from rollout_mock.errors import (
@@ -16,7 +15,7 @@ from rollout_mock.storage.manifest import (
     StreamId,
 )
 
-__all__ = ["BatchInfo", "StepStore", "exists_error", "format_ranges"]
+__all__ = ["BatchInfo", "StepStore", "exists_error", "format_ranges", "missing_step_error"]
 
 
 @dataclass(frozen=True)
@@ -61,11 +60,13 @@ def exists_error(stream: StreamId, step: int, where: str) -> StepExistsError:
     )
 
 
-class StepStore(abc.ABC):
-    """Saves and loads recorded steps of streams. Implementations must be thread-safe for one
-    writer thread plus readers of *other* steps."""
+@runtime_checkable
+class StepStore(Protocol):
+    """What the wrappers need of a store: saves and loads recorded steps of streams (a
+    ``typing.Protocol``: :class:`~rollout_mock.storage.store.Store` satisfies it without naming
+    it; a store of your own may subclass it to inherit the defaults below). Implementations must
+    be thread-safe for one writer thread plus readers of *other* steps."""
 
-    @abc.abstractmethod
     def save(
         self,
         stream: StreamId,
@@ -81,36 +82,28 @@ class StepStore(abc.ABC):
         """Record ``batch`` as ``step`` of ``stream``. If the step exists and not ``overwrite``,
         raise :class:`StepExistsError` and change nothing."""
 
-    @abc.abstractmethod
     def load(self, stream: StreamId, step: int, *, trusted: bool = False) -> Any:
         """Return a fresh copy of the recorded batch; :class:`StepNotFoundError` if absent,
         :class:`CorruptStepError` if it does not match its entry."""
 
-    @abc.abstractmethod
     def entry(self, stream: StreamId, step: int) -> StepEntry | None:
         """The manifest entry of a step, or ``None``."""
 
-    @abc.abstractmethod
     def steps(self, stream: StreamId) -> list[int]:
         """Recorded steps of ``stream``, ascending."""
 
-    @abc.abstractmethod
     def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
         """Calling conventions recorded for the stream's intercepted methods."""
 
-    @abc.abstractmethod
     def set_methods(self, stream: StreamId, methods: dict[str, dict[str, Any]]) -> None:
         """Record (merge) the calling conventions of the stream's intercepted methods."""
 
-    @abc.abstractmethod
     def fingerprint(self) -> dict[str, Any] | None:
         """The environment fingerprint recorded by the first writer, if any."""
 
-    @abc.abstractmethod
     def set_fingerprint(self, fingerprint: dict[str, Any]) -> None:
         """Record the environment fingerprint unless one is recorded already."""
 
-    @abc.abstractmethod
     def delete(self, stream: StreamId, step: int) -> None:
         """Remove a recorded step (file and manifest entry). Absent steps: silently nothing."""
 
@@ -130,19 +123,24 @@ class StepStore(abc.ABC):
         return None
 
     def missing_step_error(self, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
-        recorded = self.steps(stream)
-        location = self.describe_location(stream, step)
-        return StepNotFoundError(
-            f"[RolloutMock] Mock file not found: {location}\n"
-            f"Recorded steps for {stream}: {format_ranges(recorded)}\n"
-            f"Possible reasons:\n"
-            f"  1. step {step} was not run in dump mode (or dump_steps excluded it)\n"
-            f"  2. dump_dir is incorrect\n"
-            f"  3. mode mismatch (current: {stream.split}): train and val are recorded separately"
-            + ("" if stream.name is None else f", and this scheduler is named {stream.name!r}"),
-            mode=mode,
-            split=stream.split,
-            step=step,
-            path=location,
-        )
+        return missing_step_error(self, stream, step, mode=mode)
+
+
+def missing_step_error(store: StepStore, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
+    """The error for a step a store does not hold: where it looked, what is recorded, why."""
+    recorded = store.steps(stream)
+    location = store.describe_location(stream, step)
+    return StepNotFoundError(
+        f"[RolloutMock] Mock file not found: {location}\n"
+        f"Recorded steps for {stream}: {format_ranges(recorded)}\n"
+        f"Possible reasons:\n"
+        f"  1. step {step} was not run in dump mode (or dump_steps excluded it)\n"
+        f"  2. dump_dir is incorrect\n"
+        f"  3. mode mismatch (current: {stream.split}): train and val are recorded separately"
+        + ("" if stream.name is None else f", and this scheduler is named {stream.name!r}"),
+        mode=mode,
+        split=stream.split,
+        step=step,
+        path=location,
+    )
 

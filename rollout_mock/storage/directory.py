@@ -71,11 +71,24 @@ def _pid_alive(pid: int) -> bool:
 _SYNC_EVERY = 1024
 
 
-def DirectoryStore(dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,  # noqa: N802
-                   verify: bool = True) -> Store:
-    """The store of a dump in a local directory (the constructor of the storage redesign's
-    predecessor, kept: ``Store(LocalBackend(dump_dir), ...)``)."""
-    return Store(LocalBackend(dump_dir), hmac_key=hmac_key, verify=verify)
+class DirectoryStore(Store):
+    """The store of a dump in a local directory: ``Store`` over a :class:`LocalBackend` (this
+    class only builds it; every rule is the store's)."""
+
+    backend: LocalBackend
+    dump_dir: Path
+
+    def __init__(self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,
+                 verify: bool = True) -> None:
+        super().__init__(LocalBackend(dump_dir), hmac_key=hmac_key, verify=verify)
+
+    def path(self, rel: str) -> Path:
+        """The local path of ``rel``, checked to stay inside the dump."""
+        return self.backend.path(rel)
+
+    @property
+    def _unsynced(self) -> list[Path]:  # deprecated: ``store.backend.unsynced``
+        return self.backend.unsynced
 
 
 class LocalBackend:

@@ -33,9 +33,20 @@ class _Contents:
         self.counter = 0
 
 
-def MemoryStore(*, hmac_key: bytes | None = None, verify: bool = True) -> Store:  # noqa: N802
-    """A store over a fresh :class:`MemoryBackend` (for tests)."""
-    return Store(MemoryBackend(), hmac_key=hmac_key, verify=verify)
+class MemoryStore(Store):
+    """``Store`` over a fresh :class:`MemoryBackend` (for tests; this class only builds it)."""
+
+    backend: MemoryBackend
+
+    def __init__(self, *, hmac_key: bytes | None = None, verify: bool = True) -> None:
+        super().__init__(MemoryBackend(), hmac_key=hmac_key, verify=verify)
+
+    def __repr__(self) -> str:
+        return f"MemoryStore({self.backend!r})"
+
+    def corrupt(self, stream: StreamId, step: int, data: bytes) -> None:
+        """Replace a step's bytes behind the index's back (for tests)."""
+        self.backend.replace(stream.relpath(step), data)
 
 
 class MemoryBackend:

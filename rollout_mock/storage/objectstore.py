@@ -81,11 +81,33 @@ class _UploadWriter:
                 discard()
 
 
-def FsspecStore(url: str, *, storage_options: dict[str, Any] | None = None,  # noqa: N802
-                hmac_key: bytes | None = None, verify: bool = True, lease_ttl: float = 60.0) -> Store:
-    """The store of a dump under an fsspec URL: ``Store(FsspecBackend(url, ...), ...)``."""
-    return Store(FsspecBackend(url, storage_options=storage_options, lease_ttl=lease_ttl),
-                 hmac_key=hmac_key, verify=verify)
+class FsspecStore(Store):
+    """The store of a dump under an fsspec URL: ``Store`` over an :class:`FsspecBackend` (this
+    class only builds it; every rule is the store's)."""
+
+    backend: FsspecBackend
+
+    def __init__(self, url: str, *, storage_options: dict[str, Any] | None = None,
+                 hmac_key: bytes | None = None, verify: bool = True, lease_ttl: float = 60.0) -> None:
+        super().__init__(FsspecBackend(url, storage_options=storage_options, lease_ttl=lease_ttl),
+                         hmac_key=hmac_key, verify=verify)
+
+    @property
+    def fs(self) -> Any:
+        """The fsspec filesystem."""
+        return self.backend.fs
+
+    @property
+    def url(self) -> str:
+        return self.backend.url
+
+    @property
+    def root(self) -> str:
+        return self.backend.root
+
+    @property
+    def _native_create(self) -> bool:  # deprecated: ``store.backend.native_create``
+        return self.backend.native_create
 
 
 class FsspecBackend:

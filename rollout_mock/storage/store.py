@@ -15,9 +15,9 @@ from typing import Any
 
 import rollout_mock.codec as codec
 from rollout_mock.codec.source import BytesSource, ReadAheadSource
-from rollout_mock.errors import CorruptStepError, DumpNotFoundError, dump_path_is_a_file
+from rollout_mock.errors import CorruptStepError, DumpNotFoundError, StepNotFoundError, dump_path_is_a_file
 from rollout_mock.storage.backend import ByteBackend
-from rollout_mock.storage.base import BatchInfo, StepStore, exists_error
+from rollout_mock.storage.base import BatchInfo, exists_error, missing_step_error
 from rollout_mock.storage.digest import mac_context
 from rollout_mock.storage.index import (
     FINGERPRINT_NAME,
@@ -52,7 +52,7 @@ __all__ = ["IndexedStore", "Store"]
 WHOLE_READ_BYTES = 16 << 20
 
 
-class Store(StepStore):
+class Store:
     """A dump over ``backend`` (see the module docstring).
 
     ``hmac_key`` signs steps on save and is required to match on every load; ``verify=False``
@@ -71,7 +71,7 @@ class Store(StepStore):
         self._view_cache: Manifest | None = None
 
     def __repr__(self) -> str:
-        return f"Store({self.backend!r})"
+        return f"{type(self).__name__}({self.backend!r})"
 
     def where(self, rel: str) -> str:
         """A human-readable location (path or URL) of ``rel`` under the dump."""
@@ -89,8 +89,36 @@ class Store(StepStore):
         return self.backend.open_source(rel, mapped=mapped)
 
     def another(self) -> Store:
-        """A second store on the same dump, as another process would open it."""
-        return Store(self.backend.reopen(), hmac_key=self.hmac_key, verify=self.verify)
+        """A second store on the same dump, as another process would open it (same class)."""
+        twin = object.__new__(type(self))
+        Store.__init__(twin, self.backend.reopen(), hmac_key=self.hmac_key, verify=self.verify)
+        return twin
+
+    def contains(self, stream: StreamId, step: int) -> bool:
+        return self.entry(stream, step) is not None
+
+    def missing_step_error(self, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
+        return missing_step_error(self, stream, step, mode=mode)
+
+    # Deprecated: the backend primitives as 0.1's store classes named them, for code written
+    # against those (tests that patch files behind the index). Use ``store.backend`` instead.
+    def _read(self, rel: str) -> bytes | None:
+        return self.backend.read(rel)
+
+    def _replace(self, rel: str, data: bytes) -> None:
+        self.backend.replace(rel, data)
+
+    def _create(self, rel: str, data: bytes) -> bool:
+        return self.backend.create(rel, data)
+
+    def _list(self, rel_dir: str) -> list[str]:
+        return self.backend.listdir(rel_dir)
+
+    def _remove(self, rels: list[str]) -> None:
+        self.backend.remove(rels)
+
+    def _exists(self, rel: str) -> bool:
+        return self.backend.exists(rel)
 
     def sync(self) -> None:
         """Make every step committed so far durable."""

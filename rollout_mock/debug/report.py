@@ -30,6 +30,7 @@ from rollout_mock.debug.report_data import STATS_ROWS, StepSummary, summarize_st
 from rollout_mock.debug.report_page import DEFAULT_MAX_SAMPLES, page
 from rollout_mock.debug.svg import COLORS, Band, fmt, line_chart
 from rollout_mock.errors import DebugInputError
+from rollout_mock.storage import format_ranges
 
 __all__ = ["DEFAULT_MAX_SAMPLES", "distribution_chart", "summarize_dump", "write_report"]
 
@@ -152,9 +153,9 @@ def write_report(
         for i, name in enumerate(sorted(table)):
             metric_charts.append(line_chart(name, table.steps, {name: [table[name].get(s) for s in table.steps]},
                                             colors={name: COLORS[i % len(COLORS)]}, width=360, height=200))
-    capped = [s.step for s in summaries if s.read < s.total]
-    note = (f"<p class=\"muted\">Steps with more than {STATS_ROWS} samples: statistics over their first "
-            f"{STATS_ROWS} ({len(capped)} steps).</p>" if capped else "")
+    capped = [s.step for s in summaries if s.capped]
+    note = (f"<p class=\"muted\">Steps with {STATS_ROWS} samples or more: statistics over their first "
+            f"{STATS_ROWS} ({len(capped)} steps: {escape(format_ranges(capped))}).</p>" if capped else "")
     body += (f"<h2>Per step</h2>{note}<div class=\"charts\">{''.join(charts)}</div>{step_table(summaries)}")
     if metric_charts:
         body += f"<h2>Dump run metrics</h2><div class=\"charts\">{''.join(metric_charts)}</div>"

@@ -60,6 +60,8 @@ class StepSummary:
     read: int
     """Samples looked at (at most :data:`STATS_ROWS` rows' worth)."""
     rejected: int = 0
+    capped: bool = False
+    """The step has more rows than were read (statistics over the first :data:`STATS_ROWS`)."""
     dist: dict[str, dict[str, float] | None] = field(default_factory=dict)
     keys: list[dict[str, Any]] = field(default_factory=list)
     groups: dict[str, float] | None = None
@@ -67,7 +69,8 @@ class StepSummary:
 
     def to_json(self) -> dict[str, Any]:
         """The page's data for this step (``traces``: the previews, in sample order)."""
-        return {"total": self.total, "read": self.read, "rejected": self.rejected, "keys": self.keys,
+        return {"total": self.total, "read": self.read, "capped": self.capped, "rejected": self.rejected,
+                "keys": self.keys,
                 "groups": self.groups, "traces": self.previews}
 
 
@@ -204,7 +207,8 @@ def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, 
     read = count_traces(batch) or 0
     rows = count_samples(batch)
     total = read
-    if rows is not None and rows >= STATS_ROWS:  # more rows on disk than read: the index says how many
+    capped = rows is not None and rows >= STATS_ROWS
+    if capped:  # maybe more rows on disk than read: the index says how many
         entry = dump.entry(stream, step)
         if entry is not None and isinstance(entry.samples, int) and entry.samples > read:
             total = entry.samples
@@ -216,7 +220,7 @@ def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, 
     arrays, others = _columns(batch)
     uid_col = next((others[k] for k in _UID_KEYS if isinstance(others.get(k), np.ndarray | list)), None)
     uids = None if uid_col is None or len(uid_col) != len(traces) else list(uid_col)
-    summary = StepSummary(step, total, len(traces), rejected=len(traces) - len(ok))
+    summary = StepSummary(step, total, len(traces), rejected=len(traces) - len(ok), capped=capped)
     summary.dist = {"reward": quantiles([r for r in rewards if r is not None]), "length": quantiles(lengths)}
     logprobs = _token_logprobs(arrays)
     if logprobs is not None:

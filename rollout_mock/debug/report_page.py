@@ -118,7 +118,7 @@ JS = """
     list.appendChild(ul);
     var g = s.groups;
     info.textContent = shown + ' of ' + s.traces.length + ' previews shown (' + s.total +
-      ' samples in the step' + (s.read < s.total ? ', statistics over the first ' + s.read : '') + ')' +
+      ' samples in the step' + (s.capped ? ', statistics over the first ' + s.read : '') + ')' +
       (g ? ' \\u00b7 ' + g.groups + ' GRPO groups, ' + g.flat + ' with one reward for all members' : '');
   }
   function renderKeys(step){

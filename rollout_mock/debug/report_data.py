@@ -176,9 +176,11 @@ def _pick(rewards: list[float | None], n_traces: int, max_samples: int) -> dict[
     extremes = max(1, (max_samples - len(chosen)) // 2)
     for label, pool in (("lowest reward", scored[:extremes]), ("highest reward", scored[::-1][:extremes])):
         for _, i in pool:
-            if len(chosen) >= max_samples and i not in chosen:
-                break
             chosen.setdefault(i, []).append(label)
+    for i in range(n_traces):  # slots left (extremes among the first rows): the next rows
+        if len(chosen) >= max_samples:
+            break
+        chosen.setdefault(i, ["first"])
     return chosen
 
 

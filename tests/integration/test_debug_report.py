@@ -107,3 +107,81 @@ def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> Non
         finally:
             browser.close()
     assert errors == [] and dialogs == [] and requests == []
+
+
+# ------------------------------------------------------------------ readable numbers, bounded size
+class Grpo:
+    """GRPO-shaped batches: groups of 4 per uid, float32 rewards like 0.1, long texts, log-probs.
+
+    ``diverge_at``: from that step on, log-probs move by a growing amount (a precision drift)."""
+
+    def __init__(self, rows: int = 32, diverge_at: int | None = None) -> None:
+        self.rows, self.diverge_at = rows, diverge_at
+
+    def get_batch(self, data: object, global_step: int) -> dict[str, object]:
+        g = torch.Generator().manual_seed(global_step)
+        n = self.rows
+        responses = torch.randint(1, 50, (n, 6), generator=g)
+        logp = -torch.rand(n, 6, generator=g) * 3
+        if self.diverge_at is not None and global_step >= self.diverge_at:
+            logp = logp + 1e-6 * 10 ** (global_step - self.diverge_at)
+        uid = np.empty(n, dtype=object)
+        uid[:] = [f"q{i // 4}" for i in range(n)]
+        text = np.empty(n, dtype=object)
+        text[:] = [("word " * 2000) if i == 0 else f"prompt {i}" for i in range(n)]
+        rewards = (torch.arange(n) % 4).float() * 0.1 + global_step * 0.01
+        rewards[4:8] = 0.5  # one group without signal
+        return {"input_ids": torch.cat([torch.full((n, 3), 7), responses], 1), "prompts": torch.full((n, 3), 7),
+                "responses": responses, "attention_mask": torch.ones(n, 9, dtype=torch.long),
+                "old_log_probs": logp, "rewards": rewards.to(torch.float32), "uid": uid, "raw_prompt": text}
+
+
+def grpo_dump(path: Path, steps: int, **kwargs: object) -> Path:
+    with MockScheduler(Grpo(**kwargs), cfg(path)) as mock:  # type: ignore[arg-type]
+        for step in range(steps):
+            mock.get_batch(None, step)
+    return path
+
+
+def _data(html: str) -> dict:
+    return json.loads(re.search(r'id="rm-data">(.*?)</script>', html, re.S).group(1))
+
+
+def test_report_numbers_ticks_previews_and_stats(tmp_path: Path) -> None:
+    dump = grpo_dump(tmp_path / "d", 6)
+    html = write_report(dump, tmp_path / "r.html", max_samples=8).read_text()
+    assert "0.10000000149" not in html and "0.3000000119" not in html  # no float32 noise anywhere
+    ticks = re.findall(r'class="tick" text-anchor="end">([^<]*)<', html)
+    assert ticks and all(len(t.replace("-", "").replace(".", "").lstrip("0")) <= 3 for t in ticks), ticks
+    assert 'class="legend">min–max<' in html and 'class="legend">mean<' in html
+    data = _data(html)
+    step = data["steps"]["2"]
+    assert step["total"] == 32 and len(step["traces"]) == 8
+    picked = {t["index"]: t["why"] for t in step["traces"]}
+    assert any("highest reward" in w for w in picked.values()) and any("lowest reward" in w for w in picked.values())
+    first = next(t for t in step["traces"] if t["index"] == 0)
+    assert len(first["messages"][0]["content"]) < 1400 and "[cut:" in first["messages"][0]["content"]
+    assert first["uid"] == "q0"
+    keys = {k["key"]: k for k in step["keys"]}
+    assert keys["old_log_probs"]["nan"] == 0 and keys["rewards"]["std"] > 0
+    assert step["groups"]["groups"] == 8 and step["groups"]["flat"] == 1
+    assert "response token log-prob" in html and "GRPO groups" in html
+
+
+def test_report_size_grows_linearly_with_steps(tmp_path: Path) -> None:
+    small = write_report(grpo_dump(tmp_path / "a", 4, rows=64), tmp_path / "a.html").stat().st_size
+    large = write_report(grpo_dump(tmp_path / "b", 16, rows=64), tmp_path / "b.html").stat().st_size
+    per_step = (large - small) / 12
+    assert per_step < 12_000, per_step  # previews, not whole batches (64 samples, one ~10 KB text)
+
+
+def test_report_against_shows_the_first_divergence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    a = grpo_dump(tmp_path / "a", 6)
+    b = grpo_dump(tmp_path / "b", 6, diverge_at=3)
+    assert main(["report", str(a), "--against", str(b), "-o", str(tmp_path / "c.html")]) == 0
+    html = (tmp_path / "c.html").read_text()
+    assert "First differing step: <b>3</b>" in html
+    assert "old_log_probs" in html and "divergence: log10 max |A − B| per key" in html
+    same = write_report(a, tmp_path / "same.html", against=a).read_text()
+    assert "Identical" in same
+    assert main(["report", str(a), "--against", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2

@@ -79,11 +79,12 @@ def step_charts(summaries: list[StepSummary]) -> list[str]:
     if any(s.dist.get("logprob") for s in summaries):
         charts.append(distribution_chart("response token log-prob", summaries, "logprob", COLORS[3]))
     charts.append(line_chart("rejected samples", steps, {"rejected": [float(s.rejected) for s in summaries]},
-                             colors={"rejected": COLORS[1]}))
+                             colors={"rejected": COLORS[1]}, zero=True))
     if any(s.groups for s in summaries):
         flat = [None if s.groups is None else 100 * s.groups["flat_fraction"] for s in summaries]
         charts.append(line_chart("GRPO groups with one reward for all members (%)", steps,
-                                 {"groups without signal (%)": flat}, colors={"groups without signal (%)": COLORS[4]}))
+                                 {"groups without signal (%)": flat}, colors={"groups without signal (%)": COLORS[4]},
+                                 zero=True))
     return charts
 
 

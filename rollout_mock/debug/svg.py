@@ -114,14 +114,17 @@ def _band_runs(steps: Sequence[int], low: Sequence[float | None],
 
 def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[float | None]], *,
                bands: Sequence[Band] = (), width: int = 460, height: int = 230,
-               dashed: Sequence[str] = (), colors: Mapping[str, str] | None = None, xlabel: str = "step") -> str:
+               dashed: Sequence[str] = (), colors: Mapping[str, str] | None = None, xlabel: str = "step",
+               zero: bool = False) -> str:
     """An SVG chart of ``series`` (name -> one value per step; ``None``/NaN = gap) over ``steps``.
 
     ``bands`` are drawn under the lines; ``dashed`` names series drawn dashed; ``colors`` overrides
-    the palette per series. Every name is listed in the legend above the plot.
+    the palette per series; ``zero``: the y axis starts at (or crosses) 0 (counts, percentages).
+    Every name is listed in the legend above the plot.
     """
     steps = list(steps)
     legend: list[tuple[str, str, str]] = [(b.name, b.color, "band") for b in bands]
+    kind_opacity = {b.name: b.opacity for b in bands}
     palette = dict(colors or {})
     for i, name in enumerate(series):
         palette.setdefault(name, COLORS[i % len(COLORS)])
@@ -147,7 +150,7 @@ def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[f
             lx = 12 + x0
             if kind == "band":
                 parts.append(f'<rect x="{lx:.0f}" y="{y - 5}" width="20" height="10" fill="{color}" '
-                             f'fill-opacity="0.25"/>')
+                             f'fill-opacity="{min(1.0, kind_opacity[name] * 1.5):.2f}"/>')
             else:
                 dash = ' stroke-dasharray="4 3"' if kind == "dash" else ""
                 parts.append(f'<line x1="{lx:.0f}" y1="{y}" x2="{lx + 20:.0f}" y2="{y}" stroke="{color}" '
@@ -159,7 +162,11 @@ def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[f
     if not values or not steps:
         parts.append(f'<text x="{left}" y="{top + plot_h // 2}" class="muted">no data</text></svg>')
         return "".join(parts)
-    yt = nice_ticks(min(values), max(values))
+    lo, hi = min(values), max(values)
+    if zero:
+        lo, hi = min(lo, 0.0), max(hi, 0.0)
+        hi = hi if hi > lo else 1.0
+    yt = nice_ticks(lo, hi)
     xt = nice_ticks(min(steps), max(steps), 6, integer=True)
     xt = [t for t in xt if min(steps) <= t <= max(steps)] or [float(steps[0])]
     x0, x1 = (min(steps), max(steps)) if max(steps) > min(steps) else (steps[0] - 1, steps[0] + 1)

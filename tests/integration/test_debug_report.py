@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -79,6 +80,20 @@ def _browser() -> tuple[object, str]:
     return sync_playwright, chromium
 
 
+def _open(p: object, chromium: str, url: str, errors: list[str], requests: list[str],
+          dialogs: list[str] | None = None) -> tuple[object, object]:
+    browser = p.chromium.launch(executable_path=chromium,  # type: ignore[attr-defined]
+                                args=["--headless", "--no-sandbox", "--disable-background-networking"])
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
+    if dialogs is not None:
+        page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    page.on("request", lambda r: requests.append(r.url) if not r.url.startswith("file:") else None)
+    page.goto(url, timeout=30_000)
+    return browser, page
+
+
 @pytest.mark.slow
 def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> None:
     sync_playwright, chromium = _browser()
@@ -87,15 +102,8 @@ def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> Non
     dialogs: list[str] = []
     requests: list[str] = []
     with sync_playwright() as p:  # type: ignore[operator]
-        browser = p.chromium.launch(executable_path=chromium,
-                                    args=["--headless", "--no-sandbox", "--disable-background-networking"])
+        browser, page = _open(p, chromium, out.as_uri(), errors, requests, dialogs)
         try:
-            page = browser.new_page()
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
-            page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
-            page.on("request", lambda r: requests.append(r.url) if not r.url.startswith("file:") else None)
-            page.goto(out.as_uri(), timeout=30_000)
             page.select_option("#step", "2")
             items = page.locator("#samples li")
             assert items.count() == 4
@@ -107,6 +115,45 @@ def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> Non
         finally:
             browser.close()
     assert errors == [] and dialogs == [] and requests == []
+
+
+@pytest.mark.slow
+def test_report_sorts_searches_and_compares_in_a_browser(tmp_path: Path) -> None:
+    """Charts and tables render, the samples sort and filter, the comparison shows; screenshots
+    go to ``$ROLLOUT_MOCK_REPORT_SHOTS`` when set (to look at them)."""
+    sync_playwright, chromium = _browser()
+    a = grpo_dump(tmp_path / "a", 12)
+    b = grpo_dump(tmp_path / "b", 12, diverge_at=5)
+    single = write_report(a, tmp_path / "r.html")
+    compared = write_report(a, tmp_path / "c.html", against=b)
+    shots = os.environ.get("ROLLOUT_MOCK_REPORT_SHOTS")
+    errors: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as p:  # type: ignore[operator]
+        browser, page = _open(p, chromium, single.as_uri(), errors, requests)
+        try:
+            assert page.locator("svg.chart").count() >= 5
+            assert page.locator("svg.chart polygon").count() >= 4  # distribution bands drawn
+            assert page.locator("#keystats table tr").count() >= 5
+            page.select_option("#step", "3")
+            items = page.locator("#samples li")
+            assert items.count() == 12
+            page.locator(".shead button", has_text="reward").click()  # ascending reward
+            rewards = [float(x) for x in page.locator("#samples li > span:nth-child(2)").all_inner_texts()]
+            assert rewards == sorted(rewards)
+            page.fill("#filter", "q1")
+            assert 0 < items.count() < 12
+            page.fill("#filter", "")
+            if shots:
+                page.screenshot(path=f"{shots}/report.png", full_page=True)
+            page.goto(compared.as_uri(), timeout=30_000)
+            assert "First differing step: 5" in page.locator("body").inner_text()
+            assert page.locator("svg.chart").count() >= 7
+            if shots:
+                page.screenshot(path=f"{shots}/report-against.png", full_page=True)
+        finally:
+            browser.close()
+    assert errors == [] and requests == []
 
 
 # ------------------------------------------------------------------ readable numbers, bounded size

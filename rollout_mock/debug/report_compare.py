@@ -53,7 +53,8 @@ def _reward_chart(steps: list[int], a: dict[int, StepSummary], b: dict[int, Step
         return None if q is None else q["mean"]
 
     series = {"A": [mean(a.get(s)) for s in steps], "B": [mean(b.get(s)) for s in steps]}
-    return line_chart("reward mean: A and B", steps, series, dashed=("B",), colors={"A": COLORS[0], "B": COLORS[1]}, width=460, height=260)
+    return line_chart("reward mean: A and B", steps, series, dashed=("B",), colors={"A": COLORS[0], "B": COLORS[1]},
+                      width=460, height=260)
 
 
 def _key_table(diffs: list[Any]) -> str:

@@ -52,6 +52,20 @@ def quantiles(values: Any) -> dict[str, float] | None:
     return out
 
 
+def histogram(values: Any, bins: int = 16) -> dict[str, Any] | None:
+    """Counts of the finite values: one bar per distinct value when there are at most ``bins`` of
+    them (``values``), else ``bins`` equal-width bins from ``lo`` to ``hi``."""
+    arr = np.asarray(values, dtype=np.float64).reshape(-1)
+    arr = arr[np.isfinite(arr)]
+    if arr.size == 0:
+        return None
+    distinct, counts = np.unique(arr, return_counts=True)
+    if distinct.size <= bins:
+        return {"values": [_r(float(v)) for v in distinct], "counts": counts.tolist()}
+    counts, edges = np.histogram(arr, bins=bins)
+    return {"lo": _r(float(edges[0])), "hi": _r(float(edges[-1])), "counts": counts.tolist()}
+
+
 @dataclass
 class StepSummary:
     step: int
@@ -63,6 +77,7 @@ class StepSummary:
     capped: bool = False
     """The step has more rows than were read (statistics over the first :data:`STATS_ROWS`)."""
     dist: dict[str, dict[str, float] | None] = field(default_factory=dict)
+    hist: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     keys: list[dict[str, Any]] = field(default_factory=list)
     groups: dict[str, float] | None = None
     previews: list[dict[str, Any]] = field(default_factory=list)
@@ -70,7 +85,7 @@ class StepSummary:
     def to_json(self) -> dict[str, Any]:
         """The page's data for this step (``traces``: the previews, in sample order)."""
         return {"total": self.total, "read": self.read, "capped": self.capped, "rejected": self.rejected,
-                "keys": self.keys,
+                "hist": self.hist, "keys": self.keys,
                 "groups": self.groups, "traces": self.previews}
 
 
@@ -223,10 +238,12 @@ def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, 
     uid_col = next((others[k] for k in _UID_KEYS if isinstance(others.get(k), np.ndarray | list)), None)
     uids = None if uid_col is None or len(uid_col) != len(traces) else list(uid_col)
     summary = StepSummary(step, total, len(traces), rejected=len(traces) - len(ok), capped=capped)
-    summary.dist = {"reward": quantiles([r for r in rewards if r is not None]), "length": quantiles(lengths)}
+    values: dict[str, Any] = {"reward": [r for r in rewards if r is not None], "length": lengths}
     logprobs = _token_logprobs(arrays)
     if logprobs is not None:
-        summary.dist["logprob"] = quantiles(logprobs)
+        values["logprob"] = logprobs
+    summary.dist = {name: quantiles(v) for name, v in values.items()}
+    summary.hist = {name: histogram(v) for name, v in values.items()}
     summary.keys = key_stats(arrays)
     summary.groups = _groups(uids, rewards)
     picked = _pick(rewards, len(traces), max_samples)

@@ -33,7 +33,7 @@ td:first-child,th:first-child{text-align:left}th{background:#f6f6f6;position:sti
 .num{font-variant-numeric:tabular-nums}.bad{color:#b00;font-weight:600}.good{color:#176b1a}
 details>summary{cursor:pointer;margin:8px 0}.scroll{max-height:420px;overflow:auto}
 .toolbar{display:flex;gap:16px;align-items:center;flex-wrap:wrap;margin:8px 0}
-#browser{display:flex;gap:16px;align-items:flex-start}
+#browser{display:flex;gap:16px;align-items:flex-start;margin-top:10px}
 #samplebox{width:640px;flex:none}#samples{max-height:560px;overflow:auto;border:1px solid #e4e4e4}
 #samples ul{padding:0;margin:0}
 .srow{display:grid;grid-template-columns:48px 70px 56px 70px 1fr;gap:6px;padding:2px 6px;list-style:none;
@@ -54,7 +54,8 @@ JS = """
   var data = JSON.parse(document.getElementById('rm-data').textContent);
   var stepSel = document.getElementById('step'), list = document.getElementById('samples'),
       detail = document.getElementById('detail'), filter = document.getElementById('filter'),
-      keys = document.getElementById('keystats'), info = document.getElementById('stepinfo');
+      keys = document.getElementById('keystats'), info = document.getElementById('stepinfo'),
+      hists = document.getElementById('hists');
   var sortKey = 'index', sortDir = 1, current = null;
   function el(tag, cls, text){var e=document.createElement(tag); if(cls) e.className=cls;
     if(text!==undefined && text!==null) e.textContent=String(text); return e;}
@@ -136,8 +137,38 @@ JS = """
       table.appendChild(row);});
     keys.appendChild(table);
   }
+  var NS = 'http://www.w3.org/2000/svg', HIST = {reward: 'reward', length: 'response length',
+    logprob: 'response token log-prob'};
+  function svg(tag, attrs){ var e = document.createElementNS(NS, tag);
+    Object.keys(attrs).forEach(function(k){ e.setAttribute(k, String(attrs[k])); }); return e; }
+  function histogram(name, h){
+    var w = 300, ht = 136, left = 34, bottom = 22, top = 26, n = h.counts.length;
+    var box = svg('svg', {'class': 'chart', width: w, height: ht, viewBox: '0 0 ' + w + ' ' + ht, role: 'img'});
+    var title = svg('text', {x: 6, y: 14, 'class': 'ct'});
+    title.textContent = (HIST[name] || name) + ' (this step)'; box.appendChild(title);
+    var peak = Math.max.apply(null, h.counts) || 1, pw = w - left - 8, ph = ht - top - bottom, bw = pw / n;
+    [0, peak].forEach(function(c){ var t = svg('text', {x: left - 4, y: top + ph - c / peak * ph + 4,
+      'class': 'tick', 'text-anchor': 'end'}); t.textContent = c; box.appendChild(t); });
+    h.counts.forEach(function(c, i){
+      var bar = svg('rect', {x: left + i * bw + 1, y: top + ph - c / peak * ph, width: Math.max(1, bw - 2),
+        height: c / peak * ph, fill: '#1f77b4', 'fill-opacity': 0.75});
+      var label = h.values ? num(h.values[i]) : num(h.lo + (h.hi - h.lo) * i / n) + ' .. ' +
+        num(h.lo + (h.hi - h.lo) * (i + 1) / n);
+      var tip = svg('title', {}); tip.textContent = label + ': ' + c; bar.appendChild(tip); box.appendChild(bar);
+      if (h.values && (n <= 8 || i % Math.ceil(n / 8) === 0)) { var t = svg('text', {x: left + (i + 0.5) * bw,
+        y: ht - 6, 'class': 'tick', 'text-anchor': 'middle'}); t.textContent = num(h.values[i]); box.appendChild(t); }
+    });
+    if (!h.values) [[h.lo, 'start', left], [h.hi, 'end', left + pw]].forEach(function(a){
+      var t = svg('text', {x: a[2], y: ht - 6, 'class': 'tick', 'text-anchor': a[1]}); t.textContent = num(a[0]);
+      box.appendChild(t); });
+    return box;
+  }
+  function renderHists(step){
+    hists.replaceChildren(); var hs = data.steps[step].hist || {};
+    Object.keys(hs).forEach(function(name){ if (hs[name]) hists.appendChild(histogram(name, hs[name])); });
+  }
   function showStep(step){
-    current = step; detail.replaceChildren(); renderList(); renderKeys(step);
+    current = step; detail.replaceChildren(); renderList(); renderKeys(step); renderHists(step);
     if (data.steps[step].traces.length) showSample(step, 0);
   }
   Object.keys(data.steps).sort(function(a, b){return Number(a) - Number(b);}).forEach(function(step){
@@ -151,7 +182,7 @@ JS = """
 SAMPLES_HTML = (
     "<h2>Samples</h2><div class=\"toolbar\"><label>Step <select id=\"step\"></select></label>"
     "<label>Search <input id=\"filter\" type=\"search\" placeholder=\"text, uid, index\" size=\"28\"></label>"
-    "<span id=\"stepinfo\" class=\"muted\"></span></div>"
+    "<span id=\"stepinfo\" class=\"muted\"></span></div><div id=\"hists\" class=\"charts\"></div>"
     "<div id=\"browser\"><div id=\"samplebox\"><div id=\"samples\"></div></div><div id=\"detail\"></div></div>"
     "<h3>Tensor statistics of this step</h3><div id=\"keystats\"></div>"
 )

@@ -135,6 +135,7 @@ def test_report_sorts_searches_and_compares_in_a_browser(tmp_path: Path) -> None
             assert page.locator("svg.chart").count() >= 5
             assert page.locator("svg.chart polygon").count() >= 4  # distribution bands drawn
             assert page.locator("#keystats table tr").count() >= 5
+            assert page.locator("#hists svg.chart rect").count() >= 3  # this step's histograms
             page.select_option("#step", "3")
             items = page.locator("#samples li")
             assert items.count() == 12
@@ -212,6 +213,7 @@ def test_report_numbers_ticks_previews_and_stats(tmp_path: Path) -> None:
     keys = {k["key"]: k for k in step["keys"]}
     assert keys["old_log_probs"]["nan"] == 0 and keys["rewards"]["std"] > 0
     assert step["groups"]["groups"] == 8 and step["groups"]["flat"] == 1
+    assert sum(step["hist"]["reward"]["counts"]) == 32 and sum(step["hist"]["logprob"]["counts"]) == 32 * 6
     assert "response token log-prob" in html and "GRPO groups" in html
 
 

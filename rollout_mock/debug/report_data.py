@@ -30,6 +30,8 @@ PREVIEW_CHARS = 1200
 #: Messages of one sample kept in a preview (first and last ones).
 PREVIEW_MESSAGES = 16
 _LOGPROB_KEYS = ("rollout_log_probs", "old_log_probs", "log_probs", "logprobs", "old_logprob", "ref_log_prob")
+#: GRPO groups listed per step in the page.
+MAX_GROUPS = 24
 _UID_KEYS = ("uid", "group_id", "prompt_id")
 _QUANTILES = (("min", 0), ("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90), ("max", 100))
 
@@ -79,7 +81,7 @@ class StepSummary:
     dist: dict[str, dict[str, float] | None] = field(default_factory=dict)
     hist: dict[str, dict[str, Any] | None] = field(default_factory=dict)
     keys: list[dict[str, Any]] = field(default_factory=list)
-    groups: dict[str, float] | None = None
+    groups: dict[str, Any] | None = None
     previews: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -199,20 +201,24 @@ def _pick(rewards: list[float | None], n_traces: int, max_samples: int) -> dict[
     return chosen
 
 
-def _groups(uids: list[Any] | None, rewards: list[float | None]) -> dict[str, float] | None:
-    """GRPO groups by uid: count, and how many have one reward for every member (no signal)."""
+def _groups(uids: list[Any] | None, rewards: list[float | None]) -> dict[str, Any] | None:
+    """GRPO groups by uid: how many, how many give one reward to every member (no learning
+    signal), and ``table``: ``[uid, size, mean, std]`` of up to :data:`MAX_GROUPS` groups, those
+    without signal first."""
     if uids is None:
         return None
     by_uid: dict[str, list[float]] = {}
     for uid, r in zip(uids, rewards, strict=False):
         if r is not None and math.isfinite(r):
-            by_uid.setdefault(str(uid), []).append(r)
+            by_uid.setdefault(str(uid)[:80], []).append(r)
     if not by_uid:
         return None
     flat = sum(1 for rs in by_uid.values() if len(rs) > 1 and max(rs) == min(rs))
     sizes = [len(rs) for rs in by_uid.values()]
+    table = [[uid, len(rs), _r(float(np.mean(rs))), _r(float(np.std(rs)))] for uid, rs in by_uid.items()]
+    table.sort(key=lambda row: (row[3], row[0]))
     return {"groups": len(by_uid), "flat": flat, "flat_fraction": flat / len(by_uid),
-            "mean_size": sum(sizes) / len(sizes)}
+            "mean_size": sum(sizes) / len(sizes), "table": table[:MAX_GROUPS]}
 
 
 def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, max_samples: int = DEFAULT_MAX_SAMPLES,

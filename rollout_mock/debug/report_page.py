@@ -46,7 +46,8 @@ details>summary{cursor:pointer;margin:8px 0}.scroll{max-height:420px;overflow:au
 #detail{flex:1;min-width:0}.msg{margin:6px 0;padding:6px;border-left:3px solid #ccc;background:#fafafa}
 .msg .role{font-weight:600;font-size:12px}.msg pre{white-space:pre-wrap;word-break:break-word;margin:2px 0 0}
 .msg.assistant{border-color:#1f77b4}.msg.user{border-color:#2ca02c}.msg.tool{border-color:#ff7f0e}
-.msg.note{border-color:#aaa;color:#666}
+.msg.note{border-color:#aaa;color:#666}.pair{display:flex;gap:32px;flex-wrap:wrap;align-items:flex-start}
+#groups .scroll{max-height:300px}
 """
 
 JS = """
@@ -55,7 +56,7 @@ JS = """
   var stepSel = document.getElementById('step'), list = document.getElementById('samples'),
       detail = document.getElementById('detail'), filter = document.getElementById('filter'),
       keys = document.getElementById('keystats'), info = document.getElementById('stepinfo'),
-      hists = document.getElementById('hists');
+      hists = document.getElementById('hists'), groups = document.getElementById('groups');
   var sortKey = 'index', sortDir = 1, current = null;
   function el(tag, cls, text){var e=document.createElement(tag); if(cls) e.className=cls;
     if(text!==undefined && text!==null) e.textContent=String(text); return e;}
@@ -100,7 +101,8 @@ JS = """
         sortDir = sortKey === c[0] ? -sortDir : 1; sortKey = c[0]; renderList(); });
       var span = el('span'); span.appendChild(b); head.appendChild(span);});
     list.appendChild(head);
-    var q = filter.value.toLowerCase(), ul = el('ul'), order = s.traces.map(function(t, i){return i;});
+    var q = filter.value.toLowerCase(), uidOnly = q.indexOf('uid:') === 0 ? q.slice(4).trim() : null;
+    var ul = el('ul'), order = s.traces.map(function(t, i){return i;});
     order.sort(function(a, b){
       var x = s.traces[a], y = s.traces[b], u = sortKey === 'text' ? lastText(x) : x[sortKey],
           v = sortKey === 'text' ? lastText(y) : y[sortKey];
@@ -108,7 +110,9 @@ JS = """
       if (v === null || v === undefined) return -1; return (u < v ? -1 : 1) * sortDir;});
     var shown = 0;
     order.forEach(function(i){
-      var t = s.traces[i]; if (q && haystack(t).indexOf(q) < 0) return; shown++;
+      var t = s.traces[i];
+      if (uidOnly !== null ? String(t.uid).toLowerCase() !== uidOnly : q && haystack(t).indexOf(q) < 0) return;
+      shown++;
       var li = el('li', 'srow' + (t.status === 'rejected' ? ' rej' : ''));
       li.appendChild(cell('#' + t.index)); li.appendChild(cell(num(t.reward), 'num'));
       li.appendChild(cell(num(t.length), 'num')); li.appendChild(cell(t.uid !== undefined ? t.uid : '-'));
@@ -167,8 +171,24 @@ JS = """
     hists.replaceChildren(); var hs = data.steps[step].hist || {};
     Object.keys(hs).forEach(function(name){ if (hs[name]) hists.appendChild(histogram(name, hs[name])); });
   }
+  function renderGroups(step){
+    var g = data.steps[step].groups; groups.replaceChildren(); if (!g) return;
+    groups.appendChild(el('h3', null, 'GRPO groups of this step (' + g.groups + ', ' + g.flat +
+      ' with one reward for all members' + (g.table.length < g.groups ? '; ' + g.table.length + ' listed' : '') + ')'));
+    var table = el('table'), tr = el('tr');
+    ['uid', 'size', 'reward mean', 'reward std'].forEach(function(h){ tr.appendChild(el('th', null, h)); });
+    table.appendChild(tr);
+    g.table.forEach(function(r){
+      var row = el('tr'), a = el('a', null, r[0]); a.href = '#samples';
+      a.addEventListener('click', function(ev){ ev.preventDefault(); filter.value = 'uid:' + r[0]; renderList(); });
+      var td = el('td'); td.appendChild(a); row.appendChild(td);
+      row.appendChild(el('td', 'num', r[1])); row.appendChild(el('td', 'num', num(r[2])));
+      row.appendChild(el('td', r[3] === 0 && r[1] > 1 ? 'bad' : 'num', num(r[3]))); table.appendChild(row);});
+    groups.appendChild(el('div', 'scroll')).appendChild(table);
+  }
   function showStep(step){
     current = step; detail.replaceChildren(); renderList(); renderKeys(step); renderHists(step);
+    renderGroups(step);
     if (data.steps[step].traces.length) showSample(step, 0);
   }
   Object.keys(data.steps).sort(function(a, b){return Number(a) - Number(b);}).forEach(function(step){
@@ -181,10 +201,11 @@ JS = """
 
 SAMPLES_HTML = (
     "<h2>Samples</h2><div class=\"toolbar\"><label>Step <select id=\"step\"></select></label>"
-    "<label>Search <input id=\"filter\" type=\"search\" placeholder=\"text, uid, index\" size=\"28\"></label>"
+    "<label>Search <input id=\"filter\" type=\"search\" placeholder=\"text, index, or uid:ID\" size=\"28\"></label>"
     "<span id=\"stepinfo\" class=\"muted\"></span></div><div id=\"hists\" class=\"charts\"></div>"
     "<div id=\"browser\"><div id=\"samplebox\"><div id=\"samples\"></div></div><div id=\"detail\"></div></div>"
-    "<h3>Tensor statistics of this step</h3><div id=\"keystats\"></div>"
+    "<div class=\"pair\"><div><h3>Tensor statistics of this step</h3><div id=\"keystats\"></div></div>"
+    "<div id=\"groups\"></div></div>"
 )
 
 

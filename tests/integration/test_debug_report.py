@@ -142,8 +142,12 @@ def test_report_sorts_searches_and_compares_in_a_browser(tmp_path: Path) -> None
             page.locator(".shead button", has_text="reward").click()  # ascending reward
             rewards = [float(x) for x in page.locator("#samples li > span:nth-child(2)").all_inner_texts()]
             assert rewards == sorted(rewards)
-            page.fill("#filter", "q1")
+            page.fill("#filter", "prompt 1")
             assert 0 < items.count() < 12
+            page.locator("#groups a", has_text="q1").first.click()  # a GRPO group: its members only
+            assert page.input_value("#filter") == "uid:q1"
+            assert items.count() >= 1 and all(u == "q1" for u in page.locator("#samples li > span:nth-child(4)")
+                                              .all_inner_texts())
             page.fill("#filter", "")
             if shots:
                 page.screenshot(path=f"{shots}/report.png", full_page=True)

@@ -5,7 +5,7 @@
 * :func:`nice_ticks` — axis ticks at round numbers (1, 2 or 5 x 10^k steps) covering the data.
 * :func:`line_chart` — lines over steps, optional shaded bands (e.g. min-max around a mean line,
   so identical mean/min/max never hide each other), a legend above the plot (never on the
-  curves) and one hover tooltip per step with every value.
+  curves) and hover tooltips with every value of a step.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ __all__ = ["Band", "fmt", "line_chart", "nice_ticks"]
 
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 _CHAR_W = 6.2  # approximate width of one 11px legend character
-_MAX_HOVER_STEPS = 600  # one hover column per step up to this many steps
+_MAX_HOVER_COLUMNS = 130  # hover columns per chart (one per step up to this many steps)
 
 
 def fmt(x: float | None) -> str:
@@ -208,14 +208,17 @@ def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[f
                 parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.6"{dash} points="{points}"/>')
             if few or len(run) == 1:
                 parts.extend(f'<circle cx="{px(s):.1f}" cy="{py(v):.1f}" r="2.2" fill="{color}"/>' for s, v in run)
-    if len(steps) <= _MAX_HOVER_STEPS:  # hover: one transparent column per step, every value in its title
-        half = plot_w / max(1, len(steps)) / 2 if len(steps) > 1 else plot_w / 2
-        for i, s in enumerate(steps):
-            lines = [f"step {s}"]
-            lines += [f"{b.name}: {fmt(b.low[i])} .. {fmt(b.high[i])}" for b in bands]
-            lines += [f"{name}: {fmt(vals[i])}" for name, vals in series.items()]
-            parts.append(f'<rect class="hover" x="{max(left, px(s) - half):.1f}" y="{top}" '
-                         f'width="{min(2 * half, plot_w):.1f}" height="{plot_h}"><title>'
-                         f'{escape(chr(10).join(lines))}</title></rect>')
+    # hover: transparent columns whose titles list every value (at most _MAX_HOVER_COLUMNS of
+    # them: with more steps, each column names the step at its centre)
+    every = max(1, math.ceil(len(steps) / _MAX_HOVER_COLUMNS))
+    half = (plot_w / max(1, len(steps)) / 2 if len(steps) > 1 else plot_w / 2) * every
+    for i in range(0, len(steps), every):
+        s = steps[i]
+        lines = [f"step {s}"]
+        lines += [f"{b.name}: {fmt(b.low[i])} .. {fmt(b.high[i])}" for b in bands]
+        lines += [f"{name}: {fmt(vals[i])}" for name, vals in series.items()]
+        x = max(left, px(s) - half)
+        parts.append(f'<rect class="hover" x="{x:.1f}" y="{top}" width="{min(2 * half, left + plot_w - x):.1f}" '
+                     f'height="{plot_h}"><title>{escape(chr(10).join(lines))}</title></rect>')
     parts.append("</svg>")
     return "".join(parts)

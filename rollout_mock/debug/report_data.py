@@ -83,12 +83,14 @@ class StepSummary:
     keys: list[dict[str, Any]] = field(default_factory=list)
     groups: dict[str, Any] | None = None
     previews: list[dict[str, Any]] = field(default_factory=list)
+    note: str | None = None
+    """Why the step has no sample previews (a batch of a shape traces cannot be built from)."""
 
     def to_json(self) -> dict[str, Any]:
         """The page's data for this step (``traces``: the previews, in sample order)."""
         return {"total": self.total, "read": self.read, "capped": self.capped, "rejected": self.rejected,
                 "hist": self.hist, "keys": self.keys,
-                "groups": self.groups, "traces": self.previews}
+                "groups": self.groups, "traces": self.previews, "note": self.note}
 
 
 def _columns(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -225,17 +227,22 @@ def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, 
                    trusted: bool = False) -> StepSummary:
     """Read at most :data:`STATS_ROWS` rows of ``step`` and summarize them for the report."""
     from rollout_mock.compare.traces import batch_traces, count_traces
+    from rollout_mock.errors import TraceError
 
     batch = dump.load(step, stream, rows=range(STATS_ROWS), trusted=trusted)
-    read = count_traces(batch) or 0
+    note = None
+    try:
+        read = count_traces(batch) or 0
+        traces = batch_traces(batch, max_traces=min(read, STATS_ROWS), tokenizer=tokenizer, step=step)
+    except TraceError as exc:  # shown in the page: no previews, the tensor statistics still are
+        read, traces, note = 0, [], f"no sample previews: {exc}"
     rows = count_samples(batch)
-    total = read
+    total = read or (rows or 0)
     capped = rows is not None and rows >= STATS_ROWS
     if capped:  # maybe more rows on disk than read: the index says how many
         entry = dump.entry(stream, step)
         if entry is not None and isinstance(entry.samples, int) and entry.samples > read:
             total = entry.samples
-    traces = batch_traces(batch, max_traces=min(read, STATS_ROWS), tokenizer=tokenizer, step=step)
     ok = [t for t in traces if t.status != "rejected"]
     rewards: list[float | None] = [float(t.reward) if isinstance(t.reward, int | float) and t.status == "ok"
                                    else None for t in traces]
@@ -243,7 +250,7 @@ def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, 
     arrays, others = _columns(batch)
     uid_col = next((others[k] for k in _UID_KEYS if isinstance(others.get(k), np.ndarray | list)), None)
     uids = None if uid_col is None or len(uid_col) != len(traces) else list(uid_col)
-    summary = StepSummary(step, total, len(traces), rejected=len(traces) - len(ok), capped=capped)
+    summary = StepSummary(step, total, len(traces), rejected=len(traces) - len(ok), capped=capped, note=note)
     values: dict[str, Any] = {"reward": [r for r in rewards if r is not None], "length": lengths}
     logprobs = _token_logprobs(arrays)
     if logprobs is not None:

@@ -124,7 +124,8 @@ JS = """
     var g = s.groups;
     info.textContent = shown + ' of ' + s.traces.length + ' previews shown (' + s.total +
       ' samples in the step' + (s.capped ? ', statistics over the first ' + s.read : '') + ')' +
-      (g ? ' \\u00b7 ' + g.groups + ' GRPO groups, ' + g.flat + ' with one reward for all members' : '');
+      (g ? ' \\u00b7 ' + g.groups + ' GRPO groups, ' + g.flat + ' with one reward for all members' : '') +
+      (s.note ? ' \\u00b7 ' + s.note : '');
   }
   function renderKeys(step){
     var rows = data.steps[step].keys || []; keys.replaceChildren();

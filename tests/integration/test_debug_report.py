@@ -238,3 +238,14 @@ def test_report_against_shows_the_first_divergence(tmp_path: Path, capsys: pytes
     same = write_report(a, tmp_path / "same.html", against=a).read_text()
     assert "Identical" in same
     assert main(["report", str(a), "--against", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2
+
+
+def test_report_of_a_batch_traces_cannot_read_still_shows_its_steps(tmp_path: Path) -> None:
+    class Pairs:
+        def get_batch(self, data: object, global_step: int) -> object:
+            return (torch.ones(3, 2), torch.zeros(3))
+
+    with MockScheduler(Pairs(), cfg(tmp_path / "d")) as mock:
+        mock.get_batch(None, 0)
+    step = _data(write_report(tmp_path / "d", tmp_path / "r.html").read_text())["steps"]["0"]
+    assert step["traces"] == [] and step["note"].startswith("no sample previews: ")

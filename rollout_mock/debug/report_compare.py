@@ -28,6 +28,13 @@ def _log10(x: float | None) -> float | None:
     return math.log10(x) if x is not None and math.isfinite(x) and x > 0 else None
 
 
+def _pow10(v: float | None) -> str:
+    """A log10 value read back: decades as ``1e-6`` ... ``1000`` ... ``1e5``, others with 4 digits."""
+    if v is not None and math.isfinite(v) and v == int(v) and not -3 <= v <= 3:
+        return f"1e{int(v)}"
+    return fmt(None if v is None else 10.0 ** v)
+
+
 def _divergence_chart(steps: list[int], by_step: dict[int, Any]) -> str:
     """log10 of the largest |a - b| per key and step (identical steps: gaps)."""
     worst: dict[str, float] = {}
@@ -44,7 +51,8 @@ def _divergence_chart(steps: list[int], by_step: dict[int, Any]) -> str:
             found = None if diff is None else next((k for k in diff.keys if k.key == key), None)
             values.append(None if found is None else _log10(found.max_abs_diff))
         series[key] = values
-    return line_chart("divergence: log10 max |A − B| per key", steps, series, width=620, height=260)
+    return line_chart("divergence: max |A − B| per key (log scale; no point: identical)", steps, series,
+                      width=620, height=260, yfmt=_pow10, yinteger=True)
 
 
 def _reward_chart(steps: list[int], a: dict[int, StepSummary], b: dict[int, StepSummary]) -> str:

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from html import escape
 
@@ -115,11 +115,13 @@ def _band_runs(steps: Sequence[int], low: Sequence[float | None],
 def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[float | None]], *,
                bands: Sequence[Band] = (), width: int = 460, height: int = 230,
                dashed: Sequence[str] = (), colors: Mapping[str, str] | None = None, xlabel: str = "step",
-               zero: bool = False) -> str:
+               zero: bool = False, yfmt: Callable[[float | None], str] = fmt, yinteger: bool = False) -> str:
     """An SVG chart of ``series`` (name -> one value per step; ``None``/NaN = gap) over ``steps``.
 
     ``bands`` are drawn under the lines; ``dashed`` names series drawn dashed; ``colors`` overrides
-    the palette per series; ``zero``: the y axis starts at (or crosses) 0 (counts, percentages).
+    the palette per series; ``zero``: the y axis starts at (or crosses) 0 (counts, percentages);
+    ``yfmt``: how y values read on the axis and in tooltips (e.g. ``10**v`` for a log10 chart);
+    ``yinteger``: y ticks at whole numbers only (decades of a log10 chart).
     Every name is listed in the legend above the plot.
     """
     steps = list(steps)
@@ -166,7 +168,7 @@ def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[f
     if zero:
         lo, hi = min(lo, 0.0), max(hi, 0.0)
         hi = hi if hi > lo else 1.0
-    yt = nice_ticks(lo, hi)
+    yt = nice_ticks(lo, hi, integer=yinteger)
     xt = nice_ticks(min(steps), max(steps), 6, integer=True)
     xt = [t for t in xt if min(steps) <= t <= max(steps)] or [float(steps[0])]
     x0, x1 = (min(steps), max(steps)) if max(steps) > min(steps) else (steps[0] - 1, steps[0] + 1)
@@ -180,7 +182,7 @@ def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[f
 
     for t in yt:
         parts.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{py(t):.1f}" y2="{py(t):.1f}" class="grid"/>'
-                     f'<text x="{left - 5}" y="{py(t) + 3.5:.1f}" class="tick" text-anchor="end">{fmt(t)}</text>')
+                     f'<text x="{left - 5}" y="{py(t) + 3.5:.1f}" class="tick" text-anchor="end">{yfmt(t)}</text>')
     for t in xt:
         parts.append(f'<text x="{px(t):.1f}" y="{top + plot_h + 14}" class="tick" text-anchor="middle">'
                      f'{int(t)}</text>')
@@ -215,8 +217,8 @@ def line_chart(title: str, steps: Sequence[int], series: Mapping[str, Sequence[f
     for i in range(0, len(steps), every):
         s = steps[i]
         lines = [f"step {s}"]
-        lines += [f"{b.name}: {fmt(b.low[i])} .. {fmt(b.high[i])}" for b in bands]
-        lines += [f"{name}: {fmt(vals[i])}" for name, vals in series.items()]
+        lines += [f"{b.name}: {yfmt(b.low[i])} .. {yfmt(b.high[i])}" for b in bands]
+        lines += [f"{name}: {yfmt(vals[i])}" for name, vals in series.items()]
         x = max(left, px(s) - half)
         parts.append(f'<rect class="hover" x="{x:.1f}" y="{top}" width="{min(2 * half, left + plot_w - x):.1f}" '
                      f'height="{plot_h}"><title>{escape(chr(10).join(lines))}</title></rect>')

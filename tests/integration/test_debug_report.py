@@ -234,7 +234,7 @@ def test_report_against_shows_the_first_divergence(tmp_path: Path, capsys: pytes
     assert main(["report", str(a), "--against", str(b), "-o", str(tmp_path / "c.html")]) == 0
     html = (tmp_path / "c.html").read_text()
     assert "First differing step: <b>3</b>" in html
-    assert "old_log_probs" in html and "divergence: log10 max |A − B| per key" in html
+    assert "old_log_probs" in html and "divergence: max |A − B| per key" in html
     same = write_report(a, tmp_path / "same.html", against=a).read_text()
     assert "Identical" in same
     assert main(["report", str(a), "--against", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2

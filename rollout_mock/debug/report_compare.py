@@ -43,6 +43,8 @@ def _divergence_chart(steps: list[int], by_step: dict[int, Any]) -> str:
             if k.max_abs_diff is not None and math.isfinite(k.max_abs_diff):
                 worst[k.key] = max(worst.get(k.key, 0.0), k.max_abs_diff)
     keys = sorted(worst, key=lambda k: -worst[k])[:_MAX_KEYS_CHARTED]
+    if not keys:
+        return ""
     series: dict[str, list[float | None]] = {}
     for key in keys:
         values: list[float | None] = []
@@ -77,6 +79,10 @@ def _key_table(diffs: list[Any]) -> str:
             if not r["example"] and k.first_a is not None:
                 where = "" if k.first_element is None else f"[{', '.join(map(str, k.first_element))}] "
                 r["example"] = f"step {d.step} {where}{k.first_a} vs {k.first_b}"
+            elif not r["example"] and k.shape_a != k.shape_b and k.shape_a is not None and k.shape_b is not None:
+                r["example"] = f"step {d.step}: shape {list(k.shape_a)} vs {list(k.shape_b)}"
+            elif not r["example"] and (k.note or k.a is not None):
+                r["example"] = f"step {d.step}: {k.note or f'{k.a} vs {k.b}'}"
     if not rows:
         return ""
     head = "".join(f"<th>{h}</th>" for h in ("key", "first differing step", "steps differing", "max |A − B|",
@@ -139,5 +145,24 @@ def comparison_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike
                     f"{escape(', '.join(report.fingerprint_differs))}.</p>")
     charts = _divergence_chart(steps, by_step) + _reward_chart(steps, {s.step: s for s in summaries}, b_summaries)
     return (f"<h2>Comparison</h2><p class=\"muted\">A: {a_name}<br>B: {b_name}</p>{verdict}"
-            f"<div class=\"charts\">{charts}</div>{_key_table(diffs)}{_step_table(diffs)}")
+            f"<div class=\"charts\">{charts}</div>{_key_table(diffs)}{_step_table(diffs)}"
+            f"{_metrics_section(dump_a, dump_b)}")
+
+
+def _metrics_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike[str]) -> str:
+    """The two dump runs' recorded metrics (``expected/``), one chart per metric both have."""
+    from rollout_mock.debug.expected import read_expected
+
+    a, b = read_expected(dump_a), read_expected(dump_b)  # contained reads (no links, FIFOs, devices)
+    if a is None or b is None:
+        return ""
+    charts = []
+    for name in sorted(set(a) & set(b)):
+        steps = sorted(set(a.steps) | set(b.steps))
+        series = {"A": [a[name].get(s) for s in steps], "B": [b[name].get(s) for s in steps]}
+        charts.append(line_chart(name, steps, series, dashed=("B",), colors={"A": COLORS[0], "B": COLORS[1]},
+                                 width=360, height=200))
+    if not charts:
+        return ""
+    return f"<h3>The two runs' metrics (A solid, B dashed)</h3><div class=\"charts\">{''.join(charts)}</div>"
 

@@ -235,6 +235,7 @@ def test_report_against_shows_the_first_divergence(tmp_path: Path, capsys: pytes
     html = (tmp_path / "c.html").read_text()
     assert "First differing step: <b>3</b>" in html
     assert "old_log_probs" in html and "divergence: max |A − B| per key" in html
+    assert "The two runs' metrics" not in html  # these dumps record no run metrics
     same = write_report(a, tmp_path / "same.html", against=a).read_text()
     assert "Identical" in same
     assert main(["report", str(a), "--against", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2

@@ -188,10 +188,19 @@ class Grpo:
                 "old_log_probs": logp, "rewards": rewards.to(torch.float32), "uid": uid, "raw_prompt": text}
 
 
-def grpo_dump(path: Path, steps: int, **kwargs: object) -> Path:
+def grpo_dump(path: Path, steps: int, *, loss: float | None = None, **kwargs: object) -> Path:
+    """A GRPO-shaped dump; with ``loss``, the run's metrics are recorded too (``expected/``)."""
+    from rollout_mock.compare.metrics import MetricsWriter
+
     with MockScheduler(Grpo(**kwargs), cfg(path)) as mock:  # type: ignore[arg-type]
-        for step in range(steps):
-            mock.get_batch(None, step)
+        if loss is None:
+            for step in range(steps):
+                mock.get_batch(None, step)
+        else:
+            with MetricsWriter(path.parent / f"{path.name}-metrics.jsonl", expected=mock) as log:
+                for step in range(steps):
+                    mock.get_batch(None, step)
+                    log.log(step, {"pg_loss": loss / (step + 1)})
     return path
 
 
@@ -236,6 +245,10 @@ def test_report_against_shows_the_first_divergence(tmp_path: Path, capsys: pytes
     assert "First differing step: <b>3</b>" in html
     assert "old_log_probs" in html and "divergence: max |A − B| per key" in html
     assert "The two runs' metrics" not in html  # these dumps record no run metrics
+    c = grpo_dump(tmp_path / "c", 3, loss=1.0)
+    d = grpo_dump(tmp_path / "d", 3, loss=1.5)
+    metrics = write_report(c, tmp_path / "m.html", against=d).read_text()
+    assert "The two runs' metrics" in metrics and 'aria-label="pg_loss"' in metrics
     same = write_report(a, tmp_path / "same.html", against=a).read_text()
     assert "Identical" in same
     assert main(["report", str(a), "--against", str(tmp_path / "missing"), "-o", str(tmp_path / "x.html")]) == 2

@@ -108,7 +108,8 @@ def step_table(summaries: list[StepSummary]) -> str:
 def dump_info(dump: Any, dump_dir: str | os.PathLike[str], stream: Any, steps: int) -> str:
     manifest = dump.manifest
     return (f"{escape(str(Path(dump_dir).resolve()))} &middot; stream {escape(str(stream))} &middot; "
-            f"{steps} steps &middot; written by rollout_mock {escape(str(manifest.writer.get('rollout_mock')))} "
+            f"{steps} step{'' if steps == 1 else 's'} &middot; "
+            f"written by rollout_mock {escape(str(manifest.writer.get('rollout_mock')))} "
             f"on Python {escape(str(manifest.writer.get('python')))} at {escape(str(manifest.created_at))}")
 
 

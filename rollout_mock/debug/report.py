@@ -32,7 +32,12 @@ from rollout_mock.debug.svg import COLORS, Band, fmt, line_chart
 from rollout_mock.errors import DebugInputError
 from rollout_mock.storage import format_ranges
 
-__all__ = ["DEFAULT_MAX_SAMPLES", "distribution_chart", "summarize_dump", "write_report"]
+__all__ = ["DEFAULT_MAX_SAMPLES", "MAX_BROWSER_STEPS", "browsable", "distribution_chart", "summarize_dump",
+           "write_report"]
+
+#: Steps offered by the sample browser (previews, tensor statistics, histograms, groups): a page
+#: stays a few MB however long the run; charts and the per-step table cover every step.
+MAX_BROWSER_STEPS = 300
 
 def _load_logprobs(path: str | os.PathLike[str] | None) -> dict[int, float]:
     if path is None:
@@ -64,11 +69,22 @@ def distribution_chart(title: str, summaries: list[StepSummary], dist: str, colo
                       colors={"mean": color, "median": "#333"})
 
 
+def browsable(steps: list[int], limit: int = MAX_BROWSER_STEPS) -> set[int]:
+    """The steps the sample browser offers: all of them up to ``limit``, else ``limit`` evenly
+    spaced ones (the first and the last included)."""
+    if len(steps) <= limit:
+        return set(steps)
+    return {steps[round(i * (len(steps) - 1) / (limit - 1))] for i in range(limit)}
+
+
 def summarize_dump(dump: Any, stream: Any, *, tokenizer: Any = None, max_samples: int = DEFAULT_MAX_SAMPLES,
-                   trusted: bool = False) -> list[StepSummary]:
-    """Every step of ``stream``, each read with bounded work (:func:`summarize_step`)."""
-    return [summarize_step(dump, stream, step, tokenizer=tokenizer, max_samples=max_samples, trusted=trusted)
-            for step in dump.steps(stream)]
+                   trusted: bool = False) -> tuple[list[StepSummary], set[int]]:
+    """Every step of ``stream``, each read with bounded work (:func:`summarize_step`), and the
+    steps the browser offers (:func:`browsable`: only those keep previews)."""
+    steps = dump.steps(stream)
+    shown = browsable(steps)
+    return [summarize_step(dump, stream, step, tokenizer=tokenizer, max_samples=max_samples if step in shown else 0,
+                           trusted=trusted) for step in steps], shown
 
 
 def step_charts(summaries: list[StepSummary]) -> list[str]:
@@ -138,7 +154,7 @@ def write_report(
     mismatch = _load_logprobs(logprobs_json)
     dump = open_dump(dump_dir)
     stream = dump.stream(split)
-    summaries = summarize_dump(dump, stream, tokenizer=tokenizer, max_samples=max_samples, trusted=trusted)
+    summaries, shown = summarize_dump(dump, stream, tokenizer=tokenizer, max_samples=max_samples, trusted=trusted)
     steps = [s.step for s in summaries]
     body = ""
     if against is not None:
@@ -163,6 +179,9 @@ def write_report(
         body += f"<h2>Dump run metrics</h2><div class=\"charts\">{''.join(metric_charts)}</div>"
     info = (dump_info(dump, dump_dir, stream, len(steps)) + " &middot; " +
             ("decoded with a tokenizer" if tokenizer is not None else "token ids (no tokenizer)"))
-    data = {"steps": {str(s.step): s.to_json() for s in summaries}}
+    if len(shown) < len(summaries):
+        body += (f"<p class=\"muted\">The sample browser offers {len(shown)} of the {len(summaries)} steps "
+                 "(evenly spaced, the first and the last included); the charts and the table cover all.</p>")
+    data = {"steps": {str(s.step): s.to_json() for s in summaries if s.step in shown}}
     html = page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data)
     return write_text_atomic(Path(output), html)

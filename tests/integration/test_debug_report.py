@@ -263,3 +263,12 @@ def test_report_of_a_batch_traces_cannot_read_still_shows_its_steps(tmp_path: Pa
         mock.get_batch(None, 0)
     step = _data(write_report(tmp_path / "d", tmp_path / "r.html").read_text())["steps"]["0"]
     assert step["traces"] == [] and step["note"].startswith("no sample previews: ")
+
+
+def test_browser_offers_a_bounded_spread_of_steps() -> None:
+    from rollout_mock.debug.report import MAX_BROWSER_STEPS, browsable
+
+    steps = list(range(0, 5000, 2))
+    shown = browsable(steps)
+    assert len(shown) == MAX_BROWSER_STEPS and {0, 4998} <= shown and shown <= set(steps)
+    assert browsable(steps[:10]) == set(steps[:10])

@@ -1,9 +1,12 @@
 """``rollout-mock report DUMP -o report.html``: one self-contained HTML file to look at a dump.
 
-Per-step plots (reward, response length, rejected samples, log-prob mismatch with
-``--logprobs-json``, the dump run's metrics when stored) and a sample browser (step → samples →
-messages), decoded with ``--tokenizer DIR`` (local only) or shown as token ids. Nothing in the
-file is fetched from the network. Exit 0 written, 2 bad input.
+Per-step charts (reward, response length and token log-prob distributions, rejected samples,
+GRPO groups without signal, log-prob mismatch with ``--logprobs-json``, the dump run's metrics
+when stored), a per-step table and a sample browser (step -> sortable, searchable previews ->
+messages, per-key tensor statistics), decoded with ``--tokenizer DIR`` (local only) or shown as
+token ids. ``--against OTHER``: compare with a second dump (first differing step, max abs
+difference per key and step, a chart of the divergence). Nothing in the file is fetched from the
+network. Exit 0 written, 2 bad input.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any
+
+from rollout_mock.debug.report_page import DEFAULT_MAX_SAMPLES
 
 __all__ = ["add_parser", "run"]
 
@@ -30,8 +35,11 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                         help="decode token ids with this local tokenizer directory")
     parser.add_argument("--logprobs-json", type=Path, metavar="FILE",
                         help="output of `rollout-mock logprobs --json`, plotted per step")
-    parser.add_argument("--max-samples", type=int, default=64, metavar="N",
-                        help="samples per step in the browser (default 64)")
+    parser.add_argument("--against", type=Path, metavar="OTHER",
+                        help="a second dump to compare with, step by step and key by key")
+    parser.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES, metavar="N",
+                        help="sample previews per step: the first ones, the lowest and the highest rewards "
+                             f"(default {DEFAULT_MAX_SAMPLES})")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (only for dumps you trust)")
     return parser
@@ -46,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise DebugInputError(f"--max-samples {args.max_samples}: must be >= 0")
     tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
     path = write_report(args.dump_dir, args.output, split=args.split, tokenizer=tokenizer,
-                        logprobs_json=args.logprobs_json, max_samples=args.max_samples, trusted=args.trust)
+                        logprobs_json=args.logprobs_json, max_samples=args.max_samples, trusted=args.trust,
+                        against=args.against)
     print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB); open it in a browser (no server needed)")
     return 0

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.errors import DumpNotFoundError, ForeignDumpError, UnsafePickleError
+from rollout_mock.errors import DumpNotFoundError, ForeignDumpError, RolloutMockError, UnsafePickleError
 from rollout_mock.progress import progress_bar
 from rollout_mock.storage.base import BatchInfo
 from rollout_mock.storage.manifest import StreamId
@@ -95,7 +95,17 @@ class ForeignDump:
                 f"it once: rollout-mock import {self.root} NEW_DIR --trust",
                 step=step, path=record.path,
             )
-        return record.load()
+        try:
+            return record.load()
+        except RolloutMockError:
+            raise
+        except (Exception, RecursionError) as exc:  # whatever the framework's pickle raises: one clear error
+            raise ForeignDumpError(
+                f"{record.path}: cannot read it as a {self.format} dump file ({type(exc).__name__}: "
+                f"{' '.join(str(exc).split())}); it is damaged, or another format (e.g. a torch.save file): "
+                f"check how it was written",
+                step=step, path=record.path,
+            ) from exc
 
 
 def _reader(format: str) -> Any:

@@ -33,6 +33,7 @@ from rollout_mock.codec.layout import (
     PREFIX_LEN,
     SUFFIX,
 )
+from rollout_mock.codec.sink import FileSink
 
 __all__ = ["encode_snapshot"]
 
@@ -110,7 +111,7 @@ def _write_head_last(snapshot: Any, file: Any) -> int | None:
     """The overlapped write (see the module docstring); None when it does not apply."""
     chunks = snapshot.chunks
     total = sum(raw.nbytes for raw, _ in chunks)
-    if len(chunks) < 2 or total < PARALLEL_BYTES or not hasattr(file, "reserve_head"):
+    if len(chunks) < 2 or total < PARALLEL_BYTES or not isinstance(file, FileSink):
         return None
     table, offset = [], 0
     for raw, _itemsize in chunks:
@@ -202,8 +203,8 @@ def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none")
             written += n
             view = view[n:]
 
-    write_vector = getattr(file, "write_vector", None)
-    if write_vector is not None and len(stored) < 500:
+    sink: FileSink | None = file if isinstance(file, FileSink) else None
+    if sink is not None and len(stored) < 500:
         # one system call for the whole file (small steps are bound by per-call costs); the
         # writer takes each chunk's CRC as computed above instead of hashing it again
         pieces: list[tuple[Any, int | None]] = [
@@ -213,17 +214,16 @@ def encode_snapshot(snapshot: Any, file: BinaryIO, *, compression: str = "none")
             if _pad(row[1]):
                 pieces.append((bytes(_pad(row[1])), None))
         pieces.append((SUFFIX, None))
-        return int(write_vector(pieces))
+        return int(sink.write_vector(pieces))
     put(PREFIX(container_len))
     put(head)
     put(header)
     put(bytes(data_offset - CONTAINER_HEAD.size - len(header)))
     # A writer that checksums what it writes can take each chunk's CRC as computed above
     # instead of hashing the chunk a second time (HashingWriter.write_known).
-    write_known = getattr(file, "write_known", None)
     for data, row in zip(stored, table, strict=True):
-        if write_known is not None:
-            written += write_known(data, row[3])
+        if sink is not None:
+            written += sink.write_known(data, row[3])
         else:
             put(data)
         pad = _pad(len(memoryview(data).cast("B")))

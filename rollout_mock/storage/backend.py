@@ -32,8 +32,9 @@ from rollout_mock.storage.manifest import StreamId
 
 __all__ = ["ByteBackend", "ProduceBytes"]
 
-#: What the store hands ``write_step``: a function writing the step's bytes into a file-like sink
-#: (``write``; sinks of local files also offer the codec's ranged writes, see ``codec.container``).
+#: What the store hands ``write_step``: a function writing the step's bytes into the sink the
+#: backend provides: a :class:`~rollout_mock.codec.sink.Sink` (``write``), or a
+#: :class:`~rollout_mock.codec.sink.FileSink` (checksummed ranged writes) where the backend can.
 ProduceBytes = Callable[[Any], object]
 
 

@@ -11,7 +11,7 @@ last fold (at most :data:`~rollout_mock.storage.index.SEGMENT_STEPS`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 from rollout_mock.errors import LockedError
 from rollout_mock.storage.backend import ByteBackend
@@ -46,6 +46,11 @@ ReadManifest = Callable[[], "Manifest | None"]
 
 class StreamIndex:
     """A stream claimed for writing (see the module docstring). Build it with :meth:`open`."""
+
+    #: entries per segment, and the longest stream folded inline at close (class attributes so
+    #: that a test can make them small)
+    segment_steps: ClassVar[int] = SEGMENT_STEPS
+    inline_steps: ClassVar[int] = INLINE_STEPS
 
     def __init__(self, backend: ByteBackend, stream: StreamId, handle: Any, read_manifest: ReadManifest) -> None:
         self.backend, self.stream, self.handle = backend, stream, handle
@@ -124,7 +129,7 @@ class StreamIndex:
         """A step's entry file was created: remember it; fold every ``SEGMENT_STEPS`` entries."""
         self.pending[step] = raw
         self.live.add(step)
-        if len(self.pending) >= SEGMENT_STEPS:
+        if len(self.pending) >= self.segment_steps:
             self.fold(final=False)
 
     def deleted(self, step: int) -> None:
@@ -145,7 +150,7 @@ class StreamIndex:
         its segments removed, and the stream record goes too."""
         backend, stream = self.backend, self.stream
         entries = {step: raw for step, raw in self.pending.items() if raw is not None}
-        inline = final and len(self.live) <= INLINE_STEPS
+        inline = final and len(self.live) <= self.inline_steps
         new_seq = None
         if entries and not inline:
             new_seq, self.next_seq = self.next_seq, self.next_seq + 1

@@ -192,6 +192,15 @@ def test_import_twice_names_the_cli_flag(tmp_path: Path, capsys: pytest.CaptureF
     assert run(shlex.split(fix)[1:], capsys)[0] == 0
 
 
+def test_import_of_a_file_in_another_format_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "roll"
+    (src / "train").mkdir(parents=True)
+    torch.save({"x": torch.ones(2)}, src / "train" / "step_000000.pkl")  # not a pickle: a torch.save zip
+    code, out, err = run(["import", str(src), str(tmp_path / "imported"), "--trust", "--no-progress"], capsys)
+    assert code == 2 and "Traceback" not in out + err and len(err.strip().splitlines()) == 1
+    assert "cannot read it as a roll dump file" in err and "torch.save" in err
+
+
 # ------------------------------------------------------------------ 8, 9. keys and splits in cut
 def test_ls_keys_syntax_is_accepted_by_cut(dump: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(["ls", str(dump), "--keys"], capsys)

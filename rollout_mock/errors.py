@@ -259,4 +259,4 @@ def dump_path_is_a_file(path: str | Path, *, mode: str | None = None) -> DumpNot
     folder = next((p for p in path.parents if (p / "manifest.json").is_file()), None)
     fix = f"; pass the dump folder: {folder}" if folder is not None else \
         "; pass the dump folder (the one holding manifest.json)"
-    return DumpNotFoundError(f"{path} is a file{fix}", mode=mode, path=path)
+    return DumpNotFoundError(f"dump directory not found: {path} is a file{fix}", mode=mode, path=path)

@@ -136,7 +136,7 @@ def one(base: Path, n: int, tail: int) -> dict[str, Any]:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = [
         "| steps | `.index/` files after SIGKILL → after close | open a crashed dump | resume (`open_writer`) "
-        "| first save | close | open a clean dump | one entry | manifest.json |",
+        "| first save | close | open a clean dump | first entry lookup (fresh process) | manifest.json |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

@@ -7,7 +7,7 @@ runs in a fresh client process, which reports its wall time and its *extra* peak
 the operation (sampled every 2 ms) minus the RSS just before it (the batch, or the bytes, already built).
 
 * large step (``--size-mb`` of float32 tensors, 8 keys): ``Store.save`` (streamed: parts of 16 MiB
-  as a multipart upload) and ``Store.load`` (ranged GETs into the tensors) against ``fs.pipe_file``
+  as a multipart upload) and ``Store.load`` (ranged GETs of 16-64 MiB into the tensors) against
   of the same bytes (already in memory) and ``fs.cat_file``, and against ``torch.save`` /
   ``torch.load`` through ``fs.open`` (streamed by s3fs);
 * small step (4 KiB): mean ``Store.save`` time per step against ``fs.pipe_file`` of the step's bytes.

@@ -276,6 +276,7 @@ class LocalBackend:
             logger.warning("[RolloutMock] removing leftover temporary manifest %s", stale)
         suffix = "" if stream.rank is None else f"_rank{stream.rank}"
         pattern = re.compile(rf"^\.step_-?\d+{re.escape(suffix)}\.(pkl|json)\.tmp-"
+                             rf"|^\.segment_\d+{re.escape(suffix)}\.json\.tmp-"
                              rf"|^\.{re.escape(stream_record_name(stream))}\.tmp-")
         for name in os.listdir(self.path("")):
             # another process's exclusive create of the fingerprint: stale once that pid is gone

@@ -274,3 +274,20 @@ def test_stores_over_every_backend_agree(tmp_path: Path) -> None:
         assert view.steps(TRAIN) == list(range(14))
         assert [view.entry(TRAIN, s).checksum for s in (0, 7, 13)] == [  # type: ignore[union-attr]
             views[0].entry(TRAIN, s).checksum for s in (0, 7, 13)]  # type: ignore[union-attr]
+
+
+def test_a_dead_writers_temporary_segment_is_removed_on_resume(tmp_path: Path) -> None:
+    """Found by the SIGKILL crash test: a writer killed while writing a segment leaves its
+    temporary file; the next writer of the stream removes it (and only its own stream's)."""
+    dump = tmp_path / "d"
+    store = DirectoryStore(dump)
+    for step in range(6):
+        save(store, step)
+    store.close()
+    index = dump / "train" / INDEX_DIR
+    index.mkdir(exist_ok=True)
+    mine, other = index / ".segment_000007.json.tmp-999-abcd", index / ".segment_000007_rank1.json.tmp-999-abcd"
+    mine.write_bytes(b"{")
+    other.write_bytes(b"{")
+    DirectoryStore(dump).open_writer(TRAIN)
+    assert not mine.exists() and other.exists()

@@ -5,7 +5,9 @@ GRPO groups without signal, log-prob mismatch with ``--logprobs-json``, the dump
 when stored), a per-step table and a sample browser (step -> sortable, searchable previews ->
 messages, per-key tensor statistics), decoded with ``--tokenizer DIR`` (local only) or shown as
 token ids. ``--against OTHER``: compare with a second dump (first differing step, max abs
-difference per key and step, a chart of the divergence). Nothing in the file is fetched from the
+difference per key and step, a chart of the divergence), or with a metrics file of another run
+(a mock run's, from MetricsWriter) against the dump run's recorded metrics (first divergence,
+bitwise, and both runs per metric). Nothing in the file is fetched from the
 network. Exit 0 written, 2 bad input.
 """
 
@@ -36,7 +38,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--logprobs-json", type=Path, metavar="FILE",
                         help="output of `rollout-mock logprobs --json`, plotted per step")
     parser.add_argument("--against", type=Path, metavar="OTHER",
-                        help="a second dump to compare with, step by step and key by key")
+                        help="a second dump to compare with, step by step and key by key; or a metrics "
+                             "file of another run (e.g. the mock run's), against the dump run's metrics")
     parser.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES, metavar="N",
                         help="sample previews per step: the first ones, the lowest and the highest rewards "
                              f"(default {DEFAULT_MAX_SAMPLES})")

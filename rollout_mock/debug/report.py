@@ -144,7 +144,9 @@ def write_report(
 
     ``tokenizer``: a loaded tokenizer (or ``None`` for token ids); ``logprobs_json``: the output of
     ``rollout-mock logprobs --json``; ``max_samples``: sample previews per step in the page;
-    ``against``: a second dump to compare with, step by step and key by key.
+    ``against``: a second dump to compare with, step by step and key by key; or a metrics file
+    (a mock run's ``MetricsWriter`` output, CSV, TensorBoard...) compared with the dump run's
+    recorded metrics, bitwise.
     """
     from rollout_mock.debug.expected import read_expected
     from rollout_mock.storage import open_dump
@@ -157,7 +159,11 @@ def write_report(
     summaries, shown = summarize_dump(dump, stream, tokenizer=tokenizer, max_samples=max_samples, trusted=trusted)
     steps = [s.step for s in summaries]
     body = ""
-    if against is not None:
+    if against is not None and Path(against).is_file():  # a run's metrics file, against the dump run's
+        from rollout_mock.debug.report_compare import metrics_comparison_section
+
+        body += metrics_comparison_section(dump_dir, against)
+    elif against is not None:
         from rollout_mock.debug.report_compare import comparison_section
 
         body += comparison_section(dump_dir, against, summaries, split=split, trusted=trusted)

@@ -156,13 +156,53 @@ def _metrics_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike[s
     a, b = read_expected(dump_a), read_expected(dump_b)  # contained reads (no links, FIFOs, devices)
     if a is None or b is None:
         return ""
+    charts = _metric_charts(a, b)
+    if not charts:
+        return ""
+    return f"<h3>The two runs' metrics (A solid, B dashed)</h3><div class=\"charts\">{''.join(charts)}</div>"
+
+
+def _metric_charts(a: Any, b: Any) -> list[str]:
+    """One chart per metric both tables hold: A solid, B dashed."""
     charts = []
     for name in sorted(set(a) & set(b)):
         steps = sorted(set(a.steps) | set(b.steps))
         series = {"A": [a[name].get(s) for s in steps], "B": [b[name].get(s) for s in steps]}
         charts.append(line_chart(name, steps, series, dashed=("B",), colors={"A": COLORS[0], "B": COLORS[1]},
                                  width=360, height=200))
-    if not charts:
-        return ""
-    return f"<h3>The two runs' metrics (A solid, B dashed)</h3><div class=\"charts\">{''.join(charts)}</div>"
+    return charts
 
+
+
+def metrics_comparison_section(dump: str | os.PathLike[str], metrics_file: str | os.PathLike[str]) -> str:
+    """The dump run's recorded metrics (``expected/``, A) against another run's metrics file (B,
+    e.g. the mock run's ``MetricsWriter`` output): the verdict of ``rollout-mock verify`` (bitwise)
+    and one chart per metric both logged."""
+    from rollout_mock.compare.metrics import read_metrics
+    from rollout_mock.compare.verify import verify
+    from rollout_mock.debug.expected import read_expected
+    from rollout_mock.errors import DebugInputError
+
+    a = read_expected(dump)
+    if a is None:
+        raise DebugInputError(f"{dump} holds no metrics of its dump run (expected/metrics.jsonl): nothing to "
+                              f"compare {metrics_file} with; log them with MetricsWriter(..., expected=...) "
+                              f"when dumping, or pass a second dump to --against")
+    b = read_metrics(Path(metrics_file))
+    result = verify(a, b)
+    first = result.first_divergence
+    if result.ok:
+        verdict = "<p class=\"good\">Identical: every metric at every step is bit-identical to the dump run's.</p>"
+    elif first is not None:
+        verdict = (f"<p class=\"bad\">The runs diverge. First divergence: step <b>{first.first_divergent_step}</b>, "
+                   f"<b>{escape(first.name)}</b>: A = {first.baseline_value!r}, B = {first.candidate_value!r}. "
+                   f"{len(result.failed)} of {len(result.comparisons)} metrics differ.</p>")
+    else:
+        verdict = "<p class=\"bad\">The runs do not cover the same steps or metrics.</p>"
+    if result.only_in_baseline or result.only_in_candidate:
+        verdict += (f"<p class=\"muted\">Only in A: {escape(', '.join(result.only_in_baseline) or '-')}; "
+                    f"only in B: {escape(', '.join(result.only_in_candidate) or '-')}.</p>")
+    charts = _metric_charts(a, b)
+    names = (escape(str(Path(dump).resolve())), escape(str(Path(metrics_file).resolve())))
+    return (f"<h2>Comparison of metrics</h2><p class=\"muted\">A: the dump run's metrics ({names[0]})<br>"
+            f"B: {names[1]}</p>{verdict}<div class=\"charts\">{''.join(charts)}</div>")

@@ -272,3 +272,24 @@ def test_browser_offers_a_bounded_spread_of_steps() -> None:
     shown = browsable(steps)
     assert len(shown) == MAX_BROWSER_STEPS and {0, 4998} <= shown and shown <= set(steps)
     assert browsable(steps[:10]) == set(steps[:10])
+
+
+def test_report_against_a_mock_runs_metrics_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`report DUMP --against METRICS`: the dump run's recorded metrics against another run's file
+    (the picture of a failed precision check), bitwise."""
+    from rollout_mock.compare.metrics import MetricsWriter
+
+    dump = grpo_dump(tmp_path / "d", 4, loss=1.0)
+    same, drifted = tmp_path / "same.jsonl", tmp_path / "drifted.jsonl"
+    for path, eps in ((same, 0.0), (drifted, 1e-9)):
+        with MetricsWriter(path) as log:
+            for step in range(4):
+                log.log(step, {"pg_loss": 1.0 / (step + 1) + (eps if step >= 2 else 0.0)})
+    html = write_report(dump, tmp_path / "same.html", against=same).read_text()
+    assert "Identical: every metric at every step is bit-identical" in html and 'aria-label="pg_loss"' in html
+    assert main(["report", str(dump), "--against", str(drifted), "-o", str(tmp_path / "drift.html")]) == 0
+    html = (tmp_path / "drift.html").read_text()
+    assert f"First divergence: step <b>2</b>, <b>pg_loss</b>: A = {1 / 3!r}, B = {1 / 3 + 1e-9!r}" in html
+    bare = grpo_dump(tmp_path / "bare", 2)  # a dump without its run's metrics: nothing to compare
+    assert main(["report", str(bare), "--against", str(same), "-o", str(tmp_path / "x.html")]) == 2
+    assert "holds no metrics of its dump run" in capsys.readouterr().err

@@ -138,7 +138,10 @@ def table(results: dict[str, Any]) -> str:
                      f"{row['mean_ms']:.2f} ms |")
     env = results["env"]
     lines += ["", f"{env['cpus']} CPUs, Python {env['python']}, {env['fs']}; K={results['k']} timed tiny steps "
-              f"after pre-populating the index to N (see the script's docstring)."]
+              f"after pre-populating the index to N (see the script's docstring). Both states are what "
+              f"earlier versions left: 'compacted' is N entries inline in manifest.json, 'live' N unfolded "
+              f"entry files (the first writer folds them into one segment). The current index never leaves "
+              f"more than 1,024 entry files and keeps long streams in segments: see bench_resume.py."]
     return "\n".join(lines)
 
 

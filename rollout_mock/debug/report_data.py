@@ -250,6 +250,8 @@ def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, 
     arrays, others = _columns(batch)
     uid_col = next((others[k] for k in _UID_KEYS if isinstance(others.get(k), np.ndarray | list)), None)
     uids = None if uid_col is None or len(uid_col) != len(traces) else list(uid_col)
+    if uids is None and traces and all("uid" in t.metadata for t in traces):  # e.g. slime's groups
+        uids = [t.metadata["uid"] for t in traces]
     summary = StepSummary(step, total, len(traces), rejected=len(traces) - len(ok), capped=capped, note=note)
     values: dict[str, Any] = {"reward": [r for r in rewards if r is not None], "length": lengths}
     logprobs = _token_logprobs(arrays)

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from rollout_mock.batch import dataproto_parts, is_dataproto, is_tensordict, type_name
+from rollout_mock.batch import batch_type_of, dataproto_parts, is_dataproto, is_tensordict, type_name
 from rollout_mock.compare.traces.fields import _reward_column, _short, _text_columns
 from rollout_mock.compare.traces.messages import (
     _chat_messages,
@@ -76,6 +76,70 @@ def _structured_traces(
     ]
 
 
+_SLIME_FIELDS = frozenset({"tokens", "response_length"})
+
+
+def _is_slime_sample(item: Any) -> bool:
+    """slime's ``Sample`` as a dict: token ids plus a prompt or response text (one trace each)."""
+    return isinstance(item, Mapping) and _SLIME_FIELDS <= set(item.keys()) and (
+        "prompt" in item.keys() or "response" in item.keys())
+
+
+def _slime_reward(value: Any) -> float | None:
+    if isinstance(value, Mapping):  # a reward model's dict: its score
+        value = next((value[k] for k in ("score", "reward", "acc") if k in value), None)
+    if isinstance(value, bool | int | float | np.generic):
+        return float(value)
+    return None
+
+
+def _slime_trace(sample: Mapping[str, Any], index: int, group: int | None, renderer: _Renderer) -> Trace:
+    """One slime sample: its prompt (text or chat messages) and its response as messages."""
+    messages = _chat_messages(sample.get("prompt"), renderer) or []
+    response = sample.get("response")
+    if isinstance(response, str):
+        messages.append({"role": "assistant", "content": response, "tokens": None})
+    elif sample.get("tokens") is not None and isinstance(sample.get("response_length"), int):
+        tokens = list(sample["tokens"])
+        n = sample["response_length"]
+        messages.append({"role": "assistant", "content": renderer.content(tokens[len(tokens) - n:]),
+                         "tokens": tokens[len(tokens) - n:]})
+    metadata: dict[str, Any] = {key: _short(sample[key]) for key in ("index", "status", "response_length", "label")
+                                if key in sample.keys()}
+    if group is not None:
+        metadata["uid"] = group  # GRPO group: samples of one prompt
+    if sample.get("status") == "aborted":
+        return Trace(index, "rejected", None, messages, metadata)
+    return Trace(index, "ok", _slime_reward(sample.get("reward")), messages, metadata)
+
+
+def _slime_traces(samples: Sequence[Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
+    """slime's samples: a flat list, or groups (lists) of the samples of one prompt."""
+    traces: list[Trace] = []
+    for g, item in enumerate(samples):
+        members, group = (item, g) if isinstance(item, list | tuple) else ([item], None)
+        for sample in members:
+            if len(traces) >= limit:
+                return traces
+            if isinstance(sample, Mapping):
+                traces.append(_slime_trace(sample, len(traces), group, renderer))
+            else:
+                traces.append(Trace(len(traces), "rejected", None, [], {"group": g}))
+    return traces
+
+
+def _slime_samples(batch: Any) -> Sequence[Any] | None:
+    """The samples of a slime batch (a recorded rollout, or a list of sample dicts), else None."""
+    kind = batch_type_of(batch)
+    if kind is not None and kind.name == "slime":
+        return list(batch["samples"])
+    if isinstance(batch, list | tuple) and batch:
+        first = batch[0][0] if isinstance(batch[0], list | tuple) and batch[0] else batch[0]
+        if _is_slime_sample(first):
+            return batch
+    return None
+
+
 def _list_traces(batch: Sequence[Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
     """AReaL's list of trajectories; ``None`` items are rejected traces (they count toward ``limit``)."""
     traces: list[Trace] = []
@@ -122,7 +186,10 @@ def batch_traces(
     if max_traces < 0:
         raise TraceError(f"max_traces must be >= 0, got {max_traces}")
     renderer = _Renderer(tokenizer)
-    if isinstance(batch, list | tuple):
+    slime = _slime_samples(batch)
+    if slime is not None:
+        traces = _slime_traces(slime, limit=max_traces, renderer=renderer)
+    elif isinstance(batch, list | tuple):
         traces = _list_traces(batch, limit=max_traces, renderer=renderer)
     elif is_dataproto(batch):
         tensors, others = _dataproto_parts(batch)
@@ -142,6 +209,9 @@ def batch_traces(
 def count_traces(batch: Any) -> int | None:
     """How many traces the whole batch holds (rows of every trajectory, rejected ones as one each),
     without copying anything; ``None`` for a batch of unknown shape."""
+    slime = _slime_samples(batch)
+    if slime is not None:
+        return sum(len(item) if isinstance(item, list | tuple) else 1 for item in slime)
     if isinstance(batch, list | tuple):
         total = 0
         for item in batch:

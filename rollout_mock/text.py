@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "LOG_PREFIX", "STEP_LOG_EVERY", "dumps_json", "json_default", "json_float", "jsonable", "logger", "short_repr",
+    "LOG_PREFIX", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "json_default", "json_float", "jsonable", "logger", "short_repr",
     "step_log_level", "table", "terminal_safe",
 ]
 
@@ -24,14 +24,17 @@ __all__ = [
 logger = logging.getLogger("rollout_mock")
 #: ROLL's prefix, kept so that log greps written for ROLL keep matching.
 LOG_PREFIX = "[RolloutMock]"
-#: Per-step log lines (a step dumped or loaded) are INFO for the first step and every this many
-#: steps after it, DEBUG otherwise (``-v``): a 3,000-step run logs ~30 lines, not 6,000.
+#: Per-step log lines (a step dumped or loaded, as ROLL words them) are INFO for the first
+#: STEP_LOG_FIRST steps of a stream (a run visibly starts, and short runs log as ROLL does) and
+#: every STEP_LOG_EVERY steps after, DEBUG otherwise (``-v``): a 3,000-step run logs ~40 lines,
+#: not 6,000.
+STEP_LOG_FIRST = 10
 STEP_LOG_EVERY = 100
 
 
 def step_log_level(count: int) -> int:
     """The level of the per-step log line of the ``count``-th step (1-based) of a stream."""
-    return logging.INFO if count == 1 or count % STEP_LOG_EVERY == 0 else logging.DEBUG
+    return logging.INFO if count <= STEP_LOG_FIRST or count % STEP_LOG_EVERY == 0 else logging.DEBUG
 
 
 def json_float(x: float | None) -> float | str | None:

@@ -16,8 +16,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "LOG_PREFIX", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "json_default", "json_float", "jsonable", "logger", "short_repr",
-    "step_log_level", "table", "terminal_safe",
+    "LOG_PREFIX", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "json_default", "json_float", "jsonable",
+    "logger", "short_repr", "step_log_level", "table", "terminal_safe",
 ]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.

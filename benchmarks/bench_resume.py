@@ -33,14 +33,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import update_readme  # noqa: E402
+
 from rollout_mock.storage import DirectoryStore
 from rollout_mock.storage.index import SEGMENT_STEPS, index_dir
 from rollout_mock.storage.manifest import StepEntry, StreamId, utc_now
 from rollout_mock.storage.streamindex import StreamIndex
 
 STREAM = StreamId("train")
-README = Path(__file__).with_name("README.md")
-START, END = "<!-- bench_resume:start -->", "<!-- bench_resume:end -->"
 KEYS = {f"batch.k{i}": {"shape": [256, 1024], "dtype": "int64"} for i in range(8)}  # a realistic entry
 
 
@@ -148,16 +149,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(text: str) -> None:
-    readme = README.read_text()
-    block = f"{START}\n## Crash recovery and opening at scale (bench_resume.py)\n\n{text}\n{END}"
-    if START in readme:
-        readme = readme[: readme.index(START)] + block + readme[readme.index(END) + len(END):]
-    else:
-        readme = readme.rstrip() + "\n\n" + block + "\n"
-    README.write_text(readme)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="10000,100000")
@@ -174,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(json.dumps(rows))
     if args.update_readme:
-        update_readme(text)
+        update_readme("bench_resume", "## Crash recovery and opening at scale (bench_resume.py)\n\n" + text)
     return 0
 
 

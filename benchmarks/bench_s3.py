@@ -24,8 +24,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-README = Path(__file__).with_name("README.md")
-START, END = "<!-- bench_s3:start -->", "<!-- bench_s3:end -->"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import update_readme  # noqa: E402
 
 CHILD = textwrap.dedent(
     """
@@ -175,16 +175,6 @@ def table(r: dict[str, Any]) -> str:
     ])
 
 
-def update_readme(text: str) -> None:
-    readme = README.read_text()
-    block = f"{START}\n## Object storage (bench_s3.py)\n\n{text}\n{END}"
-    if START in readme:
-        readme = readme[: readme.index(START)] + block + readme[readme.index(END) + len(END):]
-    else:
-        readme = readme.rstrip() + "\n\n" + block + "\n"
-    README.write_text(readme)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size-mb", type=int, default=256)
@@ -196,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(json.dumps(result))
     if args.update_readme:
-        update_readme(text)
+        update_readme("bench_s3", "## Object storage (bench_s3.py)\n\n" + text)
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.batch import count_samples, dataproto_parts, is_dataproto, is_tensordict
+from rollout_mock.batch import count_samples
 from rollout_mock.debug.report_page import DEFAULT_MAX_SAMPLES
 
 __all__ = ["DEFAULT_MAX_SAMPLES", "STATS_ROWS", "StepSummary", "summarize_step"]
@@ -91,22 +91,6 @@ class StepSummary:
         return {"total": self.total, "read": self.read, "capped": self.capped, "rejected": self.rejected,
                 "hist": self.hist, "keys": self.keys,
                 "groups": self.groups, "traces": self.previews, "note": self.note}
-
-
-def _columns(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(array columns, other columns) of a columnar batch; empty for lists of trajectories."""
-    if is_dataproto(batch):
-        tensors, others, _ = dataproto_parts(batch)
-        items = {} if tensors is None else {str(k): v for k, v in tensors.items()}
-        return items, dict(others)
-    if isinstance(batch, Mapping) or is_tensordict(batch):
-        arrays: dict[str, Any] = {}
-        rest: dict[str, Any] = {}
-        for key, value in batch.items():
-            numeric = isinstance(value, torch.Tensor) or (isinstance(value, np.ndarray) and value.dtype != object)
-            (arrays if numeric else rest)[str(key)] = value
-        return arrays, rest
-    return {}, {}
 
 
 def _as_numpy(value: Any) -> np.ndarray | None:
@@ -226,7 +210,7 @@ def _groups(uids: list[Any] | None, rewards: list[float | None]) -> dict[str, An
 def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, max_samples: int = DEFAULT_MAX_SAMPLES,
                    trusted: bool = False) -> StepSummary:
     """Read at most :data:`STATS_ROWS` rows of ``step`` and summarize them for the report."""
-    from rollout_mock.compare.traces import batch_traces, count_traces
+    from rollout_mock.compare.traces import batch_columns, batch_traces, count_traces
     from rollout_mock.errors import TraceError
 
     batch = dump.load(step, stream, rows=range(STATS_ROWS), trusted=trusted)
@@ -247,7 +231,7 @@ def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, 
     rewards: list[float | None] = [float(t.reward) if isinstance(t.reward, int | float) and t.status == "ok"
                                    else None for t in traces]
     lengths = [x for t in ok if (x := _length(t)) is not None]
-    arrays, others = _columns(batch)
+    arrays, others = batch_columns(batch)
     uid_col = next((others[k] for k in _UID_KEYS if isinstance(others.get(k), np.ndarray | list)), None)
     uids = None if uid_col is None or len(uid_col) != len(traces) else list(uid_col)
     if uids is None and traces and all("uid" in t.metadata for t in traces):  # e.g. slime's groups

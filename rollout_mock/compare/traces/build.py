@@ -25,7 +25,7 @@ from rollout_mock.compare.traces.model import (
 from rollout_mock.compare.traces.rows import _Columns, _token_messages
 from rollout_mock.errors import TraceError
 
-__all__ = ["batch_traces", "count_traces"]
+__all__ = ["batch_columns", "batch_traces", "count_traces"]
 
 
 def _columnar_traces(
@@ -167,6 +167,17 @@ def _item_traces(item: Any, *, limit: int, start: int, renderer: _Renderer, base
 def _dataproto_parts(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     tensors, non_tensor, _ = dataproto_parts(batch)
     return ({} if tensors is None else {str(k): v for k, v in tensors.items()}), non_tensor
+
+
+def batch_columns(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(numeric array columns, other columns) of a columnar batch (DataProto-like, dict,
+    TensorDict), as the traces read them; two empty dicts for any other batch."""
+    if is_dataproto(batch):
+        tensors, others = _dataproto_parts(batch)
+        return tensors, dict(others)
+    if isinstance(batch, Mapping) or is_tensordict(batch):
+        return _split_mapping(batch)
+    return {}, {}
 
 
 def batch_traces(

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 from rollout_mock.errors import ConfigError
@@ -109,17 +109,7 @@ class SelfCheck:
             "skipped": self.skipped,
             "deterministic_algorithms": self.deterministic_algorithms,
             "workload": self.workload,
-            "devices": [
-                {
-                    "device": d.device,
-                    "name": d.name,
-                    "agreed": d.agreed,
-                    "differing": list(d.differing),
-                    "error": d.error,
-                    "seconds": d.seconds,
-                }
-                for d in self.devices
-            ],
+            "devices": [{**asdict(d), "differing": list(d.differing)} for d in self.devices],
         }
 
 

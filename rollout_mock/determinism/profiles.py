@@ -157,15 +157,6 @@ class TF32(str, Enum):
     starts, so it is too late in a process where CUDA already runs)."""
 
     @classmethod
-    def _missing_(cls, value: object) -> TF32 | None:
-        if isinstance(value, str):
-            lowered = value.strip().lower()
-            for member in cls:
-                if member.value == lowered:
-                    return member
-        return None
-
-    @classmethod
     def parse(cls, value: object, *, source: str = "tf32") -> TF32:
         """``value`` as a member (case and surrounding spaces ignored).
 
@@ -174,7 +165,7 @@ class TF32(str, Enum):
         """
         if isinstance(value, str):
             try:
-                return cls(value)
+                return cls(value.strip().lower())
             except ValueError:
                 pass
         valid = ", ".join(member.value for member in cls)

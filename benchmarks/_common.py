@@ -140,12 +140,14 @@ def peak_since(base: int) -> int:
     return rss_kb("VmHWM") * 1024 - base
 
 
-def run_child(script: Path, args: list[str], timeout: float = 900) -> dict[str, Any] | None:
-    """Run ``script --child ARGS`` in a fresh interpreter; its last stdout line is JSON."""
+def run_child(script: Path, args: list[str], timeout: float = 900,
+              env: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """Run ``script --child ARGS`` in a fresh interpreter (environment ``env``, default this one's);
+    its last stdout line is JSON."""
     import json
 
     result = subprocess.run([sys.executable, str(script), "--child", *args],
-                            capture_output=True, text=True, timeout=timeout)
+                            capture_output=True, text=True, timeout=timeout, env=env)
     if result.returncode != 0:
         print(f"child {args} failed:\n{result.stderr[-2000:]}", file=sys.stderr)
         return None
@@ -217,14 +219,16 @@ def describe_machine(m: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- README section
-def update_readme(tag: str, body: str) -> None:
-    """Replace what lies between ``<!-- tag:start -->`` and ``<!-- tag:end -->`` in README.md."""
+def update_readme(tag: str, body: str, path: Path | None = None) -> None:
+    """Replace what lies between ``<!-- tag:start -->`` and ``<!-- tag:end -->`` in README.md
+    (or in ``path``, another Markdown file with such a section)."""
+    target = README if path is None else path
     start_marker, end_marker = f"<!-- {tag}:start -->", f"<!-- {tag}:end -->"
-    text = README.read_text()
+    text = target.read_text()
     start, end = text.find(start_marker), text.find(end_marker)
     if start < 0 or end < start:
-        raise SystemExit(f"{README}: no {start_marker} ... {end_marker} section to update")
-    README.write_text(text[: start + len(start_marker)] + "\n\n" + body.strip() + "\n\n" + text[end:])
+        raise SystemExit(f"{target}: no {start_marker} ... {end_marker} section to update")
+    target.write_text(text[: start + len(start_marker)] + "\n\n" + body.strip() + "\n\n" + text[end:])
 
 
 def work_dir(parent: Path | None, prefix: str) -> Path:

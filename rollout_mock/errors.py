@@ -168,15 +168,20 @@ class FingerprintMismatchError(RolloutMockError):
 
 
 class DeterminismError(RolloutMockError):
-    """``apply(strict=True)`` found settings that can no longer take effect in this process.
+    """``apply(strict=True)`` found settings that can no longer take effect in this process, or
+    its self-check (``check=True``) found a GPU whose two runs disagreed.
 
-    ``too_late`` holds one :class:`~rollout_mock.determinism.LateSetting` per such variable.
-    Nothing was changed.
+    ``too_late`` holds one :class:`~rollout_mock.determinism.LateSetting` per such variable
+    (nothing was changed); ``check`` holds the failed :class:`~rollout_mock.determinism.SelfCheck`
+    (the settings stay applied), else None.
     """
 
-    def __init__(self, message: str, *, too_late: Sequence[Any]) -> None:  # determinism.LateSetting
+    def __init__(
+        self, message: str, *, too_late: Sequence[Any] = (), check: Any = None
+    ) -> None:  # determinism.LateSetting, determinism.SelfCheck
         super().__init__(message)
         self.too_late = tuple(too_late)
+        self.check = check
 
 
 class MissingExtraError(RolloutMockError, ImportError):

@@ -26,6 +26,7 @@ from rollout_mock.determinism import (  # noqa: E402
     PROFILE_VAR,
     PROFILES,
     SEED_VAR,
+    TF32_VAR,
     ray_runtime_env,
 )
 
@@ -48,7 +49,10 @@ class Probe:
 
         return {
             "pid": os.getpid(),
-            "env": {name: os.environ.get(name) for name in (*STRICT_ENV, "ROLLOUT_MOCK_SEED")},
+            "env": {
+                name: os.environ.get(name)
+                for name in (*STRICT_ENV, "ROLLOUT_MOCK_SEED", "NVIDIA_TF32_OVERRIDE")
+            },
             "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             "warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
             "cudnn_deterministic": torch.backends.cudnn.deterministic,
@@ -69,7 +73,7 @@ def _start_ray(runtime_env: dict[str, Any] | None) -> Iterator[None]:
     A local raylet inherits the driver's environment, so the variables are removed while the
     cluster lives; ``RAY_ADDRESS`` too, so that the test never attaches to someone else's cluster.
     """
-    hidden = (*FINGERPRINT_ENV_VARS, SEED_VAR, PROFILE_VAR, "RAY_ADDRESS")
+    hidden = (*FINGERPRINT_ENV_VARS, SEED_VAR, PROFILE_VAR, TF32_VAR, "RAY_ADDRESS")
     saved = {name: os.environ.pop(name) for name in hidden if name in os.environ}
     try:
         ray.init(num_cpus=2, include_dashboard=False, runtime_env=runtime_env, log_to_driver=False)
@@ -79,19 +83,20 @@ def _start_ray(runtime_env: dict[str, Any] | None) -> Iterator[None]:
         os.environ.update(saved)
 
 
-def _assert_deterministic(seen: dict[str, Any]) -> None:
+def _assert_deterministic(seen: dict[str, Any], *, tf32_off: bool) -> None:
     assert seen["deterministic_algorithms"] is True
     assert seen["warn_only"] is False
     assert seen["cudnn_deterministic"] is True
     assert seen["cudnn_benchmark"] is False
-    assert seen["cudnn_allow_tf32"] is False
+    assert seen["cudnn_allow_tf32"] is not tf32_off  # torch's default (True) unless tf32="off"
+    assert seen["env"]["NVIDIA_TF32_OVERRIDE"] == ("0" if tf32_off else None)
 
 
 class TestJobLevelRuntimeEnv:
     @pytest.fixture(scope="class", autouse=True)
     @classmethod
     def cluster(cls) -> Iterator[None]:
-        yield from _start_ray(ray_runtime_env(profile="strict", seed=11))
+        yield from _start_ray(ray_runtime_env(profile="strict", seed=11, tf32="off"))
 
     def test_every_worker_gets_env_and_torch_switches(self) -> None:
         first, second = RemoteProbe.remote(), RemoteProbe.remote()
@@ -100,7 +105,7 @@ class TestJobLevelRuntimeEnv:
         for worker in seen:
             assert {k: worker["env"][k] for k in STRICT_ENV} == STRICT_ENV
             assert worker["env"]["ROLLOUT_MOCK_SEED"] == "11"
-            _assert_deterministic(worker)
+            _assert_deterministic(worker, tf32_off=True)
         random.seed(11)
         assert seen[0]["first_random"] == seen[1]["first_random"] == random.random()
 
@@ -119,7 +124,7 @@ class TestActorLevelRuntimeEnv:
         roll = PROFILES["roll"].env
         assert {k: seen["env"][k] for k in roll} == roll
         assert seen["env"]["NCCL_PROTO"] is None  # not in the roll profile
-        _assert_deterministic(seen)
+        _assert_deterministic(seen, tf32_off=False)
 
     def test_control_actor_has_none_of_it(self) -> None:
         actor = RemoteProbe.remote(call_apply_from_env=True)  # DETERMINISTIC_MODE unset: a no-op

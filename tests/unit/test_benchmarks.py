@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -63,3 +64,89 @@ def test_bench_e2e_runs_every_mode(tmp_path: Path) -> None:
     padded = result["results"][1]["modes"]
     assert set(padded) == {"live", "dump", "dump_sync", "mock", "mock_no_prefetch"}
     assert padded["mock"]["batch_bytes"] == padded["live"]["batch_bytes"] >= 1_000_000
+
+
+# --------------------------------------------------------------------------- bench_gpu.py (issue 29)
+def _gpu_run(digest: str, losses: list[str], agreed: bool | None = True, **extra: object) -> dict[str, object]:
+    check = {"ran": agreed is not None, "agreed": agreed, "skipped": None if agreed is not None else "no CUDA device",
+             "devices": [] if agreed is None else [{"device": "cuda:0", "agreed": agreed, "error": None,
+                                                    "differing": [] if agreed else ["index_add_"]}]}
+    return {"step_s": 0.01, "digest": digest, "losses": losses, "check": check, **extra}
+
+
+def test_bench_gpu_cpu_mode_runs_and_reports_nothing_to_check(tmp_path: Path) -> None:
+    bench_gpu = pytest.importorskip("bench_gpu")
+    out = tmp_path / "out.json"
+    assert bench_gpu.main(["--device", "cpu", "--tiny", "--repeat", "1", "--steps", "2", "--warmup", "0",
+                           "--configs", "none,roll+tf32_off", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    rows = result["rows"]
+    assert set(rows) == {"none", "roll+tf32_off"}
+    assert all(rows[name]["step_s"] > 0 and "error" not in rows[name] for name in rows)
+    (roll,) = result["runs"]["roll+tf32_off"]
+    assert roll["too_late"] == []  # the variables were exported before the child started
+    if not roll["check"]["ran"]:  # a CPU-only machine: the check says so instead of pretending
+        assert "no CUDA device is visible" in roll["check"]["skipped"]
+    assert "| `roll+tf32_off` | profile `roll`, `tf32: off` |" in result["table"]
+
+
+def test_bench_gpu_children_start_from_a_clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    bench_gpu = pytest.importorskip("bench_gpu")
+    monkeypatch.setenv("NCCL_ALGO", "Tree")
+    monkeypatch.setenv("ROLLOUT_MOCK_TF32", "off")
+    env = bench_gpu.child_env(bench_gpu.CONFIGS["none"])
+    assert "NCCL_ALGO" not in env and "ROLLOUT_MOCK_TF32" not in env and env["PATH"] == os.environ["PATH"]
+    strict = bench_gpu.child_env(bench_gpu.CONFIGS["strict+tf32_off"])
+    assert strict["NCCL_PROTO"] == "Simple" and strict["NVIDIA_TF32_OVERRIDE"] == "0"
+
+
+def test_bench_gpu_has_a_row_per_switch_env_var_and_profile() -> None:
+    bench_gpu = pytest.importorskip("bench_gpu")
+    from rollout_mock.determinism import PROFILES, TF32
+
+    names = set(bench_gpu.CONFIGS)
+    variables = {s.name for p in PROFILES.values() for s in p.settings} | {s.name for s in TF32.OFF.settings}
+    assert variables <= names
+    assert {"none", "deterministic_algorithms", "cudnn", "tf32_off"} <= names
+    assert {f"{p}{suffix}" for p in PROFILES for suffix in ("", "+tf32_off")} <= names
+    assert all("no-op on one GPU" in bench_gpu.CONFIGS[n].note for n in names if n.startswith("NCCL_"))
+
+
+def test_bench_gpu_summary_and_failures() -> None:
+    bench_gpu = pytest.importorskip("bench_gpu")
+    same = bench_gpu.summarise("roll", [_gpu_run("a", ["1", "2"]), _gpu_run("a", ["1", "2"])])
+    assert same["bitwise_equal"] is True and same["first_differing_step"] is None
+    differ = bench_gpu.summarise("roll", [_gpu_run("a", ["1", "2"]), _gpu_run("b", ["1", "3"], agreed=False)])
+    assert differ["bitwise_equal"] is False and differ["first_differing_step"] == 1
+    assert differ["check_consistent"] is False
+    raised = bench_gpu.summarise("deterministic_algorithms", [{"check": _gpu_run("", [])["check"],
+                                                               "error": "RuntimeError: Deterministic behavior"}])
+    assert "step_s" not in raised and raised["error"].startswith("RuntimeError")
+    crashed = bench_gpu.summarise("strict", [None])
+    rows = {"roll": differ, "deterministic_algorithms": raised, "strict": crashed,
+            "none": bench_gpu.summarise("none", [_gpu_run("x", ["1"]), _gpu_run("y", ["2"], agreed=False)])}
+    problems = bench_gpu.failures(rows)
+    assert [p.split(":")[0] for p in problems] == ["roll", "roll", "strict"]  # only profile rows count
+    assert "(loss from step 1)" in problems[1]
+    table = bench_gpu.render(rows, steps=2, runs=2)
+    assert "| `roll` |" in table and "**no** (loss from step 1)" in table and "**disagreed** (index_add_)" in table
+    assert "raises: RuntimeError: Deterministic behavior" in table
+
+
+def test_bench_gpu_tables_in_the_docs_list_every_configuration() -> None:
+    """The committed tables (README and docs/determinism.md) come from this script's configurations."""
+    bench_gpu = pytest.importorskip("bench_gpu")
+    for path in (_common.README, bench_gpu.DOCS):
+        text = path.read_text()
+        section = text[text.index("<!-- bench_gpu:start -->"):text.index("<!-- bench_gpu:end -->")]
+        listed = [line.split("|")[1].strip().strip("`") for line in section.splitlines() if line.startswith("| `")]
+        assert listed == list(bench_gpu.CONFIGS), path
+        if bench_gpu.NOT_MEASURED in section:  # the placeholder, until someone runs it on a GPU
+            assert section.count(bench_gpu.NOT_MEASURED) == len(bench_gpu.CONFIGS)
+
+
+def test_bench_gpu_refuses_to_write_cpu_figures_into_the_gpu_tables() -> None:
+    bench_gpu = pytest.importorskip("bench_gpu")
+    with pytest.raises(SystemExit) as info:
+        bench_gpu.main(["--device", "cpu", "--update-readme"])
+    assert info.value.code == 2

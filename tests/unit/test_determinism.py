@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import rollout_mock.determinism as det
+import rollout_mock.determinism.check as det_check
 import rollout_mock.determinism.process as det_apply
 from rollout_mock import ConfigError, DumpNotFoundError, ManifestError, RolloutMockError
 from rollout_mock.cli import env as env_cmd
@@ -27,7 +28,7 @@ ROLL_ENV = {
     "CUBLAS_WORKSPACE_CONFIG": ":4096:8",
     "DETERMINISTIC_MODE": "1",
 }
-ALL_VARS = (*det.FINGERPRINT_ENV_VARS, det.SEED_VAR, det.PROFILE_VAR)
+ALL_VARS = (*det.FINGERPRINT_ENV_VARS, det.SEED_VAR, det.PROFILE_VAR, det.TF32_VAR)
 
 
 def _torch_state() -> dict[str, Any]:
@@ -85,6 +86,30 @@ def test_strict_profile_extends_roll() -> None:
     assert strict["FLASH_ATTENTION_DETERMINISTIC"] == "1"
 
 
+def test_no_profile_touches_tf32() -> None:
+    """TF32 changes precision, not determinism: it is the tf32 choice, never a profile's."""
+    for profile in det.PROFILES.values():
+        assert "NVIDIA_TF32_OVERRIDE" not in profile.env, profile.name
+    assert [s.name for s in det.TF32.OFF.settings] == ["NVIDIA_TF32_OVERRIDE"]
+    assert det.TF32.KEEP.settings == ()
+    assert "NVIDIA_TF32_OVERRIDE" in det.FINGERPRINT_ENV_VARS  # still recorded
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("keep", det.TF32.KEEP), ("off", det.TF32.OFF), (" OFF ", det.TF32.OFF), (det.TF32.OFF, det.TF32.OFF)],
+)
+def test_tf32_choice_parses(value: Any, expected: det.TF32) -> None:
+    assert det.TF32.parse(value) is expected
+
+
+@pytest.mark.parametrize("value", ["on", "", False, None, 0])
+def test_tf32_choice_rejects_other_values(value: Any) -> None:
+    with pytest.raises(ConfigError) as info:
+        det.TF32.parse(value)
+    assert str(info.value) == f"tf32 must be one of keep, off; got {value!r}"
+
+
 def test_every_setting_has_a_reason_and_a_string_value() -> None:
     for profile in det.PROFILES.values():
         for setting in profile.settings:
@@ -113,14 +138,44 @@ def test_apply_sets_env_and_torch_flags() -> None:
     assert not torch.is_deterministic_algorithms_warn_only_enabled()
     assert torch.backends.cudnn.deterministic is True
     assert torch.backends.cudnn.benchmark is False
-    assert torch.backends.cuda.matmul.allow_tf32 is False
-    assert torch.backends.cudnn.allow_tf32 is False
-    assert torch.get_float32_matmul_precision() == "highest"
     assert report.profile == "roll" and report.seed is None
     assert report.changed == dict.fromkeys(ROLL_ENV)
     assert report.torch_flags["deterministic_algorithms"] is True
     assert report.fully_applied and report.too_late == ()
+    assert report.tf32 == "keep" and report.check is None
+    assert report.to_dict()["tf32"] == "keep" and report.to_dict()["check"] is None
     json.dumps(report.to_dict())
+
+
+def test_apply_keeps_tf32_by_default() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    report = det.apply()
+    assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert torch.backends.cudnn.allow_tf32 is True
+    assert torch.get_float32_matmul_precision() == "high"
+    assert "NVIDIA_TF32_OVERRIDE" not in os.environ and "NVIDIA_TF32_OVERRIDE" not in report.env
+
+
+def test_apply_tf32_off_turns_every_tf32_switch_off() -> None:
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    report = det.apply(tf32="off")
+    assert torch.backends.cuda.matmul.allow_tf32 is False
+    assert torch.backends.cudnn.allow_tf32 is False
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert os.environ["NVIDIA_TF32_OVERRIDE"] == "0"
+    assert report.env == ROLL_ENV | {"NVIDIA_TF32_OVERRIDE": "0"}
+    assert report.tf32 == "off" and report.torch_flags["cudnn_allow_tf32"] is False
+
+
+def test_apply_bad_tf32_changes_nothing() -> None:
+    with pytest.raises(ConfigError, match="tf32 must be one of keep, off; got 'of'"):
+        det.apply(tf32="of")
+    assert "NCCL_ALGO" not in os.environ
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_apply_records_previous_values_it_changed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -199,6 +254,15 @@ def test_cublas_already_set_is_not_too_late(
     assert det.apply().too_late == ()
 
 
+def test_tf32_override_too_late_after_cuda_init(cuda_started: None) -> None:
+    report = det.apply(tf32="off")
+    assert [late.variable for late in report.too_late] == [
+        "CUBLAS_WORKSPACE_CONFIG",
+        "NVIDIA_TF32_OVERRIDE",
+    ]
+    assert torch.backends.cudnn.allow_tf32 is False  # torch's own switches still took
+
+
 def test_strict_raises_and_changes_nothing(cuda_started: None) -> None:
     with pytest.raises(det.DeterminismError) as info:
         det.apply(strict=True)
@@ -228,6 +292,160 @@ def test_nccl_process_group_check_is_false_without_distributed() -> None:
     assert det_apply._nccl_process_group_exists() is False
 
 
+# ---------------------------------------------------------------------------- self-check
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the answer without a GPU")
+def test_self_check_without_gpu_says_there_is_nothing_to_check(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="rollout_mock"):
+        report = det.apply(check=True, strict=True)
+    result = report.check
+    assert result is not None and not result.ran and result.agreed is None
+    assert result.devices == () and result.deterministic_algorithms is True
+    assert result.skipped is not None and "no CUDA device is visible" in result.skipped
+    assert report.to_dict()["check"]["agreed"] is None
+    messages = [r.getMessage() for r in caplog.records if r.name == "rollout_mock"]
+    assert any("determinism self-check: nothing to check: no CUDA device" in m for m in messages)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_workload_runs_and_agrees_on_the_cpu() -> None:
+    """The real kernels, on the CPU (serial adds): every output is compared, all agree."""
+    differing, error = det_check._run_twice(torch.device("cpu"))
+    assert (differing, error) == ((), None)
+    outputs = det_check._outputs(*det_check._inputs(torch.device("cpu")))
+    assert set(outputs) == {"index_add_", "scatter_add_", "matmul"}
+    assert outputs["index_add_"].shape == (512, 64) and outputs["index_add_"].abs().sum() > 0
+
+
+def test_the_check_leaves_the_users_random_streams_alone() -> None:
+    torch.manual_seed(3)
+    expected = torch.rand(2)
+    torch.manual_seed(3)
+    det_check._run_twice(torch.device("cpu"))
+    assert torch.equal(torch.rand(2), expected)
+
+
+class FakeGpus:
+    """Two fake CUDA devices whose kernels run on the CPU; chosen runs give other bits."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.perturb: set[int] = set()  # 1-based calls of _outputs whose index_add_ is changed
+        self.error: RuntimeError | None = None
+        real_inputs, real_outputs = det_check._inputs, det_check._outputs
+
+        def outputs(*inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+            self.calls += 1
+            if self.error is not None:
+                raise self.error
+            result = real_outputs(*inputs)
+            if self.calls in self.perturb:
+                first = result["index_add_"][0, 0]  # one ulp away: the difference atomics give
+                result["index_add_"][0, 0] = torch.nextafter(first, first + 1)
+            return result
+
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: f"Fake GPU {index}")
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+        monkeypatch.setattr(det_check, "_inputs", lambda device: real_inputs(torch.device("cpu")))
+        monkeypatch.setattr(det_check, "_outputs", outputs)
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch: pytest.MonkeyPatch) -> FakeGpus:
+    return FakeGpus(monkeypatch)
+
+
+def test_self_check_runs_twice_on_every_visible_gpu(fake_gpus: FakeGpus) -> None:
+    result = det.self_check()
+    assert fake_gpus.calls == 4
+    assert [(d.device, d.name, d.agreed) for d in result.devices] == [
+        ("cuda:0", "Fake GPU 0", True),
+        ("cuda:1", "Fake GPU 1", True),
+    ]
+    assert result.ran and result.agreed is True and result.skipped is None
+    assert result.deterministic_algorithms is False  # the switch as it was: off here
+    assert "cuda:0 (Fake GPU 0) agreed; cuda:1 (Fake GPU 1) agreed" in result.summary()
+    json.dumps(result.to_dict())
+
+
+def test_self_check_names_the_gpu_and_output_that_disagreed(fake_gpus: FakeGpus) -> None:
+    fake_gpus.perturb = {4}  # device 1's second run
+    result = det.self_check()
+    assert [d.agreed for d in result.devices] == [True, False]
+    assert result.devices[1].differing == ("index_add_",) and result.agreed is False
+    assert "cuda:1 (Fake GPU 1) DISAGREED on index_add_" in result.summary()
+    assert result.to_dict()["devices"][1]["differing"] == ["index_add_"]
+
+
+def test_self_check_reports_a_refused_kernel_as_a_failure(fake_gpus: FakeGpus) -> None:
+    fake_gpus.error = RuntimeError(
+        "Deterministic behavior was enabled but this operation is not deterministic because it "
+        "uses CuBLAS and you have set CUBLAS_WORKSPACE_CONFIG wrongly\nsee the docs"
+    )
+    result = det.self_check(devices=[1])
+    (only,) = result.devices
+    assert only.device == "cuda:1" and only.agreed is False and only.differing == ()
+    assert only.error is not None and only.error.startswith("RuntimeError: Deterministic behavior")
+    assert "see the docs" not in only.error  # first line only
+    assert "cuda:1 (Fake GPU 1) could not run it: RuntimeError" in result.summary()
+
+
+@pytest.mark.parametrize("devices", [[2], [-1], [True], [0, "1"]])
+def test_self_check_rejects_devices_that_are_not_visible(fake_gpus: FakeGpus, devices: Any) -> None:
+    with pytest.raises(ConfigError, match="are not visible CUDA devices; this process sees 2"):
+        det.self_check(devices=devices)
+    assert fake_gpus.calls == 0
+
+
+def test_self_check_of_no_device(fake_gpus: FakeGpus) -> None:
+    result = det.self_check(devices=[])
+    assert not result.ran and result.skipped == "no device was asked for (devices=[])"
+
+
+def test_apply_check_logs_agreement_at_info(
+    fake_gpus: FakeGpus, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="rollout_mock"):
+        report = det.apply(check=True)
+    assert report.check is not None and report.check.agreed is True
+    assert report.check.deterministic_algorithms is True  # checked after the switches
+    records = [r for r in caplog.records if "self-check" in r.getMessage()]
+    assert [r.levelno for r in records] == [logging.INFO]
+
+
+def test_apply_check_warns_when_a_gpu_disagrees(
+    fake_gpus: FakeGpus, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_gpus.perturb = {2}
+    with caplog.at_level(logging.INFO, logger="rollout_mock"):
+        report = det.apply(check=True)
+    assert report.check is not None and report.check.agreed is False
+    (record,) = [r for r in caplog.records if "self-check" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "cuda:0 (Fake GPU 0) DISAGREED on index_add_" in record.getMessage()
+    assert "A switch did not take" in record.getMessage()
+
+
+def test_apply_check_strict_raises_with_the_result(fake_gpus: FakeGpus) -> None:
+    fake_gpus.perturb = {4}
+    with pytest.raises(det.DeterminismError) as info:
+        det.apply(check=True, strict=True)
+    assert info.value.check is not None and info.value.check.agreed is False
+    assert info.value.too_late == ()
+    assert "cuda:1 (Fake GPU 1) DISAGREED" in str(info.value)
+    assert torch.are_deterministic_algorithms_enabled()  # the settings stay applied
+
+
+def test_apply_without_check_runs_nothing(fake_gpus: FakeGpus) -> None:
+    assert det.apply().check is None
+    assert fake_gpus.calls == 0
+
+
 # ---------------------------------------------------------------------------- apply_from_env
 
 
@@ -254,8 +472,27 @@ def test_apply_from_env_applies_profile_and_seed(monkeypatch: pytest.MonkeyPatch
 
 def test_apply_from_env_defaults_to_roll_without_seed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DETERMINISTIC_MODE", "1")
+    monkeypatch.setenv(det.TF32_VAR, "")
+    torch.backends.cudnn.allow_tf32 = True
     report = det.apply_from_env()
-    assert report is not None and (report.profile, report.seed) == ("roll", None)
+    assert report is not None and (report.profile, report.seed, report.tf32) == ("roll", None, "keep")
+    assert torch.backends.cudnn.allow_tf32 is True
+
+
+def test_apply_from_env_tf32_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DETERMINISTIC_MODE", "1")
+    monkeypatch.setenv(det.TF32_VAR, "off")
+    report = det.apply_from_env()
+    assert report is not None and report.tf32 == "off"
+    assert torch.backends.cudnn.allow_tf32 is False and os.environ["NVIDIA_TF32_OVERRIDE"] == "0"
+
+
+def test_apply_from_env_rejects_malformed_tf32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DETERMINISTIC_MODE", "1")
+    monkeypatch.setenv(det.TF32_VAR, "maybe")
+    with pytest.raises(ConfigError, match="ROLLOUT_MOCK_TF32 must be one of keep, off; got 'maybe'"):
+        det.apply_from_env()
+    assert not torch.are_deterministic_algorithms_enabled()
 
 
 def test_apply_from_env_rejects_malformed_seed(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -271,7 +508,18 @@ def test_apply_from_env_rejects_malformed_seed(monkeypatch: pytest.MonkeyPatch) 
 def test_ray_runtime_env_from_nothing() -> None:
     env = det.ray_runtime_env(seed=5)
     assert env["worker_process_setup_hook"] == "rollout_mock.determinism.apply_from_env"
-    assert env["env_vars"] == ROLL_ENV | {det.PROFILE_VAR: "roll", det.SEED_VAR: "5"}
+    assert env["env_vars"] == ROLL_ENV | {
+        det.PROFILE_VAR: "roll",
+        det.SEED_VAR: "5",
+        det.TF32_VAR: "keep",
+    }
+
+
+def test_ray_runtime_env_tf32_off_carries_the_override() -> None:
+    env = det.ray_runtime_env(tf32="off")["env_vars"]
+    assert env["NVIDIA_TF32_OVERRIDE"] == "0" and env[det.TF32_VAR] == "off"
+    with pytest.raises(ConfigError, match="ROLLOUT_MOCK_TF32='off' but the determinism profile"):
+        det.ray_runtime_env({"env_vars": env})  # tf32 keep: a mismatch, not a silent downgrade
 
 
 def test_ray_runtime_env_merges_without_mutating_base() -> None:
@@ -328,7 +576,7 @@ def test_fingerprint_keys_and_json_round_trip() -> None:
 
 def test_fingerprint_reflects_apply() -> None:
     before = det.fingerprint()
-    det.apply()
+    det.apply(tf32="off")
     after = det.fingerprint()
     assert before["env"]["NCCL_ALGO"] is None and after["env"]["NCCL_ALGO"] == "Ring"
     assert after["torch_flags"]["deterministic_algorithms"] is True

@@ -331,7 +331,9 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(f"rollout-mock bisect: {count} commits after {good[:12]}; testing both ends, then ~{progress.total - 2}",
               file=sys.stderr)
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)  # a CI cancel cleans up like Ctrl-C
+    # SIGTERM (a cancelled CI job) cleans up like Ctrl-C; a handler can be set in the main thread only
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main_thread else None
     try:
         with _worktree(repo, good, timeout) as (tree, work):
             log_dir = Path(args.log_dir).resolve() if args.log_dir else work / "logs"
@@ -340,7 +342,8 @@ def run(args: argparse.Namespace) -> int:
                          args.max_tests, str(log_dir), names, rtol, atol)
             code, message, culprit, candidates = _bisect(plan, reference, args.reference, good, bad, progress)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
     return _report(args, good, bad, progress.tested, time.monotonic() - start, code, message, culprit, candidates)
 
 
@@ -392,8 +395,8 @@ def _report(args: argparse.Namespace, good: str, bad: str, tested: list[_Tested]
                 "step": culprit.step, "metric": culprit.metric, "reason": culprit.reason,
                 "reference_value": json_float(culprit.reference_value), "bad_value": json_float(culprit.value)},
             "candidates": [{"rev": rev, "subject": subject} for rev, subject in candidates],
-            "tested": [{**asdict(t), "reference_value": json_float(t.reference_value), "value": json_float(t.value)}
-                       for t in tested], "seconds": round(seconds, 2),
+            "tested": [{**asdict(t), "reference_value": json_float(t.reference_value), "value": json_float(t.value),
+                        "log": t.log if args.log_dir else None} for t in tested], "seconds": round(seconds, 2),
         }, indent=2, allow_nan=False))
         return code
     print(f"rollout-mock bisect: {verdict}: {message}")

@@ -251,8 +251,9 @@ def test_an_all_good_range_has_no_bad_commit(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_ctrl_c_removes_the_worktree_and_ends_the_command(
-        regression: tuple[Path, list[str], Path], tmp_path: Path) -> None:
+        sig: signal.Signals, regression: tuple[Path, list[str], Path], tmp_path: Path) -> None:
     repo, shas = make_repo(tmp_path, bad=4, slow=(2, 3), commits=4)
     before = snapshot(repo)
     marker = tmp_path / "slow.pid"
@@ -266,7 +267,7 @@ def test_ctrl_c_removes_the_worktree_and_ends_the_command(
         time.sleep(0.1)
     assert marker.exists(), proc.communicate(timeout=30)
     slow_pid = int(marker.read_text())
-    proc.send_signal(signal.SIGINT)  # inside `git bisect run`: git -> the step runner -> CMD
+    proc.send_signal(sig)  # while `git bisect run` waits for the commit it asked about
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     with pytest.raises(ProcessLookupError):  # the training process of the commit under test is gone

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "BisectError",
     "ConfigError",
     "CorruptStepError",
     "DebugInputError",
@@ -254,6 +255,11 @@ class MetricsWarning(UserWarning):
 
 class ForeignDumpError(RolloutMockError, ValueError):
     """A foreign dump (ROLL, verl, AReaL, slime) could not be recognised or read."""
+
+
+class BisectError(RolloutMockError):
+    """``rollout-mock bisect`` cannot start or go on: not a git repository, an unknown revision,
+    ``--good`` not an ancestor of ``--bad``, no command, a git command that failed or timed out."""
 
 
 def dump_path_is_a_file(path: str | Path, *, mode: str | None = None) -> DumpNotFoundError:

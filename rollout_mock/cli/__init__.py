@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "logprobs": "logprobs",
     "cut": "cut",
     "report": "report",
+    "bisect": "bisect",
 }
 
 

@@ -13,14 +13,17 @@ import math
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rollout_mock.compare.metrics import MetricsTable, read_metrics
-from rollout_mock.compare.verify import format_report, verify
+from rollout_mock.compare.verify import VerifyReport, format_report, verify
 from rollout_mock.errors import VerifyInputError
 
-__all__ = ["add_parser", "parse_tolerances", "run"]
+__all__ = [
+    "Failure", "add_parser", "first_failure", "parse_metric_names", "parse_tolerances", "run", "verify_with_options",
+]
 
 _TOL_HELP = (
     "a float applied to every metric, or METRIC=FLOAT for one metric (repeatable; overrides the "
@@ -84,6 +87,67 @@ def parse_tolerances(values: Sequence[str], option: str) -> tuple[float, dict[st
     return (0.0 if default is None else default), per_metric
 
 
+def parse_metric_names(value: str | None) -> list[str] | None:
+    """``--metrics A,B``: the names (``None`` when the option is not given: every metric)."""
+    if value is None:
+        return None
+    selected = [m.strip() for m in value.split(",") if m.strip()]
+    if not selected:
+        raise VerifyInputError(f"--metrics {value!r}: no metric names given")
+    return selected
+
+
+Tolerance = tuple[float, dict[str, float]]
+
+
+def verify_with_options(baseline: MetricsTable, candidate: MetricsTable, *, rtol: Tolerance, atol: Tolerance,
+                        metrics: Sequence[str] | None) -> VerifyReport:
+    """:func:`~rollout_mock.compare.verify.verify` with the parsed ``--rtol``/``--atol`` values of
+    :func:`parse_tolerances` (the plain value for every compared metric, ``METRIC=FLOAT`` overrides)
+    and ``--metrics`` (``None``: every metric of either run). Shared by ``verify`` and ``bisect``."""
+    names = list(metrics) if metrics is not None else sorted(set(baseline) | set(candidate))
+    return verify(
+        baseline,
+        candidate,
+        metrics=metrics,
+        rtol={**dict.fromkeys(names, rtol[0]), **rtol[1]},
+        atol={**dict.fromkeys(names, atol[0]), **atol[1]},
+    )
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Where a comparison first fails: a step and metric, both values when the step is on both sides."""
+
+    step: int | None
+    metric: str
+    baseline_value: float | None
+    candidate_value: float | None
+    reason: str
+
+
+def first_failure(report: VerifyReport, sides: tuple[str, str] = ("baseline", "candidate")) -> Failure | None:
+    """The earliest divergent value of a failed report (``report.first_divergence``) or, when only
+    steps or metrics are one-sided, the first of those; ``None`` when the report is ok. ``sides``:
+    what the reason calls the baseline and the candidate."""
+    base, cand = sides
+    first = report.first_divergence
+    if first is not None:
+        return Failure(first.first_divergent_step, first.name, first.baseline_value, first.candidate_value,
+                       f"step {first.first_divergent_step}, {first.name}: {base} {first.baseline_value!r}, "
+                       f"{cand} {first.candidate_value!r}")
+    if report.only_in_baseline:
+        return Failure(None, report.only_in_baseline[0], None, None,
+                       f"metric {report.only_in_baseline[0]} is only in the {base}")
+    if report.only_in_candidate:
+        return Failure(None, report.only_in_candidate[0], None, None,
+                       f"metric {report.only_in_candidate[0]} is only in the {cand} (--metrics compares only some)")
+    for c in report.failed:
+        side, steps = (cand, c.missing_in_candidate) if c.missing_in_candidate else (base, c.missing_in_baseline)
+        return Failure(steps[0], c.name, None, None, f"step {steps[0]} of {c.name} is missing in the {side}")
+    return None
+
+
 def _read(path: str) -> MetricsTable:
     """Read a table, turning reader warnings (torn last line) into one stderr line each."""
     with warnings.catch_warnings(record=True) as caught:
@@ -96,13 +160,9 @@ def _read(path: str) -> MetricsTable:
 
 def run(args: argparse.Namespace) -> int:
     """Run the comparison; return the exit code (errors propagate to :func:`rollout_mock.cli.main`)."""
-    rtol, rtol_over = parse_tolerances(args.rtol, "--rtol")
-    atol, atol_over = parse_tolerances(args.atol, "--atol")
-    selected = None
-    if args.metrics is not None:
-        selected = [m.strip() for m in args.metrics.split(",") if m.strip()]
-        if not selected:
-            raise VerifyInputError(f"--metrics {args.metrics!r}: no metric names given")
+    rtol = parse_tolerances(args.rtol, "--rtol")
+    atol = parse_tolerances(args.atol, "--atol")
+    selected = parse_metric_names(args.metrics)
     plot_missing = False
     if args.plot:
         try:
@@ -111,14 +171,7 @@ def run(args: argparse.Namespace) -> int:
             plot_missing = True  # the report still prints; the plot is skipped with a hint
 
     baseline, candidate = _read(args.baseline), _read(args.candidate)
-    names = selected if selected is not None else sorted(set(baseline) | set(candidate))
-    report = verify(
-        baseline,
-        candidate,
-        metrics=selected,
-        rtol={**dict.fromkeys(names, rtol), **rtol_over},
-        atol={**dict.fromkeys(names, atol), **atol_over},
-    )
+    report = verify_with_options(baseline, candidate, rtol=rtol, atol=atol, metrics=selected)
     plot_path: Path | None = None
     if plot_missing:
         print(f"rollout-mock verify: --plot {args.plot} skipped: matplotlib is not installed; "

@@ -48,13 +48,13 @@ _EXPORTS: dict[str, str] = {
     "MemoryStore": "rollout_mock.storage.memory",
     "rank_rows": "rollout_mock.storage.partial",
     "register_batch_class": "rollout_mock.codec",
-    "MetricsWriter": "rollout_mock.compare.metrics",
+    "MetricsWriter": "rollout_mock.compare.expected",
     "read_metrics": "rollout_mock.compare.metrics",
     "verify": "rollout_mock.compare.verify",
     "VerifyReport": "rollout_mock.compare.verify",
     "diff_dumps": "rollout_mock.compare.diff",
     "DiffReport": "rollout_mock.compare.diff",
-    "compare_batches": "rollout_mock.compare.diff",
+    "compare_batches": "rollout_mock.compare.batch_diff",
     "batch_traces": "rollout_mock.compare.traces",
 }
 
@@ -64,8 +64,10 @@ __all__ += _errors.__all__
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.adapters.trl import wrap_trl
     from rollout_mock.codec import register_batch_class
-    from rollout_mock.compare.diff import DiffReport, compare_batches, diff_dumps
-    from rollout_mock.compare.metrics import MetricsWriter, read_metrics
+    from rollout_mock.compare.batch_diff import compare_batches
+    from rollout_mock.compare.diff import DiffReport, diff_dumps
+    from rollout_mock.compare.expected import MetricsWriter
+    from rollout_mock.compare.metrics import read_metrics
     from rollout_mock.compare.traces import batch_traces
     from rollout_mock.compare.verify import VerifyReport, verify
     from rollout_mock.config import RolloutMockConfig, load_config

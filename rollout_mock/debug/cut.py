@@ -24,12 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rollout_mock.debug._files import write_text_inside
 from rollout_mock.debug.redact import redact as redact_batch
 from rollout_mock.debug.redact import redact_call
 from rollout_mock.debug.rows import row_count, select_keys, select_rows
 from rollout_mock.errors import DebugInputError, UnsafePathError, UnsafePickleError
-from rollout_mock.storage.paths import read_inside
+from rollout_mock.storage.paths import read_inside, write_inside
 from rollout_mock.version import __version__
 
 __all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges"]
@@ -107,7 +106,7 @@ def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
             step = record.get("step") if isinstance(record, dict) else None
             if step in steps:
                 kept.append(line if line.endswith("\n") else line + "\n")
-        write_text_inside(dst, f"expected/{name}", "".join(kept))
+        write_inside(dst, f"expected/{name}", "".join(kept).encode("utf-8"))
     return True
 
 
@@ -241,7 +240,7 @@ def cut_dump(
         "cut_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rollout_mock": __version__,
     }
-    write_text_inside(dst_path, PROVENANCE_FILE, json.dumps(provenance, indent=2, default=str) + "\n")
+    write_inside(dst_path, PROVENANCE_FILE, (json.dumps(provenance, indent=2, default=str) + "\n").encode("utf-8"))
     return result
 
 

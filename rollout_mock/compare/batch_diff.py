@@ -1,19 +1,64 @@
-"""Comparing two batches structurally, key by key, bit for bit or within tolerances."""
+"""Comparing two batches structurally, key by key, bit for bit or within tolerances: one
+:class:`KeyDiff` per key that is not identical on both sides (:func:`compare_batches`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from rollout_mock.batch import dataproto_parts, is_dataproto, is_tensordict
-from rollout_mock.compare.diff.report import _REPR_WIDTH, KeyDiff
+from rollout_mock.text import json_float
 
-__all__ = ["compare_batches"]
+__all__ = ["KeyDiff", "compare_batches", "is_timing_key"]
+
+_REPR_WIDTH = 60
+
+
+@dataclass(frozen=True)
+class KeyDiff:
+    """One key that is not identical on both sides.
+
+    ``status``: ``"different"``, ``"close"`` (within atol/rtol), ``"only_in_a"``, ``"only_in_b"``.
+    ``kind``: ``"tensor"``, ``"ndarray"``, ``"object_array"``, ``"value"`` or ``"type"`` (the two
+    sides are different kinds of things). Shapes/dtypes are ``None`` for non-arrays.
+    ``first_index`` is the first differing sample (index along dim 0) of an array, or the first
+    differing position of a list/tuple value; ``samples_differ`` counts differing samples;
+    ``first_element`` is the full index of the first differing element and ``first_a``/``first_b``
+    the ``repr`` of its two values.
+    """
+
+    key: str
+    status: str
+    kind: str
+    a: str | None = None
+    b: str | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    max_abs_diff: float | None = None
+    elements_differ: int | None = None
+    samples_differ: int | None = None
+    samples: int | None = None
+    first_index: int | None = None
+    first_element: tuple[int, ...] | None = None
+    first_a: str | None = None
+    first_b: str | None = None
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for name in ("shape_a", "shape_b", "first_element"):
+            if out[name] is not None:
+                out[name] = list(out[name])
+        out["max_abs_diff"] = json_float(self.max_abs_diff)
+        return out
 
 
 def _short(value: Any) -> str:

@@ -1,33 +1,77 @@
-"""Building traces from any batch shape: DataProto-like, columns, lists of trajectories."""
+"""Human-readable traces of a recorded rollout batch: who said what, with which reward.
+
+:func:`batch_traces` reads any batch shape (DataProto-like, columns, AReaL's lists of
+trajectories, slime's samples) into :class:`Trace` objects; :func:`format_traces` and
+:func:`traces_to_jsonl` render them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
 from rollout_mock.batch import batch_type_of, dataproto_parts, is_dataproto, is_tensordict, type_name
-from rollout_mock.compare.traces.fields import _reward_column, _short, _text_columns
-from rollout_mock.compare.traces.messages import (
-    _chat_messages,
-    _Renderer,
-    _structured_message,
-)
-from rollout_mock.compare.traces.model import (
-    DEFAULT_MAX_TRACES,
+from rollout_mock.compare.trace_rows import (
     Tokenizer,
-    Trace,
+    _chat_messages,
+    _Columns,
     _n_rows,
     _promote_single_sequence,
+    _Renderer,
+    _reward_column,
+    _short,
     _split_mapping,
+    _structured_message,
+    _text_columns,
+    _token_messages,
 )
-from rollout_mock.compare.traces.rows import _Columns, _token_messages
 from rollout_mock.errors import TraceError
+from rollout_mock.text import json_default as _json_default
+from rollout_mock.text import jsonable
 
-__all__ = ["batch_columns", "batch_traces", "count_traces"]
+__all__ = [
+    "DEFAULT_MAX_TRACES", "Trace", "batch_columns", "batch_traces", "count_traces", "format_trace",
+    "format_traces", "traces_to_jsonl",
+]
+
+#: AReaL's ``max_rollout_traces_per_step`` default.
+DEFAULT_MAX_TRACES = 32
 
 
+@dataclass
+class Trace:
+    """One sequence of a batch, readable.
+
+    ``index`` is the trace's position among the batch's traces (a rejected trajectory takes one
+    position). ``messages`` are ``{"role", "content", "tokens"}`` dicts; ``tokens`` is ``None``
+    when only text is known (chat messages from ``non_tensor_batch``, structured ``messages``
+    without token ids). ``reward`` is ``None`` when the batch has none, and for rejected traces.
+    """
+
+    index: int
+    status: Literal["ok", "rejected"]
+    reward: float | None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+
+    def to_json(self, step: int | None = None) -> dict[str, Any]:
+        """A JSON-ready dict; a non-finite reward becomes the string ``"nan"``/``"inf"``/``"-inf"``."""
+        return jsonable({
+            "step": self.step if step is None else step,
+            "index": self.index,
+            "status": self.status,
+            "reward": self.reward,
+            "messages": self.messages,
+            "metadata": self.metadata,
+        })
+
+
+# --------------------------------------------------------------------------- building
 def _columnar_traces(
     tensors: Mapping[str, Any],
     others: Mapping[str, Any],
@@ -242,4 +286,50 @@ def count_traces(batch: Any) -> int | None:
     return None
 
 
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------- rendering
+def _header(trace: Trace) -> str:
+    parts = [f"step {trace.step}" if trace.step is not None else None, f"trace {trace.index}", trace.status]
+    if trace.reward is not None:
+        parts.append(f"reward {trace.reward:.4g}")
+    meta = trace.metadata
+    if "trajectory" in meta:
+        parts.append(f"trajectory {meta['trajectory']}" + (f" row {meta['row']}" if "row" in meta else ""))
+    elif "row" in meta:
+        parts.append(f"row {meta['row']}")
+    if "versions" in meta:
+        lo, hi = meta["versions"]
+        parts.append(f"versions {lo}" if lo == hi else f"versions {lo}-{hi}")
+    if "length" in meta:
+        parts.append(f"{meta['length']} tokens")
+    return "--- " + " | ".join(p for p in parts if p is not None)
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines()) if text else prefix + "(empty)"
+
+
+def format_trace(trace: Trace) -> str:
+    """One trace as text: a header line, its ``fields`` if any, then each message labelled by role."""
+    lines = [_header(trace)]
+    for key, value in trace.metadata.get("fields", {}).items():
+        lines.append(f"  {key}: {value}")
+    for message in trace.messages:
+        tokens = message.get("tokens")
+        label = f"  [{message['role']}]" + (f" ({tokens} tokens)" if tokens is not None else "")
+        lines += [label, _indent(str(message["content"]))]
+    return "\n".join(lines)
+
+
+def format_traces(traces: Iterable[Trace]) -> str:
+    """Readable text blocks, one per trace, separated by blank lines (``""`` for no traces)."""
+    return "\n\n".join(format_trace(trace) for trace in traces)
+
+
+def traces_to_jsonl(traces: Iterable[Trace], step: int | None = None) -> str:
+    """One JSON object per line (``step``, ``index``, ``status``, ``reward``, ``messages``,
+    ``metadata``), newline-terminated; ``step`` overrides each trace's own. ``""`` for no traces."""
+    lines = [
+        json.dumps(trace.to_json(step), ensure_ascii=False, allow_nan=False, default=_json_default)
+        for trace in traces
+    ]
+    return "".join(line + "\n" for line in lines)

@@ -47,7 +47,7 @@ _EXPORTS: dict[str, str] = {
     "DirectoryStore": "rollout_mock.storage.directory",
     "MemoryStore": "rollout_mock.storage.memory",
     "rank_rows": "rollout_mock.storage.partial",
-    "register_batch_class": "rollout_mock.codec",
+    "register_batch_class": "rollout_mock.batch",
     "MetricsWriter": "rollout_mock.compare.expected",
     "read_metrics": "rollout_mock.compare.metrics",
     "verify": "rollout_mock.compare.verify",
@@ -63,7 +63,7 @@ __all__ += _errors.__all__
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.adapters.trl import wrap_trl
-    from rollout_mock.codec import register_batch_class
+    from rollout_mock.batch import register_batch_class
     from rollout_mock.compare.batch_diff import compare_batches
     from rollout_mock.compare.diff import DiffReport, diff_dumps
     from rollout_mock.compare.expected import MetricsWriter
@@ -93,3 +93,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+# The framework adapters' registrations — batch types (rollout_mock.batch), step-argument names
+# (rollout_mock.wrap.calls) and scheduler hooks such as switching off ROLL's own rollout mock
+# (rollout_mock.wrap.hooks) — are made whatever the user imports: ``from rollout_mock.x import y``
+# runs this module first. Cheap: rollout_mock.adapters imports no framework, torch or numpy.
+from rollout_mock import adapters as _adapters  # noqa: E402

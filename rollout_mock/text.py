@@ -14,10 +14,11 @@ import math
 import os
 import re
 import reprlib
-import secrets
 from collections.abc import Mapping, Sequence
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
 
 __all__ = [
     "LOG_PREFIX", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "json_default", "json_float", "jsonable",
@@ -150,6 +151,9 @@ logger.addFilter(_TerminalSafeFilter())
 
 def write_text_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same directory, fsync, rename."""
+    import secrets
+    from pathlib import Path
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     temp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"

@@ -99,7 +99,7 @@ def _promote_single_sequence(item: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _split_mapping(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A dict or TensorDict -> (tensor columns, other columns such as strings and object arrays)."""
+    """Columns -> (numeric array columns, other columns such as strings and object arrays)."""
     tensors: dict[str, Any] = {}
     others: dict[str, Any] = {}
     for key, value in batch.items():

@@ -14,7 +14,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from rollout_mock.batch import batch_type_of, dataproto_parts, is_dataproto, is_tensordict, type_name
+from rollout_mock.batch import batch_columns as batch_columns_of
+from rollout_mock.batch import batch_type_of, type_name
 from rollout_mock.compare.trace_rows import (
     Tokenizer,
     _chat_messages,
@@ -194,34 +195,35 @@ def _list_traces(batch: Sequence[Any], *, limit: int, renderer: _Renderer) -> li
         base = {"trajectory": i}
         if item is None:
             traces.append(Trace(len(traces), "rejected", None, [], base))
-        elif isinstance(item, Mapping) or is_tensordict(item):
-            traces += _item_traces(item, limit=left, start=len(traces), renderer=renderer, base=base)
+        elif (columns := batch_columns_of(item)) is not None:
+            traces += _item_traces(columns, limit=left, start=len(traces), renderer=renderer, base=base)
         else:
             raise TraceError(f"trajectory {i} is a {type_name(item)}: expected a dict of tensors or None")
     return traces
 
 
-def _item_traces(item: Any, *, limit: int, start: int, renderer: _Renderer, base: Mapping[str, Any]) -> list[Trace]:
-    if "messages" in item.keys():
+def _item_traces(item: dict[str, Any], *, limit: int, start: int, renderer: _Renderer,
+                 base: Mapping[str, Any]) -> list[Trace]:
+    """One trajectory (or a dict of columns): structured ``messages``, else token columns."""
+    if "messages" in item:
         return _structured_traces(item, limit=limit, start=start, renderer=renderer, base=base)
-    tensors, others = _split_mapping(_promote_single_sequence(dict(item.items())))
+    tensors, others = _split_mapping(_promote_single_sequence(item))
     return _columnar_traces(tensors, others, limit=limit, start=start, renderer=renderer, base=base)
 
 
-def _dataproto_parts(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    tensors, non_tensor, _ = dataproto_parts(batch)
-    return ({} if tensors is None else {str(k): v for k, v in tensors.items()}), non_tensor
+def _has_parts(batch: Any) -> bool:
+    """A batch whose columns come from named parts (a DataProto's tensors and non-tensor
+    columns): its columns are its rows as they are, never one trajectory."""
+    kind = batch_type_of(batch)
+    return kind is not None and kind.parts is not None
 
 
 def batch_columns(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(numeric array columns, other columns) of a columnar batch (DataProto-like, dict,
-    TensorDict), as the traces read them; two empty dicts for any other batch."""
-    if is_dataproto(batch):
-        tensors, others = _dataproto_parts(batch)
-        return tensors, dict(others)
-    if isinstance(batch, Mapping) or is_tensordict(batch):
-        return _split_mapping(batch)
-    return {}, {}
+    TensorDict: :func:`rollout_mock.batch.batch_columns`), as the traces read them; two empty
+    dicts for any other batch."""
+    columns = batch_columns_of(batch)
+    return ({}, {}) if columns is None else _split_mapping(columns)
 
 
 def batch_traces(
@@ -246,15 +248,16 @@ def batch_traces(
         traces = _slime_traces(slime, limit=max_traces, renderer=renderer)
     elif isinstance(batch, list | tuple):
         traces = _list_traces(batch, limit=max_traces, renderer=renderer)
-    elif is_dataproto(batch):
-        tensors, others = _dataproto_parts(batch)
+    elif (columns := batch_columns_of(batch)) is not None and _has_parts(batch):
+        tensors, others = _split_mapping(columns)
         traces = _columnar_traces(tensors, others, limit=max_traces, start=0, renderer=renderer, base={})
-    elif isinstance(batch, Mapping) or is_tensordict(batch):
-        traces = _item_traces(batch, limit=max_traces, start=0, renderer=renderer, base={})
+    elif columns is not None:
+        traces = _item_traces(columns, limit=max_traces, start=0, renderer=renderer, base={})
     else:
         raise TraceError(
             f"cannot build traces from a {type_name(batch)}: expected a list of trajectory dicts "
-            f"(AReaL), a DataProto or a dict of tensors with input_ids or prompts/responses"
+            f"(AReaL), a batch with columns (rollout_mock.batch.batch_columns: verl's and ROLL's batches) "
+            f"or a dict of tensors with input_ids or prompts/responses"
         )
     for trace in traces:
         trace.step = step
@@ -270,20 +273,19 @@ def count_traces(batch: Any) -> int | None:
     if isinstance(batch, list | tuple):
         total = 0
         for item in batch:
-            if item is None or not (isinstance(item, Mapping) or is_tensordict(item)):
+            columns = None if item is None else batch_columns_of(item)
+            if columns is None:
                 total += 1
-            elif "messages" in item.keys():
-                messages = item["messages"]
+            elif "messages" in columns:
+                messages = columns["messages"]
                 total += len(messages) if len(messages) and not isinstance(messages[0], Mapping) else 1
             else:
-                tensors, others = _split_mapping(_promote_single_sequence(dict(item.items())))
-                total += _n_rows(tensors, others)
+                total += _n_rows(*_split_mapping(_promote_single_sequence(columns)))
         return total
-    if is_dataproto(batch):
-        return _n_rows(*_dataproto_parts(batch))
-    if isinstance(batch, Mapping) or is_tensordict(batch):
-        return count_traces([batch])
-    return None
+    columns = batch_columns_of(batch)
+    if columns is None:
+        return None
+    return _n_rows(*_split_mapping(columns)) if _has_parts(batch) else count_traces([batch])
 
 
 # --------------------------------------------------------------------------- rendering

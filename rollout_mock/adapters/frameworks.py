@@ -159,12 +159,12 @@ def _dataproto_select(obj: Any, keys: frozenset[str]) -> Any:
                           "non_tensor_batch": {k: v for k, v in others.items() if k in keys}})
 
 
-DATAPROTO = register_batch_type(BatchType(
+DATAPROTO = BatchType(
     "dataproto", _is_dataproto, _dataproto_rows, _dataproto_take, _dataproto_concat,
     columns=_dataproto_columns, select=_dataproto_select, parts=_dataproto_parts, rebuild=_rebuild,
     meta_key="meta_info",
     classes=("verl.protocol:DataProto", "roll.distributed.scheduler.protocol:DataProto"),
-))
+)
 
 
 def _request_meta(obj: Any) -> Mapping[str, Any] | None:
@@ -185,10 +185,10 @@ def _no_rows(obj: Any, index: list[int]) -> Any:
 
 #: An object that carries only ``meta_info`` (a call's request: its step may be there, as in a
 #: DataProto's): no rows, no columns.
-REQUEST = register_batch_type(BatchType(
+REQUEST = BatchType(
     "request", lambda b: _request_meta(b) is not None, lambda b: None, _no_rows,
     parts=lambda b: {"meta_info": _request_meta(b)}, meta_key="meta_info",
-))
+)
 
 
 # --------------------------------------------------------------------------- TensorDict
@@ -220,11 +220,11 @@ def _tensordict_concat(parts: list[Any]) -> Any:
     return torch.cat(parts)
 
 
-TENSORDICT = register_batch_type(BatchType(
+TENSORDICT = BatchType(
     "tensordict", _is_tensordict, _tensordict_rows, _tensordict_take, _tensordict_concat,
     columns=lambda b: {str(k): v for k, v in b.items()},
     select=lambda b, keys: b.select(*[k for k in b.keys() if k in keys]),
-))
+)
 
 
 # --------------------------------------------------------------------------- slime records
@@ -258,17 +258,21 @@ def _select_sample(sample: Any, keys: frozenset[str]) -> Any:
     return sample
 
 
-SLIME_RECORD = register_batch_type(BatchType(
+SLIME_RECORD = BatchType(
     "slime", _is_slime, lambda b: len(b["samples"]),
     lambda b, i: {**b, "samples": [b["samples"][j] for j in i]},
     lambda ps: {**ps[0], "samples": [s for p in ps for s in p["samples"]]},
     keys=lambda b: _sample_keys(b["samples"], []),
     select=lambda b, keys: {**b, "samples": [_select_sample(s, keys) for s in b["samples"]]},
     parts=lambda b: dict(b), rebuild=lambda b, parts: {**b, **parts},
-))
+)
 
 
-# --------------------------------------------------------------------------- step arguments
+# --------------------------------------------------------------------------- registration
+# The latest registered type is checked first: DataProto-like objects, the most common batches.
+for _batch_type in (SLIME_RECORD, TENSORDICT, REQUEST, DATAPROTO):
+    register_batch_type(_batch_type)
+
 register_step_name("global_step")  # ROLL: get_batch(data, global_step, batch_size), meta_info["global_step"]
 register_step_name("global_steps")  # verl: meta_info["global_steps"] of generate_sequences' batch
 register_step_name("rollout_id")  # slime: generate_rollout(args, rollout_id, data_source, evaluation)

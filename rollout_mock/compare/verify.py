@@ -259,7 +259,7 @@ def verify(
     a requested metric absent from *both* runs is a :class:`VerifyInputError` (likely a typo), one
     absent from one run is a failure. ``rtol``/``atol`` are a float for every metric or a mapping
     ``metric -> tolerance`` (unlisted metrics: 0, i.e. bitwise; unknown names are an error).
-    Reading errors propagate as :class:`~rollout_mock.compare.metrics.MetricsError`.
+    Reading errors propagate as :class:`~rollout_mock.errors.MetricsError`.
     """
     base, cand = _as_table(baseline), _as_table(candidate)
     if metrics is not None:

@@ -47,14 +47,14 @@ _EXPORTS: dict[str, str] = {
     "DirectoryStore": "rollout_mock.storage.directory",
     "MemoryStore": "rollout_mock.storage.memory",
     "rank_rows": "rollout_mock.storage.partial",
-    "register_batch_class": "rollout_mock.codec",
-    "MetricsWriter": "rollout_mock.compare.metrics",
+    "register_batch_class": "rollout_mock.batch",
+    "MetricsWriter": "rollout_mock.compare.expected",
     "read_metrics": "rollout_mock.compare.metrics",
     "verify": "rollout_mock.compare.verify",
     "VerifyReport": "rollout_mock.compare.verify",
     "diff_dumps": "rollout_mock.compare.diff",
     "DiffReport": "rollout_mock.compare.diff",
-    "compare_batches": "rollout_mock.compare.diff",
+    "compare_batches": "rollout_mock.compare.batch_diff",
     "batch_traces": "rollout_mock.compare.traces",
 }
 
@@ -63,9 +63,11 @@ __all__ += _errors.__all__
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.adapters.trl import wrap_trl
-    from rollout_mock.codec import register_batch_class
-    from rollout_mock.compare.diff import DiffReport, compare_batches, diff_dumps
-    from rollout_mock.compare.metrics import MetricsWriter, read_metrics
+    from rollout_mock.batch import register_batch_class
+    from rollout_mock.compare.batch_diff import compare_batches
+    from rollout_mock.compare.diff import DiffReport, diff_dumps
+    from rollout_mock.compare.expected import MetricsWriter
+    from rollout_mock.compare.metrics import read_metrics
     from rollout_mock.compare.traces import batch_traces
     from rollout_mock.compare.verify import VerifyReport, verify
     from rollout_mock.config import RolloutMockConfig, load_config
@@ -91,3 +93,10 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
+
+
+# The framework adapters' registrations — batch types (rollout_mock.batch), step-argument names
+# (rollout_mock.wrap.calls) and scheduler hooks such as switching off ROLL's own rollout mock
+# (rollout_mock.wrap.hooks) — are made whatever the user imports: ``from rollout_mock.x import y``
+# runs this module first. Cheap: rollout_mock.adapters imports no framework, torch or numpy.
+from rollout_mock import adapters as _adapters  # noqa: E402

@@ -1,28 +1,35 @@
 """The batch model: what a batch is, for every type rollout_mock records — the one home of it.
 
 A batch has rows (samples along its first dimension), keys (its named columns) and a type that
-must survive a round trip. This module answers, for every supported type: is it a DataProto,
-how many rows has it (:func:`count_samples`), which keys (:func:`describe_keys`), which rows
+must survive a round trip. For every batch type, this module answers: how many rows
+(:func:`count_samples`), which keys (:func:`batch_keys`, :func:`describe_keys` for the manifest),
+its columns (:func:`batch_columns`), its named parts as structural walks see them
+(:func:`batch_parts`, :func:`rebuild`), its per-batch metadata (:func:`batch_meta`), which rows
 were rejected (``None`` items, :func:`rejected_count`), a new batch of some rows
-(:func:`take_rows`) and one batch of several (:func:`concat`). Every other module asks here.
+(:func:`take_rows`), of some keys (:func:`select_keys`) and one batch of several
+(:func:`concat`). Every other module asks here; none detects a framework's class itself.
 
-Supported, in the order they are recognised (:func:`batch_type_of`):
+A type is a :class:`BatchType` in one registry. Built in, in the order they are recognised
+(:func:`batch_type_of`), after every registered type:
 
-* DataProto-like objects — verl's, ROLL's (``_batch``/``_non_tensor_batch`` behind
-  ``BatchProxy`` properties), the demo's: recognised from the instance ``__dict__`` alone
-  (:func:`dataproto_fields`), so that detection never runs a property or ``__getattr__`` of a
-  possibly hostile object; their own ``select_idxs``/``concat`` are used when they have them;
-* a recorded slime rollout (``{"format": "rollout_mock.slime", "samples": [...]}``): rows are
-  samples;
-* lists (AReaL's trajectories, slime's samples; ``None`` = a rejected item, still a row) and
-  tuples (each element that has the same rows is cut alike);
-* TensorDict-like objects (``batch_size``, ``keys``, ``items``);
+* lists (AReaL's trajectories, slime's samples; ``None`` = a rejected item, still a row): rows
+  are items, keys those of the items (``[*].key`` in :func:`describe_keys`);
+* tuples (each element that has the same rows is cut alike);
 * tensors (strided and jagged nested tensors included: their first dimension is the row count)
   and numpy arrays;
 * mappings of columns sharing a first dimension (other values are per-batch metadata, kept).
 
-Framework adapters add their own types with :func:`register_batch_type` (checked before the
-built-in ones); a :class:`BatchType` says how to recognise, count, cut and join its batches.
+Framework adapters register their own types with :func:`register_batch_type` (checked before
+the built-in ones, latest first): ``rollout_mock.adapters.frameworks`` registers DataProto-like
+objects (verl's, ROLL's, the demo's), TensorDicts and slime records, and ``import rollout_mock``
+imports it, whatever the user imports. :func:`register_batch_class` names a class the safe
+loader may rebuild field by field (a :class:`BatchType` lists its own in ``classes``).
+
+Importing this module imports neither torch nor numpy: a tensor or an array can only exist once
+its library is imported, so the checks look the library up in :data:`sys.modules`.
+
+:func:`dataproto_fields` reads the instance state of a DataProto-like object without running any
+of its code; the codec's safe format and the adapters' DataProto type share it.
 
 Manifest summaries (type, sample count, keys with shapes and dtypes) are computed from the live
 batch in dump mode, so that listing a dump never unpickles anything.
@@ -30,20 +37,18 @@ batch in dump mode, so that listing a dump never unpickles anything.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
-
-import numpy as np
-import torch
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, NamedTuple, cast
 
 from rollout_mock.errors import RolloutMockError
 
 __all__ = [
-    "BatchType", "batch_type_of", "concat", "count_samples", "dataproto_fields", "dataproto_parts",
-    "describe_keys", "is_dataproto", "is_tensordict", "leading_dim", "register_batch_type",
-    "rejected_count", "take_rows", "type_name",
+    "BatchType", "batch_class_names", "batch_columns", "batch_keys", "batch_meta", "batch_parts",
+    "batch_type_of", "column_name", "concat", "count_samples", "dataproto_fields", "describe_keys",
+    "is_array", "is_batch_class", "is_tensor", "leading_dim", "rebuild", "register_batch_class",
+    "register_batch_type", "register_step_name", "rejected_count", "select_keys", "step_names", "subset",
+    "take_columns", "take_rows", "type_name",
 ]
 
 _MAX_KEYS = 256
@@ -51,12 +56,23 @@ _DATAPROTO_LAYOUTS = (
     ("public", ("batch", "non_tensor_batch", "meta_info")),
     ("private", ("_batch", "_non_tensor_batch", "meta_info")),  # ROLL >= 0.3
 )
-SLIME_FORMAT = "rollout_mock.slime"
 
 
 def type_name(obj: Any) -> str:
     cls = type(obj)
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def is_tensor(value: Any) -> bool:
+    """A ``torch.Tensor`` (without importing torch: none exists before torch is imported)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def is_array(value: Any) -> bool:
+    """A ``numpy.ndarray`` (without importing numpy)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray)
 
 
 def leading_dim(value: Any) -> int | None:
@@ -65,14 +81,14 @@ def leading_dim(value: Any) -> int | None:
     Nested tensors have no ``shape`` in the strided layout ("NestedTensorImpl doesn't support
     sizes"); their first dimension (the number of components) is ``size(0)`` in both layouts.
     """
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return int(value.size(0)) if value.dim() else None
-    if isinstance(value, np.ndarray):
+    if is_array(value):
         return int(value.shape[0]) if value.ndim else None
     return None
 
 
-def _shape(value: torch.Tensor) -> list[int | None]:
+def _shape(value: Any) -> list[int | None]:
     """A tensor's shape; ragged dimensions of a nested tensor (strided or jagged) are ``None``."""
     if not value.is_nested:
         return [int(d) for d in value.shape]
@@ -87,26 +103,11 @@ def _shape(value: torch.Tensor) -> list[int | None]:
 
 
 def _leaf(value: Any) -> dict[str, Any] | None:
-    if isinstance(value, torch.Tensor):
+    if is_tensor(value):
         return {"shape": _shape(value), "dtype": str(value.dtype).removeprefix("torch.")}
-    if isinstance(value, np.ndarray):
+    if is_array(value):
         return {"shape": list(value.shape), "dtype": value.dtype.name}
     return None
-
-
-def is_tensordict(obj: Any) -> bool:
-    """A TensorDict-like object: tensordict's own classes (recent tensordict registers them as
-    ``Mapping``s), or ``batch_size``, ``keys`` and ``items`` on something that is not a mapping."""
-    if isinstance(obj, dict | torch.Tensor | np.ndarray | type):
-        return False
-    if any(c.__name__ == "TensorDictBase" and c.__module__.startswith("tensordict") for c in type(obj).__mro__):
-        return True
-    return (
-        not isinstance(obj, Mapping)
-        and hasattr(obj, "batch_size")
-        and hasattr(obj, "items")
-        and hasattr(obj, "keys")
-    )
 
 
 def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
@@ -114,7 +115,7 @@ def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
     (no property, ``__getattr__`` or method of ``obj`` runs): ``layout`` is ``"public"``
     (``batch``, ``non_tensor_batch``, ``meta_info``) or ``"private"`` (ROLL >= 0.3:
     ``_batch``, ``_non_tensor_batch``, ``meta_info``). ``meta_info`` must be a dict and
-    ``non_tensor_batch`` ``None`` or mapping-like. ``None`` for anything else."""
+    ``non_tensor_batch`` ``None`` or mapping-like. ``None`` for anything else (classes too)."""
     if isinstance(obj, type) or type(obj).__module__ == "builtins":
         return None
     try:
@@ -131,42 +132,34 @@ def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def is_dataproto(obj: Any) -> bool:
-    """A DataProto-like instance (verl's, ROLL's, the demo's; see :func:`dataproto_fields`).
-    Classes themselves are not batches."""
-    return dataproto_fields(obj) is not None
-
-
-def dataproto_parts(obj: Any) -> tuple[Any, dict[str, Any], dict[str, Any]]:
-    """``(batch, non_tensor_batch as a plain dict, meta_info)`` of a DataProto-like object.
-
-    ``non_tensor_batch`` may be a proxy (ROLL's ``BatchProxy``: ``len``/iteration/``==`` do not
-    behave like a dict); it is read through ``keys()`` and ``__getitem__`` only.
-    """
-    found = dataproto_fields(obj)
-    if found is None:
-        raise RolloutMockError(f"not a DataProto-like batch: {type_name(obj)}")
-    layout, state = found
-    prefix = "_" if layout == "private" else ""
-    tensors, non_tensor = state[f"{prefix}batch"], state[f"{prefix}non_tensor_batch"]
-    if non_tensor is None:
-        plain: dict[str, Any] = {}
-    elif isinstance(non_tensor, dict):
-        plain = dict(non_tensor)
-    else:
-        plain = {key: non_tensor[key] for key in sorted(non_tensor.keys(), key=str)}
-    return tensors, plain, dict(state["meta_info"] or {})
-
-
 # --------------------------------------------------------------------------- batch types
-@dataclass(frozen=True)
-class BatchType:
-    """How one kind of batch is recognised, counted, cut and joined.
+class BatchType(NamedTuple):
+    """How one kind of batch is recognised, counted, cut, joined and read.
 
-    ``rows(batch)``: samples (``None``: no batch dimension); ``take(batch, index)``: a new
-    batch of the same type with rows ``index`` in that order (the input is not changed);
-    ``concat(batches)``: one batch of several of this type, rows in order (``None``: not
-    supported, :func:`concat` then says so).
+    Required:
+
+    * ``matches(batch)``: whether ``batch`` is of this type (it must never run code of a
+      possibly hostile object: no property, ``__getattr__`` or ``__len__``);
+    * ``rows(batch)``: its samples (``None``: no batch dimension); this is the sample count;
+    * ``take(batch, index)``: a new batch of the same type with rows ``index``, in that order
+      (the input is not changed).
+
+    Optional (``None``: the type does not support it, and the caller says so or skips it):
+
+    * ``concat(batches)``: one batch of several of this type, rows in order;
+    * ``columns(batch)``: its named columns (``{key: column}``), each with ``rows`` entries along
+      its first dimension unless it is per-batch metadata (traces and the log-prob check read
+      them); row-oriented types (lists) have none;
+    * ``keys(batch)``: its key names (default: the names of its columns);
+    * ``select(batch, keys)``: a new batch keeping only the columns ``keys`` (metadata is kept);
+    * ``parts(batch)``: its named parts as structural walks see them (``diff``, ``--redact``,
+      :func:`describe_keys`): e.g. a DataProto's ``batch``, ``non_tensor_batch`` and
+      ``meta_info`` (default: its columns);
+    * ``rebuild(batch, parts)``: the same batch with some parts replaced (a copy);
+    * ``meta_key``: the part that holds per-batch metadata (a call's step may be there; it has
+      no rows and :func:`describe_keys` leaves it out);
+    * ``classes``: ``"module:qualname"`` of the classes of this type that the safe loader may
+      rebuild field by field (see :func:`register_batch_class`).
     """
 
     name: str
@@ -174,9 +167,20 @@ class BatchType:
     rows: Callable[[Any], int | None]
     take: Callable[[Any, list[int]], Any]
     concat: Callable[[list[Any]], Any] | None = None
+    columns: Callable[[Any], dict[str, Any]] | None = None
+    keys: Callable[[Any], list[str]] | None = None
+    select: Callable[[Any, frozenset[str]], Any] | None = None
+    parts: Callable[[Any], dict[str, Any]] | None = None
+    rebuild: Callable[[Any, dict[str, Any]], Any] | None = None
+    meta_key: str | None = None
+    classes: tuple[str, ...] = ()
 
 
 _REGISTERED: list[BatchType] = []
+_CLASSES: set[tuple[str, str]] = set()
+#: The names a batch's step goes by, in lookup order: rollout_mock's own ``global_step``, then
+#: those adapters register (:func:`register_step_name`).
+_STEP_NAMES: list[str] = ["global_step"]
 
 
 def register_batch_type(batch_type: BatchType) -> BatchType:
@@ -187,34 +191,90 @@ def register_batch_type(batch_type: BatchType) -> BatchType:
     return batch_type
 
 
+def register_batch_class(cls: type) -> type:
+    """Let the safe loader store instances of ``cls`` by their fields and rebuild them as ``cls``.
+
+    DataProto-like classes (:func:`dataproto_fields`) are stored by their fields without
+    registration; register other plain classes whose attribute dict is all their state, and
+    classes that must load as themselves rather than as the codec's stand-in. Returns ``cls``
+    (decorator use). A :class:`BatchType` names its own classes in ``classes``.
+    """
+    _CLASSES.add((cls.__module__, cls.__qualname__))
+    return cls
+
+
+def batch_class_names() -> frozenset[tuple[str, str]]:
+    """``(module, qualname)`` of every class the safe loader may rebuild."""
+    declared = {tuple(path.split(":", 1)) for t in _REGISTERED for path in t.classes}
+    return frozenset(_CLASSES | cast(set[tuple[str, str]], declared))
+
+
+def is_batch_class(cls: type) -> bool:
+    return (cls.__module__, cls.__qualname__) in batch_class_names()
+
+
+def register_step_name(name: str) -> str:
+    """Let the step of a wrapped call also go by ``name``: a keyword argument, a positional
+    parameter, or a key of a batch argument's metadata (:func:`batch_meta`). Adapters call it at
+    import (``rollout_mock.adapters.frameworks``: ROLL's, verl's and slime's names); wrap/ looks
+    the step up through :func:`step_names`. Registering a name again does nothing. Returns it."""
+    if not isinstance(name, str) or not name.isidentifier():
+        raise RolloutMockError(f"register_step_name: {name!r} is not a parameter name")
+    if name not in _STEP_NAMES:
+        _STEP_NAMES.append(name)
+    return name
+
+
+def step_names() -> tuple[str, ...]:
+    """The names a call's step goes by, in lookup order (see :func:`register_step_name`)."""
+    return tuple(_STEP_NAMES)
+
+
 def _index_column(value: Any, index: list[int], n: int) -> Any:
     """Rows ``index`` of one column whose first dimension is ``n``; other values unchanged."""
-    if isinstance(value, torch.Tensor) and leading_dim(value) == n:
+    if is_tensor(value) and leading_dim(value) == n:
+        import torch
+
         if value.is_nested:  # neither layout supports fancy indexing: rebuild from components
             parts = [value[i] for i in index]
             return torch.nested.nested_tensor(parts, layout=value.layout) if parts else value[:0]
         return value[torch.as_tensor(index, dtype=torch.long)]
-    if isinstance(value, np.ndarray) and leading_dim(value) == n:
+    if is_array(value) and leading_dim(value) == n:
+        import numpy as np
+
         return value[np.asarray(index, dtype=np.int64)]
-    if is_tensordict(value) and _td_rows(value) == n:
-        return value[torch.as_tensor(index, dtype=torch.long)]
-    if isinstance(value, list) and len(value) == n:
-        return [value[i] for i in index]
+    if isinstance(value, list):
+        return [value[i] for i in index] if len(value) == n else value
+    column_type = _registered_type_of(value)  # a TensorDict column, a DataProto column...
+    if column_type is not None and column_type.rows(value) == n:
+        return column_type.take(value, index)
     return value
+
+
+def take_columns(columns: Mapping[Any, Any], index: Sequence[int], n: int | None) -> dict[Any, Any]:
+    """Rows ``index`` of every column of ``n`` rows (tensors, arrays, lists, registered batch
+    types); other values (per-batch metadata) unchanged. A helper for a type's ``take``."""
+    rows = [int(i) for i in index]
+    return {k: _index_column(v, rows, n) if n is not None else v for k, v in columns.items()}
 
 
 def _concat_columns(values: list[Any], key: str) -> Any:
     first = values[0]
-    if isinstance(first, torch.Tensor):
+    if is_tensor(first):
+        import torch
+
         if first.is_nested:
             return torch.nested.nested_tensor([c for v in values for c in v.unbind()], layout=first.layout)
         return torch.cat(values)
-    if isinstance(first, np.ndarray):
+    if is_array(first):
+        import numpy as np
+
         return np.concatenate(values)
     if isinstance(first, list):
         return [item for value in values for item in value]
-    if is_tensordict(first):
-        return torch.cat(values)
+    column_type = _registered_type_of(first)
+    if column_type is not None and column_type.concat is not None:
+        return column_type.concat(values)
     if all(_same(v, first) for v in values):
         return first  # per-batch metadata, identical in every part
     raise RolloutMockError(f"cannot concatenate key {key!r}: a {type_name(first)} that differs between "
@@ -228,12 +288,7 @@ def _same(a: Any, b: Any) -> bool:
         return False
 
 
-def _td_rows(obj: Any) -> int | None:
-    size = tuple(obj.batch_size)
-    return int(size[0]) if size else None
-
-
-def _mapping_rows(obj: Mapping[str, Any]) -> int | None:
+def _mapping_rows(obj: Mapping[Any, Any]) -> int | None:
     for value in obj.values():
         n = leading_dim(value)
         if n is not None:
@@ -241,50 +296,23 @@ def _mapping_rows(obj: Mapping[str, Any]) -> int | None:
     return None
 
 
-def _dataproto_rows(obj: Any) -> int | None:
-    tensors, non_tensor, _ = dataproto_parts(obj)
-    if is_tensordict(tensors):
-        n = _td_rows(tensors)
-        if n is not None:
-            return n
-    elif isinstance(tensors, Mapping):
-        n = _mapping_rows(tensors)
-        if n is not None:
-            return n
-    for value in non_tensor.values():
-        return len(value)
-    return None
+def _mapping_take(obj: Mapping[Any, Any], index: list[int]) -> Any:
+    return _remake(obj, take_columns(obj, index, _mapping_rows(obj)))
 
 
-def _dataproto_take(obj: Any, index: list[int]) -> Any:
-    select = getattr(type(obj), "select_idxs", None)
-    if callable(select):  # verl and ROLL: their own implementation keeps every invariant
-        return select(obj, np.asarray(index, dtype=np.int64))
-    layout = (dataproto_fields(obj) or ("public", {}))[0]
-    prefix = "_" if layout == "private" else ""
-    n = _dataproto_rows(obj) or 0
-    tensors, non_tensor, meta = dataproto_parts(obj)
-    out = copy.copy(obj)
-    if is_tensordict(tensors):
-        tensors = tensors[torch.as_tensor(index, dtype=torch.long)]
-    elif isinstance(tensors, Mapping):
-        tensors = {k: _index_column(v, index, n) for k, v in tensors.items()}
-    out.__dict__[f"{prefix}batch"] = tensors
-    out.__dict__[f"{prefix}non_tensor_batch"] = {k: _index_column(v, index, n) for k, v in non_tensor.items()}
-    out.__dict__["meta_info"] = dict(meta)
-    return out
+def _remake(obj: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+    """A mapping of ``obj``'s type holding ``items`` (a plain dict when the type cannot be built
+    from one)."""
+    if type(obj) is dict:
+        return items
+    try:
+        return cast(Any, type(obj))(items)
+    except (TypeError, ValueError):
+        return items
 
 
-def _dataproto_concat(parts: list[Any]) -> Any:
-    join = getattr(type(parts[0]), "concat", None)
-    if callable(join):
-        return join(parts)
-    raise RolloutMockError(f"a {type_name(parts[0])} has no concat()")
-
-
-def _is_slime(obj: Any) -> bool:
-    # a plain dict: a TensorDict is a Mapping whose .get() of a missing key may raise
-    return isinstance(obj, dict) and obj.get("format") == SLIME_FORMAT and isinstance(obj.get("samples"), list)
+def _mapping_concat(parts: list[Any]) -> Any:
+    return {key: _concat_columns([p[key] for p in parts], str(key)) for key in parts[0]}
 
 
 def _tuple_rows(obj: tuple[Any, ...]) -> int | None:
@@ -297,35 +325,46 @@ def _tuple_rows(obj: tuple[Any, ...]) -> int | None:
 
 def _tuple_take(obj: tuple[Any, ...], index: list[int]) -> Any:
     n = _tuple_rows(obj)
-    return type(obj)(*(take_rows(x, index) if count_samples(x) == n else x for x in obj)) \
-        if hasattr(obj, "_fields") else tuple(take_rows(x, index) if count_samples(x) == n else x for x in obj)
+    items = [take_rows(x, index) if count_samples(x) == n else x for x in obj]
+    return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
 
 
-def _mapping_take(obj: Mapping[str, Any], index: list[int]) -> Any:
-    n = _mapping_rows(obj)
-    out = {k: _index_column(v, index, n) if n is not None else v for k, v in obj.items()}
-    return out if type(obj) is dict else cast(Any, type(obj))(out)
+def _list_keys(obj: list[Any]) -> list[str]:
+    keys: list[str] = []
+    for item in obj:
+        if item is not None:
+            keys += [k for k in batch_keys(item) if k not in keys]
+    return keys
 
 
-def _mapping_concat(parts: list[Any]) -> Any:
-    return {key: _concat_columns([p[key] for p in parts], str(key)) for key in parts[0]}
+def _list_select(obj: list[Any], keys: frozenset[str]) -> list[Any]:
+    return [select_keys(item, keys) if _selectable(item) else item for item in obj]
+
+
+def _selectable(value: Any) -> bool:
+    batch_type = batch_type_of(value)
+    return batch_type is not None and batch_type.select is not None
 
 
 _BUILTIN: tuple[BatchType, ...] = (
-    BatchType("dataproto", is_dataproto, _dataproto_rows, _dataproto_take, _dataproto_concat),
-    BatchType("slime", _is_slime, lambda b: len(b["samples"]),
-              lambda b, i: {**b, "samples": [b["samples"][j] for j in i]},
-              lambda ps: {**ps[0], "samples": [s for p in ps for s in p["samples"]]}),
     BatchType("list", lambda b: isinstance(b, list), len, lambda b, i: [b[j] for j in i],
-              lambda ps: [item for p in ps for item in p]),
-    BatchType("tuple", lambda b: isinstance(b, tuple), _tuple_rows, _tuple_take, None),
-    BatchType("tensordict", is_tensordict, _td_rows,
-              lambda b, i: b[torch.as_tensor(i, dtype=torch.long)], lambda ps: torch.cat(ps)),
-    BatchType("tensor", lambda b: isinstance(b, torch.Tensor | np.ndarray), leading_dim,
+              lambda ps: [item for p in ps for item in p], keys=_list_keys, select=_list_select),
+    BatchType("tuple", lambda b: isinstance(b, tuple), _tuple_rows, _tuple_take),
+    BatchType("tensor", lambda b: is_tensor(b) or is_array(b), leading_dim,
               lambda b, i: _index_column(b, i, leading_dim(b) or 0),
               lambda ps: _concat_columns(ps, "<value>")),
-    BatchType("mapping", lambda b: isinstance(b, Mapping), _mapping_rows, _mapping_take, _mapping_concat),
+    BatchType("mapping", lambda b: isinstance(b, Mapping), _mapping_rows, _mapping_take, _mapping_concat,
+              columns=lambda b: dict(b.items()),
+              select=lambda b, keys: _remake(b, {k: v for k, v in b.items() if k in keys}),
+              rebuild=lambda b, parts: _remake(b, {**b, **parts})),
 )
+
+
+def _registered_type_of(value: Any) -> BatchType | None:
+    for batch_type in _REGISTERED:
+        if batch_type.matches(value):
+            return batch_type
+    return None
 
 
 def batch_type_of(batch: Any) -> BatchType | None:
@@ -347,6 +386,32 @@ def take_rows(batch: Any, index: Sequence[int]) -> Any:
     return batch_type.take(batch, [int(i) for i in index])
 
 
+def select_keys(batch: Any, keys: Iterable[str]) -> Any:
+    """A new batch of the same type keeping only the columns ``keys`` (per-batch metadata such as
+    a DataProto's ``meta_info`` is kept whole; keys it does not have are ignored). Raises
+    :class:`~rollout_mock.errors.RolloutMockError` for a type without keys."""
+    batch_type = batch_type_of(batch)
+    if batch_type is None or batch_type.select is None:
+        raise RolloutMockError(f"cannot select keys of a {type_name(batch)}")
+    return batch_type.select(batch, frozenset(keys))
+
+
+def subset(batch: Any, keys: Iterable[str] | None = None, rows: slice | range | Sequence[int] | None = None) -> Any:
+    """``batch`` with only the columns ``keys`` (:func:`select_keys`; skipped for a type without
+    keys) and the rows ``rows`` (:func:`take_rows`; a slice or range is taken of the batch's rows,
+    and a batch without rows is returned whole): what a partial load returns, whatever the
+    format it was read from. ``None`` keeps everything."""
+    if keys is not None:
+        batch_type = batch_type_of(batch)
+        if batch_type is not None and batch_type.select is not None:
+            batch = batch_type.select(batch, frozenset(keys))
+    if rows is not None:
+        n = count_samples(batch)
+        if n is not None:
+            batch = take_rows(batch, range(n)[rows] if isinstance(rows, slice) else rows)
+    return batch
+
+
 def concat(batches: Sequence[Any]) -> Any:
     """One batch of ``batches`` (all of one type), rows in order. Raises
     :class:`~rollout_mock.errors.RolloutMockError` naming the type when it cannot be joined."""
@@ -359,6 +424,68 @@ def concat(batches: Sequence[Any]) -> Any:
     return batch_type.concat(parts)
 
 
+def batch_columns(batch: Any) -> dict[str, Any] | None:
+    """The named columns of a columnar batch (a DataProto's tensor and non-tensor columns, a
+    TensorDict's or a dict's items), keys as strings; ``None`` for other batches (lists: their
+    rows are items, each with its own columns)."""
+    batch_type = batch_type_of(batch)
+    if batch_type is None or batch_type.columns is None:
+        return None
+    return {str(k): v for k, v in batch_type.columns(batch).items()}
+
+
+def batch_keys(batch: Any) -> list[str]:
+    """The keys of a batch, in order: its columns', or the union of its items' (lists)."""
+    batch_type = batch_type_of(batch)
+    if batch_type is None:
+        return []
+    if batch_type.keys is not None:
+        return batch_type.keys(batch)
+    return [str(k) for k in batch_type.columns(batch)] if batch_type.columns is not None else []
+
+
+def batch_parts(batch: Any) -> dict[str, Any] | None:
+    """The named parts of a batch as structural walks see them (``None``: not a batch with parts)."""
+    batch_type = batch_type_of(batch)
+    if batch_type is None:
+        return None
+    if batch_type.parts is not None:
+        return batch_type.parts(batch)
+    return batch_type.columns(batch) if batch_type.columns is not None else None
+
+
+def rebuild(batch: Any, parts: dict[str, Any]) -> Any:
+    """A copy of ``batch`` with ``parts`` replaced (names as :func:`batch_parts` gives them);
+    ``batch`` itself when its type cannot be rebuilt."""
+    batch_type = batch_type_of(batch)
+    if batch_type is None or batch_type.rebuild is None:
+        return batch
+    return batch_type.rebuild(batch, parts)
+
+
+def batch_meta(batch: Any) -> Mapping[str, Any] | None:
+    """The per-batch metadata of a batch (a DataProto's ``meta_info``), if it has a mapping of it."""
+    batch_type = batch_type_of(batch)
+    if batch_type is None or batch_type.meta_key is None:
+        return None
+    meta = (batch_parts(batch) or {}).get(batch_type.meta_key)
+    return meta if isinstance(meta, Mapping) else None
+
+
+def column_name(key: str, batch: Any) -> str:
+    """The column of ``batch`` a key names, in either syntax: ``batch.rewards`` (as
+    ``rollout-mock ls --keys`` prints a DataProto's key: part, then column) and ``rewards`` are
+    the same key, and so are ``[*].rewards`` and ``rewards`` for a list."""
+    if key.startswith("[*].") and len(key) > 4:
+        return key[4:]
+    head, dot, rest = key.partition(".")
+    batch_type = batch_type_of(batch)
+    if dot and rest and batch_type is not None and batch_type.parts is not None and head != batch_type.meta_key \
+            and head in batch_type.parts(batch):
+        return rest
+    return key
+
+
 _PLAIN = frozenset({int, float, str, bool, bytes, list, tuple, type(None)})
 
 
@@ -369,8 +496,10 @@ def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
     if leaf is not None:
         out[prefix or "<value>"] = leaf
         return
-    if is_tensordict(obj) or isinstance(obj, Mapping):
-        items = obj.items()
+    batch_type = batch_type_of(obj)
+    if batch_type is not None and (batch_type.parts is not None or batch_type.columns is not None):
+        parts = batch_parts(obj) or {}
+        items = [(k, v) for k, v in parts.items() if k != batch_type.meta_key]
     elif callable(getattr(type(obj), "keys", None)) and callable(getattr(type(obj), "__getitem__", None)):
         items = [(key, obj[key]) for key in sorted(obj.keys(), key=str)]  # mapping-like (BatchProxy)
     else:
@@ -380,36 +509,29 @@ def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
 
 
 def describe_keys(batch: Any) -> dict[str, dict[str, Any]]:
-    """Flat ``{dotted.key: {"shape": [...], "dtype": "..."}}`` of the batch's arrays."""
-    out: dict[str, dict[str, Any]] = {}
-    if is_dataproto(batch):
-        tensors, non_tensor, _ = dataproto_parts(batch)
-        if tensors is not None:
-            _walk("batch", tensors, out)
-        _walk("non_tensor_batch", non_tensor, out)
-    elif isinstance(batch, list):
-        items = [item for item in batch if item is not None]
+    """Flat ``{dotted.key: {"shape": [...], "dtype": "..."}}`` of the batch's arrays: a type's
+    parts give the first segment (``batch.input_ids`` of a DataProto), a list's items merge under
+    ``[*]`` (a shape that varies between items is ``None``); metadata parts are left out."""
+    if isinstance(batch, list):
         merged: dict[str, dict[str, Any]] = {}
-        for item in items:
+        for item in batch:
+            if item is None:
+                continue
             keys: dict[str, dict[str, Any]] = {}
             _walk("[*]", item, keys)
             for key, leaf in keys.items():
                 known = merged.setdefault(key, dict(leaf))
                 if known.get("shape") != leaf["shape"]:
                     known["shape"] = None  # varies between items
-        out = merged
-    else:
-        _walk("", batch, out)
+        return merged
+    out: dict[str, dict[str, Any]] = {}
+    _walk("", batch, out)
     return out
 
 
 def count_samples(batch: Any) -> int | None:
-    """Samples in the batch: the batch dimension, or items of a list (rejected ones included)."""
-    if is_dataproto(batch):
-        try:
-            return len(batch)
-        except TypeError:
-            pass
+    """Samples in the batch: its rows (the batch dimension, items of a list, rejected ones
+    included); ``None`` for a batch without rows."""
     batch_type = batch_type_of(batch)
     return None if batch_type is None else batch_type.rows(batch)
 

@@ -11,13 +11,18 @@ Everything runs on the CPU in seconds:
 
 :func:`run_pipeline` runs N steps in dump or mock mode through :class:`~rollout_mock.MockScheduler`
 (in mock mode the scheduler is never constructed) and logs per-step metrics with
-:class:`~rollout_mock.compare.metrics.MetricsWriter`; :func:`main` runs both and verifies them.
+:class:`~rollout_mock.compare.expected.MetricsWriter`; :func:`main` runs both and verifies them.
+
+:func:`initial_policy` rebuilds the untrained policy as a log-prob model, for ``rollout-mock logprobs DUMP
+--model rollout_mock.demo:initial_policy`` on a ``rollout-mock demo`` dump: step 0 of the demo's dump (sampled
+from those weights) should match up to float rounding, later steps (sampled after updates) should not.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,11 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from rollout_mock.codec import register_batch_class
-from rollout_mock.compare.metrics import MetricsWriter
-from rollout_mock.debug.demo_model import VOCAB, Policy
+from rollout_mock.compare.expected import MetricsWriter
 from rollout_mock.determinism import apply as apply_determinism
+from rollout_mock.determinism.process import seed_everything
 from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = [
@@ -40,10 +46,29 @@ __all__ = [
     "RunResult",
     "StepRequest",
     "ToyRolloutScheduler",
+    "initial_policy",
     "run_pipeline",
     "target_of",
     "train_step",
 ]
+
+#: The demo's vocabulary.
+VOCAB = 16
+
+
+class Policy(nn.Module):
+    """The demo's toy policy: embedding, GRU, linear head over :data:`VOCAB` tokens."""
+
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, hidden)
+        self.rnn = nn.GRU(hidden, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, VOCAB)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        out, _ = self.rnn(self.embed(tokens))
+        return self.head(out)
+
 
 BOS = 0
 #: Responses sampled per prompt (GRPO group size): the batch size is a multiple of it.
@@ -178,3 +203,14 @@ def run_pipeline(mode: str, dump_dir: Path, metrics_path: Path, *, steps: int = 
             log.log(step, metrics[step])
     return RunResult(mode, time.perf_counter() - start, metrics, metrics_path,
                      ToyRolloutScheduler.constructed - before)
+
+
+def initial_policy(seed: int = 0) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """``fn(input_ids, attention_mask) -> logits`` of the demo's untrained policy."""
+    seed_everything(seed)
+    policy = Policy().eval()
+
+    def fn(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return policy(input_ids)  # a GRU: causal, right padding does not reach earlier positions
+
+    return fn

@@ -1,4 +1,5 @@
-"""Text and JSON helpers shared by every report: tables, JSON-safe values, the log prefix.
+"""Text and JSON helpers shared by every report: tables, JSON-safe values, the log prefix, and
+the atomic write of a report file (:func:`write_text_atomic`).
 
 One JSON encoding of non-finite floats for every ``--json`` output and every metrics file:
 the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (what Python's ``json`` module reads
@@ -10,14 +11,18 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import re
 import reprlib
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
 
 __all__ = [
     "LOG_PREFIX", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "json_default", "json_float", "jsonable",
-    "logger", "short_repr", "step_log_level", "table", "terminal_safe",
+    "logger", "short_repr", "step_log_level", "table", "terminal_safe", "write_text_atomic",
 ]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
@@ -142,3 +147,32 @@ class _TerminalSafeFilter(logging.Filter):
 
 
 logger.addFilter(_TerminalSafeFilter())
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temporary file in the same directory, fsync, rename."""
+    import secrets
+    from pathlib import Path
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    try:
+        # lone surrogates (from a hostile dump) are written as visible \udXXX escapes, never a crash
+        with open(temp, "w", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
+    try:
+        fd = os.open(path.parent, os.O_RDONLY)
+    except OSError:  # pragma: no cover - directories that cannot be opened (some network filesystems)
+        return path
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path

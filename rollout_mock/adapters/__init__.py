@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rollout_mock.adapters import native_roll  # noqa: F401  (registers ROLL's scheduler hook)
+from rollout_mock.adapters import frameworks  # noqa: F401  (registers the frameworks: hooks, batch types, step names)
 
 _EXPORTS = {
     "roll_scheduler": "roll", "roll_handle": "roll", "roll_config": "roll",

@@ -12,7 +12,7 @@ AReaL's PR #1407 numbers its files the same way), or set ``wrapper.step = global
 iteration; otherwise each call takes the next step. Per-rank dumps (SPMD, each data-parallel head
 sees a different subset): ``ranks: all``. Other attributes pass through to the engine.
 
-AReaL's own ``trajectory_debug`` files are read by :mod:`rollout_mock.adapters.import_areal`.
+AReaL's own ``trajectory_debug`` files are read by :mod:`rollout_mock.adapters.foreign`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Other tools' rollout dumps: detect, list, load (trusted) and import into a rollout_mock dump.
 
-Formats (one reader module each):
+Formats (one reader each, below):
 
 * ``roll``  — ROLL's own rollout mock: ``{dump_dir}/{train,val}/step_NNNNNN.pkl`` (pickled DataProto);
 * ``verl``  — verl's ``skip.rollout``: ``.../{step}/gen_batch.dp`` + ``meta.json``
@@ -17,8 +17,10 @@ of (tensors, arrays, plain containers, registered batch classes) and replays in 
 
 from __future__ import annotations
 
-import importlib
+import json
 import os
+import pickle
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,16 +29,12 @@ from typing import Any
 from rollout_mock.errors import DumpNotFoundError, ForeignDumpError, RolloutMockError, UnsafePickleError
 from rollout_mock.progress import progress_bar
 from rollout_mock.storage.base import BatchInfo
-from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.manifest import MANIFEST_NAME, StreamId
+from rollout_mock.storage.paths import open_regular, read_fd
 from rollout_mock.storage.stores import open_store
+from rollout_mock.text import short_repr
 
 __all__ = ["FORMATS", "ForeignDump", "ForeignStep", "detect_format", "import_foreign", "open_foreign"]
-
-
-#: format name -> reader module under rollout_mock.adapters
-FORMATS: dict[str, str] = {
-    "roll": "import_roll", "verl": "import_verl", "areal": "import_areal", "slime": "import_slime",
-}
 
 
 @dataclass(frozen=True)
@@ -108,15 +106,228 @@ class ForeignDump:
             ) from exc
 
 
-def _reader(format: str) -> Any:
-    return importlib.import_module(f"rollout_mock.adapters.{FORMATS[format]}")
+# --------------------------------------------------------------------------- roll
+# Reader of ROLL's own rollout-mock dumps: ``{dump_dir}/{train,val}/step_NNNNNN.pkl``.
+#
+# Each file is ``pickle.dump(DataProto, protocol=HIGHEST)``; loading needs ``roll`` importable
+# (``roll.distributed.scheduler.protocol.DataProto``) and trust. A directory that already holds a
+# rollout_mock ``manifest.json`` is not a ROLL dump.
+
+_ROLL_STEP = re.compile(r"^step_([0-9]{6,18})\.pkl$", re.ASCII)
+
+
+def _roll_files(root: Path) -> list[tuple[str, int, Path]]:
+    if not root.is_dir() or (root / MANIFEST_NAME).is_file():
+        return []
+    found = []
+    for split in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for path in sorted(split.iterdir()):
+            match = _ROLL_STEP.match(path.name)
+            if match and path.is_file():
+                found.append((split.name, int(match.group(1)), path))
+    return found
+
+
+def _roll_detect(root: Path) -> bool:
+    return bool(_roll_files(root))
+
+
+def _roll_load(path: Path) -> Any:
+    with os.fdopen(open_regular(path), "rb") as file:  # never a FIFO or device
+        return pickle.load(file)
+
+
+def _roll_scan(root: Path) -> list[ForeignStep]:
+    return [ForeignStep(StreamId(split), step, path, "get_batch", _roll_load)
+            for split, step, path in _roll_files(root)]
+
+
+# --------------------------------------------------------------------------- verl
+# Reader of verl's ``skip.rollout`` dumps (``verl.utils.skip.RolloutSkip``).
+#
+# Layout: ``{dump_dir}/{experiment}_{project}/GBS{gbs}_N{n}_in{P}_out{R}/{step}/gen_batch.dp`` plus
+# ``meta.json`` (``{"global_steps": step}``); a step directory counts only with both files, as in
+# verl. ``gen_batch.dp`` is ``DataProto.save_to_disk`` (a plain pickle of the output of
+# ``generate_sequences``; loading needs ``verl`` importable, and trust). The path given may be
+# any of the three levels; with several run directories below it, the error lists them.
+
+_VERL_STEP_DIR = re.compile(r"[0-9]{1,18}", re.ASCII)
+_VERL_META_LIMIT = 1 << 20
+_VERL_BATCH = "gen_batch.dp"
+_VERL_META = "meta.json"
+
+
+def _verl_step_dirs(run: Path) -> list[tuple[int, Path]]:
+    out = []
+    for child in run.iterdir() if run.is_dir() else ():
+        # ASCII digits only: str.isdigit accepts '²', which int() refuses
+        if _VERL_STEP_DIR.fullmatch(child.name) and (child / _VERL_BATCH).is_file() and (child / _VERL_META).is_file():
+            out.append((int(child.name), child))
+    return sorted(out)
+
+
+def _verl_run_dirs(root: Path) -> list[Path]:
+    """Directories (``root`` or up to two levels below) holding ``{step}/gen_batch.dp`` steps."""
+    if not root.is_dir():
+        return []
+    if _verl_step_dirs(root):
+        return [root]
+    found = []
+    for child in sorted(p for p in root.iterdir() if p.is_dir()):
+        if _verl_step_dirs(child):
+            found.append(child)
+            continue
+        found.extend(g for g in sorted(p for p in child.iterdir() if p.is_dir()) if _verl_step_dirs(g))
+    return found
+
+
+def _verl_detect(root: Path) -> bool:
+    return bool(_verl_run_dirs(root))
+
+
+def _verl_load(path: Path) -> Any:
+    with os.fdopen(open_regular(path), "rb") as file:  # never a FIFO or device
+        return pickle.load(file)
+
+
+def _verl_meta_step(path: Path, step: int) -> int:
+    """``global_steps`` of a step's ``meta.json`` (the folder's step when absent);
+    :class:`ForeignDumpError` for a file that is not small JSON text or a value not an integer."""
+    data = read_fd(open_regular(path), limit=_VERL_META_LIMIT)
+    try:
+        if len(data) > _VERL_META_LIMIT:
+            raise ValueError(f"larger than {_VERL_META_LIMIT} bytes")
+        meta = json.loads(data.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ForeignDumpError(f"{path}: not a verl meta.json ({short_repr(str(exc), 120)})", path=path) from None
+    recorded = meta.get("global_steps", step) if isinstance(meta, dict) else step
+    if isinstance(recorded, bool) or not isinstance(recorded, int):
+        raise ForeignDumpError(f"{path}: global_steps={short_repr(recorded, 60)} is not an integer step", path=path)
+    return recorded
+
+
+def _verl_scan(root: Path) -> list[ForeignStep]:
+    runs = _verl_run_dirs(root)
+    if len(runs) > 1:
+        raise ForeignDumpError(
+            f"{root} holds {len(runs)} verl runs; import one at a time: "
+            + "; ".join(f"rollout-mock import {run} NEW_DIR --trust" for run in runs[:5]),
+            path=root,
+        )
+    steps = []
+    for step, directory in _verl_step_dirs(runs[0]) if runs else []:
+        recorded = _verl_meta_step(directory / _VERL_META, step)
+        if recorded != step:
+            raise ForeignDumpError(
+                f"{directory / _VERL_META}: global_steps={recorded} but the folder is step {step}", path=directory,
+            )
+        steps.append(ForeignStep(StreamId("train"), step, directory / _VERL_BATCH, "generate_sequences", _verl_load))
+    return steps
+
+
+# --------------------------------------------------------------------------- areal
+# Reader of AReaL's ``trajectory_debug`` dumps (areal-project/AReaL PR #1407).
+#
+# Files: ``step_{N:06d}.pt`` (single controller) or ``step_{N:06d}_dp_{rank}.pt`` (one per
+# data-parallel head), each ``torch.save`` of the ``list[dict[str, Tensor]]`` that
+# ``prepare_batch`` returned (``None`` for rejected trajectories). Loaded like AReaL does:
+# ``torch.load(map_location="cpu", weights_only=False)`` (trust needed). Per-rank files become the
+# streams ``train@rankR``.
+
+_AREAL_FILE = re.compile(r"^step_([0-9]{6,18})(?:_dp_([0-9]{1,9}))?\.pt$", re.ASCII)
+
+
+def _areal_files(root: Path) -> list[tuple[int, int | None, Path]]:
+    paths = [root] if root.is_file() else (sorted(root.iterdir()) if root.is_dir() else [])
+    out = []
+    for path in paths:
+        match = _AREAL_FILE.match(path.name)
+        if match and path.is_file():
+            out.append((int(match.group(1)), None if match.group(2) is None else int(match.group(2)), path))
+    return out
+
+
+def _areal_detect(root: Path) -> bool:
+    return bool(_areal_files(root))
+
+
+def _areal_load(path: Path) -> Any:
+    import torch
+
+    with os.fdopen(open_regular(path), "rb") as file:  # never a FIFO or device
+        return torch.load(file, map_location="cpu", weights_only=False)
+
+
+def _areal_scan(root: Path) -> list[ForeignStep]:
+    return [ForeignStep(StreamId("train", None, rank), step, path, "prepare_batch", _areal_load)
+            for step, rank, path in _areal_files(root)]
+
+
+# --------------------------------------------------------------------------- slime
+# Reader of slime's ``--save-debug-rollout-data`` files.
+#
+# ``{rollout_id}.pt`` (training) and ``eval_{rollout_id}.pt`` (evaluation), each
+# ``torch.save({"rollout_id": id, "samples": [Sample.to_dict(), ...]})`` with the samples flattened.
+# Loaded with ``torch.load(weights_only=False)`` as slime does (trust needed) and converted to the
+# record :mod:`rollout_mock.adapters.slime` replays: training samples regrouped by consecutive
+# ``group_index``; evaluation samples under one dataset named ``debug`` (slime does not save names).
+# The path may be the folder of the template or a single file.
+
+_SLIME_FILE = re.compile(r"^(eval_)?([0-9]{1,18})\.pt$", re.ASCII)
+
+
+def _slime_files(root: Path) -> list[tuple[bool, int, Path]]:
+    paths = [root] if root.is_file() else (sorted(root.iterdir()) if root.is_dir() else [])
+    out = []
+    for path in paths:
+        match = _SLIME_FILE.match(path.name)
+        if match and path.is_file():
+            out.append((match.group(1) is not None, int(match.group(2)), path))
+    return out
+
+
+def _slime_detect(root: Path) -> bool:
+    return bool(_slime_files(root))
+
+
+def _slime_loader(evaluation: bool) -> Any:
+    def load(path: Path) -> Any:
+        import torch
+
+        from rollout_mock.adapters.slime import record_from_flat
+
+        with os.fdopen(open_regular(path), "rb") as file:  # never a FIFO or device
+            data = torch.load(file, map_location="cpu", weights_only=False)
+        if not isinstance(data, dict) or not isinstance(data.get("samples"), list):
+            raise ForeignDumpError(f"{path}: not a slime debug rollout file (no 'samples' list)", path=path)
+        return record_from_flat(data["samples"], evaluation=evaluation)
+
+    return load
+
+
+def _slime_scan(root: Path) -> list[ForeignStep]:
+    return [ForeignStep(StreamId("val" if evaluation else "train"), step, path, "generate_rollout",
+                        _slime_loader(evaluation)) for evaluation, step, path in _slime_files(root)]
+
+
+@dataclass(frozen=True)
+class _Reader:
+    detect: Callable[[Path], bool]
+    scan: Callable[[Path], list[ForeignStep]]
+
+
+#: format name -> its reader
+FORMATS: dict[str, _Reader] = {
+    "roll": _Reader(_roll_detect, _roll_scan), "verl": _Reader(_verl_detect, _verl_scan),
+    "areal": _Reader(_areal_detect, _areal_scan), "slime": _Reader(_slime_detect, _slime_scan),
+}
 
 
 def detect_format(path: str | os.PathLike[str]) -> str | None:
     """The foreign format of ``path`` (a directory, or a single slime/AReaL file), or ``None``."""
     root = Path(path)
     for name in FORMATS:
-        if _reader(name).detect(root):
+        if FORMATS[name].detect(root):
             return name
     return None
 
@@ -138,7 +349,7 @@ def open_foreign(path: str | os.PathLike[str], *, trust: bool = False, format: s
             )
     elif format not in FORMATS:
         raise ForeignDumpError(f"unknown format {format!r}; choose one of: {', '.join(FORMATS)}", path=root)
-    steps = _reader(format).scan(root)
+    steps = FORMATS[format].scan(root)
     if not steps:
         raise ForeignDumpError(f"{root}: no {format} step files found", path=root)
     return ForeignDump(root, format, steps, trust=trust)

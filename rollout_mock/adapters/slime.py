@@ -33,6 +33,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from rollout_mock.adapters.frameworks import SLIME_RECORD_FORMAT
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError
 from rollout_mock.wrap.scheduler import MockScheduler
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
-RECORD_FORMAT = "rollout_mock.slime"
+RECORD_FORMAT = SLIME_RECORD_FORMAT  # the batch type of these records: adapters/frameworks.py
 _lock = threading.Lock()
 _wrappers: dict[tuple[Any, ...], Any] = {}
 

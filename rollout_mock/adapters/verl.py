@@ -13,7 +13,7 @@ verl's ``RayPPOTrainer`` gets every rollout from ``generate_sequences(prompts: D
 validation batches (``meta_info["validate"]`` true) are recorded and replayed in the ``val``
 split, training batches in ``train``. Every other attribute passes through to the real object.
 
-verl's own ``skip.rollout`` dumps are read by :mod:`rollout_mock.adapters.import_verl`
+verl's own ``skip.rollout`` dumps are read by :mod:`rollout_mock.adapters.foreign`
 (``open_foreign(path, trust=True)`` or ``rollout-mock import``).
 """
 

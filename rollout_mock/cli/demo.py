@@ -145,6 +145,6 @@ def run(args: argparse.Namespace) -> int:
     _say(f"\nnext: rollout-mock ls {dump_dir} --keys   (what was recorded)\n"
          f"      rollout-mock show {dump_dir} --step 0   (the rollouts as readable traces)\n"
          f"      rollout-mock report {dump_dir} -o {workdir / 'report.html'}   (plots and a sample browser)\n"
-         f"      rollout-mock logprobs {dump_dir} --model rollout_mock.debug.demo_model:initial_policy --steps 0   "
+         f"      rollout-mock logprobs {dump_dir} --model rollout_mock.demo:initial_policy --steps 0   "
          f"(recompute the recorded log-probs)")
     return 0 if ok else 1

@@ -9,7 +9,7 @@ Exit 0 within the threshold, 1 over it, 2 on bad input.
 Try it on a ``rollout-mock demo`` dump with the demo's own policy (step 0 matches; later steps
 were sampled after training updates and do not)::
 
-    rollout-mock logprobs DUMP --model rollout_mock.debug.demo_model:initial_policy --steps 0
+    rollout-mock logprobs DUMP --model rollout_mock.demo:initial_policy --steps 0
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from rollout_mock.batch import dataproto_fields
+from rollout_mock.batch import batch_class_names, dataproto_fields, is_batch_class, register_batch_class
 from rollout_mock.errors import ConfigError, UnsafePickleError
 
 __all__ = [
@@ -39,33 +39,10 @@ __all__ = [
     "register_batch_class", "split_batch",
 ]
 
-#: verl's DataProto, and the demo's own DataProto-like class.
-_BATCH_CLASSES: set[tuple[str, str]] = {
-    ("verl.protocol", "DataProto"), ("rollout_mock.demo", "RolloutBatch"),
-    ("roll.distributed.scheduler.protocol", "DataProto"), ("rollout_mock.codec.batches", "Batch"),
-}
 _FIELDS = ("batch", "non_tensor_batch", "meta_info")
 _PRIVATE = ("_batch", "_non_tensor_batch", "meta_info")
 #: Extra instance attributes ROLL keeps next to its private fields (always None in dumps).
 _PRIVATE_EXTRA = ("_remote_batch",)
-
-
-def register_batch_class(cls: type) -> type:
-    """Store instances of ``cls`` by their fields and rebuild them as ``cls`` in the safe loader.
-
-    DataProto-like classes (see module docstring) are recognised without registration; register
-    other plain classes whose attribute dict is all their state. Returns ``cls`` (decorator use).
-    """
-    _BATCH_CLASSES.add((cls.__module__, cls.__qualname__))
-    return cls
-
-
-def is_batch_class(cls: type) -> bool:
-    return (cls.__module__, cls.__qualname__) in _BATCH_CLASSES
-
-
-def batch_class_names() -> frozenset[tuple[str, str]]:
-    return frozenset(_BATCH_CLASSES)
 
 
 def class_path(cls: type) -> str:
@@ -112,6 +89,9 @@ class Batch:
     def __repr__(self) -> str:
         return (f"Batch(len={len(self)}, keys={self.keys()}, meta_info={sorted(map(str, self.meta_info))}, "
                 f"source_class={self.source_class!r})")
+
+
+register_batch_class(Batch)  # the batch model's registry is the one registry (rollout_mock.batch)
 
 
 # --------------------------------------------------------------------------- write side

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout_mock.batch import subset
 from rollout_mock.codec import chunks as _chunks
 from rollout_mock.codec.batches import build_batch
 from rollout_mock.codec.bodydec import BodyReader
@@ -19,7 +20,6 @@ from rollout_mock.codec.classes import CLASS_TAGS, decode_class, finish_tensordi
 from rollout_mock.codec.hashguard import check_keys
 from rollout_mock.codec.jsonitems import parse_items
 from rollout_mock.codec.layout import TORCH_DTYPES, numpy_dtype
-from rollout_mock.codec.select import select
 from rollout_mock.codec.strcol import read_strings
 from rollout_mock.errors import UnsafePickleError
 
@@ -189,7 +189,7 @@ class NodeDecoder:
             if self.body is None:
                 raise ValueError("body value outside a version-4 step")
             value = self.body.value(node)
-            return value if rows is None else select(value, None, rows)
+            return value if rows is None else subset(value, None, rows)
         if tag == "snap":  # a capture's in-memory pickle: only Snapshot.materialize has these
             if self.body is None or self.pickled is None:
                 raise ValueError("snapshot value outside a snapshot")

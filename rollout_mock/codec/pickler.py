@@ -134,7 +134,7 @@ del _rebuild
 
 
 # --------------------------------------------------------------------------- batch classes
-from rollout_mock.codec.batches import _BATCH_CLASSES  # noqa: E402  (the registry lives there)
+from rollout_mock.batch import is_batch_class  # noqa: E402  (the one registry of batch classes)
 
 __all__ = [
     "PROTOCOL",
@@ -220,7 +220,7 @@ class _BatchPickler(cloudpickle.Pickler):
                 return _rebuild_np_scalar, (obj.dtype.str, obj.tobytes())
         elif cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict":
             return self._reduce_tensordict(obj)
-        elif (cls.__module__, cls.__qualname__) in _BATCH_CLASSES and hasattr(obj, "__dict__"):
+        elif is_batch_class(cls) and hasattr(obj, "__dict__"):
             return _rebuild_object, (cls, dict(obj.__dict__))
         return super().reducer_override(obj)
 

@@ -8,6 +8,7 @@ import pickle
 from collections.abc import Iterable
 from typing import Any
 
+from rollout_mock.batch import batch_keys, subset
 from rollout_mock.codec.chunkread import ChunkReader
 from rollout_mock.codec.decode import NodeDecoder, normalize_rows
 from rollout_mock.codec.header import Layout, check_tree, max_expansion_default, read_layout, ref_raw
@@ -230,15 +231,13 @@ def _decode_root(decoder: NodeDecoder, root: Any, keys: frozenset[str] | None, r
 
 
 def _keys_of(obj: Any) -> list[str]:
-    from rollout_mock.codec.select import keys_of
-
-    return keys_of(obj)
+    return batch_keys(obj)
 
 
 def select(obj: Any, keys: frozenset[str] | None, rows: slice | None) -> Any:
-    from rollout_mock.codec.select import select as _select
-
-    return _select(obj, keys, rows)
+    """Keys and rows of an already decoded batch (format-1 files, body values): the batch
+    model's selection (:func:`rollout_mock.batch.subset`), the same as partial format-2 loads."""
+    return subset(obj, keys, rows)
 
 
 def open_step(source: Any, *, trusted: bool = False, batch_class: type | None = None,

@@ -46,7 +46,7 @@ def plot_report(
     Each subplot shows both series against the step; a red dashed vertical line marks the first
     divergent step, or the first one-sided step when values never diverge. Failing metrics are
     drawn first; beyond ``max_metrics`` the rest are left out and counted in the title. NaN
-    values leave gaps in the curves. Raises :class:`~rollout_mock.compare.metrics.MissingExtraError`
+    values leave gaps in the curves. Raises :class:`~rollout_mock.errors.MissingExtraError`
     without matplotlib.
     """
     try:

@@ -51,7 +51,7 @@ def assert_metrics_match(
     """Raise ``AssertionError`` carrying the formatted report unless the runs match.
 
     Arguments as for :func:`rollout_mock.compare.verify.verify`; returns the (passing) report. Unreadable
-    inputs raise :class:`~rollout_mock.compare.metrics.MetricsError`, not ``AssertionError``, so that a
+    inputs raise :class:`~rollout_mock.errors.MetricsError`, not ``AssertionError``, so that a
     broken baseline is not mistaken for a numerical regression.
     """
     __tracebackhide__ = True

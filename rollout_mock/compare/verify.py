@@ -18,13 +18,12 @@ infinities); ``max_rel_diff`` is ``|a - b| / |b|`` over the same steps (``inf`` 
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.compare.metrics import MetricsTable, read_metrics
+from rollout_mock.compare.metrics import MetricsTable, identical, read_metrics, within_tolerance
 from rollout_mock.errors import VerifyInputError
 from rollout_mock.text import json_float
 
@@ -39,28 +38,6 @@ __all__ = [
 #: How many one-sided steps a report lists per metric before eliding.
 _MAX_LISTED_STEPS = 10
 
-
-
-def _bits(x: float) -> bytes:
-    return struct.pack("<d", x)
-
-
-def identical(a: float, b: float) -> bool:
-    """Bitwise equality of two floats, except that any two NaNs are identical."""
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return _bits(a) == _bits(b)
-
-
-def within_tolerance(a: float, b: float, rtol: float, atol: float) -> bool:
-    """``a`` (candidate) matches ``b`` (baseline); bitwise when both tolerances are 0."""
-    if rtol == 0.0 and atol == 0.0:
-        return identical(a, b)
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    if math.isinf(a) or math.isinf(b):
-        return a == b
-    return abs(a - b) <= atol + rtol * abs(b)
 
 
 def _abs_diff(a: float, b: float) -> float | None:
@@ -282,7 +259,7 @@ def verify(
     a requested metric absent from *both* runs is a :class:`VerifyInputError` (likely a typo), one
     absent from one run is a failure. ``rtol``/``atol`` are a float for every metric or a mapping
     ``metric -> tolerance`` (unlisted metrics: 0, i.e. bitwise; unknown names are an error).
-    Reading errors propagate as :class:`~rollout_mock.compare.metrics.MetricsError`.
+    Reading errors propagate as :class:`~rollout_mock.errors.MetricsError`.
     """
     base, cand = _as_table(baseline), _as_table(candidate)
     if metrics is not None:

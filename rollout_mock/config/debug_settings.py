@@ -80,7 +80,7 @@ class VerdictConfig(BaseModel):
 
 
 class WatchdogConfig(BaseModel):
-    """Stall detection around intercepted calls (see :mod:`rollout_mock.debug.watchdog`).
+    """Stall detection around intercepted calls (see :mod:`rollout_mock.wrap.watchdog`).
 
     A call (or the time between two calls) is a stall when it lasts longer than
     ``max(min_seconds, factor * median of the recent durations of the same kind)``, or longer than

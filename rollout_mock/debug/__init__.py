@@ -25,12 +25,12 @@ _EXPORTS: dict[str, str] = {
     "LogprobKeys": "rollout_mock.debug.sequences",
     "cut_dump": "rollout_mock.debug.cut",
     "CutResult": "rollout_mock.debug.cut",
-    "select_rows": "rollout_mock.debug.rows",
+    "select_rows": "rollout_mock.debug.cut",
     "redact_batch": "rollout_mock.debug.redact",
     "write_report": "rollout_mock.debug.report",
-    "StallWatchdog": "rollout_mock.debug.watchdog",
-    "format_stacks": "rollout_mock.debug.stacks",
-    "ExpectedMetrics": "rollout_mock.debug.expected",
+    "StallWatchdog": "rollout_mock.wrap.watchdog",
+    "format_stacks": "rollout_mock.wrap.watchdog",
+    "ExpectedMetrics": "rollout_mock.compare.expected",
     "VerdictConfig": "rollout_mock.config.debug_settings",
     "WatchdogConfig": "rollout_mock.config.debug_settings",
 }
@@ -38,16 +38,14 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.compare.expected import ExpectedMetrics
     from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
-    from rollout_mock.debug.cut import CutResult, cut_dump
-    from rollout_mock.debug.expected import ExpectedMetrics
+    from rollout_mock.debug.cut import CutResult, cut_dump, select_rows
     from rollout_mock.debug.logprobs import LogprobReport, logprob_consistency
     from rollout_mock.debug.redact import redact_batch
     from rollout_mock.debug.report import write_report
-    from rollout_mock.debug.rows import select_rows
     from rollout_mock.debug.sequences import LogprobKeys
-    from rollout_mock.debug.stacks import format_stacks
-    from rollout_mock.debug.watchdog import StallWatchdog
+    from rollout_mock.wrap.watchdog import StallWatchdog, format_stacks
 
 
 def __getattr__(name: str) -> Any:

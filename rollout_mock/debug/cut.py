@@ -15,6 +15,7 @@ of a cut batch would not match them).
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import os
@@ -23,16 +24,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from rollout_mock.debug._files import write_text_inside
+from rollout_mock import batch as batch_model
 from rollout_mock.debug.redact import redact as redact_batch
 from rollout_mock.debug.redact import redact_call
-from rollout_mock.debug.rows import row_count, select_keys, select_rows
-from rollout_mock.errors import DebugInputError, UnsafePathError, UnsafePickleError
-from rollout_mock.storage.paths import read_inside
+from rollout_mock.errors import DebugInputError, RolloutMockError, UnsafePathError, UnsafePickleError
+from rollout_mock.storage.paths import read_inside, write_inside
 from rollout_mock.version import __version__
 
-__all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges"]
+__all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges", "row_count", "select_keys", "select_rows"]
 
 PROVENANCE_FILE = "provenance.json"
 
@@ -50,6 +51,44 @@ def parse_ranges(text: str, what: str = "--steps") -> list[int]:
             raise DebugInputError(f"{what} {text!r}: range {part.strip()} is empty")
         out.update(range(first, last + 1))
     return sorted(out)
+
+
+def row_count(batch: Any) -> int:
+    """Rows of a batch (:func:`rollout_mock.batch.count_samples`: list items, samples of a slime
+    record...); :class:`DebugInputError` for a batch without rows."""
+    n = batch_model.count_samples(batch)
+    if n is None:
+        raise DebugInputError(f"cannot tell how many rows a {batch_model.type_name(batch)} has")
+    return n
+
+
+def select_rows(batch: Any, index: Sequence[int]) -> Any:
+    """A new batch of the same type holding rows ``index`` (in that order); the input is not
+    changed (a list's items are copied). :class:`DebugInputError` for a row out of range."""
+    n = row_count(batch)
+    index = [int(i) for i in index]
+    bad = [i for i in index if not 0 <= i < n]
+    if bad:
+        raise DebugInputError(f"rows {bad} out of range: the batch has {n} rows (0-{n - 1})")
+    if isinstance(batch, list):
+        return [copy.copy(batch[i]) for i in index]
+    try:
+        return batch_model.take_rows(batch, index)
+    except RolloutMockError as exc:
+        raise DebugInputError(str(exc)) from exc
+
+
+def select_keys(batch: Any, keys: Sequence[str]) -> Any:
+    """Only ``keys`` of the batch's columns (``meta_info`` is kept whole); a key may be given as
+    ``ls --keys`` prints it (``batch.rewards``) or bare (``rewards``). Unknown keys are an error."""
+    kind = batch_model.batch_type_of(batch)
+    if kind is None or kind.select is None:
+        raise DebugInputError(f"cannot select keys of a {batch_model.type_name(batch)}")
+    present = set(batch_model.batch_keys(batch))
+    unknown = sorted(k for k in set(keys) if k not in present and batch_model.column_name(k, batch) not in present)
+    if unknown:
+        raise DebugInputError(f"--keys: {', '.join(unknown)} not in the batch (keys: {', '.join(sorted(present))})")
+    return batch_model.select_keys(batch, {batch_model.column_name(k, batch) for k in keys} | set(keys))
 
 
 @dataclass
@@ -107,7 +146,7 @@ def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
             step = record.get("step") if isinstance(record, dict) else None
             if step in steps:
                 kept.append(line if line.endswith("\n") else line + "\n")
-        write_text_inside(dst, f"expected/{name}", "".join(kept))
+        write_inside(dst, f"expected/{name}", "".join(kept).encode("utf-8"))
     return True
 
 
@@ -241,7 +280,7 @@ def cut_dump(
         "cut_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "rollout_mock": __version__,
     }
-    write_text_inside(dst_path, PROVENANCE_FILE, json.dumps(provenance, indent=2, default=str) + "\n")
+    write_inside(dst_path, PROVENANCE_FILE, (json.dumps(provenance, indent=2, default=str) + "\n").encode("utf-8"))
     return result
 
 

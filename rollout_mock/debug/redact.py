@@ -10,13 +10,12 @@ training groups samples by them.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
 import numpy as np
 
-from rollout_mock.batch import is_dataproto
+from rollout_mock.batch import batch_parts, batch_type_of, rebuild
 
 __all__ = ["PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch", "redact_call"]
 
@@ -67,7 +66,9 @@ def _rebuild(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
 
 def _walk(value: Any, names: frozenset[str], hits: set[str], depth: int) -> Any:
     """``value`` with every value under a text key scrubbed, at any depth of dicts, lists,
-    tuples, object arrays and DataProto-like objects (slime records nest samples in groups)."""
+    tuples, object arrays and the parts of a batch type that can be rebuilt (a DataProto's
+    ``non_tensor_batch`` and ``meta_info``: :func:`rollout_mock.batch.batch_parts`); slime
+    records nest samples in groups. What holds no text key is returned as it is (not copied)."""
     if depth > _MAX_DEPTH:
         return value
     if isinstance(value, Mapping):
@@ -78,46 +79,38 @@ def _walk(value: Any, names: frozenset[str], hits: set[str], depth: int) -> Any:
                 items[key] = _scrub(item)
             else:
                 items[key] = _walk(item, names, hits, depth + 1)
-        return _rebuild(value, items)
+        return _rebuild(value, items) if _changed(value.values(), items.values(), value, names) else value
     if isinstance(value, list):
-        return [_walk(v, names, hits, depth + 1) for v in value]
+        out = [_walk(v, names, hits, depth + 1) for v in value]
+        return out if _changed(value, out) else value
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        return tuple(_walk(v, names, hits, depth + 1) for v in value)
+        items_ = tuple(_walk(v, names, hits, depth + 1) for v in value)
+        return items_ if _changed(value, items_) else value
     if isinstance(value, np.ndarray) and value.dtype == object:
-        out = np.empty(value.shape, dtype=object)
+        array = np.empty(value.shape, dtype=object)
         for idx, item in np.ndenumerate(value):
-            out[idx] = _walk(item, names, hits, depth + 1)
-        return out
-    if is_dataproto(value):
-        return _dataproto(value, names, hits, depth)
+            array[idx] = _walk(item, names, hits, depth + 1)
+        return array if _changed(value.reshape(-1), array.reshape(-1)) else value
+    kind = batch_type_of(value)
+    if kind is not None and kind.rebuild is not None:
+        parts = batch_parts(value) or {}
+        new_parts = {name: _walk(part, names, hits, depth + 1) for name, part in parts.items()}
+        changed = {name: part for name, part in new_parts.items() if part is not parts[name]}
+        return rebuild(value, changed) if changed else value
     return value
 
 
-def _dataproto(batch: Any, names: frozenset[str], hits: set[str], depth: int) -> Any:
-    state = getattr(batch, "__dict__", {})
-    # (not state.get(..., default): the default would touch batch.non_tensor_batch needlessly)
-    others = state["_non_tensor_batch"] if "_non_tensor_batch" in state else (batch.non_tensor_batch or {})  # noqa: SIM401
-    new_others = _walk(dict(others), names, hits, depth + 1)
-    out = copy.copy(batch)
-    if "_non_tensor_batch" in state:
-        out.__dict__["_non_tensor_batch"] = new_others
-    else:
-        out.non_tensor_batch = new_others
-    meta = getattr(batch, "meta_info", None)
-    if isinstance(meta, Mapping):
-        new_meta = _walk(dict(meta), names, hits, depth + 1)
-        if "meta_info" in state:
-            out.__dict__["meta_info"] = new_meta
-        else:
-            try:
-                out.meta_info = new_meta
-            except AttributeError:
-                pass
-    return out
+def _changed(before: Iterable[Any], after: Iterable[Any], mapping: Any = None,
+             names: frozenset[str] = frozenset()) -> bool:
+    """Whether any item was replaced (a scrubbed text key always counts)."""
+    if mapping is not None and any(isinstance(k, str) and k in names for k in mapping.keys()):
+        return True
+    return any(a is not b for a, b in zip(before, after))
 
 
 def redact(batch: Any, *, keys: Iterable[str] = TEXT_KEYS) -> tuple[Any, list[str]]:
-    """``(redacted copy, names of the fields redacted)``; the input batch is not changed.
+    """``(redacted batch, names of the fields redacted)``; the input batch is not changed (what holds
+    no text is shared, not copied).
 
     Fields named in ``keys`` are scrubbed wherever they are: at the top of a dict batch, in the
     non-tensor columns and ``meta_info`` of a DataProto, in the items of an AReaL list, inside

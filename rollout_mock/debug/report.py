@@ -25,12 +25,12 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.debug._files import write_text_atomic
 from rollout_mock.debug.report_data import STATS_ROWS, StepSummary, summarize_step
 from rollout_mock.debug.report_page import DEFAULT_MAX_SAMPLES, page
 from rollout_mock.debug.svg import COLORS, Band, fmt, line_chart
 from rollout_mock.errors import DebugInputError
 from rollout_mock.storage import format_ranges
+from rollout_mock.text import write_text_atomic
 
 __all__ = ["DEFAULT_MAX_SAMPLES", "MAX_BROWSER_STEPS", "browsable", "distribution_chart", "summarize_dump",
            "write_report"]
@@ -148,7 +148,7 @@ def write_report(
     (a mock run's ``MetricsWriter`` output, CSV, TensorBoard...) compared with the dump run's
     recorded metrics, bitwise.
     """
-    from rollout_mock.debug.expected import read_expected
+    from rollout_mock.compare.expected import read_expected
     from rollout_mock.storage import open_dump
 
     if max_samples < 0:

@@ -151,7 +151,7 @@ def comparison_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike
 
 def _metrics_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike[str]) -> str:
     """The two dump runs' recorded metrics (``expected/``), one chart per metric both have."""
-    from rollout_mock.debug.expected import read_expected
+    from rollout_mock.compare.expected import read_expected
 
     a, b = read_expected(dump_a), read_expected(dump_b)  # contained reads (no links, FIFOs, devices)
     if a is None or b is None:
@@ -178,9 +178,9 @@ def metrics_comparison_section(dump: str | os.PathLike[str], metrics_file: str |
     """The dump run's recorded metrics (``expected/``, A) against another run's metrics file (B,
     e.g. the mock run's ``MetricsWriter`` output): the verdict of ``rollout-mock verify`` (bitwise)
     and one chart per metric both logged."""
+    from rollout_mock.compare.expected import read_expected
     from rollout_mock.compare.metrics import read_metrics
     from rollout_mock.compare.verify import verify
-    from rollout_mock.debug.expected import read_expected
     from rollout_mock.errors import DebugInputError
 
     a = read_expected(dump)

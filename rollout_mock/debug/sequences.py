@@ -33,8 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.batch import is_dataproto, is_tensordict, type_name
-from rollout_mock.debug.rows import column_name
+from rollout_mock.batch import batch_columns, column_name, type_name
 from rollout_mock.errors import DebugInputError
 from rollout_mock.text import logger
 
@@ -96,17 +95,12 @@ class Extraction:
 
 
 def _columns(obj: Any) -> dict[str, Any]:
-    """Tensor columns of a DataProto (ROLL or verl), TensorDict or dict."""
-    if is_dataproto(obj):
-        # ROLL's ``batch`` is a proxy made on every access: read its TensorDict directly.
-        state = getattr(obj, "__dict__", {})
-        inner = state["_batch"] if "_batch" in state else obj.batch
-        if inner is None:
-            return {}
-        return {str(k): v for k, v in inner.items()}
-    if isinstance(obj, Mapping) or is_tensordict(obj):
-        return {str(k): v for k, v in obj.items()}
-    raise DebugInputError(f"cannot find log-probs in a {type_name(obj)}")
+    """The tensor (and numeric array) columns of a columnar batch: a DataProto's (ROLL or verl),
+    a TensorDict's or a dict's (:func:`rollout_mock.batch.batch_columns`)."""
+    columns = batch_columns(obj)
+    if columns is None:
+        raise DebugInputError(f"cannot find log-probs in a {type_name(obj)}")
+    return {k: v for k, v in columns.items() if _tensor(v) is not None}
 
 
 def _tensor(value: Any) -> torch.Tensor | None:
@@ -117,10 +111,11 @@ def _tensor(value: Any) -> torch.Tensor | None:
     return None
 
 
-def _pick(columns: Mapping[str, Any], explicit: str | None, candidates: Sequence[str], what: str) -> str | None:
+def _pick(columns: Mapping[str, Any], explicit: str | None, candidates: Sequence[str], what: str,
+          batch: Any) -> str | None:
     if explicit is not None:
-        if explicit not in columns and column_name(explicit) in columns:  # as `ls --keys` prints it
-            explicit = column_name(explicit)
+        if explicit not in columns and column_name(explicit, batch) in columns:  # as `ls --keys` prints it
+            explicit = column_name(explicit, batch)
         if explicit not in columns:
             raise DebugInputError(
                 f"--keys {what}={explicit}: no such key in the batch (keys: {', '.join(sorted(columns))})"
@@ -129,10 +124,11 @@ def _pick(columns: Mapping[str, Any], explicit: str | None, candidates: Sequence
     return next((k for k in candidates if _tensor(columns.get(k)) is not None), None)
 
 
-def _columnar(columns: Mapping[str, Any], keys: LogprobKeys, out: Extraction, start: int) -> int:
+def _columnar(batch: Any, keys: LogprobKeys, out: Extraction, start: int) -> int:
     """Append the sequences of one columnar batch; return how many rows it had."""
-    lp_key = _pick(columns, keys.logprobs, LOGPROB_KEYS, "logprobs")
-    tok_key = _pick(columns, keys.tokens, TOKEN_KEYS, "tokens")
+    columns = _columns(batch)
+    lp_key = _pick(columns, keys.logprobs, LOGPROB_KEYS, "logprobs", batch)
+    tok_key = _pick(columns, keys.tokens, TOKEN_KEYS, "tokens", batch)
     if lp_key is None or tok_key is None:
         raise DebugInputError(
             f"no {'log-prob' if lp_key is None else 'token'} key found among {', '.join(sorted(columns))} "
@@ -146,7 +142,7 @@ def _columnar(columns: Mapping[str, Any], keys: LogprobKeys, out: Extraction, st
     attention = _tensor(columns.get("attention_mask"))
     if attention is None or tuple(attention.shape) != tuple(ids.shape):
         attention = torch.ones_like(ids, dtype=torch.bool)
-    mask_key = _pick(columns, keys.mask, MASK_KEYS, "mask")
+    mask_key = _pick(columns, keys.mask, MASK_KEYS, "mask", batch)
     mask = None if mask_key is None else _tensor(columns[mask_key])
     if mask is not None and mask.ndim == 1:
         mask = mask[None]
@@ -248,11 +244,11 @@ def extract_sequences(batch: Any, keys: LogprobKeys | None = None) -> Extraction
             if item is None:
                 out.rejected += 1
                 continue
-            if not (isinstance(item, Mapping) or is_tensordict(item)):
+            if batch_columns(item) is None:
                 raise DebugInputError(f"trajectory {i} is a {type_name(item)}: expected a dict of tensors or None")
-            start += _columnar(_columns(item), keys, out, start)
+            start += _columnar(item, keys, out, start)
         out.layout = "areal"
         return out
-    _columnar(_columns(batch), keys, out, 0)
+    _columnar(batch, keys, out, 0)
     out.layout = _LAYOUT_OF_KEY.get(out.keys.get("logprobs", ""), "columns")
     return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from rollout_mock.batch import concat, count_samples
+from rollout_mock.batch import concat, count_samples, subset, take_rows
 from rollout_mock.errors import IncompleteDumpError, RolloutMockError
 from rollout_mock.storage.manifest import StreamId
 
@@ -73,13 +73,12 @@ def load_partial(store: Any, stream: StreamId, step: int, *, keys: Iterable[str]
     """``keys`` (top-level) and ``rows`` of a recorded step, reading as little as possible
     (``mapped``: local files are mapped, not read: see :func:`open_view`)."""
     from rollout_mock.codec.decode import normalize_rows
-    from rollout_mock.codec.step import select
 
     if store.hmac_key is not None and not mapped:  # authenticate the whole object, then select
         batch = store.load(stream, step, trusted=trusted)
         if keys is None and rows is None:
             return batch
-        return select(batch, None if keys is None else frozenset(keys), normalize_rows(rows))
+        return subset(batch, keys, normalize_rows(rows))
     if keys is None and rows is None and not mapped:
         return store.load(stream, step, trusted=trusted)
     return open_view(store, stream, step, trusted=trusted, mapped=mapped).load(keys=keys, rows=rows)
@@ -127,7 +126,8 @@ def load_resplit(store: Any, split: str, step: int, *, dp_rank: int, dp_size: in
     possibly different number of ranks: concatenate the recorded ranks in order, split again.
 
     Refuses (with the reason) when the recorded ranks are not contiguous from 0 or the batch type
-    cannot be concatenated (only dicts of tensors/arrays, TensorDicts and verl DataProtos can).
+    cannot be concatenated (:func:`rollout_mock.batch.concat`: dicts of tensors/arrays and the registered
+    types that can, e.g. TensorDicts and DataProtos).
     """
     recorded = sorted(s.rank for s in store.stream_ids()
                       if s.split == split and s.name == name and s.rank is not None and store.contains(s, step))
@@ -139,7 +139,7 @@ def load_resplit(store: Any, split: str, step: int, *, dp_rank: int, dp_size: in
         return store.load(StreamId(split, name, dp_rank), step, trusted=trusted)
     parts = [store.load(StreamId(split, name, r), step, trusted=trusted) for r in recorded]
     whole = _concat(parts, split, step)
-    return _take(whole, rank_rows(_rows_of(whole), dp_rank, dp_size))
+    return take_rows(whole, rank_rows(_rows_of(whole), dp_rank, dp_size))
 
 
 def _concat(parts: list[Any], split: str, step: int) -> Any:
@@ -148,9 +148,3 @@ def _concat(parts: list[Any], split: str, step: int) -> Any:
     except RolloutMockError as exc:
         raise RolloutMockError(f"[RolloutMock] cannot re-split step {step} of {split}: {exc}; replay on "
                                f"the recorded rank count instead", split=split, step=step) from exc
-
-
-def _take(batch: Any, rows: range) -> Any:
-    from rollout_mock.codec.step import select
-
-    return select(batch, None, slice(rows.start, rows.stop))

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from rollout_mock.batch import batch_meta, batch_type_of, register_step_name, step_names
 from rollout_mock.errors import ConfigError, StepArgumentError
 from rollout_mock.modes import Convention
 from rollout_mock.text import json_float, short_repr
@@ -21,27 +22,24 @@ if TYPE_CHECKING:  # pragma: no cover  (kept out of run time: adapters import th
 __all__ = [
     "STATE_VERSION",
     "STEP_ARG",
-    "STEP_NAMES",
     "call_summary",
     "describe_call",
     "detect_convention",
     "elapsed",
     "is_ray_actor_method",
     "ray_actor_class",
+    "register_step_name",
     "step_arg_position",
     "step_from_call",
+    "step_names",
     "step_position_in",
 ]
 
 
 
+#: The step argument of a wrapped call: ``get_batch(..., global_step=3)``.
 STEP_ARG = "global_step"
-#: Names a call's step goes by: ROLL's ``global_step``, verl's ``meta_info["global_steps"]``,
-#: slime's ``generate_rollout(args, rollout_id, ...)``.
-STEP_NAMES = (STEP_ARG, "global_steps", "rollout_id")
 STATE_VERSION = 1
-
-
 _STEP_FIX = (
     "pass the step as a non-negative int (e.g. global_step=int(step)), or pass no step argument "
     "at all to let the scheduler count calls"
@@ -94,7 +92,7 @@ def as_step(value: Any, *, method: str | None, argument: str, **context: Any) ->
 
 
 def step_arg_position(function: Callable[..., Any] | None, *, bound: bool) -> int | None:
-    """Index of the ``global_step`` parameter among positional arguments, if it has one.
+    """Index of the step parameter (:func:`step_names`) among positional arguments, if it has one.
 
     ``function`` may also be a Ray ``ActorMethod`` (its recorded signature, without ``self``, is
     used: Ray 2.x keeps it in ``_signature``, a list of :class:`inspect.Parameter`).
@@ -114,9 +112,10 @@ def step_arg_position(function: Callable[..., Any] | None, *, bound: bool) -> in
 
 
 def step_position_in(parameters: list[inspect.Parameter]) -> int | None:
-    """Index of ``global_step`` among ``parameters`` (``self`` already removed), if positional."""
+    """Index of the step parameter among ``parameters`` (``self`` already removed), if positional."""
+    names = step_names()
     for index, parameter in enumerate(parameters):
-        if parameter.name in STEP_NAMES and parameter.kind in (
+        if parameter.name in names and parameter.kind in (
             inspect.Parameter.POSITIONAL_ONLY,
             inspect.Parameter.POSITIONAL_OR_KEYWORD,
         ):
@@ -128,23 +127,26 @@ def step_from_call(args: tuple[Any, ...], kwargs: Mapping[str, Any], position: i
                    *, method: str | None = None, **context: Any) -> int | None:
     """The step a call carries, or ``None`` when it carries none (then the counter is used).
 
-    Looked up in order: a keyword argument named like :data:`STEP_NAMES`; the positional
-    ``global_step``/``rollout_id`` parameter at ``position``; the ``meta_info`` mapping of a
-    DataProto-like argument (``global_step``, ROLL; ``global_steps``, verl's trainer). The first
-    one present decides: a bad value raises :class:`StepArgumentError` (see :func:`as_step`,
-    ``context`` gives its ``mode``/``split``) instead of falling back to the counter.
+    Looked up in order: a keyword argument named like one of :func:`step_names`; the positional
+    step parameter at ``position``; the metadata of a batch argument
+    (:func:`rollout_mock.batch.batch_meta`: a DataProto's ``meta_info``, ``global_step`` in ROLL's,
+    ``global_steps`` in verl's trainer). The first one present decides: a bad value raises
+    :class:`StepArgumentError` (see :func:`as_step`, ``context`` gives its ``mode``/``split``)
+    instead of falling back to the counter.
     """
-    for name in STEP_NAMES:
+    names = step_names()
+    for name in names:
         if name in kwargs:
             return as_step(kwargs[name], method=method, argument=name, **context)
     if position is not None and position < len(args):
         return as_step(args[position], method=method, argument=f"<step parameter at position {position}>", **context)
     for value in (*args, *kwargs.values()):
-        meta = getattr(value, "meta_info", None)
-        if isinstance(meta, Mapping):
-            for name in STEP_NAMES:
+        meta = batch_meta(value)
+        if meta is not None:
+            part = getattr(batch_type_of(value), "meta_key", None)
+            for name in names:
                 if name in meta:
-                    return as_step(meta[name], method=method, argument=f"meta_info[{name!r}]", **context)
+                    return as_step(meta[name], method=method, argument=f"{part}[{name!r}]", **context)
     return None
 
 

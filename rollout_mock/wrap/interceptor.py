@@ -30,7 +30,6 @@ from typing import Any
 
 from rollout_mock.codec import BufferPool
 from rollout_mock.config import RankPolicy, RolloutMockConfig
-from rollout_mock.debug.watchdog import StallWatchdog
 from rollout_mock.errors import ConfigError, dump_path_is_a_file
 from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.manifest import StreamId
@@ -49,6 +48,7 @@ from rollout_mock.wrap.calls import (
 from rollout_mock.wrap.recording import Recorder
 from rollout_mock.wrap.replay import Replayer
 from rollout_mock.wrap.rng import RngHook
+from rollout_mock.wrap.watchdog import StallWatchdog
 
 __all__ = ["Interceptor"]
 

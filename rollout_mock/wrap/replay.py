@@ -15,10 +15,12 @@ its state declared in ``__init__``; the interceptor decides when a call is repla
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
-from rollout_mock.compare.metrics.expected import describe_expected
 from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, RolloutMockConfig
+from rollout_mock.config.debug_settings import VerdictAction
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, StepNotFoundError
 from rollout_mock.storage.base import BatchInfo, StepStore, format_ranges
@@ -29,7 +31,7 @@ from rollout_mock.storage.store import Store
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.subsample import subsample_batch
 
-__all__ = ["Replayer"]
+__all__ = ["EXPECTED_DIR", "Replayer", "describe_expected", "expected_path", "expected_relpath"]
 
 
 class Replayer:
@@ -228,3 +230,29 @@ class Replayer:
     @property
     def last_stall(self) -> float:
         return 0.0 if self.prefetcher is None else self.prefetcher.last_stall
+
+
+# --------------------------------------------------------------------------- expected values
+#: Where a dump keeps its run's training metrics (``expected/metrics.jsonl``; written and checked
+#: by :class:`rollout_mock.compare.expected.ExpectedMetrics`): a replay announces them at start-up.
+EXPECTED_DIR = "expected"
+
+
+def expected_relpath(rank: int | None = None) -> str:
+    name = "metrics.jsonl" if rank is None else f"metrics_rank{rank}.jsonl"
+    return f"{EXPECTED_DIR}/{name}"
+
+
+def expected_path(dump_dir: str | os.PathLike[str], rank: int | None = None) -> Path:
+    return Path(dump_dir) / expected_relpath(rank)
+
+
+def describe_expected(config: RolloutMockConfig) -> str | None:
+    """Mock mode's start-up line about the dump run's metrics (``None`` when there are none)."""
+    path = expected_path(config.dump_dir)
+    if not os.path.isfile(path) or os.path.islink(path) or os.path.islink(path.parent):
+        return None
+    if config.verdict.action is VerdictAction.OFF:
+        return f"[RolloutMock] {path} holds the dump run's metrics (verdict: off, not compared)"
+    return (f"[RolloutMock] {path} holds the dump run's metrics; verdict={config.verdict.action.value}: "
+            f"metrics logged through MetricsWriter(..., expected=<scheduler>) are compared as they are logged")

@@ -118,7 +118,7 @@ def _dump_scheduler(dump_dir: Path) -> MockScheduler:
 
 
 def test_expected_dir_symlink_is_not_written_through(tmp_path: Path, outside: Path) -> None:
-    from rollout_mock.compare.metrics import MetricsWriter
+    from rollout_mock.compare.expected import MetricsWriter
 
     dump_dir = tmp_path / "fresh"
     dump_dir.mkdir()
@@ -132,8 +132,7 @@ def test_expected_dir_symlink_is_not_written_through(tmp_path: Path, outside: Pa
 
 @pytest.mark.parametrize("dangling", [False, True], ids=["existing-victim", "dangling-link"])
 def test_expected_file_symlink_is_not_truncated_or_created(tmp_path: Path, outside: Path, dangling: bool) -> None:
-    from rollout_mock.compare.metrics import MetricsWriter
-    from rollout_mock.debug.expected import attach_expected
+    from rollout_mock.compare.expected import MetricsWriter, attach_expected
 
     dump_dir = tmp_path / "fresh"
     (dump_dir / "expected").mkdir(parents=True)
@@ -162,7 +161,7 @@ def _plant_expected_link(dump_dir: Path, outside: Path, *, whole_dir: bool) -> N
 @pytest.mark.parametrize("whole_dir", [True, False], ids=["dir-link", "file-link"])
 def test_expected_outside_is_not_read_by_mock_mode_or_report(dump: Path, outside: Path, tmp_path: Path,
                                                               whole_dir: bool) -> None:
-    from rollout_mock.debug.expected import attach_expected, read_expected
+    from rollout_mock.compare.expected import attach_expected, read_expected
     from rollout_mock.debug.report import write_report
 
     _plant_expected_link(dump, outside, whole_dir=whole_dir)
@@ -186,7 +185,7 @@ def test_expected_outside_is_not_read_by_mock_mode_or_report(dump: Path, outside
 
 def test_stall_reports_are_not_written_through_a_link(tmp_path: Path, outside: Path) -> None:
     from rollout_mock.config.debug_settings import WatchdogConfig
-    from rollout_mock.debug.watchdog import STALLS_DIR, StallWatchdog
+    from rollout_mock.wrap.watchdog import STALLS_DIR, StallWatchdog
 
     dump_dir = tmp_path / "fresh"
     dump_dir.mkdir()
@@ -265,7 +264,7 @@ def test_cut_redact_leaves_no_text_anywhere(tmp_path: Path, kind: str, entry: st
 def test_config_from_dev_zero_is_refused_in_bounded_memory(tmp_path: Path, entry: str) -> None:
     call = {"load_config": "from rollout_mock.config import load_config\nload_config('/dev/zero')",
             "MockScheduler": "from rollout_mock import MockScheduler\nMockScheduler(object(), '/dev/zero')",
-            "attach_expected": "from rollout_mock.debug.expected import attach_expected\nattach_expected('/dev/zero')"}
+            "attach_expected": "from rollout_mock.compare.expected import attach_expected\nattach_expected('/dev/zero')"}
     out = in_child(call[entry] + "\nprint('LOADED')", tmp_path, memory_mb=256)
     assert out.startswith("REFUSED ConfigError"), out
 

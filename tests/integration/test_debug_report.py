@@ -190,7 +190,7 @@ class Grpo:
 
 def grpo_dump(path: Path, steps: int, *, loss: float | None = None, **kwargs: object) -> Path:
     """A GRPO-shaped dump; with ``loss``, the run's metrics are recorded too (``expected/``)."""
-    from rollout_mock.compare.metrics import MetricsWriter
+    from rollout_mock.compare.expected import MetricsWriter
 
     with MockScheduler(Grpo(**kwargs), cfg(path)) as mock:  # type: ignore[arg-type]
         if loss is None:
@@ -277,7 +277,7 @@ def test_browser_offers_a_bounded_spread_of_steps() -> None:
 def test_report_against_a_mock_runs_metrics_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`report DUMP --against METRICS`: the dump run's recorded metrics against another run's file
     (the picture of a failed precision check), bitwise."""
-    from rollout_mock.compare.metrics import MetricsWriter
+    from rollout_mock.compare.expected import MetricsWriter
 
     dump = grpo_dump(tmp_path / "d", 4, loss=1.0)
     same, drifted = tmp_path / "same.jsonl", tmp_path / "drifted.jsonl"

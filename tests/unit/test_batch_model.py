@@ -3,6 +3,10 @@ nested tensors (strided and jagged) through dump and replay, and registered type
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -12,16 +16,28 @@ import pytest
 import torch
 from conftest import cfg
 
+import rollout_mock.batch as batch_module
 from rollout_mock import MockScheduler
 from rollout_mock.batch import (
     BatchType,
+    batch_class_names,
+    batch_columns,
+    batch_keys,
+    batch_meta,
     batch_type_of,
+    column_name,
     concat,
     count_samples,
+    dataproto_fields,
     describe_keys,
-    is_dataproto,
+    rebuild,
+    register_batch_class,
     register_batch_type,
+    register_step_name,
     rejected_count,
+    select_keys,
+    step_names,
+    subset,
     take_rows,
 )
 from rollout_mock.errors import RolloutMockError
@@ -104,9 +120,10 @@ def test_rows_take_and_concat_of_each_type() -> None:
 
 
 def test_dataproto_detection_reads_instance_state_only() -> None:
-    assert is_dataproto(Proto(None, {}, {}))
-    assert not is_dataproto(PropertyOnly())
-    assert not is_dataproto(Proto)  # a class is not a batch
+    assert dataproto_fields(Proto(None, {}, {})) is not None
+    assert batch_type_of(Proto(None, {}, {})).name == "dataproto"  # type: ignore[union-attr]
+    assert dataproto_fields(PropertyOnly()) is None
+    assert dataproto_fields(Proto) is None  # a class is not a batch
 
 
 def test_adapters_register_their_batch_types() -> None:
@@ -123,3 +140,128 @@ def test_adapters_register_their_batch_types() -> None:
     assert batch_type_of(batch) is kind and count_samples(batch) == 3
     assert take_rows(batch, [2]).samples == ["c"]
     assert concat([batch, batch]).samples == ["a", "b", "c"] * 2
+
+
+def test_keys_columns_selection_parts_and_subset_of_each_type() -> None:
+    column = torch.arange(4)
+    proto = Proto({"x": column}, {"uid": np.array(list("abcd"), dtype=object)}, {"global_step": 1})
+    assert batch_keys(proto) == ["x", "uid"] and set(batch_columns(proto) or {}) == {"x", "uid"}
+    assert batch_meta(proto) == {"global_step": 1}
+    assert set(describe_keys(proto)) == {"batch.x", "non_tensor_batch.uid"}  # metadata left out
+    assert column_name("batch.x", proto) == "x" and column_name("non_tensor_batch.uid", proto) == "uid"
+    only = select_keys(proto, ["uid"])
+    assert only.batch == {} and list(only.non_tensor_batch) == ["uid"] and only.meta_info == {"global_step": 1}
+    cut = subset(proto, ["x"], slice(1, 3))
+    assert cut.batch["x"].tolist() == [1, 2] and cut.non_tensor_batch == {} and type(cut) is Proto
+    assert proto.batch["x"].tolist() == [0, 1, 2, 3]  # the input is not changed
+    rebuilt = rebuild(proto, {"meta_info": {"global_step": 2}})
+    assert rebuilt.meta_info == {"global_step": 2} and proto.meta_info == {"global_step": 1}
+    trajectories = [{"ids": column, "r": 1.0}, None, {"ids": column, "mask": column}]
+    assert batch_keys(trajectories) == ["ids", "r", "mask"] and column_name("[*].ids", trajectories) == "ids"
+    assert select_keys(trajectories, ["ids"]) == [{"ids": column}, None, {"ids": column}]
+    assert subset(trajectories, None, range(1, 3))[0] is None
+    slime = {"format": "rollout_mock.slime", "samples": [[{"a": 1, "b": 2}], [{"a": 3, "b": 4}]]}
+    assert batch_keys(slime) == ["a", "b"] and select_keys(slime, ["b"])["samples"] == [[{"b": 2}], [{"b": 4}]]
+    assert subset(torch.arange(5), ["ignored"], slice(3, None)).tolist() == [3, 4]
+    assert subset("a value without rows", None, slice(0, 1)) == "a value without rows"
+    with pytest.raises(RolloutMockError, match="cannot select keys"):
+        select_keys(torch.arange(3), ["x"])
+
+
+def test_one_registry_of_batch_classes() -> None:
+    """The safe loader's classes are the batch model's: a type's ``classes`` and
+    ``register_batch_class`` feed the one registry the codec asks."""
+    from rollout_mock.codec import is_batch_class as codec_is_batch_class
+
+    class Registered:
+        pass
+
+    assert ("verl.protocol", "DataProto") in batch_class_names()  # the adapters' DataProto type
+    assert not codec_is_batch_class(Registered)
+    register_batch_class(Registered)
+    assert codec_is_batch_class(Registered) and (Registered.__module__, Registered.__qualname__) in batch_class_names()
+
+
+def test_step_names_are_registered_by_the_adapters_and_looked_up_by_wrap() -> None:
+    from rollout_mock.wrap.calls import step_from_call, step_position_in
+
+    assert step_names()[:3] == ("global_step", "global_steps", "rollout_id")
+    assert step_from_call((Proto(None, {}, {"global_steps": 7}),), {}, None) == 7
+    parameters = [inspect.Parameter("args", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                  inspect.Parameter("episode", inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    assert step_from_call((), {"episode": 3}, None) is None and step_position_in(parameters) is None
+    register_step_name("episode")
+    try:
+        assert step_from_call((), {"episode": 3}, None) == 3
+        assert step_position_in(parameters) == 1
+    finally:
+        batch_module._STEP_NAMES.remove("episode")
+    with pytest.raises(RolloutMockError, match="not a parameter name"):
+        register_step_name("not a name")
+
+
+# --------------------------------------------------------------------------- a type from the docs
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "contributing.md"
+
+
+@pytest.fixture(scope="module")
+def episodes() -> Any:
+    """The module of docs/contributing.md's "Adding a batch type", written as one file and imported."""
+    section = DOCS.read_text().split("## Adding a batch type\n", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    folder = Path(tempfile.mkdtemp(prefix="batch_type_"))
+    (folder / "episodes_batch.py").write_text(code)
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("episodes_batch")  # stays in sys.modules: the loader finds the class
+    finally:
+        sys.path.remove(str(folder))
+
+
+def test_a_batch_type_added_as_the_docs_say_works_everywhere(episodes: Any, tmp_path: Path) -> None:
+    from rollout_mock import compare_batches, open_dump
+    from rollout_mock.compare.traces import batch_traces
+    from rollout_mock.debug import cut_dump, redact_batch
+
+    episodes_cls = episodes.Episodes
+
+    def make(step: int) -> Any:
+        return episodes_cls({"input_ids": torch.arange(8).reshape(4, 2) + step, "reward": [0.5 * i for i in range(4)],
+                             "prompt": np.array([f"p{i}" for i in range(4)], dtype=object)},
+                            {"global_step": step, "temperature": 1.0})
+
+    class Scheduler:
+        def get_batch(self, request: Any) -> Any:
+            return make(request.info["global_step"])
+
+    dump = tmp_path / "dump"
+    with MockScheduler(Scheduler(), cfg(dump)) as mock:
+        for step in range(3):
+            mock.get_batch(make(step))  # the step is found in the request's metadata part
+    recorded = open_dump(dump)
+    stream = recorded.streams()[0]
+    assert recorded.steps(stream) == [0, 1, 2]
+    entry = recorded.entry(stream, 1)
+    assert entry is not None and entry.samples == 4 and "columns.input_ids" in entry.keys
+    with MockScheduler(None, cfg(dump, "mock")) as mock:
+        replayed = mock.get_batch(make(1))
+    assert type(replayed) is episodes_cls and replayed.info == {"global_step": 1, "temperature": 1.0}
+    assert torch.equal(replayed.columns["input_ids"], make(1).columns["input_ids"])
+    with MockScheduler(None, cfg(dump, "mock", subsample=0.5)) as mock:
+        half = mock.get_batch(make(2))
+    assert half.columns["input_ids"][:, 0].tolist() == [2, 8] and half.columns["reward"] == [0.0, 1.5]
+
+    joined = concat([make(0), make(1)])
+    assert count_samples(joined) == 8 and take_rows(joined, [7]).columns["prompt"].tolist() == ["p3"]
+    diffs, _ = compare_batches(make(0), make(1))
+    assert {d.key for d in diffs} == {"columns.input_ids", "info.global_step"}
+    redacted, hits = redact_batch(make(0))
+    assert hits == ["prompt"] and set(redacted.columns["prompt"]) == {"<redacted>"}
+    assert redacted.columns["input_ids"] is not None and make(0).columns["prompt"][0] == "p0"
+    assert len(batch_traces(make(0))) == 4
+
+    cut = cut_dump(dump, tmp_path / "cut", steps=[1], samples=[3, 0], keys=["input_ids"])
+    assert cut.rows[stream.key] == {1: 2}
+    small = open_dump(tmp_path / "cut").load(1, stream)
+    assert type(small) is episodes_cls and list(small.columns) == ["input_ids"]
+    assert small.columns["input_ids"][:, 0].tolist() == [7, 1] and small.info["global_step"] == 1

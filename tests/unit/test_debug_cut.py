@@ -14,8 +14,8 @@ from debug_helpers import object_column
 from rollout_mock import MockScheduler, open_dump
 from rollout_mock.debug import cut_dump, select_rows
 from rollout_mock.debug import redact_batch as redact
+from rollout_mock.debug.cut import select_keys
 from rollout_mock.debug.redact import PLACEHOLDER
-from rollout_mock.debug.rows import select_keys
 from rollout_mock.errors import DebugInputError
 
 

@@ -13,7 +13,7 @@ from conftest import cfg
 
 from rollout_mock import MockScheduler, load_config
 from rollout_mock.config.debug_settings import WatchdogConfig
-from rollout_mock.debug.watchdog import StallWatchdog
+from rollout_mock.wrap.watchdog import StallWatchdog
 
 
 class HangingScheduler:

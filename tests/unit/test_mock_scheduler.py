@@ -347,7 +347,7 @@ def test_an_exception_in_the_with_block_is_not_hidden_by_the_nothing_recorded_wa
 
 
 def test_registered_scheduler_hooks_see_the_real_scheduler_in_dump_mode_only(dump_dir: Path) -> None:
-    from rollout_mock.adapters.native_roll import prepare_roll_scheduler
+    from rollout_mock.adapters.frameworks import prepare_roll_scheduler
     from rollout_mock.wrap import hooks
 
     seen: list[Any] = []

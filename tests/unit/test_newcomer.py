@@ -229,7 +229,7 @@ def test_long_commands_have_a_progress_switch_and_logprobs_names_the_demo_model(
         assert parser.parse_args([*argv, "--no-progress"]).no_progress
     with pytest.raises(SystemExit):
         main(["logprobs", "--help"])
-    assert "rollout_mock.debug.demo_model:initial_policy" in capsys.readouterr().out
+    assert "rollout_mock.demo:initial_policy" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------ 11. Ctrl-C during a dump

@@ -1,19 +1,64 @@
-"""Comparing two batches structurally, key by key, bit for bit or within tolerances."""
+"""Comparing two batches structurally, key by key, bit for bit or within tolerances: one
+:class:`KeyDiff` per key that is not identical on both sides (:func:`compare_batches`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from rollout_mock.batch import dataproto_parts, is_dataproto, is_tensordict
-from rollout_mock.compare.diff.report import _REPR_WIDTH, KeyDiff
+from rollout_mock.batch import batch_parts, batch_type_of
+from rollout_mock.text import json_float
 
-__all__ = ["compare_batches"]
+__all__ = ["KeyDiff", "compare_batches", "is_timing_key"]
+
+_REPR_WIDTH = 60
+
+
+@dataclass(frozen=True)
+class KeyDiff:
+    """One key that is not identical on both sides.
+
+    ``status``: ``"different"``, ``"close"`` (within atol/rtol), ``"only_in_a"``, ``"only_in_b"``.
+    ``kind``: ``"tensor"``, ``"ndarray"``, ``"object_array"``, ``"value"`` or ``"type"`` (the two
+    sides are different kinds of things). Shapes/dtypes are ``None`` for non-arrays.
+    ``first_index`` is the first differing sample (index along dim 0) of an array, or the first
+    differing position of a list/tuple value; ``samples_differ`` counts differing samples;
+    ``first_element`` is the full index of the first differing element and ``first_a``/``first_b``
+    the ``repr`` of its two values.
+    """
+
+    key: str
+    status: str
+    kind: str
+    a: str | None = None
+    b: str | None = None
+    shape_a: tuple[int, ...] | None = None
+    shape_b: tuple[int, ...] | None = None
+    dtype_a: str | None = None
+    dtype_b: str | None = None
+    max_abs_diff: float | None = None
+    elements_differ: int | None = None
+    samples_differ: int | None = None
+    samples: int | None = None
+    first_index: int | None = None
+    first_element: tuple[int, ...] | None = None
+    first_a: str | None = None
+    first_b: str | None = None
+    note: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        for name in ("shape_a", "shape_b", "first_element"):
+            if out[name] is not None:
+                out[name] = list(out[name])
+        out["max_abs_diff"] = json_float(self.max_abs_diff)
+        return out
 
 
 def _short(value: Any) -> str:
@@ -21,7 +66,7 @@ def _short(value: Any) -> str:
         return f"tensor {str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
     if isinstance(value, np.ndarray):
         return f"ndarray {value.dtype.name} {list(value.shape)}"
-    if is_dataproto(value) or is_tensordict(value) or isinstance(value, Mapping):
+    if _node_kind(value) not in ("sequence", "value", "dataclass"):
         try:
             return f"{type(value).__name__} ({len(_children(value))} keys)"
         except Exception:
@@ -52,11 +97,19 @@ def _mapping_children(obj: Any) -> dict[str, Any]:
     return {str(k): obj[k] for k in sorted(obj.keys(), key=str)}  # keys() may be a set
 
 
+def _parts_of(obj: Any) -> dict[str, Any] | None:
+    """A batch type's named parts (:func:`rollout_mock.batch.batch_parts`: a DataProto's
+    ``batch``/``non_tensor_batch``/``meta_info``, a TensorDict's or a dict's columns); ``None``
+    for tensors, arrays and values without parts."""
+    if isinstance(obj, (torch.Tensor, np.ndarray, list, tuple)):
+        return None
+    return batch_parts(obj)
+
+
 def _is_container(obj: Any) -> bool:
     return (
         isinstance(obj, (Mapping, torch.Tensor, np.ndarray))
-        or is_tensordict(obj)
-        or is_dataproto(obj)
+        or _parts_of(obj) is not None
         or _is_mapping_like(obj)
         or (dataclasses.is_dataclass(obj) and not isinstance(obj, type))
     )
@@ -72,10 +125,9 @@ def _node_kind(obj: Any) -> str:
         return "tensor"
     if isinstance(obj, np.ndarray):
         return "object_array" if obj.dtype == object else "ndarray"
-    if is_dataproto(obj):
-        return "dataproto"
-    if is_tensordict(obj):
-        return "tensordict"
+    kind = batch_type_of(obj)
+    if kind is not None and kind.name != "mapping" and _parts_of(obj) is not None:
+        return f"batch:{kind.name}"  # a registered batch type, walked through its parts
     if _is_mapping_like(obj):
         return "mapping"
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -87,13 +139,10 @@ def _node_kind(obj: Any) -> str:
 
 def _children(obj: Any) -> dict[str, Any]:
     kind = _node_kind(obj)
-    if kind == "dataproto":
-        tensors, non_tensor, meta = dataproto_parts(obj)
-        return {"batch": tensors, "non_tensor_batch": non_tensor, "meta_info": meta}
+    if kind.startswith("batch:"):
+        return {str(k): v for k, v in (_parts_of(obj) or {}).items()}
     if kind == "mapping":
         return _mapping_children(obj)
-    if kind == "tensordict":
-        return {str(k): v for k, v in obj.items()}
     if kind == "dataclass":
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     if kind == "sequence":
@@ -359,8 +408,9 @@ def compare_batches(
 ) -> tuple[list[KeyDiff], int]:
     """Compare two batches; return the non-identical keys and the number of keys compared.
 
-    Mapping-like containers (dicts, TensorDicts, ROLL's BatchProxy) are compared key by key via
-    ``keys()`` and ``[key]`` only. ``ignore_meta``: ``meta_info`` keys (or dotted paths below it)
+    Batches are walked through their parts (:func:`rollout_mock.batch.batch_parts`); other
+    mapping-like containers (dicts, ROLL's BatchProxy) key by key via ``keys()`` and ``[key]``
+    only. ``ignore_meta``: ``meta_info`` keys (or dotted paths below it)
     left out; ``ignore_timing``: also every ``meta_info`` key naming a time or duration."""
     out: list[KeyDiff] = []
     counter = [0]

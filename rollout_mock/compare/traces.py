@@ -1,33 +1,78 @@
-"""Building traces from any batch shape: DataProto-like, columns, lists of trajectories."""
+"""Human-readable traces of a recorded rollout batch: who said what, with which reward.
+
+:func:`batch_traces` reads any batch shape (DataProto-like, columns, AReaL's lists of
+trajectories, slime's samples) into :class:`Trace` objects; :func:`format_traces` and
+:func:`traces_to_jsonl` render them.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import numpy as np
 
-from rollout_mock.batch import batch_type_of, dataproto_parts, is_dataproto, is_tensordict, type_name
-from rollout_mock.compare.traces.fields import _reward_column, _short, _text_columns
-from rollout_mock.compare.traces.messages import (
-    _chat_messages,
-    _Renderer,
-    _structured_message,
-)
-from rollout_mock.compare.traces.model import (
-    DEFAULT_MAX_TRACES,
+from rollout_mock.batch import batch_columns as batch_columns_of
+from rollout_mock.batch import batch_type_of, type_name
+from rollout_mock.compare.trace_rows import (
     Tokenizer,
-    Trace,
+    _chat_messages,
+    _Columns,
     _n_rows,
     _promote_single_sequence,
+    _Renderer,
+    _reward_column,
+    _short,
     _split_mapping,
+    _structured_message,
+    _text_columns,
+    _token_messages,
 )
-from rollout_mock.compare.traces.rows import _Columns, _token_messages
 from rollout_mock.errors import TraceError
+from rollout_mock.text import json_default as _json_default
+from rollout_mock.text import jsonable
 
-__all__ = ["batch_columns", "batch_traces", "count_traces"]
+__all__ = [
+    "DEFAULT_MAX_TRACES", "Trace", "batch_columns", "batch_traces", "count_traces", "format_trace",
+    "format_traces", "traces_to_jsonl",
+]
+
+#: AReaL's ``max_rollout_traces_per_step`` default.
+DEFAULT_MAX_TRACES = 32
 
 
+@dataclass
+class Trace:
+    """One sequence of a batch, readable.
+
+    ``index`` is the trace's position among the batch's traces (a rejected trajectory takes one
+    position). ``messages`` are ``{"role", "content", "tokens"}`` dicts; ``tokens`` is ``None``
+    when only text is known (chat messages from ``non_tensor_batch``, structured ``messages``
+    without token ids). ``reward`` is ``None`` when the batch has none, and for rejected traces.
+    """
+
+    index: int
+    status: Literal["ok", "rejected"]
+    reward: float | None
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    step: int | None = None
+
+    def to_json(self, step: int | None = None) -> dict[str, Any]:
+        """A JSON-ready dict; a non-finite reward becomes the string ``"nan"``/``"inf"``/``"-inf"``."""
+        return jsonable({
+            "step": self.step if step is None else step,
+            "index": self.index,
+            "status": self.status,
+            "reward": self.reward,
+            "messages": self.messages,
+            "metadata": self.metadata,
+        })
+
+
+# --------------------------------------------------------------------------- building
 def _columnar_traces(
     tensors: Mapping[str, Any],
     others: Mapping[str, Any],
@@ -150,34 +195,35 @@ def _list_traces(batch: Sequence[Any], *, limit: int, renderer: _Renderer) -> li
         base = {"trajectory": i}
         if item is None:
             traces.append(Trace(len(traces), "rejected", None, [], base))
-        elif isinstance(item, Mapping) or is_tensordict(item):
-            traces += _item_traces(item, limit=left, start=len(traces), renderer=renderer, base=base)
+        elif (columns := batch_columns_of(item)) is not None:
+            traces += _item_traces(columns, limit=left, start=len(traces), renderer=renderer, base=base)
         else:
             raise TraceError(f"trajectory {i} is a {type_name(item)}: expected a dict of tensors or None")
     return traces
 
 
-def _item_traces(item: Any, *, limit: int, start: int, renderer: _Renderer, base: Mapping[str, Any]) -> list[Trace]:
-    if "messages" in item.keys():
+def _item_traces(item: dict[str, Any], *, limit: int, start: int, renderer: _Renderer,
+                 base: Mapping[str, Any]) -> list[Trace]:
+    """One trajectory (or a dict of columns): structured ``messages``, else token columns."""
+    if "messages" in item:
         return _structured_traces(item, limit=limit, start=start, renderer=renderer, base=base)
-    tensors, others = _split_mapping(_promote_single_sequence(dict(item.items())))
+    tensors, others = _split_mapping(_promote_single_sequence(item))
     return _columnar_traces(tensors, others, limit=limit, start=start, renderer=renderer, base=base)
 
 
-def _dataproto_parts(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    tensors, non_tensor, _ = dataproto_parts(batch)
-    return ({} if tensors is None else {str(k): v for k, v in tensors.items()}), non_tensor
+def _has_parts(batch: Any) -> bool:
+    """A batch whose columns come from named parts (a DataProto's tensors and non-tensor
+    columns): its columns are its rows as they are, never one trajectory."""
+    kind = batch_type_of(batch)
+    return kind is not None and kind.parts is not None
 
 
 def batch_columns(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """(numeric array columns, other columns) of a columnar batch (DataProto-like, dict,
-    TensorDict), as the traces read them; two empty dicts for any other batch."""
-    if is_dataproto(batch):
-        tensors, others = _dataproto_parts(batch)
-        return tensors, dict(others)
-    if isinstance(batch, Mapping) or is_tensordict(batch):
-        return _split_mapping(batch)
-    return {}, {}
+    TensorDict: :func:`rollout_mock.batch.batch_columns`), as the traces read them; two empty
+    dicts for any other batch."""
+    columns = batch_columns_of(batch)
+    return ({}, {}) if columns is None else _split_mapping(columns)
 
 
 def batch_traces(
@@ -202,15 +248,16 @@ def batch_traces(
         traces = _slime_traces(slime, limit=max_traces, renderer=renderer)
     elif isinstance(batch, list | tuple):
         traces = _list_traces(batch, limit=max_traces, renderer=renderer)
-    elif is_dataproto(batch):
-        tensors, others = _dataproto_parts(batch)
+    elif (columns := batch_columns_of(batch)) is not None and _has_parts(batch):
+        tensors, others = _split_mapping(columns)
         traces = _columnar_traces(tensors, others, limit=max_traces, start=0, renderer=renderer, base={})
-    elif isinstance(batch, Mapping) or is_tensordict(batch):
-        traces = _item_traces(batch, limit=max_traces, start=0, renderer=renderer, base={})
+    elif columns is not None:
+        traces = _item_traces(columns, limit=max_traces, start=0, renderer=renderer, base={})
     else:
         raise TraceError(
             f"cannot build traces from a {type_name(batch)}: expected a list of trajectory dicts "
-            f"(AReaL), a DataProto or a dict of tensors with input_ids or prompts/responses"
+            f"(AReaL), a batch with columns (rollout_mock.batch.batch_columns: verl's and ROLL's batches) "
+            f"or a dict of tensors with input_ids or prompts/responses"
         )
     for trace in traces:
         trace.step = step
@@ -226,20 +273,65 @@ def count_traces(batch: Any) -> int | None:
     if isinstance(batch, list | tuple):
         total = 0
         for item in batch:
-            if item is None or not (isinstance(item, Mapping) or is_tensordict(item)):
+            columns = None if item is None else batch_columns_of(item)
+            if columns is None:
                 total += 1
-            elif "messages" in item.keys():
-                messages = item["messages"]
+            elif "messages" in columns:
+                messages = columns["messages"]
                 total += len(messages) if len(messages) and not isinstance(messages[0], Mapping) else 1
             else:
-                tensors, others = _split_mapping(_promote_single_sequence(dict(item.items())))
-                total += _n_rows(tensors, others)
+                total += _n_rows(*_split_mapping(_promote_single_sequence(columns)))
         return total
-    if is_dataproto(batch):
-        return _n_rows(*_dataproto_parts(batch))
-    if isinstance(batch, Mapping) or is_tensordict(batch):
-        return count_traces([batch])
-    return None
+    columns = batch_columns_of(batch)
+    if columns is None:
+        return None
+    return _n_rows(*_split_mapping(columns)) if _has_parts(batch) else count_traces([batch])
 
 
-# --------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------- rendering
+def _header(trace: Trace) -> str:
+    parts = [f"step {trace.step}" if trace.step is not None else None, f"trace {trace.index}", trace.status]
+    if trace.reward is not None:
+        parts.append(f"reward {trace.reward:.4g}")
+    meta = trace.metadata
+    if "trajectory" in meta:
+        parts.append(f"trajectory {meta['trajectory']}" + (f" row {meta['row']}" if "row" in meta else ""))
+    elif "row" in meta:
+        parts.append(f"row {meta['row']}")
+    if "versions" in meta:
+        lo, hi = meta["versions"]
+        parts.append(f"versions {lo}" if lo == hi else f"versions {lo}-{hi}")
+    if "length" in meta:
+        parts.append(f"{meta['length']} tokens")
+    return "--- " + " | ".join(p for p in parts if p is not None)
+
+
+def _indent(text: str, prefix: str = "    ") -> str:
+    return "\n".join(prefix + line for line in text.splitlines()) if text else prefix + "(empty)"
+
+
+def format_trace(trace: Trace) -> str:
+    """One trace as text: a header line, its ``fields`` if any, then each message labelled by role."""
+    lines = [_header(trace)]
+    for key, value in trace.metadata.get("fields", {}).items():
+        lines.append(f"  {key}: {value}")
+    for message in trace.messages:
+        tokens = message.get("tokens")
+        label = f"  [{message['role']}]" + (f" ({tokens} tokens)" if tokens is not None else "")
+        lines += [label, _indent(str(message["content"]))]
+    return "\n".join(lines)
+
+
+def format_traces(traces: Iterable[Trace]) -> str:
+    """Readable text blocks, one per trace, separated by blank lines (``""`` for no traces)."""
+    return "\n\n".join(format_trace(trace) for trace in traces)
+
+
+def traces_to_jsonl(traces: Iterable[Trace], step: int | None = None) -> str:
+    """One JSON object per line (``step``, ``index``, ``status``, ``reward``, ``messages``,
+    ``metadata``), newline-terminated; ``step`` overrides each trace's own. ``""`` for no traces."""
+    lines = [
+        json.dumps(trace.to_json(step), ensure_ascii=False, allow_nan=False, default=_json_default)
+        for trace in traces
+    ]
+    return "".join(line + "\n" for line in lines)

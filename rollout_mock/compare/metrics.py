@@ -1,22 +1,32 @@
-"""Reading metrics from JSONL, CSV and TensorBoard event files."""
+"""Training metrics: what a value may be, how it is stored (JSONL, CSV), how two values compare,
+a read-only table of them, and the readers of JSONL, CSV and TensorBoard files.
+
+JSONL, one object per line: ``{"step": 3, "pg_loss": 0.25, "grad_norm": "NaN"}``. ``step`` is a
+non-negative integer; every other key is a metric whose value is a number or one of the strings
+``"NaN"``, ``"Infinity"``, ``"-Infinity"`` (:func:`encode_value` / :func:`decode_value`). An
+incomplete last line (a writer killed mid-line) is skipped with a warning; a metric logged twice
+for one step is an error. :class:`~rollout_mock.compare.expected.MetricsWriter` writes this format.
+
+Two values are the same (:func:`identical`) when their float64 bit patterns are equal, except
+that any two NaNs are identical; :func:`within_tolerance` is numpy's ``isclose`` relative to the
+baseline, bitwise when both tolerances are 0.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import math
+import operator
+import struct
 import warnings
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.compare.metrics.table import MetricsTable, _TableBuilder
-from rollout_mock.compare.metrics.values import (
-    _JSONL_SUFFIXES,
-    _TFEVENTS_MARK,
-    DEFAULT_METRICS_FILE,
-    decode_value,
-)
 from rollout_mock.errors import (
+    InvalidMetricError,
     MetricsFormatError,
     MetricsNotFoundError,
     MetricsWarning,
@@ -25,10 +35,209 @@ from rollout_mock.errors import (
 from rollout_mock.storage.paths import read_inside
 from rollout_mock.text import logger
 
-__all__ = ["read_csv", "read_jsonl", "read_metrics", "read_tensorboard", "resolve_metrics_path"]
+__all__ = [
+    "DEFAULT_METRICS_FILE", "MAX_EXACT_INT", "MetricsTable", "decode_value", "encode_value", "identical",
+    "read_csv", "read_jsonl", "read_metrics", "read_tensorboard", "resolve_metrics_path", "within_tolerance",
+]
+
+
+#: Name of the metrics file that :func:`resolve_metrics_path` looks for in a run directory.
+DEFAULT_METRICS_FILE = "metrics.jsonl"
+#: Largest integer magnitude that a float64 holds exactly.
+MAX_EXACT_INT = 2**53
+
+_NONFINITE_ENCODE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+_JSONL_SUFFIXES = (".jsonl", ".ndjson")
+_TFEVENTS_MARK = "tfevents"
 
 
 
+def _to_number(key: str, value: object) -> float | int:
+    """Convert ``value`` to a Python ``float`` or ``int``, or raise naming ``key``.
+
+    Accepts ``float``/``int`` (not ``bool``), numpy scalars and 0-d numpy arrays or torch tensors
+    (anything with ``.item()`` and an empty ``shape``), without importing numpy or torch.
+    """
+    if isinstance(value, bool):
+        raise InvalidMetricError(
+            f"metric {key!r}: bool {value!r} is not a metric value; log int(value) instead"
+        )
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, int):
+        return int(value)
+    item = getattr(value, "item", None)
+    if callable(item):
+        shape = getattr(value, "shape", ())
+        if tuple(shape) != ():
+            raise InvalidMetricError(
+                f"metric {key!r}: expected a scalar, got {type(value).__name__} of shape "
+                f"{tuple(shape)}; log a 0-d value (e.g. x.mean())"
+            )
+        return _to_number(key, item())
+    raise InvalidMetricError(
+        f"metric {key!r}: expected a float, int, numpy scalar or 0-d tensor, got "
+        f"{type(value).__name__} {value!r:.60}"
+    )
+
+
+def encode_value(key: str, value: object) -> float | int | str:
+    """Return the JSON-ready encoding of one metric value (see the module docstring).
+
+    Raises :class:`InvalidMetricError` naming ``key`` for non-numbers, non-scalar tensors, bools
+    and integers beyond ``2**53``.
+    """
+    number = _to_number(key, value)
+    if isinstance(number, int):
+        if abs(number) > MAX_EXACT_INT:
+            raise InvalidMetricError(
+                f"metric {key!r}: integer {number} is beyond 2**53 and cannot be stored exactly "
+                "as a float; log it as float(value) if rounding is acceptable"
+            )
+        return number
+    if math.isnan(number):
+        return "NaN"
+    if math.isinf(number):
+        return "Infinity" if number > 0 else "-Infinity"
+    return number
+
+
+def decode_value(raw: object) -> float:
+    """Decode one stored value to a float: numbers, ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+
+    Raises ``ValueError`` (caller adds file/line context) for anything else, including ``null``,
+    booleans and other strings.
+    """
+    if isinstance(raw, bool) or raw is None:
+        raise ValueError(f"expected a number, got {json.dumps(raw)}")
+    if isinstance(raw, int):
+        if abs(raw) > MAX_EXACT_INT:
+            raise ValueError(f"integer {raw} is beyond 2**53 and cannot be read exactly")
+        return float(raw)
+    if isinstance(raw, float):
+        return raw
+    if isinstance(raw, str) and raw in _NONFINITE_ENCODE:
+        return _NONFINITE_ENCODE[raw]
+    raise ValueError(
+        f"expected a number or one of \"NaN\", \"Infinity\", \"-Infinity\", got {json.dumps(raw)}"
+    )
+
+
+def _check_step(step: object) -> int:
+    if isinstance(step, bool):
+        raise InvalidMetricError(f"step must be a non-negative int, got {step!r}")
+    try:
+        # any object: operator.index's TypeError is the check (SupportsIndex alone would admit arrays)
+        value = operator.index(step)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidMetricError(
+            f"step must be a non-negative int, got {type(step).__name__} {step!r}"
+        ) from None
+    if value < 0:
+        raise InvalidMetricError(f"step must be a non-negative int, got {value}")
+    return value
+
+
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def identical(a: float, b: float) -> bool:
+    """Bitwise equality of two floats, except that any two NaNs are identical."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return _bits(a) == _bits(b)
+
+
+def within_tolerance(a: float, b: float, rtol: float, atol: float) -> bool:
+    """``a`` (candidate) matches ``b`` (baseline); bitwise when both tolerances are 0."""
+    if rtol == 0.0 and atol == 0.0:
+        return identical(a, b)
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= atol + rtol * abs(b)
+
+
+# --------------------------------------------------------------------------- the table
+class MetricsTable(Mapping[str, Mapping[int, float]]):
+    """Read-only mapping ``metric name -> {step: value}`` with steps in ascending order.
+
+    ``source`` is the file it was read from and ``format`` one of ``"jsonl"``, ``"csv"``,
+    ``"tensorboard"`` (``None`` for tables built in memory).
+    """
+
+    def __init__(
+        self,
+        data: Mapping[str, Mapping[int, float]],
+        *,
+        source: str | Path | None = None,
+        format: str | None = None,
+    ) -> None:
+        self._data: dict[str, dict[int, float]] = {
+            name: {int(s): float(v) for s, v in sorted(series.items())}
+            for name, series in data.items()
+        }
+        self.source = None if source is None else str(source)
+        self.format = format
+
+    def __getitem__(self, name: str) -> Mapping[int, float]:
+        return self._data[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    @property
+    def steps(self) -> list[int]:
+        """Every step that any metric was logged at, ascending."""
+        return sorted({s for series in self._data.values() for s in series})
+
+    def describe(self) -> str:
+        """One line: source, format, metric count and step range (for reports)."""
+        steps = self.steps
+        span = f"steps {steps[0]}..{steps[-1]}" if steps else "no steps"
+        src = self.source or "<memory>"
+        return f"{src} ({self.format or 'table'}, {len(self)} metrics, {span})"
+
+    def __repr__(self) -> str:
+        return f"MetricsTable({self.describe()})"
+
+
+class _TableBuilder:
+    """Accumulates values and refuses duplicated ``(metric, step)`` pairs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, dict[int, float]] = {}
+        self.where: dict[tuple[str, int], str] = {}
+
+    def add(self, name: str, step: int, value: float, where: str) -> None:
+        series = self.data.setdefault(name, {})
+        if step in series:
+            raise MetricsFormatError(
+                f"{self.path}: metric {name!r} logged twice for step {step} ({self.where[(name, step)]} "
+                f"and {where}); a resumed run must not re-log steps: truncate the file to the resume "
+                "step or log into a new file",
+                path=self.path,
+                step=step,
+            )
+        series[step] = value
+        self.where[(name, step)] = where
+
+    def build(self, fmt: str) -> MetricsTable:
+        if not self.data:
+            raise MetricsFormatError(
+                f"{self.path}: contains no metrics (empty file, or only steps without values)",
+                path=self.path,
+            )
+        return MetricsTable(self.data, source=self.path, format=fmt)
+
+
+# --------------------------------------------------------------------------- readers
 def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in pairs:

@@ -1,0 +1,339 @@
+"""The frameworks as the core sees them: their batch types, their step-argument names, and the
+scheduler hook that switches off ROLL's own rollout mock.
+
+Registered at import, which ``import rollout_mock`` does (whatever the user imports: every
+``from rollout_mock... import ...`` runs the root package first), so this module imports no
+framework, no torch and no numpy.
+
+* **Batch types** (:mod:`rollout_mock.batch`): DataProto-like objects — verl's and ROLL's
+  ``DataProto`` (ROLL >= 0.3 keeps ``_batch``/``_non_tensor_batch`` behind ``BatchProxy``
+  properties), the demo's and the codec's stand-in — recognised from the instance ``__dict__``
+  alone (:func:`rollout_mock.batch.dataproto_fields`), their own ``select_idxs``/``select``/
+  ``concat`` used when they have them; TensorDicts; rollout_mock's slime records
+  (``{"format": "rollout_mock.slime", "samples": [...]}``: rows are samples, or groups of them)
+  and slime's own debug rollout files (``{"rollout_id": N, "samples": [...]}``).
+* **Step-argument names** (:func:`rollout_mock.batch.register_step_name`, looked up by
+  :mod:`rollout_mock.wrap.calls`): ROLL's ``global_step``, verl's ``meta_info["global_steps"]``,
+  slime's ``generate_rollout(args, rollout_id, ...)``.
+* **The ROLL scheduler hook** (:mod:`rollout_mock.wrap.hooks`): ROLL's schedulers inherit
+  ``RolloutMockMixin``, which reads the same ``rollout_mock:`` block and, in dump mode, pickles
+  every batch to ``{dump_dir}/{train|val}/step_N.pkl`` itself — the very paths rollout_mock writes
+  (with a manifest and checksums), so the two would collide. A wrapped scheduler therefore gets
+  ``mock_config = None`` (the mixin's own off state) after its ``__init__``; rollout_mock records
+  and replays instead. Nothing else of the scheduler changes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from rollout_mock.batch import (
+    BatchType,
+    batch_columns,
+    batch_keys,
+    batch_type_of,
+    count_samples,
+    dataproto_fields,
+    register_batch_type,
+    register_step_name,
+    select_keys,
+    take_columns,
+    take_rows,
+    type_name,
+)
+from rollout_mock.errors import RolloutMockError
+from rollout_mock.wrap.hooks import register_scheduler_hook
+
+__all__ = [
+    "DATAPROTO", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "disable_native_roll_mock",
+    "disable_native_roll_mock_in_actor", "has_native_roll_mock", "prepare_roll_scheduler",
+]
+
+
+# --------------------------------------------------------------------------- DataProto-like
+def _is_dataproto(obj: Any) -> bool:
+    return dataproto_fields(obj) is not None
+
+
+def _names(obj: Any) -> tuple[str, str, str]:
+    found = dataproto_fields(obj)
+    if found is None:
+        raise RolloutMockError(f"not a DataProto-like batch: {type_name(obj)}")
+    return ("_batch", "_non_tensor_batch", "meta_info") if found[0] == "private" else \
+        ("batch", "non_tensor_batch", "meta_info")
+
+
+def _dataproto_parts(obj: Any) -> dict[str, Any]:
+    """``batch`` (tensors), ``non_tensor_batch`` (a plain dict) and ``meta_info`` (a copy).
+
+    ``non_tensor_batch`` may be a proxy (ROLL's ``BatchProxy``: ``len``/iteration/``==`` do not
+    behave like a dict); it is read through ``keys()`` and ``__getitem__`` only.
+    """
+    state = object.__getattribute__(obj, "__dict__")
+    tensors_name, non_tensor_name, meta_name = _names(obj)
+    non_tensor = state[non_tensor_name]
+    if non_tensor is None:
+        plain: dict[str, Any] = {}
+    elif isinstance(non_tensor, dict):
+        plain = dict(non_tensor)
+    else:
+        plain = {key: non_tensor[key] for key in sorted(non_tensor.keys(), key=str)}
+    return {"batch": state[tensors_name], "non_tensor_batch": plain, "meta_info": dict(state[meta_name] or {})}
+
+
+def _structural_rows(obj: Any) -> int | None:
+    parts = _dataproto_parts(obj)
+    n = count_samples(parts["batch"])
+    if n is not None:
+        return n
+    for value in parts["non_tensor_batch"].values():
+        return len(value)
+    return None
+
+
+def _dataproto_rows(obj: Any) -> int | None:
+    try:
+        return len(obj)  # verl's and ROLL's own rule
+    except TypeError:  # no __len__ (the demo's dataclass)
+        return _structural_rows(obj)
+
+
+def _rebuild(obj: Any, parts: dict[str, Any]) -> Any:
+    """A shallow copy of ``obj`` (its ``__dict__`` copied, no method of it run) with ``parts``
+    written into its instance state under the layout's names."""
+    try:
+        out = object.__new__(type(obj))
+        object.__getattribute__(out, "__dict__").update(object.__getattribute__(obj, "__dict__"))
+    except TypeError:  # a class object.__new__ cannot make
+        out = copy.copy(obj)
+    state = object.__getattribute__(out, "__dict__")
+    for name, field in zip(("batch", "non_tensor_batch", "meta_info"), _names(obj)):
+        if name in parts:
+            state[field] = parts[name]
+    return out
+
+
+def _dataproto_take(obj: Any, index: list[int]) -> Any:
+    select = getattr(type(obj), "select_idxs", None)
+    if callable(select):  # verl and ROLL: their own implementation keeps every invariant
+        import numpy as np
+
+        return select(obj, np.asarray(index, dtype=np.int64))
+    n = _structural_rows(obj)
+    parts = _dataproto_parts(obj)
+    tensors = parts["batch"]
+    tensors_type = batch_type_of(tensors)
+    if tensors_type is not None and tensors_type.name == "mapping":
+        tensors = take_columns(tensors, index, n)
+    elif tensors_type is not None and n is not None and count_samples(tensors) == n:
+        tensors = take_rows(tensors, index)
+    return _rebuild(obj, {"batch": tensors, "non_tensor_batch": take_columns(parts["non_tensor_batch"], index, n),
+                          "meta_info": parts["meta_info"]})
+
+
+def _dataproto_concat(parts: list[Any]) -> Any:
+    join = getattr(type(parts[0]), "concat", None)
+    if callable(join):
+        return join(parts)
+    raise RolloutMockError(f"a {type_name(parts[0])} has no concat()")
+
+
+def _dataproto_columns(obj: Any) -> dict[str, Any]:
+    parts = _dataproto_parts(obj)
+    columns = dict(batch_columns(parts["batch"]) or {})
+    columns.update({str(k): v for k, v in parts["non_tensor_batch"].items() if str(k) not in columns})
+    return columns
+
+
+def _dataproto_select(obj: Any, keys: frozenset[str]) -> Any:
+    parts = _dataproto_parts(obj)
+    tensors, others = parts["batch"], parts["non_tensor_batch"]
+    tensor_keys = [k for k in batch_keys(tensors) if k in keys] if tensors is not None else []
+    own = getattr(type(obj), "select", None)
+    if callable(own) and callable(getattr(type(obj), "select_idxs", None)):  # verl and ROLL
+        return own(obj, batch_keys=tensor_keys, non_tensor_batch_keys=[k for k in others if k in keys],
+                   deepcopy=False)
+    return _rebuild(obj, {"batch": None if tensors is None else select_keys(tensors, tensor_keys),
+                          "non_tensor_batch": {k: v for k, v in others.items() if k in keys}})
+
+
+DATAPROTO = BatchType(
+    "dataproto", _is_dataproto, _dataproto_rows, _dataproto_take, _dataproto_concat,
+    columns=_dataproto_columns, select=_dataproto_select, parts=_dataproto_parts, rebuild=_rebuild,
+    meta_key="meta_info",
+    classes=("verl.protocol:DataProto", "roll.distributed.scheduler.protocol:DataProto"),
+)
+
+
+def _request_meta(obj: Any) -> Mapping[str, Any] | None:
+    """The ``meta_info`` mapping in the instance state of an object that is not DataProto-like."""
+    if isinstance(obj, type) or type(obj).__module__ == "builtins" or _is_dataproto(obj):
+        return None
+    try:
+        state = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return None
+    meta = state.get("meta_info") if isinstance(state, dict) else None
+    return meta if isinstance(meta, Mapping) else None
+
+
+def _no_rows(obj: Any, index: list[int]) -> Any:
+    raise RolloutMockError(f"a {type_name(obj)} carries only meta_info: it has no rows")
+
+
+#: An object that carries only ``meta_info`` (a call's request: its step may be there, as in a
+#: DataProto's): no rows, no columns.
+REQUEST = BatchType(
+    "request", lambda b: _request_meta(b) is not None, lambda b: None, _no_rows,
+    parts=lambda b: {"meta_info": _request_meta(b)}, meta_key="meta_info",
+)
+
+
+# --------------------------------------------------------------------------- TensorDict
+def _is_tensordict(obj: Any) -> bool:
+    """tensordict's own classes (recent tensordict registers them as ``Mapping``s), or
+    ``batch_size``, ``keys`` and ``items`` on the class of something that is not a mapping."""
+    cls = type(obj)
+    if isinstance(obj, dict | type) or cls.__module__ in ("torch", "numpy"):
+        return False
+    if any(c.__name__ == "TensorDictBase" and c.__module__.startswith("tensordict") for c in cls.__mro__):
+        return True
+    return not isinstance(obj, Mapping) and all(hasattr(cls, name) for name in ("batch_size", "items", "keys"))
+
+
+def _tensordict_rows(obj: Any) -> int | None:
+    size = tuple(obj.batch_size)
+    return int(size[0]) if size else None
+
+
+def _tensordict_take(obj: Any, index: list[int]) -> Any:
+    import torch
+
+    return obj[torch.as_tensor(index, dtype=torch.long)]
+
+
+def _tensordict_concat(parts: list[Any]) -> Any:
+    import torch
+
+    return torch.cat(parts)
+
+
+TENSORDICT = BatchType(
+    "tensordict", _is_tensordict, _tensordict_rows, _tensordict_take, _tensordict_concat,
+    columns=lambda b: {str(k): v for k, v in b.items()},
+    select=lambda b, keys: b.select(*[k for k in b.keys() if k in keys]),
+)
+
+
+# --------------------------------------------------------------------------- slime records
+#: What :mod:`rollout_mock.adapters.slime` records: ``{"format", "kind", "metrics", "samples"}``,
+#: ``samples`` a list of ``Sample.to_dict()`` dicts or of groups (lists) of them.
+SLIME_RECORD_FORMAT = "rollout_mock.slime"
+
+
+def _is_slime(obj: Any) -> bool:
+    """rollout_mock's slime record, or slime's own ``--save-debug-rollout-data`` file
+    (``{"rollout_id": N, "samples": [...]}``)."""
+    # a plain dict: a TensorDict is a Mapping whose .get() of a missing key may raise
+    return isinstance(obj, dict) and isinstance(obj.get("samples"), list) and (
+        obj.get("format") == SLIME_RECORD_FORMAT or "rollout_id" in obj)
+
+
+def _sample_keys(samples: list[Any], out: list[str]) -> list[str]:
+    for sample in samples:
+        if isinstance(sample, list):
+            _sample_keys(sample, out)
+        elif isinstance(sample, Mapping):
+            out += [str(k) for k in sample if str(k) not in out]
+    return out
+
+
+def _select_sample(sample: Any, keys: frozenset[str]) -> Any:
+    if isinstance(sample, list):
+        return [_select_sample(s, keys) for s in sample]
+    if isinstance(sample, Mapping):
+        return {k: v for k, v in sample.items() if k in keys}
+    return sample
+
+
+SLIME_RECORD = BatchType(
+    "slime", _is_slime, lambda b: len(b["samples"]),
+    lambda b, i: {**b, "samples": [b["samples"][j] for j in i]},
+    lambda ps: {**ps[0], "samples": [s for p in ps for s in p["samples"]]},
+    keys=lambda b: _sample_keys(b["samples"], []),
+    select=lambda b, keys: {**b, "samples": [_select_sample(s, keys) for s in b["samples"]]},
+    parts=lambda b: dict(b), rebuild=lambda b, parts: {**b, **parts},
+)
+
+
+# --------------------------------------------------------------------------- registration
+# The latest registered type is checked first: DataProto-like objects, the most common batches.
+for _batch_type in (SLIME_RECORD, TENSORDICT, REQUEST, DATAPROTO):
+    register_batch_type(_batch_type)
+
+register_step_name("global_step")  # ROLL: get_batch(data, global_step, batch_size), meta_info["global_step"]
+register_step_name("global_steps")  # verl: meta_info["global_steps"] of generate_sequences' batch
+register_step_name("rollout_id")  # slime: generate_rollout(args, rollout_id, data_source, evaluation)
+
+
+# --------------------------------------------------------------------------- ROLL's own mock
+def has_native_roll_mock(obj: Any) -> bool:
+    """Whether ``obj`` carries ROLL's RolloutMockMixin state with the mock switched on."""
+    try:
+        cfg = obj.__dict__.get("mock_config")
+    except AttributeError:
+        return False
+    return (
+        cfg is not None
+        and bool(getattr(cfg, "enable", False))
+        and callable(getattr(type(obj), "_maybe_dump_batch", None))
+        and callable(getattr(type(obj), "_should_load_mock", None))
+    )
+
+
+def disable_native_roll_mock(obj: Any) -> bool:
+    """Turn ROLL's own rollout mock off on ``obj``; return whether it was on."""
+    if not has_native_roll_mock(obj):
+        return False
+    from rollout_mock.text import logger
+
+    obj.mock_config = None
+    logger.info(
+        "[RolloutMock] %s: ROLL's built-in rollout mock is switched off for this scheduler; "
+        "rollout_mock records and replays its batches instead", type(obj).__qualname__,
+    )
+    return True
+
+
+def disable_native_roll_mock_in_actor(handle: Any) -> bool:
+    """Same, inside a Ray actor (through ``__ray_call__``); ``False`` when not possible."""
+    caller = getattr(handle, "__ray_call__", None)
+    if caller is None:
+        return False
+    import ray
+
+    from rollout_mock.text import logger
+
+    try:
+        return bool(ray.get(caller.remote(_disable_in_actor), timeout=60))
+    except Exception as exc:  # noqa: BLE001 - an actor that cannot run it: its own dump stays as it was
+        logger.debug("[RolloutMock] could not check the actor for ROLL's rollout mock: %s", exc)
+        return False
+
+
+def _disable_in_actor(instance: Any) -> bool:
+    return disable_native_roll_mock(instance)
+
+
+@register_scheduler_hook
+def prepare_roll_scheduler(scheduler: Any) -> None:
+    """The scheduler hook (:mod:`rollout_mock.wrap.hooks`): ROLL's own mock off on an object, an
+    instance inside an actor, or (through ``__ray_call__``) the actor behind a handle."""
+    from rollout_mock.wrap.calls import is_ray_actor_method
+
+    if is_ray_actor_method(getattr(scheduler, "get_batch", None)):
+        disable_native_roll_mock_in_actor(scheduler)
+    else:
+        disable_native_roll_mock(scheduler)

@@ -24,6 +24,7 @@ from rollout_mock.compare.traces.model import (
 )
 from rollout_mock.compare.traces.rows import _Columns, _token_messages
 from rollout_mock.errors import TraceError
+from rollout_mock.text import to_float
 
 __all__ = ["batch_columns", "batch_traces", "count_traces"]
 
@@ -89,7 +90,7 @@ def _slime_reward(value: Any) -> float | None:
     if isinstance(value, Mapping):  # a reward model's dict: its score
         value = next((value[k] for k in ("score", "reward", "acc") if k in value), None)
     if isinstance(value, bool | int | float | np.generic):
-        return float(value)
+        return to_float(value)  # 10**400: inf, never OverflowError
     return None
 
 

@@ -17,19 +17,21 @@ from rollout_mock.compare.traces.model import (
     _rows_of,
 )
 from rollout_mock.text import json_default as _json_default
+from rollout_mock.text import jsonable, to_float
 
 __all__ = []
 
 
 def _to_float(value: Any) -> float | None:
-    """A reward cell -> float: a number, a 1-element list, or a list summed (token-level)."""
+    """A reward cell -> float: a number, a 1-element list, or a list summed (token-level); an int
+    beyond float64 is ``±inf`` and anything else ``None`` (:func:`~rollout_mock.text.to_float`)."""
     if isinstance(value, list | tuple | np.ndarray):
-        flat = np.asarray(value, dtype=float).reshape(-1) if len(value) else np.zeros(0)
+        try:
+            flat = np.asarray(value, dtype=float).reshape(-1)
+        except (TypeError, ValueError, OverflowError):  # ragged, huge ints, text: cell by cell
+            flat = np.asarray([to_float(v) for v in np.asarray(value, dtype=object).reshape(-1)], dtype=float)
         return float(flat.sum()) if flat.size else None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
+    return to_float(value)
 
 
 def _reward_column(tensors: Mapping[str, Any], others: Mapping[str, Any], n: int) -> list[float | None]:
@@ -46,8 +48,10 @@ def _short(value: Any) -> Any:
     """A ``non_tensor_batch`` cell for metadata: scalars as-is, long strings cut, big objects summarised."""
     if isinstance(value, np.generic):
         value = value.item()
-    if value is None or isinstance(value, bool | int | float):
+    if value is None or isinstance(value, bool | float):
         return value
+    if isinstance(value, int):  # an int past JSON's and str()'s limits: its digit count
+        return jsonable(value)
     if isinstance(value, str):
         extra = len(value) - MAX_FIELD_CHARS
         return value if extra <= 0 else f"{value[:MAX_FIELD_CHARS]}... (+{extra} chars)"

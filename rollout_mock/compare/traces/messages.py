@@ -15,6 +15,7 @@ from rollout_mock.compare.traces.model import (
     Tokenizer,
     _rows_of,
 )
+from rollout_mock.text import fmt_number
 
 __all__ = []
 
@@ -28,7 +29,7 @@ class _Renderer:
     def content(self, ids: Sequence[int]) -> str:
         if self.tokenizer is not None:
             return str(self.tokenizer.decode(list(ids)))
-        shown = " ".join(str(int(i)) for i in ids[:MAX_IDS_SHOWN])
+        shown = " ".join(fmt_number(int(i)) for i in ids[:MAX_IDS_SHOWN])  # never str() of a huge int
         more = len(ids) - MAX_IDS_SHOWN
         return f"[{shown} ... +{more} more]" if more > 0 else f"[{shown}]"
 

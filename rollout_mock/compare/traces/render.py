@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterable
 
 from rollout_mock.compare.traces.model import Trace
+from rollout_mock.text import fmt_number
 from rollout_mock.text import json_default as _json_default
 
 __all__ = ["format_trace", "format_traces", "traces_to_jsonl"]
@@ -14,7 +15,7 @@ __all__ = ["format_trace", "format_traces", "traces_to_jsonl"]
 def _header(trace: Trace) -> str:
     parts = [f"step {trace.step}" if trace.step is not None else None, f"trace {trace.index}", trace.status]
     if trace.reward is not None:
-        parts.append(f"reward {trace.reward:.4g}")
+        parts.append(f"reward {fmt_number(trace.reward)}")
     meta = trace.metadata
     if "trajectory" in meta:
         parts.append(f"trajectory {meta['trajectory']}" + (f" row {meta['row']}" if "row" in meta else ""))
@@ -39,7 +40,8 @@ def format_trace(trace: Trace) -> str:
         lines.append(f"  {key}: {value}")
     for message in trace.messages:
         tokens = message.get("tokens")
-        label = f"  [{message['role']}]" + (f" ({tokens} tokens)" if tokens is not None else "")
+        count = len(tokens) if isinstance(tokens, list | tuple) else tokens  # slime's messages hold the ids
+        label = f"  [{message['role']}]" + (f" ({count} tokens)" if count is not None else "")
         lines += [label, _indent(str(message["content"]))]
     return "\n".join(lines)
 

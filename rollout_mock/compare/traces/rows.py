@@ -38,8 +38,9 @@ def _aligned(mask: list[Any] | None, length: int) -> list[int] | None:
 
 def _prompt_response_runs(cols: _Columns, row: int) -> tuple[list[tuple[str, list[int]]], list[int]]:
     """verl's ``prompts`` [P] + ``responses`` [R]: the prompt is one user run, the response splits
-    by ``response_mask`` (1 assistant, 0 tool); ``attention_mask`` [P+R] drops padding. Without
-    ``prompts``, the prompt is what ``input_ids`` (= prompts + responses) holds before the response."""
+    by ``response_mask`` (1 assistant, 0 tool; [R], or [P+R] as ROLL records it); ``attention_mask``
+    [P+R] drops padding. Without ``prompts``, the prompt is what ``input_ids`` (= prompts +
+    responses) holds before the response."""
     response = cols.get("responses", row) or []
     prompt = cols.get("prompts", row)
     if prompt is None:
@@ -50,7 +51,10 @@ def _prompt_response_runs(cols: _Columns, row: int) -> tuple[list[tuple[str, lis
         attention = [1] * (len(prompt) + len(response))
     prompt_ids = [t for t, a in zip(prompt, attention) if a]
     response_attention = attention[len(prompt):]
-    mask = _aligned(cols.get("response_mask", row), len(response)) or response_attention
+    response_mask = cols.get("response_mask", row)
+    if response_mask is not None and prompt and len(response_mask) == len(prompt) + len(response):
+        response_mask = response_mask[len(prompt):]  # ROLL: a response_mask over the whole sequence
+    mask = _aligned(response_mask, len(response)) or response_attention
     kept = [(t, m) for t, a, m in zip(response, response_attention, mask) if a]
     runs: list[tuple[str, list[int]]] = [("user", prompt_ids)] if prompt_ids else []
     runs += _role_runs([t for t, _ in kept], [m for _, m in kept], prompt_done=True)

@@ -25,7 +25,7 @@ import torch
 from rollout_mock.batch import is_tensordict
 from rollout_mock.text import to_float
 
-__all__ = ["STATS_ROWS", "TRL_FORMAT", "key_stats", "numeric_columns", "report_view", "trl_view"]
+__all__ = ["STATS_ROWS", "TRL_FORMAT", "items_of", "key_stats", "numeric_columns", "report_view", "trl_view"]
 
 #: Rows of a step read for the report (statistics, the search index and previews).
 STATS_ROWS = 2048
@@ -127,7 +127,7 @@ def _token_logprobs(arrays: Mapping[str, Any]) -> np.ndarray | None:
 
 
 # ----------------------------------------------------------------- framework shapes
-def _items(batch: Any) -> list[Mapping[str, Any]]:
+def items_of(batch: Any) -> list[Mapping[str, Any]]:
     """The dict items of a list batch (AReaL's trajectories, slime's samples, flat or grouped)."""
     if isinstance(batch, Mapping) and batch.get("format") == _SLIME_FORMAT:
         batch = batch.get("samples") or []
@@ -148,7 +148,7 @@ def numeric_columns(batch: Any) -> tuple[dict[str, Any], np.ndarray | None]:
         return arrays, _token_logprobs(arrays)
     per_key: dict[str, list[Any]] = {}
     logprobs: list[np.ndarray] = []
-    for item in _items(batch):
+    for item in items_of(batch):
         cols = {str(k): (v, arr) for k, v in item.items() if (arr := _as_numpy(v)) is not None}
         for key, (value, _) in cols.items():
             per_key.setdefault(key, []).append(value)

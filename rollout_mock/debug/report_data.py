@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rollout_mock.batch import count_samples
-from rollout_mock.debug.report_columns import STATS_ROWS, _r, key_stats, numeric_columns, report_view
+from rollout_mock.debug.report_columns import STATS_ROWS, _r, items_of, key_stats, numeric_columns, report_view
 from rollout_mock.text import to_float
 
 __all__ = ["DEFAULT_MAX_SAMPLES", "SNIPPET_CHARS", "STATS_ROWS", "StepSummary", "summarize_step"]
@@ -221,6 +221,9 @@ def _uids(view: Any, traces: list[Any]) -> list[Any] | None:
     for key in ("uid", "trajectory"):  # slime's groups, AReaL's trajectories
         if traces and all(key in t.metadata for t in traces):
             return [t.metadata[key] for t in traces]
+    items = items_of(view)  # slime's flat samples (eval records): their group_index
+    if traces and len(items) == len(traces) and all(item.get("group_index") is not None for item in items):
+        return [item["group_index"] for item in items]
     return None
 
 

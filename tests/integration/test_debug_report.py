@@ -78,7 +78,10 @@ def test_report_cli_with_logprobs_json(dump: Path, tmp_path: Path, capsys: pytes
 @pytest.mark.slow
 def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> None:
     sync_playwright, chromium = browser()
-    out = write_report(dump, tmp_path / "r.html")
+    deep = tmp_path / ("a_directory_name_without_any_break_" * 6) / "dumps"  # the header has no place to break
+    deep.parent.mkdir()
+    dump.rename(deep)
+    out = write_report(deep, tmp_path / "r.html")
     errors: list[str] = []
     dialogs: list[str] = []
     requests: list[str] = []
@@ -93,6 +96,10 @@ def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> Non
             assert "step 2, sample 1" in detail
             assert EVIL in detail  # shown as text
             assert page.locator(".chart canvas").count() == 1  # the reward; lengths, rejected: one line
+            # nothing runs off the right edge (the header line with the dump's path was cut off)
+            assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
+            info = page.locator("#info").bounding_box()
+            assert info["x"] + info["width"] <= 1400
         finally:
             b.close()
     assert errors == [] and dialogs == [] and requests == []
@@ -383,28 +390,11 @@ def test_a_truncated_step_is_marked_and_the_others_shown(dump: Path, tmp_path: P
     assert "1 step could not be read</b>" in html and '<tr class="bad"><td>1</td><td>unreadable</td>' in html
 
 
-def test_report_has_a_progress_bar_over_the_steps(dump: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import rollout_mock.progress as progress
-
-    calls: list[dict[str, object]] = []
-    real = progress.progress_bar
-
-    def spy(total: float, **kwargs: object) -> object:
-        bar = real(total, **{**kwargs, "enabled": False})
-        calls.append({"total": total, "updates": 0, **kwargs})
-        update = bar.update
-
-        def counted(n: float = 1) -> object:
-            calls[-1]["updates"] += n  # type: ignore[operator]
-            return update(n)
-
-        bar.update = counted
-        return bar
-
-    monkeypatch.setattr(progress, "progress_bar", spy)
+def test_report_has_a_progress_bar_over_the_steps(dump: Path, tmp_path: Path,
+                                                 progress_spy: list[dict[str, object]]) -> None:
     assert main(["report", str(dump), "-o", str(tmp_path / "r.html")]) == 0
-    assert calls == [{"total": 3, "updates": 3, "enabled": None, "unit": "step", "unit_scale": False,
-                      "desc": "report"}]  # on a terminal only (None), one tick per step
-    calls.clear()
+    assert progress_spy == [{"total": 3, "updates": 3, "enabled": None, "unit": "step", "unit_scale": False,
+                             "desc": "report"}]  # on a terminal only (None), one tick per step
+    progress_spy.clear()
     assert main(["report", str(dump), "-o", str(tmp_path / "r.html"), "--no-progress"]) == 0
-    assert calls[0]["enabled"] is False
+    assert progress_spy[0]["enabled"] is False

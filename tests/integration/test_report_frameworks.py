@@ -101,6 +101,31 @@ def test_trl_records_read_as_trl_sums_them(tmp_path: Path) -> None:
     assert [step["rows"]["uids"][u] for u in step["rows"]["u"]] == [f"p{i // GROUP}" for i in range(16)]
 
 
+def test_slime_eval_records_are_their_samples(tmp_path: Path) -> None:
+    """slime's evaluation output (``{"kind": "eval", "data": {dataset: {"samples": [...]}}}``,
+    recorded in the val split): its samples, grouped by ``group_index``."""
+    from report_cases import slime_batch
+
+    from rollout_mock import MockScheduler
+
+    def evaluation(step: int) -> Any:
+        samples = [s for group in slime_batch(step)["samples"] for s in group]
+        return {"format": "rollout_mock.slime", "kind": "eval", "metrics": None,
+                "data": {"math": {"samples": samples[:8]}, "code": {"samples": samples[8:]}}}
+
+    class Eval:
+        def get_batch(self, data: object, global_step: int) -> Any:
+            return evaluation(global_step)
+
+    with MockScheduler(Eval(), {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}, split="val") as mock:
+        for step in range(3):
+            mock.get_batch(None, step)
+    data = _data(write_report(tmp_path / "d", tmp_path / "r.html").read_text())  # val: the only split with steps
+    step = data["steps"]["1"]
+    assert data["split"] == "val" and step["read"] == step["rows"]["n"] == 16 and step["rejected"] == 1
+    assert step["groups"]["groups"] == 4 and step["hist"]["logprob"] and step["traces"][0]["messages"]
+
+
 def test_trl_format_is_the_adapters(tmp_path: Path) -> None:
     from rollout_mock.adapters.trl import RECORD_FORMAT
 

@@ -42,9 +42,9 @@ from rollout_mock.errors import CorruptStepError, DebugInputError, StepNotFoundE
 from rollout_mock.storage import format_ranges
 from rollout_mock.text import fmt_number, jsonable, to_float
 
-__all__ = ["DEFAULT_MAX_SAMPLES", "MAX_BROWSER_STEPS", "PAGE_TEXT_CHARS", "RenderedReport", "browsable",
-           "distribution_chart", "nothing_to_report", "page", "render_report", "report_stream", "script_json",
-           "summarize_dump", "write_report"]
+__all__ = ["DEFAULT_MAX_SAMPLES", "MAX_BROWSER_STEPS", "PAGE_TEXT_CHARS", "STEP_TEXT_CHARS", "RenderedReport",
+           "browsable", "distribution_chart", "nothing_to_report", "page", "render_report", "report_stream",
+           "script_json", "summarize_dump", "write_report"]
 
 #: Steps offered by the sample browser (sample index, previews, tensor statistics, histograms,
 #: groups): a page stays a few MB however long the run; charts and the per-step table cover every step.
@@ -326,28 +326,17 @@ def render_report(
     return RenderedReport(page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data), summaries)
 
 
-def write_report(
-    dump_dir: str | os.PathLike[str],
-    output: str | os.PathLike[str],
-    *,
-    split: str | None = None,
-    tokenizer: Any = None,
-    logprobs_json: str | os.PathLike[str] | None = None,
-    max_samples: int = DEFAULT_MAX_SAMPLES,
-    trusted: bool = False,
-    against: str | os.PathLike[str] | None = None,
-    progress: bool | None = False,
-) -> Path:
+def write_report(dump_dir: str | os.PathLike[str], output: str | os.PathLike[str], **options: Any) -> Path:
     """Write the HTML report of ``dump_dir`` to ``output`` (atomically) and return its path.
 
-    ``split``: the split to show (default: ``train``, or the first split with steps when train has
-    none); ``tokenizer``: a loaded tokenizer (or ``None`` for token ids); ``logprobs_json``: the
-    output of ``rollout-mock logprobs --json``; ``max_samples``: full sample previews per step;
-    ``against``: a second dump to compare with, step by step and key by key; or a metrics file
-    (a mock run's ``MetricsWriter`` output, CSV, TensorBoard...) compared with the dump run's
-    recorded metrics, bitwise; ``progress``: a bar over the steps (``None``: on a terminal).
+    ``options`` (those of :func:`render_report`): ``split``, the split to show (default:
+    ``train``, or the first split with steps when train has none); ``tokenizer``, a loaded
+    tokenizer (``None``: token ids); ``logprobs_json``, the output of ``rollout-mock logprobs
+    --json``; ``max_samples``, full sample previews per step; ``against``, a second dump to compare
+    with, step by step and key by key, or a metrics file (a mock run's ``MetricsWriter`` output,
+    CSV, TensorBoard...) compared with the dump run's recorded metrics, bitwise; ``trusted``, load
+    with the plain unpickler; ``progress``, a bar over the steps (``None``: on a terminal only).
     Raises :class:`DebugInputError` when the stream has no step (nothing to report); a step that
     cannot be read is marked in the page, not raised.
     """
-    return render_report(dump_dir, split=split, tokenizer=tokenizer, logprobs_json=logprobs_json,
-                         max_samples=max_samples, trusted=trusted, against=against, progress=progress).write(output)
+    return render_report(dump_dir, **options).write(output)

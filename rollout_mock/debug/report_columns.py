@@ -51,8 +51,10 @@ def _as_numpy(value: Any) -> np.ndarray | None:
         with np.errstate(over="ignore"):  # a longdouble beyond float64: inf (counted as such)
             return value.astype(np.float64)
     if isinstance(value, list | tuple) and value and all(isinstance(v, int | float) for v in value):
-        arr = np.asarray([to_float(v) for v in value], dtype=np.float64)  # a list from slime's Sample
-        return arr
+        try:  # a list from slime's Sample (token ids, per-token log-probs)
+            return np.asarray(value, dtype=np.float64)
+        except OverflowError:  # an int beyond float64: ±inf, counted as such
+            return np.asarray([to_float(v) for v in value], dtype=np.float64)
     if isinstance(value, int | float) and not isinstance(value, bool):
         return np.asarray([to_float(value)], dtype=np.float64)
     return None

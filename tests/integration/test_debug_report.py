@@ -116,7 +116,7 @@ def test_report_charts_zoom_smooth_and_search_every_sample_in_a_browser(tmp_path
     smoothing; samples: sorted, searched over every sample of the step (not only the previews),
     the detail pane following the search. Screenshots go to ``$ROLLOUT_MOCK_REPORT_SHOTS`` when set."""
     sync_playwright, chromium = browser()
-    a = grpo_dump(tmp_path / "a", 12)
+    a = grpo_dump(tmp_path / "run a", 12)  # a space: the suggested command quotes the path
     single = write_report(a, tmp_path / "r.html")
     shots = os.environ.get("ROLLOUT_MOCK_REPORT_SHOTS")
     errors: list[str] = []
@@ -170,7 +170,7 @@ def test_report_charts_zoom_smooth_and_search_every_sample_in_a_browser(tmp_path
             assert "4 of 32 samples match" in page.inner_text("#stepinfo")
             detail = page.inner_text("#detail")
             assert f"uid: {hidden}" in detail and "Not previewed in this page" in detail
-            assert "rollout-mock show" in detail and "--step 3" in detail
+            assert f"rollout-mock show '{a}' --step 3 --max " in detail
             page.fill("#filter", "prompt 27")  # text of a sample that is not previewed
             assert items.count() == 1 and "sample 27" in page.inner_text("#detail")
             page.fill("#filter", "no such text")

@@ -264,9 +264,13 @@
     if (q.indexOf('uid:') === 0) return row.uid !== null && String(row.uid).toLowerCase() === q.slice(4).trim();
     return row.hay.indexOf(q) >= 0;
   }
+  function shq(s) {  // a shell word: quoted unless plain
+    s = String(s);
+    return /^[A-Za-z0-9_.\/:=@%+-]+$/.test(s) ? s : "'" + s.replace(/'/g, "'\\''") + "'";
+  }
   function command(step, i) {
-    var split = data.split && data.split !== 'train' ? ' --split ' + data.split : '';
-    return 'rollout-mock show ' + (data.dump || 'DUMP') + split + ' --step ' + step + ' --max ' + (i + 1);
+    var split = data.split && data.split !== 'train' ? ' --split ' + shq(data.split) : '';
+    return 'rollout-mock show ' + shq(data.dump || 'DUMP') + split + ' --step ' + step + ' --max ' + (i + 1);
   }
   function showSample(step, row) {
     selected = row ? row.index : null;

@@ -1,9 +1,14 @@
-"""Text and JSON helpers shared by every report: tables, JSON-safe values, the log prefix, and
-the atomic write of a report file (:func:`write_text_atomic`).
+"""Text and JSON helpers shared by every report: tables, JSON-safe values, numbers, the log
+prefix, and the atomic write of a report file (:func:`write_text_atomic`).
 
 One JSON encoding of non-finite floats for every ``--json`` output and every metrics file:
 the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (what Python's ``json`` module reads
 back with ``allow_nan`` and what JavaScript's ``Number()`` parses).
+
+One number formatter for every CLI output and the HTML report, :func:`fmt_number`, and one safe
+conversion for charts, :func:`to_float`: neither ever raises, whatever the value (a 20,000-digit
+int, ``Decimal('1e999999')``, a numpy ``longdouble`` beyond float64, a signalling NaN, an object
+whose ``__float__`` raises).
 """
 
 from __future__ import annotations
@@ -11,18 +16,21 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 import os
 import re
 import reprlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
 __all__ = [
-    "LOG_PREFIX", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "json_default", "json_float", "jsonable",
-    "logger", "short_repr", "step_log_level", "table", "terminal_safe", "write_text_atomic",
+    "LOG_PREFIX", "MAX_INT_DIGITS", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "fmt_number", "int_digits",
+    "json_default", "json_float", "jsonable", "logger", "short_repr", "step_log_level", "table", "terminal_safe",
+    "to_float", "write_text_atomic",
 ]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
@@ -60,16 +68,167 @@ def json_default(value: Any) -> Any:
 
 
 def jsonable(value: Any) -> Any:
-    """``value`` made strict-JSON ready, recursively (non-finite floats as strings)."""
+    """``value`` made strict-JSON ready, recursively (non-finite floats as strings; an int of
+    more than :data:`MAX_INT_DIGITS` digits as its :func:`fmt_number` text, which ``json`` could
+    not write past Python's int-string limit and no JSON reader could hold as a number)."""
+    kind = type(value)  # the common cases first: a page's data holds hundreds of thousands of values
+    if kind is str or kind is bool or value is None:
+        return value
+    if kind is float:
+        return value if math.isfinite(value) else json_float(value)
+    if kind is int:
+        return value if -_JSON_INT < value < _JSON_INT else _jsonable_int(value)
+    if kind is list:
+        return [jsonable(v) for v in value]
     if isinstance(value, float):
         return json_float(value)
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
-    if value is None or isinstance(value, bool | int | str):
+    if isinstance(value, int) and not isinstance(value, bool):
+        return _jsonable_int(int(value))
+    if value is None or isinstance(value, bool | str):
         return value
     return jsonable(json_default(value))
+
+
+def _jsonable_int(value: int) -> int | str:
+    """``value``, or its :func:`fmt_number` text past :data:`MAX_INT_DIGITS` digits."""
+    return value if int_digits(value) <= MAX_INT_DIGITS else fmt_number(value)
+
+
+# ------------------------------------------------------------------------------------- numbers
+#: Ints of more digits are shown as ``<int of N digits>``: past float64's range (~1.8e308) they
+#: have no scientific form a reader would trust, and past 4,300 digits ``str()`` itself raises.
+MAX_INT_DIGITS = 300
+#: Exact ints up to this many digits (steps, counts, token ids); longer ones in scientific form.
+_EXACT_INT_DIGITS = 15
+_EXACT_INT = 10**_EXACT_INT_DIGITS
+_JSON_INT = 10**MAX_INT_DIGITS
+_LOG10_2 = math.log10(2)
+
+
+def int_digits(value: int) -> int:
+    """Decimal digits of ``abs(value)`` (1 for 0), computed without ``str()`` (which raises past
+    Python's int-string limit) and in time linear in the int's size."""
+    magnitude = abs(int(value))
+    if magnitude == 0:
+        return 1
+    digits = int(magnitude.bit_length() * _LOG10_2) + 1  # exact, or one too many
+    if digits > 1 and magnitude < 10 ** (digits - 1):
+        digits -= 1
+    return digits
+
+
+def _fmt_float(x: float, digits: int) -> str:
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    if x == 0:
+        return "0"
+    if 10.0 ** -digits <= abs(x) < 10.0 ** (digits + 2):
+        text = f"{x:.{digits}g}"
+        return text if "e" not in text else f"{x:.0f}"
+    mantissa, exponent = f"{x:.{digits - 1}e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def _fmt_sci(text: str) -> str:
+    """``1.230e+999999`` (any formatter's scientific form) -> ``1.23e999999``."""
+    mantissa, _, exponent = text.partition("e")
+    if "." in mantissa:
+        mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}" if exponent else mantissa
+
+
+def _fmt_int(x: int, digits: int) -> str:
+    n = int_digits(x)
+    if n <= _EXACT_INT_DIGITS:
+        return str(x)
+    if n <= MAX_INT_DIGITS:
+        return _fmt_float(float(x), digits)
+    return f"<{'negative ' if x < 0 else ''}int of {n} digits>"
+
+
+def fmt_number(x: object, digits: int = 4) -> str:
+    """``x`` as people read it, in at most a few dozen characters; never raises.
+
+    Floats (Python, numpy, torch 0-d tensors, ``Decimal``, ``Fraction``...) with ``digits``
+    significant digits and no float32 noise (``0.10000000149011612`` -> ``0.1``), scientific
+    form outside 1e-4 .. 1e6 (``2.5e-5``, ``1.235e7``); ``nan``, ``inf`` and ``-inf`` spelled
+    out; ``None`` as ``-``. Ints exact up to 15 digits, then scientific (``1.235e17``); past
+    :data:`MAX_INT_DIGITS` digits ``<int of N digits>``. A ``Decimal`` or numpy ``longdouble``
+    beyond float64's range keeps its own exponent (``1e999999``), never ``inf``. Anything else:
+    a bounded :func:`short_repr`."""
+    if type(x) is int and -_EXACT_INT < x < _EXACT_INT:  # token ids, steps, counts: the common case, fast
+        return str(x)
+    try:
+        if x is None:
+            return "-"
+        if isinstance(x, bool):
+            return str(x)
+        item = getattr(x, "item", None)
+        if callable(item) and type(x).__module__.split(".")[0] in {"numpy", "torch"} \
+                and getattr(x, "ndim", 0) == 0:
+            value = item()
+            if type(value) is not type(x):
+                return fmt_number(value, digits)
+        if isinstance(x, numbers.Integral):
+            return _fmt_int(int(x), digits)
+        if isinstance(x, float):
+            return _fmt_float(x, digits)
+        if isinstance(x, Decimal):
+            if x.is_nan():
+                return "nan"
+            if x.is_infinite():
+                return "inf" if x > 0 else "-inf"
+            as_float = float(x)
+            if x == 0 or math.isfinite(as_float) and as_float != 0:
+                return _fmt_float(as_float, digits)
+            return _fmt_sci(format(x, f".{digits - 1}e"))
+        if isinstance(x, numbers.Rational):
+            top, bottom = int(cast(Any, x.numerator)), int(cast(Any, x.denominator))
+            return _fmt_int(top, digits) if bottom == 1 else fmt_number(Decimal(top) / Decimal(bottom), digits)
+        if isinstance(x, numbers.Real):
+            as_float = float(x)
+            if (math.isfinite(as_float) and (as_float != 0 or x == 0)) or not _finite_in_own_type(x):
+                return _fmt_float(as_float, digits)
+            import numpy as np  # a longdouble beyond float64's range
+
+            return _fmt_sci(np.format_float_scientific(cast(Any, x), precision=digits - 1, unique=False))
+        return short_repr(x, 60)
+    except Exception:  # a hostile __float__/__format__/__repr__: the number is unreadable, not fatal
+        return f"<{type(x).__qualname__}>"
+
+
+def _finite_in_own_type(x: Any) -> bool:
+    try:
+        return bool(x == x) and abs(x) != float("inf")
+    except Exception:
+        return False
+
+
+def to_float(x: object) -> float | None:
+    """``x`` as a float for a chart or a statistic, never raising: ``None`` for what is not a
+    real number (text, ``None``, a broken ``__float__``); ints and ``Decimal`` beyond float64's
+    range as ``±inf`` (charts skip non-finite values); a signalling NaN as ``nan``."""
+    if x is None or isinstance(x, str | bytes):
+        return None
+    try:
+        if isinstance(x, int):
+            return float(x) if int_digits(x) <= 308 else math.copysign(math.inf, x)
+        if isinstance(x, Decimal) and x.is_nan():
+            return math.nan
+        return float(x)  # type: ignore[arg-type]
+    except OverflowError:
+        try:
+            return math.inf if x > 0 else -math.inf  # type: ignore[operator]
+        except Exception:
+            return None
+    except Exception:
+        return None
 
 
 def dumps_json(value: Any, **kwargs: Any) -> str:

@@ -123,3 +123,28 @@ def local_ray_cluster(num_cpus: int = 2, *, hide: tuple[str, ...] = (),
             constants.ENABLE_RAY_CLUSTER = saved_flag
         os.environ.pop(loopback, None)
         os.environ.update(saved)
+
+
+@pytest.fixture
+def progress_spy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every ``rollout_mock.progress.progress_bar`` made: its arguments and ``updates``, the total
+    it was advanced by (the bars themselves print nothing)."""
+    import rollout_mock.progress as progress
+
+    calls: list[dict[str, Any]] = []
+    real = progress.progress_bar
+
+    def spy(total: float, **kwargs: Any) -> Any:
+        bar = real(total, **{**kwargs, "enabled": False})
+        calls.append({"total": total, "updates": 0, **kwargs})
+        record, update = calls[-1], bar.update
+
+        def counted(n: float = 1) -> Any:
+            record["updates"] += n
+            return update(n)
+
+        bar.update = counted
+        return bar
+
+    monkeypatch.setattr(progress, "progress_bar", spy)
+    return calls

@@ -7,8 +7,12 @@ messages, per-key tensor statistics), decoded with ``--tokenizer DIR`` (local on
 token ids. ``--against OTHER``: compare with a second dump (first differing step, max abs
 difference per key and step, a chart of the divergence), or with a metrics file of another run
 (a mock run's, from MetricsWriter) against the dump run's recorded metrics (first divergence,
-bitwise, and both runs per metric). Nothing in the file is fetched from the
-network. Exit 0 written, 2 bad input.
+bitwise, both runs and |A - B| per metric). Nothing in the file is fetched from the network: open it
+from disk, offline. Charts: hover for values, drag to zoom, a step range and smoothing for all.
+
+Exit 0 written; 1 written with steps that could not be read (truncated or corrupt: marked in the
+page, the other steps shown), or nothing written because the split has no recorded step; 2 bad
+input.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.debug.report_page import DEFAULT_MAX_SAMPLES
+from rollout_mock.debug.report_data import DEFAULT_MAX_SAMPLES
 
 __all__ = ["add_parser", "run"]
 
@@ -32,7 +36,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("dump_dir", metavar="DUMP", type=Path, help="dump directory (holds manifest.json)")
     parser.add_argument("-o", "--output", type=Path, default=Path("report.html"),
                         help="output file (default report.html)")
-    parser.add_argument("--split", default="train", help="the split to show (default: train)")
+    parser.add_argument("--split", default=None,
+                        help="the split to show (default: train, or the first split with steps when train has none)")
     parser.add_argument("--tokenizer", type=Path, metavar="DIR",
                         help="decode token ids with this local tokenizer directory")
     parser.add_argument("--logprobs-json", type=Path, metavar="FILE",
@@ -45,19 +50,35 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                              f"(default {DEFAULT_MAX_SAMPLES})")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (only for dumps you trust)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     return parser
 
 
 def run(args: argparse.Namespace) -> int:
+    import sys
+
     from rollout_mock.cli.show import load_tokenizer
-    from rollout_mock.debug.report import write_report
+    from rollout_mock.debug.report import nothing_to_report, render_report, report_stream
     from rollout_mock.errors import DebugInputError
+    from rollout_mock.storage import format_ranges, open_dump
 
     if args.max_samples < 0:
         raise DebugInputError(f"--max-samples {args.max_samples}: must be >= 0")
+    dump = open_dump(args.dump_dir)
+    empty = nothing_to_report(dump, report_stream(dump, args.split))
+    if empty is not None:
+        print(f"rollout-mock report: {empty}; nothing written", file=sys.stderr)
+        return 1
     tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
-    path = write_report(args.dump_dir, args.output, split=args.split, tokenizer=tokenizer,
-                        logprobs_json=args.logprobs_json, max_samples=args.max_samples, trusted=args.trust,
-                        against=args.against)
+    report = render_report(args.dump_dir, split=args.split, tokenizer=tokenizer, logprobs_json=args.logprobs_json,
+                           max_samples=args.max_samples, trusted=args.trust, against=args.against,
+                           progress=False if args.no_progress else None)
+    path = report.write(args.output)
     print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB); open it in a browser (no server needed)")
+    bad = report.unreadable
+    if bad:
+        print(f"rollout-mock report: {len(bad)} step{'s' if len(bad) != 1 else ''} could not be read "
+              f"({format_ranges([s.step for s in bad])}; first: step {bad[0].step}: {bad[0].error}); they are "
+              f"marked in the page, the other steps are shown", file=sys.stderr)
+        return 1
     return 0

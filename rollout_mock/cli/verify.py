@@ -53,6 +53,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     parser.add_argument("--plot", metavar="OUT.png", help="also write a PNG plot of both runs")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     return parser
 
 
@@ -158,6 +159,33 @@ def _read(path: str) -> MetricsTable:
     return table
 
 
+def _size(path: str) -> int:
+    """Bytes :func:`read_metrics` will read for ``path`` (0 when it cannot tell: the reader says why)."""
+    from rollout_mock.compare.metrics import resolve_metrics_path
+    from rollout_mock.errors import MetricsError
+
+    try:
+        resolved, _ = resolve_metrics_path(path)
+        files = [resolved] if resolved.is_file() else [f for f in resolved.iterdir() if f.is_file()]
+        return sum(f.stat().st_size for f in files)
+    except (OSError, MetricsError):
+        return 0
+
+
+def _read_both(baseline: str, candidate: str, *, progress: bool | None) -> tuple[MetricsTable, MetricsTable]:
+    """Both tables, with a bar over the bytes read (large TensorBoard logs take a while; on a
+    terminal outside CI only, unless ``progress`` says otherwise)."""
+    from rollout_mock.progress import progress_bar
+
+    sizes = [_size(baseline), _size(candidate)]
+    with progress_bar(sum(sizes), enabled=progress, desc="verify") as bar:
+        tables = []
+        for path, size in zip((baseline, candidate), sizes, strict=True):
+            tables.append(_read(path))
+            bar.update(size)
+    return tables[0], tables[1]
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the comparison; return the exit code (errors propagate to :func:`rollout_mock.cli.main`)."""
     rtol = parse_tolerances(args.rtol, "--rtol")
@@ -170,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             plot_missing = True  # the report still prints; the plot is skipped with a hint
 
-    baseline, candidate = _read(args.baseline), _read(args.candidate)
+    baseline, candidate = _read_both(args.baseline, args.candidate, progress=False if args.no_progress else None)
     report = verify_with_options(baseline, candidate, rtol=rtol, atol=atol, metrics=selected)
     plot_path: Path | None = None
     if plot_missing:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from rollout_mock.batch import leading_dim, type_name
+from rollout_mock.text import fmt_number, jsonable, to_float
 from rollout_mock.text import json_default as _json_default
 
 __all__ = ["MAX_FIELD_CHARS", "MAX_IDS_SHOWN", "Tokenizer"]
@@ -110,14 +111,15 @@ def _split_mapping(batch: Any) -> tuple[dict[str, Any], dict[str, Any]]:
 
 # --------------------------------------------------------------------------- rewards and text fields
 def _to_float(value: Any) -> float | None:
-    """A reward cell -> float: a number, a 1-element list, or a list summed (token-level)."""
+    """A reward cell -> float: a number, a 1-element list, or a list summed (token-level); an int
+    beyond float64 is ``±inf`` and anything else ``None`` (:func:`~rollout_mock.text.to_float`)."""
     if isinstance(value, list | tuple | np.ndarray):
-        flat = np.asarray(value, dtype=float).reshape(-1) if len(value) else np.zeros(0)
+        try:
+            flat = np.asarray(value, dtype=float).reshape(-1)
+        except (TypeError, ValueError, OverflowError):  # ragged, huge ints, text: cell by cell
+            flat = np.asarray([to_float(v) for v in np.asarray(value, dtype=object).reshape(-1)], dtype=float)
         return float(flat.sum()) if flat.size else None
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
+    return to_float(value)
 
 
 def _reward_column(tensors: Mapping[str, Any], others: Mapping[str, Any], n: int) -> list[float | None]:
@@ -134,8 +136,10 @@ def _short(value: Any) -> Any:
     """A ``non_tensor_batch`` cell for metadata: scalars as-is, long strings cut, big objects summarised."""
     if isinstance(value, np.generic):
         value = value.item()
-    if value is None or isinstance(value, bool | int | float):
+    if value is None or isinstance(value, bool | float):
         return value
+    if isinstance(value, int):  # an int past JSON's and str()'s limits: its digit count
+        return jsonable(value)
     if isinstance(value, str):
         extra = len(value) - MAX_FIELD_CHARS
         return value if extra <= 0 else f"{value[:MAX_FIELD_CHARS]}... (+{extra} chars)"
@@ -175,7 +179,7 @@ class _Renderer:
     def content(self, ids: Sequence[int]) -> str:
         if self.tokenizer is not None:
             return str(self.tokenizer.decode(list(ids)))
-        shown = " ".join(str(int(i)) for i in ids[:MAX_IDS_SHOWN])
+        shown = " ".join(fmt_number(int(i)) for i in ids[:MAX_IDS_SHOWN])  # never str() of a huge int
         more = len(ids) - MAX_IDS_SHOWN
         return f"[{shown} ... +{more} more]" if more > 0 else f"[{shown}]"
 
@@ -293,8 +297,9 @@ def _aligned(mask: list[Any] | None, length: int) -> list[int] | None:
 
 def _prompt_response_runs(cols: _Columns, row: int) -> tuple[list[tuple[str, list[int]]], list[int]]:
     """verl's ``prompts`` [P] + ``responses`` [R]: the prompt is one user run, the response splits
-    by ``response_mask`` (1 assistant, 0 tool); ``attention_mask`` [P+R] drops padding. Without
-    ``prompts``, the prompt is what ``input_ids`` (= prompts + responses) holds before the response."""
+    by ``response_mask`` (1 assistant, 0 tool; [R], or [P+R] as ROLL records it); ``attention_mask``
+    [P+R] drops padding. Without ``prompts``, the prompt is what ``input_ids`` (= prompts +
+    responses) holds before the response."""
     response = cols.get("responses", row) or []
     prompt = cols.get("prompts", row)
     if prompt is None:
@@ -305,7 +310,10 @@ def _prompt_response_runs(cols: _Columns, row: int) -> tuple[list[tuple[str, lis
         attention = [1] * (len(prompt) + len(response))
     prompt_ids = [t for t, a in zip(prompt, attention) if a]
     response_attention = attention[len(prompt):]
-    mask = _aligned(cols.get("response_mask", row), len(response)) or response_attention
+    response_mask = cols.get("response_mask", row)
+    if response_mask is not None and prompt and len(response_mask) == len(prompt) + len(response):
+        response_mask = response_mask[len(prompt):]  # ROLL: a response_mask over the whole sequence
+    mask = _aligned(response_mask, len(response)) or response_attention
     kept = [(t, m) for t, a, m in zip(response, response_attention, mask) if a]
     runs: list[tuple[str, list[int]]] = [("user", prompt_ids)] if prompt_ids else []
     runs += _role_runs([t for t, _ in kept], [m for _, m in kept], prompt_done=True)

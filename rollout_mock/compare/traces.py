@@ -31,8 +31,8 @@ from rollout_mock.compare.trace_rows import (
     _token_messages,
 )
 from rollout_mock.errors import TraceError
+from rollout_mock.text import fmt_number, jsonable, to_float
 from rollout_mock.text import json_default as _json_default
-from rollout_mock.text import jsonable
 
 __all__ = [
     "DEFAULT_MAX_TRACES", "Trace", "batch_columns", "batch_traces", "count_traces", "format_trace",
@@ -134,7 +134,7 @@ def _slime_reward(value: Any) -> float | None:
     if isinstance(value, Mapping):  # a reward model's dict: its score
         value = next((value[k] for k in ("score", "reward", "acc") if k in value), None)
     if isinstance(value, bool | int | float | np.generic):
-        return float(value)
+        return to_float(value)  # 10**400: inf, never OverflowError
     return None
 
 
@@ -292,7 +292,7 @@ def count_traces(batch: Any) -> int | None:
 def _header(trace: Trace) -> str:
     parts = [f"step {trace.step}" if trace.step is not None else None, f"trace {trace.index}", trace.status]
     if trace.reward is not None:
-        parts.append(f"reward {trace.reward:.4g}")
+        parts.append(f"reward {fmt_number(trace.reward)}")
     meta = trace.metadata
     if "trajectory" in meta:
         parts.append(f"trajectory {meta['trajectory']}" + (f" row {meta['row']}" if "row" in meta else ""))
@@ -317,7 +317,8 @@ def format_trace(trace: Trace) -> str:
         lines.append(f"  {key}: {value}")
     for message in trace.messages:
         tokens = message.get("tokens")
-        label = f"  [{message['role']}]" + (f" ({tokens} tokens)" if tokens is not None else "")
+        count = len(tokens) if isinstance(tokens, list | tuple) else tokens  # slime's messages hold the ids
+        label = f"  [{message['role']}]" + (f" ({count} tokens)" if count is not None else "")
         lines += [label, _indent(str(message["content"]))]
     return "\n".join(lines)
 

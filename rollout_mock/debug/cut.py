@@ -138,11 +138,13 @@ def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
         if data is None:
             continue
         kept: list[str] = []
-        for line in data.decode("utf-8", "replace").splitlines(keepends=True):
+        for number, line in enumerate(data.decode("utf-8", "replace").splitlines(keepends=True), 1):
             try:
                 record = json.loads(line)
             except (json.JSONDecodeError, RecursionError):
                 continue  # a torn last line of a crashed run
+            except ValueError as exc:  # a number past Python's int-string limit: not a metrics line we wrote
+                raise DebugInputError(f"{source / name}:{number}: malformed metrics line: {str(exc)[:120]}") from None
             step = record.get("step") if isinstance(record, dict) else None
             if step in steps:
                 kept.append(line if line.endswith("\n") else line + "\n")

@@ -1,72 +1,141 @@
 """``rollout-mock report``: one self-contained HTML file to look at a dump (or compare two).
 
-No server and nothing fetched: CSS, JavaScript and the SVG charts are inline. Charts per step:
-the reward, response-length and token log-prob distributions (min-max and p25-p75 bands, mean
-and median lines), rejected samples, GRPO groups whose members all got one reward, the log-prob
-mismatch when a ``rollout-mock logprobs --json`` result is given, and the dump run's metrics
-when the dump stores them. Below them: a per-step table, and a sample browser (step -> sortable,
-searchable previews -> messages; per-key tensor statistics of the step) showing decoded text with
-a local tokenizer, else token ids (the :mod:`rollout_mock.compare.traces` builders).
+No server and nothing fetched: the page's CSS and JavaScript and the vendored uPlot that draws
+its charts (``assets/``; MIT, version and licence there) are inline, and a Content-Security-Policy
+forbids any network access, so the file works opened from disk, offline. Charts per step (a
+tooltip, zoom, smoothing, one step range for all): the reward, response-length and token log-prob
+distributions (min-max and p25-p75 bands, mean and median lines), rejected samples, GRPO groups
+whose members all got one reward, the log-prob mismatch when a ``rollout-mock logprobs --json``
+result is given, and the dump run's metrics when the dump stores them; a chart that says nothing
+(no data, or one value at every step) is named in one line instead. Below them: a per-step table
+and a sample browser (step -> every sample read, sortable and searchable -> its messages;
+per-key tensor statistics of the step), decoded with a local tokenizer, else token ids.
 
 Size and work are bounded: each step is read with at most
-:data:`~rollout_mock.debug.report_data.STATS_ROWS` rows, and only a few previews per step (the
-first samples, the lowest and the highest rewards; long texts cut) go into the page.
-``against=``: a second dump, compared step by step and key by key (:mod:`~rollout_mock.debug.report_compare`).
+:data:`~rollout_mock.debug.report_data.STATS_ROWS` rows; the browser offers at most
+:data:`MAX_BROWSER_STEPS` steps, each with a compact index of its samples (at most
+:data:`PAGE_TEXT_CHARS` characters of text in the whole page) and a few full previews (the first
+samples, the lowest and the highest rewards; long texts cut). A step that cannot be read (a
+truncated file) is marked, the others are shown. ``against=``: a second dump, compared step by
+step and key by key, or a metrics file (:mod:`~rollout_mock.debug.report_compare`).
 
-Everything read from the dump is untrusted (see :mod:`~rollout_mock.debug.report_page`).
+Everything read from the dump is untrusted: HTML through :func:`html.escape`, the page's data as
+JSON in ``<script type="application/json">`` (:func:`script_json`), and the scripts only ever set
+``textContent``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
+from dataclasses import dataclass
+from functools import cache
 from html import escape
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.debug.report_data import STATS_ROWS, StepSummary, summarize_step
-from rollout_mock.debug.report_page import DEFAULT_MAX_SAMPLES, page
-from rollout_mock.debug.svg import COLORS, Band, fmt, line_chart
-from rollout_mock.errors import DebugInputError
+from rollout_mock.debug.charts import COLORS, Band, Chart, charts_html
+from rollout_mock.debug.report_data import DEFAULT_MAX_SAMPLES, STATS_ROWS, StepSummary, summarize_step
+from rollout_mock.errors import CorruptStepError, DebugInputError, StepNotFoundError
 from rollout_mock.storage import format_ranges
-from rollout_mock.text import write_text_atomic
+from rollout_mock.text import fmt_number, jsonable, to_float, write_text_atomic
 
-__all__ = ["DEFAULT_MAX_SAMPLES", "MAX_BROWSER_STEPS", "browsable", "distribution_chart", "summarize_dump",
-           "write_report"]
+__all__ = ["DEFAULT_MAX_SAMPLES", "MAX_BROWSER_STEPS", "PAGE_TEXT_CHARS", "STEP_TEXT_CHARS", "RenderedReport",
+           "browsable", "distribution_chart", "nothing_to_report", "page", "render_report", "report_stream",
+           "script_json", "summarize_dump", "write_report"]
 
-#: Steps offered by the sample browser (previews, tensor statistics, histograms, groups): a page
-#: stays a few MB however long the run; charts and the per-step table cover every step.
+#: Steps offered by the sample browser (sample index, previews, tensor statistics, histograms,
+#: groups): a page stays a few MB however long the run; charts and the per-step table cover every step.
 MAX_BROWSER_STEPS = 300
+#: Characters of sample text in the page's search index, shared among the browser's steps
+#: (at most :data:`STEP_TEXT_CHARS` a step, at most 160 a sample).
+PAGE_TEXT_CHARS = 2_000_000
+STEP_TEXT_CHARS = 64_000
 
-def _load_logprobs(path: str | os.PathLike[str] | None) -> dict[int, float]:
+CONTROLS_HTML = (
+    "<div id=\"controls\"><label>Steps <input id=\"xmin\" type=\"number\" placeholder=\"first\"> to "
+    "<input id=\"xmax\" type=\"number\" placeholder=\"last\"></label><button id=\"resetzoom\">All steps</button>"
+    "<label>Smoothing <input id=\"smooth\" type=\"range\" min=\"0\" max=\"0.99\" step=\"0.01\" value=\"0\"> "
+    "<output id=\"smoothval\">0.00</output></label><span class=\"muted\">Drag across a chart to zoom "
+    "(double-click: all steps); hover for values; click a legend entry to hide it.</span></div>"
+)
+SAMPLES_HTML = (
+    "<h2>Samples</h2><div class=\"toolbar\"><label>Step <select id=\"step\"></select></label>"
+    "<label>Search <input id=\"filter\" type=\"search\" placeholder=\"text, index, or uid:ID\" size=\"28\"></label>"
+    "<span id=\"stepinfo\" class=\"muted\"></span></div><div id=\"hists\" class=\"charts\"></div>"
+    "<div id=\"browser\"><div id=\"samplebox\"><div id=\"samples\"></div></div><div id=\"detail\"></div></div>"
+    "<div class=\"pair\"><div><h3>Tensor statistics of this step</h3><div id=\"keystats\"></div></div>"
+    "<div id=\"groups\"></div></div>"
+)
+
+
+# ------------------------------------------------------------------------------ the page
+@cache
+def asset(name: str) -> str:
+    """The text of ``rollout_mock/debug/assets/NAME`` (package data)."""
+    return (resources.files("rollout_mock.debug") / "assets" / name).read_text(encoding="utf-8")
+
+
+def script_json(value: Any) -> str:
+    """JSON that cannot end a ``<script>`` element (``<``, ``>``, ``&`` and U+2028/9 escaped)."""
+    text = json.dumps(jsonable(value), allow_nan=False, separators=(",", ":"))
+    escapes = (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029"))
+    for raw, esc in escapes:
+        text = text.replace(raw, esc)
+    return text
+
+
+def page(title: str, info: str, body: str, data: Any, *, samples: bool = True) -> str:
+    """The whole page: ``info`` and ``body`` are HTML already escaped; ``data`` becomes ``rm-data``
+    (its ``charts`` drawn into the body's chart placeholders, its ``steps`` in the sample browser,
+    shown with ``samples``)."""
+    return (
+        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'; "
+        "script-src 'unsafe-inline'; img-src data:\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<title>{escape(title)}</title><style>{asset('uPlot.min.css')}\n{asset('report.css')}</style></head><body>"
+        f"<h1>{escape(title)}</h1><p id=\"info\" class=\"muted\">{info}</p>{CONTROLS_HTML}{body}"
+        f"{SAMPLES_HTML if samples else ''}"
+        f"<script type=\"application/json\" id=\"rm-data\">{script_json(data)}</script>"
+        f"<script>{asset('uPlot.iife.min.js')}</script><script>{asset('report.js')}</script></body></html>\n"
+    )
+
+
+# ------------------------------------------------------------------------------ what is read
+def _load_logprobs(path: str | os.PathLike[str] | None) -> dict[int, float | None]:
     if path is None:
         return {}
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-        return {int(s["step"]): float(s["token_mult_prob_error"]) if not isinstance(s["token_mult_prob_error"], str)
-                else math.nan for s in data.get("steps", [])}
+        return {int(s["step"]): to_float(s["token_mult_prob_error"]) for s in data.get("steps", [])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise DebugInputError(f"--logprobs-json {path}: not the output of `rollout-mock logprobs --json` "
                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
-def _q(summaries: list[StepSummary], dist: str, name: str) -> list[float | None]:
-    out: list[float | None] = []
-    for s in summaries:
-        q = s.dist.get(dist)
-        out.append(None if q is None else q[name])
-    return out
+def report_stream(dump: Any, split: str | None = None) -> Any:
+    """The stream a report shows: ``split`` (an unknown one is
+    :class:`~rollout_mock.errors.ManifestError`, naming those recorded); ``None``: ``train`` when it
+    has steps, else the first split that has (a verl dump with validation steps only)."""
+    if split is not None:
+        return dump.stream(split)
+    plain = [s for s in dump.streams() if s.name is None and s.rank is None]
+    for stream in sorted(plain, key=lambda s: (s.split != "train", s.split)):
+        if dump.steps(stream):
+            return stream
+    return dump.stream("train")
 
 
-def distribution_chart(title: str, summaries: list[StepSummary], dist: str, color: str = COLORS[0]) -> str:
-    """Per step: the min-max and p25-p75 bands, the mean line and the median (dashed)."""
-    steps = [s.step for s in summaries]
-    bands = [Band("min–max", _q(summaries, dist, "min"), _q(summaries, dist, "max"), color, 0.12),
-             Band("p25–p75", _q(summaries, dist, "p25"), _q(summaries, dist, "p75"), color, 0.28)]
-    series = {"mean": _q(summaries, dist, "mean"), "median": _q(summaries, dist, "median")}
-    return line_chart(title, steps, series, bands=bands, dashed=("median",),
-                      colors={"mean": color, "median": "#333"})
+def nothing_to_report(dump: Any, stream: Any) -> str | None:
+    """Why there is nothing to report on ``stream`` (no step recorded), naming the streams that
+    have steps; ``None`` when it has steps."""
+    if dump.steps(stream):
+        return None
+    others = [f"{s.key} ({len(dump.steps(s))} steps)" for s in dump.streams() if s != stream and dump.steps(s)]
+    fix = f"; pick one with --split ({', '.join(others)})" if others else ""
+    return f"{dump.dump_dir}: stream {stream.key} has no recorded steps: nothing to report{fix}"
 
 
 def browsable(steps: list[int], limit: int = MAX_BROWSER_STEPS) -> set[int]:
@@ -78,44 +147,83 @@ def browsable(steps: list[int], limit: int = MAX_BROWSER_STEPS) -> set[int]:
 
 
 def summarize_dump(dump: Any, stream: Any, *, tokenizer: Any = None, max_samples: int = DEFAULT_MAX_SAMPLES,
-                   trusted: bool = False) -> tuple[list[StepSummary], set[int]]:
+                   trusted: bool = False, progress: bool | None = False) -> tuple[list[StepSummary], set[int]]:
     """Every step of ``stream``, each read with bounded work (:func:`summarize_step`), and the
-    steps the browser offers (:func:`browsable`: only those keep previews)."""
+    steps the browser offers (:func:`browsable`: only those keep previews and a sample index).
+    A step that cannot be read (missing, truncated, corrupt) is a summary with ``error`` set.
+    ``progress``: a bar over the steps on stderr (``None``: on a terminal outside CI only)."""
+    from rollout_mock.progress import progress_bar
+
     steps = dump.steps(stream)
     shown = browsable(steps)
-    return [summarize_step(dump, stream, step, tokenizer=tokenizer, max_samples=max_samples if step in shown else 0,
-                           trusted=trusted) for step in steps], shown
+    text_chars = min(STEP_TEXT_CHARS, PAGE_TEXT_CHARS // max(1, len(shown)))
+    out = []
+    with progress_bar(len(steps), enabled=progress, unit="step", unit_scale=False, desc="report") as bar:
+        for step in steps:
+            browse = step in shown
+            try:
+                out.append(summarize_step(dump, stream, step, tokenizer=tokenizer, trusted=trusted,
+                                          max_samples=max_samples if browse else 0,
+                                          text_chars=text_chars if browse else 0))
+            except (CorruptStepError, StepNotFoundError) as exc:
+                first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+                out.append(StepSummary(step, 0, 0, error=f"{type(exc).__name__}: {first[:300]}"))
+            bar.update(1)
+    return out, shown
 
 
-def step_charts(summaries: list[StepSummary]) -> list[str]:
+# ------------------------------------------------------------------------------ charts and tables
+def _q(summaries: list[StepSummary], dist: str, name: str) -> list[float | None]:
+    out: list[float | None] = []
+    for s in summaries:
+        q = s.dist.get(dist)
+        out.append(None if q is None else q[name])
+    return out
+
+
+def distribution_chart(title: str, summaries: list[StepSummary], dist: str, color: str = COLORS[0], *,
+                       empty: str = "no data") -> Chart:
+    """Per step: the min-max and p25-p75 bands, the mean line and the median (dashed)."""
+    bands = [Band("min–max", _q(summaries, dist, "min"), _q(summaries, dist, "max"), color, 0.12),
+             Band("p25–p75", _q(summaries, dist, "p25"), _q(summaries, dist, "p75"), color, 0.28)]
+    series = {"mean": _q(summaries, dist, "mean"), "median": _q(summaries, dist, "median")}
+    return Chart(title, [s.step for s in summaries], series, bands=bands, dashed=("median",),
+                 colors={"mean": color, "median": "#333"}, empty=empty)
+
+
+def step_charts(summaries: list[StepSummary]) -> list[Chart]:
     """The distribution charts, rejected samples and GRPO groups."""
     steps = [s.step for s in summaries]
+    readable = [s.error is None for s in summaries]
     charts = [distribution_chart("reward", summaries, "reward", COLORS[0]),
-              distribution_chart("response length (tokens)", summaries, "length", COLORS[2])]
-    if any(s.dist.get("logprob") for s in summaries):
-        charts.append(distribution_chart("response token log-prob", summaries, "logprob", COLORS[3]))
-    charts.append(line_chart("rejected samples", steps, {"rejected": [float(s.rejected) for s in summaries]},
-                             colors={"rejected": COLORS[1]}, zero=True))
+              distribution_chart("response length (tokens)", summaries, "length", COLORS[2]),
+              distribution_chart("response token log-prob", summaries, "logprob", COLORS[3],
+                                 empty="no log-probs recorded"),
+              Chart("rejected samples", steps, {"rejected": [float(s.rejected) if ok else None
+                                                             for s, ok in zip(summaries, readable, strict=True)]},
+                    colors={"rejected": COLORS[1]}, zero=True)]
     if any(s.groups for s in summaries):
         flat = [None if s.groups is None else 100 * s.groups["flat_fraction"] for s in summaries]
-        charts.append(line_chart("GRPO groups with one reward for all members (%)", steps,
-                                 {"groups without signal (%)": flat}, colors={"groups without signal (%)": COLORS[4]},
-                                 zero=True))
+        charts.append(Chart("GRPO groups with one reward for all members (%)", steps,
+                            {"groups without signal (%)": flat}, colors={"groups without signal (%)": COLORS[4]},
+                            zero=True))
     return charts
 
 
 def _cells(s: StepSummary) -> list[str]:
     r, n = s.dist.get("reward") or {}, s.dist.get("length") or {}
     groups = "-" if s.groups is None else f"{int(s.groups['flat'])}/{int(s.groups['groups'])}"
-    return [str(s.step), str(s.total), str(s.rejected), fmt(r.get("mean")), fmt(r.get("min")), fmt(r.get("max")),
-            fmt(n.get("mean")), fmt(n.get("min")), fmt(n.get("max")), groups]
+    return [str(s.step), str(s.total), str(s.rejected), *(fmt_number(d.get(k)) for d in (r, n)
+                                                           for k in ("mean", "min", "max")), groups]
 
 
 def step_table(summaries: list[StepSummary]) -> str:
     head = ["step", "samples", "rejected", "reward mean", "min", "max", "length mean", "min", "max",
             "flat groups"]
-    rows = "".join("<tr>" + "".join(f"<td class=\"num\">{escape(c)}</td>" for c in _cells(s)) + "</tr>"
-                   for s in summaries)
+    rows = "".join(
+        f"<tr class=\"bad\"><td>{s.step}</td><td>unreadable</td><td colspan=\"8\" style=\"text-align:left\">"
+        f"{escape(s.error)}</td></tr>" if s.error is not None else
+        "<tr>" + "".join(f"<td class=\"num\">{escape(c)}</td>" for c in _cells(s)) + "</tr>" for s in summaries)
     opened = " open" if len(summaries) <= 40 else ""
     return (f"<details{opened}><summary>Per-step table ({len(summaries)} steps)</summary><div class=\"scroll\">"
             "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr>{rows}</table></div></details>")
@@ -129,25 +237,46 @@ def dump_info(dump: Any, dump_dir: str | os.PathLike[str], stream: Any, steps: i
             f"on Python {escape(str(manifest.writer.get('python')))} at {escape(str(manifest.created_at))}")
 
 
-def write_report(
+def _unreadable_banner(summaries: list[StepSummary]) -> str:
+    bad = [s for s in summaries if s.error is not None]
+    if not bad:
+        return ""
+    items = "".join(f"<li>step {s.step}: {escape(str(s.error))}</li>" for s in bad[:20])
+    more = f"<li>{len(bad) - 20} more</li>" if len(bad) > 20 else ""
+    return (f"<div class=\"banner\"><b class=\"bad\">{len(bad)} step{'s' if len(bad) != 1 else ''} could not be "
+            f"read</b> ({escape(format_ranges([s.step for s in bad]))}): shown as gaps in the charts and marked "
+            f"in the table; the other steps are complete. <code>rollout-mock ls DUMP --verify</code> checks every "
+            f"file.<ul>{items}{more}</ul></div>")
+
+
+@dataclass
+class RenderedReport:
+    """A report's page and the summaries of its steps (``error`` set: a step that could not be read)."""
+
+    html: str
+    summaries: list[StepSummary]
+
+    @property
+    def unreadable(self) -> list[StepSummary]:
+        return [s for s in self.summaries if s.error is not None]
+
+    def write(self, output: str | os.PathLike[str]) -> Path:
+        """Write the page to ``output``, atomically; returns its path."""
+        return write_text_atomic(Path(output), self.html)
+
+
+def render_report(
     dump_dir: str | os.PathLike[str],
-    output: str | os.PathLike[str],
     *,
-    split: str = "train",
+    split: str | None = None,
     tokenizer: Any = None,
     logprobs_json: str | os.PathLike[str] | None = None,
     max_samples: int = DEFAULT_MAX_SAMPLES,
     trusted: bool = False,
     against: str | os.PathLike[str] | None = None,
-) -> Path:
-    """Write the HTML report of ``dump_dir`` to ``output`` (atomically) and return its path.
-
-    ``tokenizer``: a loaded tokenizer (or ``None`` for token ids); ``logprobs_json``: the output of
-    ``rollout-mock logprobs --json``; ``max_samples``: sample previews per step in the page;
-    ``against``: a second dump to compare with, step by step and key by key; or a metrics file
-    (a mock run's ``MetricsWriter`` output, CSV, TensorBoard...) compared with the dump run's
-    recorded metrics, bitwise.
-    """
+    progress: bool | None = False,
+) -> RenderedReport:
+    """The report's page and the summaries of its steps (see :func:`write_report`)."""
     from rollout_mock.compare.expected import read_expected
     from rollout_mock.storage import open_dump
 
@@ -155,39 +284,58 @@ def write_report(
         raise DebugInputError(f"max_samples {max_samples}: must be >= 0")
     mismatch = _load_logprobs(logprobs_json)
     dump = open_dump(dump_dir)
-    stream = dump.stream(split)
-    summaries, shown = summarize_dump(dump, stream, tokenizer=tokenizer, max_samples=max_samples, trusted=trusted)
+    stream = report_stream(dump, split)
+    empty = nothing_to_report(dump, stream)
+    if empty is not None:
+        raise DebugInputError(empty)
+    summaries, shown = summarize_dump(dump, stream, tokenizer=tokenizer, max_samples=max_samples, trusted=trusted,
+                                      progress=progress)
     steps = [s.step for s in summaries]
-    body = ""
+    specs: list[dict[str, Any]] = []
+    body = _unreadable_banner(summaries)
     if against is not None and Path(against).is_file():  # a run's metrics file, against the dump run's
         from rollout_mock.debug.report_compare import metrics_comparison_section
 
-        body += metrics_comparison_section(dump_dir, against)
+        body += metrics_comparison_section(dump_dir, against, specs)
     elif against is not None:
         from rollout_mock.debug.report_compare import comparison_section
 
-        body += comparison_section(dump_dir, against, summaries, split=split, trusted=trusted)
+        body += comparison_section(dump_dir, against, summaries, specs, split=stream.split, trusted=trusted)
     charts = step_charts(summaries)
     if mismatch:
-        charts.append(line_chart("log-prob mismatch (token_mult_prob_error)", steps,
-                                 {"mult_prob_err": [mismatch.get(s) for s in steps]}))
-    table = read_expected(dump_dir)  # contained: never a link out of the dump, a FIFO or a device
-    metric_charts = []
-    if table is not None:
-        for i, name in enumerate(sorted(table)):
-            metric_charts.append(line_chart(name, table.steps, {name: [table[name].get(s) for s in table.steps]},
-                                            colors={name: COLORS[i % len(COLORS)]}, width=360, height=200))
+        charts.append(Chart("log-prob mismatch (token_mult_prob_error)", steps,
+                            {"mult_prob_err": [mismatch.get(s) for s in steps]}))
     capped = [s.step for s in summaries if s.capped]
     note = (f"<p class=\"muted\">Steps with {STATS_ROWS} samples or more: statistics over their first "
             f"{STATS_ROWS} ({len(capped)} steps: {escape(format_ranges(capped))}).</p>" if capped else "")
-    body += (f"<h2>Per step</h2>{note}<div class=\"charts\">{''.join(charts)}</div>{step_table(summaries)}")
-    if metric_charts:
-        body += f"<h2>Dump run metrics</h2><div class=\"charts\">{''.join(metric_charts)}</div>"
+    body += f"<h2>Per step</h2>{note}{charts_html(charts, specs)}{step_table(summaries)}"
+    table = read_expected(dump_dir)  # contained: never a link out of the dump, a FIFO or a device
+    if table is not None:
+        metric_charts = [Chart(name, table.steps, {name: [table[name].get(s) for s in table.steps]},
+                               colors={name: COLORS[i % len(COLORS)]}, width=360, height=220)
+                         for i, name in enumerate(sorted(table))]
+        body += f"<h2>Dump run metrics</h2>{charts_html(metric_charts, specs)}"
     info = (dump_info(dump, dump_dir, stream, len(steps)) + " &middot; " +
             ("decoded with a tokenizer" if tokenizer is not None else "token ids (no tokenizer)"))
     if len(shown) < len(summaries):
         body += (f"<p class=\"muted\">The sample browser offers {len(shown)} of the {len(summaries)} steps "
                  "(evenly spaced, the first and the last included); the charts and the table cover all.</p>")
-    data = {"steps": {str(s.step): s.to_json() for s in summaries if s.step in shown}}
-    html = page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data)
-    return write_text_atomic(Path(output), html)
+    data = {"charts": specs, "dump": str(dump_dir), "split": stream.key,
+            "steps": {str(s.step): s.to_json() for s in summaries if s.step in shown}}
+    return RenderedReport(page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data), summaries)
+
+
+def write_report(dump_dir: str | os.PathLike[str], output: str | os.PathLike[str], **options: Any) -> Path:
+    """Write the HTML report of ``dump_dir`` to ``output`` (atomically) and return its path.
+
+    ``options`` (those of :func:`render_report`): ``split``, the split to show (default:
+    ``train``, or the first split with steps when train has none); ``tokenizer``, a loaded
+    tokenizer (``None``: token ids); ``logprobs_json``, the output of ``rollout-mock logprobs
+    --json``; ``max_samples``, full sample previews per step; ``against``, a second dump to compare
+    with, step by step and key by key, or a metrics file (a mock run's ``MetricsWriter`` output,
+    CSV, TensorBoard...) compared with the dump run's recorded metrics, bitwise; ``trusted``, load
+    with the plain unpickler; ``progress``, a bar over the steps (``None``: on a terminal only).
+    Raises :class:`DebugInputError` when the stream has no step (nothing to report); a step that
+    cannot be read is marked in the page, not raised.
+    """
+    return render_report(dump_dir, **options).write(output)

@@ -3,68 +3,68 @@
 The key-by-key comparison is :func:`rollout_mock.compare.diff.diff_dumps` (the ``diff`` command's
 batch diff). The section shows the verdict and the first differing step (its keys, first
 differing sample and values), a chart of the largest absolute difference per key and step
-(log scale), the two dumps' reward means side by side, a per-key table (first differing step,
-steps that differ, largest difference) and the non-identical steps.
+(log axis, the first divergence marked), the two dumps' reward means side by side, a per-key
+table (first differing step, steps that differ, largest difference) and the non-identical steps.
+
+Metrics (a second dump's recorded ones, or a run's metrics file against the dump run's): per
+metric both runs (A solid, B dashed) and ``|A − B|`` on a log axis with the first divergence
+marked, so that a 1e-8 drift is seen, not hidden under two overlapping lines. Log axes reach at
+least half a decade beyond the data (no line on an edge); NaN, ±inf and values beyond ±1e300
+(``|1e308 − (−1e308)|`` is inf) are counted in a chart's note, never drawn or raised on.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from html import escape
 from pathlib import Path
 from typing import Any
 
+from rollout_mock.debug.charts import COLORS, Chart, charts_html
 from rollout_mock.debug.report_data import StepSummary, summarize_step
-from rollout_mock.debug.svg import COLORS, fmt, line_chart
+from rollout_mock.text import fmt_number, int_digits, short_repr, to_float
 
-__all__ = ["comparison_section"]
+__all__ = ["comparison_section", "metric_charts", "metrics_comparison_section"]
 
 _MAX_KEYS_CHARTED = 8
 _MAX_STEP_ROWS = 200
 
 
-def _log10(x: float | None) -> float | None:
-    return math.log10(x) if x is not None and math.isfinite(x) and x > 0 else None
-
-
-def _pow10(v: float | None) -> str:
-    """A log10 value read back: decades as ``1e-6`` ... ``1000`` ... ``1e5``, others with 4 digits."""
-    if v is not None and math.isfinite(v) and v == int(v) and not -3 <= v <= 3:
-        return f"1e{int(v)}"
-    return fmt(None if v is None else 10.0 ** v)
-
-
-def _divergence_chart(steps: list[int], by_step: dict[int, Any]) -> str:
-    """log10 of the largest |a - b| per key and step (identical steps: gaps)."""
+def _divergence_chart(steps: list[int], by_step: dict[int, Any], first: int | None) -> Chart | None:
+    """The largest |a - b| per key and step, on a log axis (identical steps: gaps), the first
+    differing step marked."""
     worst: dict[str, float] = {}
     for diff in by_step.values():
         for k in diff.keys:
-            if k.max_abs_diff is not None and math.isfinite(k.max_abs_diff):
-                worst[k.key] = max(worst.get(k.key, 0.0), k.max_abs_diff)
+            v = to_float(k.max_abs_diff)
+            if v is not None and math.isfinite(v):
+                worst[k.key] = max(worst.get(k.key, 0.0), v)
     keys = sorted(worst, key=lambda k: -worst[k])[:_MAX_KEYS_CHARTED]
     if not keys:
-        return ""
-    series: dict[str, list[float | None]] = {}
+        return None
+    series: dict[str, list[Any]] = {}
     for key in keys:
-        values: list[float | None] = []
+        values: list[Any] = []
         for s in steps:
             diff = by_step.get(s)
             found = None if diff is None else next((k for k in diff.keys if k.key == key), None)
-            values.append(None if found is None else _log10(found.max_abs_diff))
+            values.append(None if found is None else found.max_abs_diff)
         series[key] = values
-    return line_chart("divergence: max |A − B| per key (log scale; no point: identical)", steps, series,
-                      width=620, height=260, yfmt=_pow10, yinteger=True)
+    marks = [] if first is None else [(first, f"first divergence: step {first}")]
+    return Chart("divergence: max |A − B| per key (log scale; no point: identical)", steps, series, log=True,
+                 marks=marks, width=620, height=280, empty="no numeric difference")
 
 
-def _reward_chart(steps: list[int], a: dict[int, StepSummary], b: dict[int, StepSummary]) -> str:
+def _reward_chart(steps: list[int], a: dict[int, StepSummary], b: dict[int, StepSummary]) -> Chart:
     def mean(s: StepSummary | None) -> float | None:
         q = None if s is None else s.dist.get("reward")
         return None if q is None else q["mean"]
 
     series = {"A": [mean(a.get(s)) for s in steps], "B": [mean(b.get(s)) for s in steps]}
-    return line_chart("reward mean: A and B", steps, series, dashed=("B",), colors={"A": COLORS[0], "B": COLORS[1]},
-                      width=460, height=260)
+    return Chart("reward mean: A and B", steps, series, dashed=("B",), colors={"A": COLORS[0], "B": COLORS[1]},
+                 width=460, height=280)
 
 
 def _key_table(diffs: list[Any]) -> str:
@@ -74,25 +74,43 @@ def _key_table(diffs: list[Any]) -> str:
             r = rows.setdefault(k.key, {"first": d.step, "steps": 0, "max": None, "status": set(), "example": ""})
             r["steps"] += 1
             r["status"].add(k.status)
-            if k.max_abs_diff is not None and math.isfinite(k.max_abs_diff):
-                r["max"] = max(r["max"] or 0.0, k.max_abs_diff)
+            v = to_float(k.max_abs_diff)
+            if v is not None and math.isfinite(v):
+                r["max"] = max(r["max"] or 0.0, v)
             if not r["example"] and k.first_a is not None:
-                where = "" if k.first_element is None else f"[{', '.join(map(str, k.first_element))}] "
-                r["example"] = f"step {d.step} {where}{k.first_a} vs {k.first_b}"
+                where = "" if k.first_element is None else f"[{', '.join(map(_show, k.first_element))}] "
+                r["example"] = f"step {d.step} {where}{_show(k.first_a)} vs {_show(k.first_b)}"
             elif not r["example"] and k.shape_a != k.shape_b and k.shape_a is not None and k.shape_b is not None:
                 r["example"] = f"step {d.step}: shape {list(k.shape_a)} vs {list(k.shape_b)}"
             elif not r["example"] and (k.note or k.a is not None):
-                r["example"] = f"step {d.step}: {k.note or f'{k.a} vs {k.b}'}"
+                r["example"] = f"step {d.step}: {k.note or f'{_show(k.a)} vs {_show(k.b)}'}"
     if not rows:
         return ""
     head = "".join(f"<th>{h}</th>" for h in ("key", "first differing step", "steps differing", "max |A − B|",
                                               "status", "first difference"))
     body = "".join(
         f"<tr><td>{escape(key)}</td><td class=\"num\">{r['first']}</td><td class=\"num\">{r['steps']}</td>"
-        f"<td class=\"num\">{fmt(r['max'])}</td><td>{escape(', '.join(sorted(r['status'])))}</td>"
+        f"<td class=\"num\">{fmt_number(r['max'])}</td><td>{escape(', '.join(sorted(r['status'])))}</td>"
         f"<td>{escape(r['example'][:160])}</td></tr>"
         for key, r in sorted(rows.items(), key=lambda kv: (kv[1]["first"], kv[0])))
     return f"<h3>Keys that differ</h3><div class=\"scroll\"><table><tr>{head}</tr>{body}</table></div>"
+
+
+def _largest(d: Any) -> float | None:
+    values = [v for k in d.keys if (v := to_float(k.max_abs_diff)) is not None]
+    return max(values, default=None)
+
+
+def _show(value: Any) -> str:
+    """A value of a diff in full precision (its first differing digits matter), bounded: text as
+    the diff wrote it, a float's repr, an int (past 40 digits its size), any other cell's repr."""
+    if isinstance(value, str):
+        return value[:80]
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value) if int_digits(value) <= 40 else fmt_number(value)
+    return fmt_number(value) if isinstance(value, numbers.Number) else short_repr(value, 60)
 
 
 def _step_table(diffs: list[Any]) -> str:
@@ -104,8 +122,8 @@ def _step_table(diffs: list[Any]) -> str:
     body = "".join(
         f"<tr><td>{d.step}</td><td class=\"{'good' if d.ok else 'bad'}\">{escape(d.status)}</td>"
         f"<td class=\"num\">{len(d.keys)}</td>"
-        f"<td class=\"num\">{fmt(max((k.max_abs_diff for k in d.keys if k.max_abs_diff is not None), default=None))}"
-        f"</td><td class=\"num\">{fmt(d.first_differing_sample)}</td><td>{escape((d.note or '')[:200])}</td></tr>"
+        f"<td class=\"num\">{fmt_number(_largest(d))}</td><td class=\"num\">{fmt_number(d.first_differing_sample)}"
+        f"</td><td>{escape((d.note or '')[:200])}</td></tr>"
         for d in shown)
     more = f"<p class=\"muted\">{len(diffs) - len(shown)} more steps not listed.</p>" if len(diffs) > len(shown) else ""
     return (f"<details open><summary>Steps that are not identical ({len(diffs)})</summary><div class=\"scroll\">"
@@ -113,9 +131,11 @@ def _step_table(diffs: list[Any]) -> str:
 
 
 def comparison_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike[str], summaries: list[StepSummary],
-                       *, split: str = "train", trusted: bool = False) -> str:
-    """The HTML section comparing ``dump_a`` (already summarized: ``summaries``) with ``dump_b``."""
+                       specs: list[dict[str, Any]], *, split: str = "train", trusted: bool = False) -> str:
+    """The HTML section comparing ``dump_a`` (already summarized: ``summaries``) with ``dump_b``;
+    its charts' specs are appended to ``specs`` (the page's list)."""
     from rollout_mock.compare.diff import diff_dumps
+    from rollout_mock.errors import CorruptStepError, StepNotFoundError
     from rollout_mock.storage import open_dump
 
     report = diff_dumps(dump_a, dump_b, split=split, trusted=trusted)
@@ -123,9 +143,13 @@ def comparison_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike
         next((s for s in report.streams if s.stream.split("/")[0].split("@")[0] == split), None)
     other = open_dump(dump_b)
     b_stream = other.stream(split)
-    b_summaries = {step: summarize_step(other, b_stream, step, max_samples=0, trusted=trusted)
-                   for step in other.steps(b_stream)}
-    steps = sorted({s.step for s in summaries} | set(b_summaries))
+    b_summaries: dict[int, StepSummary] = {}
+    for step in other.steps(b_stream):
+        try:
+            b_summaries[step] = summarize_step(other, b_stream, step, max_samples=0, trusted=trusted)
+        except (CorruptStepError, StepNotFoundError):  # the diff names it (an "unreadable" step)
+            continue
+    steps = sorted({s.step for s in summaries} | set(other.steps(b_stream)))
     diffs = [] if stream is None else [d for d in stream.steps if d.status not in ("identical", "equal")]
     by_step = {d.step: d for d in diffs}
     first = next((d for d in diffs if not d.ok), None)
@@ -143,41 +167,64 @@ def comparison_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike
     if report.fingerprint_differs:
         verdict += (f"<p class=\"muted\">The recording environments differ in: "
                     f"{escape(', '.join(report.fingerprint_differs))}.</p>")
-    charts = _divergence_chart(steps, by_step) + _reward_chart(steps, {s.step: s for s in summaries}, b_summaries)
+    divergence = _divergence_chart(steps, by_step, None if first is None else first.step)
+    charts = [c for c in (divergence, _reward_chart(steps, {s.step: s for s in summaries}, b_summaries)) if c]
     return (f"<h2>Comparison</h2><p class=\"muted\">A: {a_name}<br>B: {b_name}</p>{verdict}"
-            f"<div class=\"charts\">{charts}</div>{_key_table(diffs)}{_step_table(diffs)}"
-            f"{_metrics_section(dump_a, dump_b)}")
+            f"{charts_html(charts, specs)}{_key_table(diffs)}{_step_table(diffs)}"
+            f"{_metrics_section(dump_a, dump_b, specs)}")
 
 
-def _metrics_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike[str]) -> str:
-    """The two dump runs' recorded metrics (``expected/``), one chart per metric both have."""
+def _metrics_section(dump_a: str | os.PathLike[str], dump_b: str | os.PathLike[str],
+                     specs: list[dict[str, Any]]) -> str:
+    """The two dump runs' recorded metrics (``expected/``): per metric both runs and |A − B|."""
     from rollout_mock.compare.expected import read_expected
 
     a, b = read_expected(dump_a), read_expected(dump_b)  # contained reads (no links, FIFOs, devices)
     if a is None or b is None:
         return ""
-    charts = _metric_charts(a, b)
+    charts = metric_charts(a, b)
     if not charts:
         return ""
-    return f"<h3>The two runs' metrics (A solid, B dashed)</h3><div class=\"charts\">{''.join(charts)}</div>"
+    return f"<h3>The two runs' metrics (A solid, B dashed; |A − B| on a log axis)</h3>{charts_html(charts, specs)}"
 
 
-def _metric_charts(a: Any, b: Any) -> list[str]:
-    """One chart per metric both tables hold: A solid, B dashed."""
+def _first_difference(a: dict[Any, Any], b: dict[Any, Any], steps: list[Any]) -> Any:
+    from rollout_mock.compare.verify import identical  # verify imports the metrics readers: kept local
+
+    for s in steps:
+        x, y = to_float(a.get(s)), to_float(b.get(s))
+        if x is not None and y is not None and not identical(x, y):
+            return s
+    return None
+
+
+def metric_charts(a: Any, b: Any) -> list[Chart]:
+    """Per metric both tables hold: A solid and B dashed, then ``|A − B|`` on a log axis with the
+    first differing step marked (a chart with no difference is left out, named in one line)."""
     charts = []
+    steps = sorted(set(a.steps) | set(b.steps))
     for name in sorted(set(a) & set(b)):
-        steps = sorted(set(a.steps) | set(b.steps))
-        series = {"A": [a[name].get(s) for s in steps], "B": [b[name].get(s) for s in steps]}
-        charts.append(line_chart(name, steps, series, dashed=("B",), colors={"A": COLORS[0], "B": COLORS[1]},
-                                 width=360, height=200))
+        va, vb = a[name], b[name]
+        series = {"A": [va.get(s) for s in steps], "B": [vb.get(s) for s in steps]}
+        charts.append(Chart(name, steps, series, dashed=("B",), colors={"A": COLORS[0], "B": COLORS[1]},
+                            width=360, height=220))
+        gaps = []
+        for s in steps:
+            x, y = to_float(va.get(s)), to_float(vb.get(s))
+            gaps.append(abs(x - y) if x is not None and y is not None else None)
+        first = _first_difference(va, vb, steps)
+        marks = [] if first is None else [(first, f"first divergence: step {fmt_number(first)}")]
+        charts.append(Chart(f"{name}: |A − B|", steps, {"|A − B|": gaps},
+                            colors={"|A − B|": COLORS[3]}, log=True,
+                            marks=marks, width=360, height=220, empty="A and B identical at every step"))
     return charts
 
 
-
-def metrics_comparison_section(dump: str | os.PathLike[str], metrics_file: str | os.PathLike[str]) -> str:
+def metrics_comparison_section(dump: str | os.PathLike[str], metrics_file: str | os.PathLike[str],
+                               specs: list[dict[str, Any]]) -> str:
     """The dump run's recorded metrics (``expected/``, A) against another run's metrics file (B,
     e.g. the mock run's ``MetricsWriter`` output): the verdict of ``rollout-mock verify`` (bitwise)
-    and one chart per metric both logged."""
+    and, per metric both logged, both runs and ``|A − B|`` (charts' specs appended to ``specs``)."""
     from rollout_mock.compare.expected import read_expected
     from rollout_mock.compare.metrics import read_metrics
     from rollout_mock.compare.verify import verify
@@ -202,7 +249,7 @@ def metrics_comparison_section(dump: str | os.PathLike[str], metrics_file: str |
     if result.only_in_baseline or result.only_in_candidate:
         verdict += (f"<p class=\"muted\">Only in A: {escape(', '.join(result.only_in_baseline) or '-')}; "
                     f"only in B: {escape(', '.join(result.only_in_candidate) or '-')}.</p>")
-    charts = _metric_charts(a, b)
     names = (escape(str(Path(dump).resolve())), escape(str(Path(metrics_file).resolve())))
     return (f"<h2>Comparison of metrics</h2><p class=\"muted\">A: the dump run's metrics ({names[0]})<br>"
-            f"B: {names[1]}</p>{verdict}<div class=\"charts\">{''.join(charts)}</div>")
+            f"B: {names[1]}</p>{verdict}<p class=\"muted\">Per metric: both runs (A solid, B dashed) and "
+            f"|A − B| on a log axis (no point: identical at that step).</p>{charts_html(metric_charts(a, b), specs)}")

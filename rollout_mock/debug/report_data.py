@@ -4,14 +4,18 @@ A step is read through :meth:`Dump.load` with ``rows=range(STATS_ROWS)``: at mos
 :data:`STATS_ROWS` rows are decoded and looked at, whatever the step's header declares, so the
 report's memory and time follow the bytes actually read, never a declared row count. From those
 rows: distributions (reward, response length, token log-probs) as quantiles, per-key tensor
-statistics (mean, std, min, max, NaN/inf counts), GRPO groups by ``uid`` and a few sample
-previews (the first rows, the lowest and the highest rewards) with long texts cut.
+statistics (mean, std, min, max, NaN/inf counts), GRPO groups, a compact index of every sample
+read (reward, length, group, status and the start of its text: what the page's search covers)
+and a few full previews (the first rows, the lowest and the highest rewards), long texts cut.
+
+Every framework's batch gives all of it (:mod:`~rollout_mock.debug.report_columns`): verl's and
+ROLL's columns, AReaL's trajectories (a group each), slime's ``Sample`` groups, TRL's generation
+records (groups: runs of one prompt; the completion texts shown without a tokenizer).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,37 +23,41 @@ import numpy as np
 import torch
 
 from rollout_mock.batch import count_samples
-from rollout_mock.debug.report_page import DEFAULT_MAX_SAMPLES
+from rollout_mock.debug.report_columns import STATS_ROWS, _r, items_of, key_stats, numeric_columns, report_view
+from rollout_mock.text import to_float
 
-__all__ = ["DEFAULT_MAX_SAMPLES", "STATS_ROWS", "StepSummary", "summarize_step"]
+__all__ = ["DEFAULT_MAX_SAMPLES", "SNIPPET_CHARS", "STATS_ROWS", "StepSummary", "summarize_step"]
 
-#: Rows of a step read for the report (statistics and previews).
-STATS_ROWS = 2048
+#: Sample previews per step in the page (the first ones, the lowest and the highest rewards).
+DEFAULT_MAX_SAMPLES = 12
 #: Characters of one message kept in a preview (the rest is cut, with a note).
 PREVIEW_CHARS = 1200
 #: Messages of one sample kept in a preview (first and last ones).
 PREVIEW_MESSAGES = 16
-_LOGPROB_KEYS = ("rollout_log_probs", "old_log_probs", "log_probs", "logprobs", "old_logprob", "ref_log_prob")
+#: Most characters of a sample's text in the search index (fewer when a step has many samples:
+#: see ``text_chars`` of :func:`summarize_step`).
+SNIPPET_CHARS = 160
 #: GRPO groups listed per step in the page.
 MAX_GROUPS = 24
-_UID_KEYS = ("uid", "group_id", "prompt_id")
+_UID_KEYS = ("uid", "group_id", "group_ids", "prompt_id", "prompt_ids")
 _QUANTILES = (("min", 0), ("p10", 10), ("p25", 25), ("median", 50), ("p75", 75), ("p90", 90), ("max", 100))
 
 
-def _r(x: float) -> float:
-    """``x`` to 6 significant digits: the page shows 4, and float32 noise would only cost bytes."""
-    return float(f"{x:.6g}") if math.isfinite(x) else x
+def _finite(values: Any) -> np.ndarray:
+    arr = np.asarray(values, dtype=np.float64).reshape(-1)
+    return arr[np.isfinite(arr)]
 
 
 def quantiles(values: Any) -> dict[str, float] | None:
     """``min``/``p10``/``p25``/``median``/``p75``/``p90``/``max``/``mean`` of the finite values."""
-    arr = np.asarray(values, dtype=np.float64).reshape(-1)
-    arr = arr[np.isfinite(arr)]
+    arr = _finite(values)
     if arr.size == 0:
         return None
-    qs = np.percentile(arr, [q for _, q in _QUANTILES])
+    with np.errstate(over="ignore", invalid="ignore"):  # ±1e308: interpolations and the mean overflow (inf, nan)
+        qs = np.percentile(arr, [q for _, q in _QUANTILES])
+        mean = float(arr.mean())
     out = {name: _r(float(v)) for (name, _), v in zip(_QUANTILES, qs, strict=True)}
-    out["mean"] = _r(float(arr.mean()))
+    out["mean"] = _r(mean)
     out["n"] = float(arr.size)
     return out
 
@@ -57,15 +65,17 @@ def quantiles(values: Any) -> dict[str, float] | None:
 def histogram(values: Any, bins: int = 16) -> dict[str, Any] | None:
     """Counts of the finite values: one bar per distinct value when there are at most ``bins`` of
     them (``values``), else ``bins`` equal-width bins from ``lo`` to ``hi``."""
-    arr = np.asarray(values, dtype=np.float64).reshape(-1)
-    arr = arr[np.isfinite(arr)]
+    arr = _finite(values)
     if arr.size == 0:
         return None
     distinct, counts = np.unique(arr, return_counts=True)
     if distinct.size <= bins:
         return {"values": [_r(float(v)) for v in distinct], "counts": counts.tolist()}
-    counts, edges = np.histogram(arr, bins=bins)
-    return {"lo": _r(float(edges[0])), "hi": _r(float(edges[-1])), "counts": counts.tolist()}
+    lo, hi = float(arr.min()), float(arr.max())
+    with np.errstate(over="ignore"):
+        span_overflows = not math.isfinite(hi - lo)
+    counts, _ = np.histogram(arr / 2 if span_overflows else arr, bins=bins)  # -1e308 .. 1e308: binned halved
+    return {"lo": _r(lo), "hi": _r(hi), "counts": counts.tolist()}
 
 
 @dataclass
@@ -83,64 +93,28 @@ class StepSummary:
     keys: list[dict[str, Any]] = field(default_factory=list)
     groups: dict[str, Any] | None = None
     previews: list[dict[str, Any]] = field(default_factory=list)
+    rows: dict[str, Any] | None = None
+    """The search index of every sample read (see :func:`sample_index`)."""
     note: str | None = None
     """Why the step has no sample previews (a batch of a shape traces cannot be built from)."""
+    error: str | None = None
+    """Why the step could not be read at all (a truncated or corrupt file): nothing else is set."""
 
     def to_json(self) -> dict[str, Any]:
-        """The page's data for this step (``traces``: the previews, in sample order)."""
+        """The page's data for this step (``traces``: the previews, in sample order; ``rows``:
+        the search index)."""
         return {"total": self.total, "read": self.read, "capped": self.capped, "rejected": self.rejected,
-                "hist": self.hist, "keys": self.keys,
-                "groups": self.groups, "traces": self.previews, "note": self.note}
+                "hist": self.hist, "keys": self.keys, "groups": self.groups, "traces": self.previews,
+                "rows": self.rows, "note": self.note, "error": self.error}
 
 
-def _as_numpy(value: Any) -> np.ndarray | None:
-    if isinstance(value, torch.Tensor):
-        if value.is_nested or value.is_sparse or value.is_complex():
-            return None
-        return value.detach().to("cpu", torch.float64).numpy()
-    if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
-        return value.astype(np.float64)
-    return None
-
-
-def key_stats(arrays: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per numeric column: dtype, shape, mean, std, min, max and NaN / inf counts."""
-    out = []
-    for key, value in sorted(arrays.items()):
-        arr = _as_numpy(value)
-        if arr is None:
-            continue
-        finite = arr[np.isfinite(arr)]
-        row: dict[str, Any] = {"key": key, "dtype": str(value.dtype).replace("torch.", ""),
-                               "shape": list(arr.shape), "nan": int(np.isnan(arr).sum()),
-                               "inf": int(np.isinf(arr).sum())}
-        for name, fn in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max)):
-            row[name] = _r(float(fn(finite))) if finite.size else None
-        out.append(row)
-    return out
-
-
-def _token_logprobs(arrays: Mapping[str, Any]) -> np.ndarray | None:
-    """The recorded per-token log-probs of the response tokens (masked when a mask fits)."""
-    for key in _LOGPROB_KEYS:
-        values = _as_numpy(arrays.get(key))
-        if values is None or values.ndim != 2:
-            continue
-        mask = _as_numpy(arrays.get("response_mask"))
-        if mask is None or mask.shape != values.shape:
-            attention = _as_numpy(arrays.get("attention_mask"))
-            mask = None
-            if attention is not None and attention.ndim == 2 and attention.shape[0] == values.shape[0] \
-                    and attention.shape[1] >= values.shape[1]:
-                mask = attention[:, -values.shape[1]:]
-        return values[mask > 0] if mask is not None else values.reshape(-1)
-    return None
-
-
+# ----------------------------------------------------------------- samples
 def _length(trace: Any) -> int | None:
     meta = trace.metadata or {}
     if isinstance(meta.get("completion_tokens"), int):
         return int(meta["completion_tokens"])
+    if isinstance(meta.get("response_length"), int):  # slime's Sample
+        return int(meta["response_length"])
     tokens = [m.get("tokens") for m in trace.messages if m.get("role") == "assistant"]
     return sum(t for t in tokens if isinstance(t, int)) if tokens else None
 
@@ -166,6 +140,30 @@ def _preview(trace: Any, step: int, why: list[str], uid: Any) -> dict[str, Any]:
     if uid is not None:
         data["uid"] = str(uid)[:80]
     return data
+
+
+def _snippet(trace: Any, chars: int) -> str:
+    """The start of a sample's text for the search index: its response first, then the rest."""
+    messages = trace.messages
+    last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+    parts = ([last] if last is not None else []) + [m for m in messages if m is not last]
+    text = " | ".join(str(m.get("content"))[:chars] for m in parts)
+    return text[:chars]
+
+
+def sample_index(traces: list[Any], rewards: list[float | None], uids: list[Any] | None, chars: int) -> dict[str, Any]:
+    """Every sample read, compactly, for the page's search and list: ``n``; per sample ``r``
+    (reward), ``len`` (response tokens), ``u`` (index into ``uids``, the group names), ``st``
+    (``o`` ok / ``r`` rejected, one character each) and ``t`` (the first ``chars`` characters of
+    its text; ``None`` when ``chars`` is under 8: the search then covers numbers and groups)."""
+    table: dict[str, int] = {}
+    return {"n": len(traces),
+            "r": [None if r is None or not math.isfinite(r) else _r(r) for r in rewards],
+            "len": [_length(t) for t in traces],
+            "u": None if uids is None else [table.setdefault(str(u)[:80], len(table)) for u in uids],
+            "uids": list(table),
+            "st": "".join("r" if t.status == "rejected" else "o" for t in traces),
+            "t": [_snippet(t, chars) for t in traces] if chars >= 8 else None}
 
 
 def _pick(rewards: list[float | None], n_traces: int, max_samples: int) -> dict[int, list[str]]:
@@ -201,26 +199,57 @@ def _groups(uids: list[Any] | None, rewards: list[float | None]) -> dict[str, An
         return None
     flat = sum(1 for rs in by_uid.values() if len(rs) > 1 and max(rs) == min(rs))
     sizes = [len(rs) for rs in by_uid.values()]
-    table = [[uid, len(rs), _r(float(np.mean(rs))), _r(float(np.std(rs)))] for uid, rs in by_uid.items()]
+    with np.errstate(over="ignore", invalid="ignore"):
+        table = [[uid, len(rs), _r(float(np.mean(rs))), _r(float(np.std(rs)))] for uid, rs in by_uid.items()]
     table.sort(key=lambda row: (row[3], row[0]))
     return {"groups": len(by_uid), "flat": flat, "flat_fraction": flat / len(by_uid),
             "mean_size": sum(sizes) / len(sizes), "table": table[:MAX_GROUPS]}
 
 
+def _uids(view: Any, traces: list[Any]) -> list[Any] | None:
+    """The GRPO group of each trace: a ``uid``-like column, slime's group, AReaL's trajectory."""
+    from rollout_mock.compare.traces import batch_columns
+
+    arrays, others = batch_columns(view)
+    for source in (others, arrays):
+        for key in _UID_KEYS:
+            col = source.get(key)
+            if isinstance(col, torch.Tensor) and col.ndim == 1:
+                col = col.tolist()
+            if isinstance(col, np.ndarray | list) and len(col) == len(traces):
+                return list(col)
+    for key in ("uid", "trajectory"):  # slime's groups, AReaL's trajectories
+        if traces and all(key in t.metadata for t in traces):
+            return [t.metadata[key] for t in traces]
+    items = items_of(view)  # slime's flat samples (eval records): their group_index
+    if traces and len(items) == len(traces) and all(item.get("group_index") is not None for item in items):
+        return [item["group_index"] for item in items]
+    return None
+
+
 def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, max_samples: int = DEFAULT_MAX_SAMPLES,
-                   trusted: bool = False) -> StepSummary:
-    """Read at most :data:`STATS_ROWS` rows of ``step`` and summarize them for the report."""
-    from rollout_mock.compare.traces import batch_columns, batch_traces, count_traces
+                   trusted: bool = False, text_chars: int = 0) -> StepSummary:
+    """Read at most :data:`STATS_ROWS` rows of ``step`` and summarize them for the report.
+
+    ``max_samples``: full previews kept; ``text_chars``: characters of text per step for the
+    search index (shared among its samples, at most :data:`SNIPPET_CHARS` each; 0: no index)."""
+    from rollout_mock.compare.traces import batch_traces, count_traces
     from rollout_mock.errors import TraceError
 
     batch = dump.load(step, stream, rows=range(STATS_ROWS), trusted=trusted)
+    view, texts = report_view(batch)
     note = None
     try:
-        read = count_traces(batch) or 0
-        traces = batch_traces(batch, max_traces=min(read, STATS_ROWS), tokenizer=tokenizer, step=step)
+        read = count_traces(view) or 0
+        traces = batch_traces(view, max_traces=min(read, STATS_ROWS), tokenizer=tokenizer, step=step)
     except TraceError as exc:  # shown in the page: no previews, the tensor statistics still are
         read, traces, note = 0, [], f"no sample previews: {exc}"
-    rows = count_samples(batch)
+    if texts is not None and tokenizer is None:  # TRL: the completion text, not its ids
+        for trace, text in zip(traces, texts, strict=False):
+            last = next((m for m in reversed(trace.messages) if m.get("role") == "assistant"), None)
+            if last is not None and text is not None:
+                last["content"] = text
+    rows = count_samples(view)
     total = read or (rows or 0)
     capped = rows is not None and rows >= STATS_ROWS
     if capped:  # maybe more rows on disk than read: the index says how many
@@ -228,23 +257,20 @@ def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, 
         if entry is not None and isinstance(entry.samples, int) and entry.samples > read:
             total = entry.samples
     ok = [t for t in traces if t.status != "rejected"]
-    rewards: list[float | None] = [float(t.reward) if isinstance(t.reward, int | float) and t.status == "ok"
-                                   else None for t in traces]
+    rewards: list[float | None] = [to_float(t.reward) if t.status == "ok" else None for t in traces]
     lengths = [x for t in ok if (x := _length(t)) is not None]
-    arrays, others = batch_columns(batch)
-    uid_col = next((others[k] for k in _UID_KEYS if isinstance(others.get(k), np.ndarray | list)), None)
-    uids = None if uid_col is None or len(uid_col) != len(traces) else list(uid_col)
-    if uids is None and traces and all("uid" in t.metadata for t in traces):  # e.g. slime's groups
-        uids = [t.metadata["uid"] for t in traces]
+    uids = _uids(view, traces)
     summary = StepSummary(step, total, len(traces), rejected=len(traces) - len(ok), capped=capped, note=note)
+    arrays, logprobs = numeric_columns(view)
     values: dict[str, Any] = {"reward": [r for r in rewards if r is not None], "length": lengths}
-    logprobs = _token_logprobs(arrays)
     if logprobs is not None:
         values["logprob"] = logprobs
     summary.dist = {name: quantiles(v) for name, v in values.items()}
     summary.hist = {name: histogram(v) for name, v in values.items()}
     summary.keys = key_stats(arrays)
     summary.groups = _groups(uids, rewards)
+    if text_chars > 0 and traces:
+        summary.rows = sample_index(traces, rewards, uids, min(SNIPPET_CHARS, text_chars // len(traces)))
     picked = _pick(rewards, len(traces), max_samples)
     summary.previews = [_preview(traces[i], step, why, None if uids is None else uids[i])
                         for i, why in sorted(picked.items())]

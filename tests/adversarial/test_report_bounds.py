@@ -83,7 +83,7 @@ def test_report_memory_is_bounded_by_bytes_read_not_declared_rows(tmp_path: Path
 @pytest.mark.parametrize("rows", [5000])
 def test_report_reads_at_most_stats_rows(tmp_path: Path, rows: int) -> None:
     """A real step larger than STATS_ROWS: statistics over its first rows, the total from the index."""
-    from rollout_mock.debug.report import write_report
+    from rollout_mock.debug.report import STEP_TEXT_CHARS, write_report
     from rollout_mock.debug.report_data import STATS_ROWS
 
     class Big:
@@ -97,3 +97,6 @@ def test_report_reads_at_most_stats_rows(tmp_path: Path, rows: int) -> None:
     step = data["steps"]["0"]
     assert step["total"] == rows and step["read"] == STATS_ROWS
     assert len(step["traces"]) <= 12
+    # the search index covers every row read, its text within the step's share of the page's budget
+    assert step["rows"]["n"] == STATS_ROWS == len(step["rows"]["r"])
+    assert sum(len(t) for t in step["rows"]["t"] or []) <= STEP_TEXT_CHARS

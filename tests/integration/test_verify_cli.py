@@ -194,3 +194,15 @@ def test_console_script(runs: dict[str, Path]) -> None:
     bad = subprocess.run([str(script), "verify", str(runs["base"]), str(runs["diverged"]), "--json"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1, bad.stderr
     assert json.loads(bad.stdout)["metrics"]["loss"]["first_divergent_step"] == 6
+
+
+def test_verify_has_a_progress_bar_over_the_bytes_read(runs: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       progress_spy: list[dict[str, object]]) -> None:
+    size = runs["base"].stat().st_size + runs["diverged"].stat().st_size
+    code, _, _ = run_cli([str(runs["base"]), str(runs["diverged"])], capsys, monkeypatch)
+    assert code == 1
+    assert progress_spy == [{"total": size, "updates": size, "enabled": None, "desc": "verify"}]
+    progress_spy.clear()
+    run_cli([str(runs["base"].parent), str(runs["same"]), "--no-progress"], capsys, monkeypatch)  # a run directory
+    assert progress_spy[0]["enabled"] is False and progress_spy[0]["total"] == 2 * runs["base"].stat().st_size

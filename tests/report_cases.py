@@ -218,7 +218,7 @@ def framework_dump(path: Path, framework: str, steps: int = 12, *, split: str = 
     """A dump of ``steps`` steps of ``framework``'s batches (ROLL: call :func:`install_roll` and put
     its root on ``sys.path`` first); with ``metrics``, the run's metrics of each step are stored
     in the dump too (``expected/``)."""
-    from rollout_mock.compare.metrics import MetricsWriter
+    from rollout_mock.compare import MetricsWriter
 
     config = {"enable": True, "mode": "dump", "dump_dir": str(path)}
     with MockScheduler(_Source(BUILDERS[framework]), config, split=split) as mock:  # type: ignore[arg-type]

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.batch import is_tensordict
+from rollout_mock.batch import batch_columns as columns_of
 from rollout_mock.text import to_float
 
 __all__ = ["STATS_ROWS", "TRL_FORMAT", "items_of", "key_stats", "numeric_columns", "report_view", "trl_view"]
@@ -136,8 +136,10 @@ def items_of(batch: Any) -> list[Mapping[str, Any]]:
     out: list[Mapping[str, Any]] = []
     for item in batch[:STATS_ROWS] if isinstance(batch, list | tuple) else ():
         for x in item if isinstance(item, list | tuple) else [item]:
-            if isinstance(x, Mapping) or is_tensordict(x):
+            if isinstance(x, Mapping):
                 out.append(x)
+            elif (columns := columns_of(x)) is not None:  # a TensorDict trajectory: its columns
+                out.append(columns)
     return out
 
 

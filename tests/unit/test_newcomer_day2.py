@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import rollout_mock
+from rollout_mock import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,3 +27,48 @@ def test_help_on_mock_scheduler_names_the_typed_entry_point() -> None:
     text = pydoc.render_doc(rollout_mock.MockScheduler, renderer=pydoc.plaintext)
     assert "wrap_scheduler is the typed entry point" in text
     assert "load_config takes" in text  # ":func:`~rollout_mock.load_config` takes", rendered
+
+
+# ------------------------------------------------------------------ keys beside the block
+def test_an_ill_typed_top_level_max_steps_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text("exp_name: grpo\nmax_steps: ten\nrollout_mock:\n  enable: true\n  mode: mock\n  dump_dir: d\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value).startswith(f"{path}: max_steps: 'ten' at the top level is not an integer")
+    assert "e.g. `max_steps: 10`" in str(info.value)
+    with pytest.raises(ConfigError, match="max_steps: True at the top level"):
+        load_config({"max_steps": True, "rollout_mock": {"enable": True, "dump_dir": "d"}})
+
+
+def test_the_top_level_max_steps_is_still_read_and_the_blocks_wins() -> None:
+    block = {"enable": True, "mode": "mock", "dump_dir": "d"}
+    assert load_config({"max_steps": 50, "rollout_mock": block}).max_steps == 50
+    assert load_config({"max_steps": -1, "rollout_mock": block}).max_steps is None  # "no limit": no check
+    # the block's own max_steps is used; the framework's top-level value is not ours to judge then
+    assert load_config({"max_steps": "ten", "rollout_mock": {**block, "max_steps": 3}}).max_steps == 3
+
+
+def test_rollout_mock_options_beside_the_block_are_named_with_the_fix(tmp_path: Path) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text("exp_name: grpo\nseed: 1\nsave_steps: 5\nmode: mock\ndump_dir: /runs/d\n"
+                    "rollout_mock:\n  enable: true\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert str(info.value) == (
+        f"{path}: mode, dump_dir are rollout_mock options written beside the `rollout_mock:` block, where they "
+        f"are not read: move mode, dump_dir under rollout_mock:")
+    # the framework's own keys beside the block (ROLL's, verl's) are left alone, as in configs/
+    assert load_config(ROOT / "configs" / "roll_mock.yaml").max_steps == 50
+    assert load_config({"trainer": {"total_epochs": 1}, "data": {}, "seed": 1, "save_steps": 5,
+                        "rollout_mock": {"enable": True, "mode": "dump", "dump_dir": "d"}}).dump_dir == "d"
+
+
+def test_a_block_file_with_unknown_keys_names_them(tmp_path: Path) -> None:
+    path = tmp_path / "block.yaml"
+    path.write_text("enable: true\nmode: dump\ndump_dir: d\nmax_stepz: 10\n")
+    with pytest.raises(ConfigError, match=r"rollout_mock\.max_stepz: unknown key .*did you mean 'max_steps'"):
+        load_config(path)
+    path.write_text("enable: true\nfoo: 1\n")
+    with pytest.raises(ConfigError, match=r"\(read as the block itself, foo would be an unknown key\)"):
+        load_config(path)

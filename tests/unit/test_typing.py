@@ -4,10 +4,12 @@ a misspelt import from the package is an error too, and the package is typed (PE
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
+import sysconfig
 import textwrap
 from pathlib import Path
 
@@ -49,11 +51,23 @@ BAD_IMPORT = """
     """
 
 
+def _editable_install_of_this_checkout() -> bool:
+    """rollout_mock is installed here with ``pip install -e <this checkout>`` (the README's way)."""
+    site = Path(sysconfig.get_paths()["purelib"])
+    for record in site.glob("rollout_mock-*.dist-info/direct_url.json"):
+        url = json.loads(record.read_text())
+        if url.get("dir_info", {}).get("editable") and url.get("url") == ROOT.as_uri():
+            return True
+    return False
+
+
 def _mypy(tmp_path: Path, files: dict[str, str]) -> subprocess.CompletedProcess[str]:
     pytest.importorskip("mypy", reason="mypy is not installed (pip install -e '.[lint]')")
     for name, text in files.items():
         (tmp_path / name).write_text(textwrap.dedent(text))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = dict(os.environ)
+    if not _editable_install_of_this_checkout():  # else mypy must find the package as a user's would
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     return subprocess.run(
         [sys.executable, "-m", "mypy", "--no-error-summary", "--show-error-codes", "--cache-dir",
          str(tmp_path / ".mypy_cache"), "--python-version", "3.10", *files],
@@ -90,3 +104,14 @@ def test_wrap_scheduler_is_exported_and_is_a_mock_scheduler(tmp_path: Path) -> N
 
 def test_the_package_is_typed() -> None:
     assert (ROOT / "rollout_mock" / "py.typed").is_file()
+
+
+def test_the_editable_install_is_a_path_entry_that_type_checkers_follow() -> None:
+    """``pip install -e .`` must put the checkout on ``sys.path`` with a plain ``.pth`` line, not
+    an import hook (setuptools' finder): mypy and other static tools do not run import hooks and
+    then say "Cannot find implementation or library stub for module named rollout_mock"."""
+    if not _editable_install_of_this_checkout():
+        pytest.skip(f"rollout_mock is not installed with pip install -e {ROOT} in this environment")
+    site = Path(sysconfig.get_paths()["purelib"])
+    entries = {line.strip() for pth in site.glob("*.pth") for line in pth.read_text().splitlines()}
+    assert str(ROOT) in entries, sorted(entries)

@@ -72,3 +72,24 @@ def test_a_block_file_with_unknown_keys_names_them(tmp_path: Path) -> None:
     path.write_text("enable: true\nfoo: 1\n")
     with pytest.raises(ConfigError, match=r"\(read as the block itself, foo would be an unknown key\)"):
         load_config(path)
+
+
+# ------------------------------------------------------------------ getting-started
+def test_getting_started_lists_every_extra_and_every_framework() -> None:
+    tomllib = pytest.importorskip("tomllib", reason="reading pyproject.toml needs Python 3.11's tomllib")
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert sorted(e for e in extras if f"| `{e}` |" not in text) == []
+    following = text[text.index("## Next"):]
+    pages = sorted(p.name for p in (ROOT / "docs" / "frameworks").glob("*.md"))
+    assert [p for p in pages if f"(frameworks/{p})" not in following] == []
+
+
+# ------------------------------------------------------------------ README's ROLL snippet
+def test_readme_roll_snippet_is_roll_pages_one_line() -> None:
+    readme = (ROOT / "README.md").read_text()
+    roll_section = readme[readme.index("### ROLL"):readme.index("### verl")]
+    snippet = re.findall(r"```python\n(.*?)```", roll_section, flags=re.S)
+    page = (ROOT / "docs" / "frameworks" / "roll.md").read_text()
+    one_line = re.findall(r"```python\n(.*?)```", page[page.index("## The one line"):], flags=re.S)[0]
+    assert len(snippet) == 1 and one_line.startswith(snippet[0])

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import pydoc
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 import rollout_mock
-from rollout_mock import ConfigError, load_config
+from rollout_mock import ConfigError, MockScheduler, StepNotFoundError, StreamNotFoundError, load_config
+from rollout_mock.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -93,3 +97,78 @@ def test_readme_roll_snippet_is_roll_pages_one_line() -> None:
     page = (ROOT / "docs" / "frameworks" / "roll.md").read_text()
     one_line = re.findall(r"```python\n(.*?)```", page[page.index("## The one line"):], flags=re.S)[0]
     assert len(snippet) == 1 and one_line.startswith(snippet[0])
+
+
+# ------------------------------------------------------------------ replay: interrupted, empty streams
+class _Rollout:
+    def get_batch(self, global_step: int) -> dict[str, Any]:
+        return {"reward": torch.full((2,), float(global_step))}
+
+
+def _dump(path: Path, steps: int = 3, *, empty_val: bool = False) -> Path:
+    config = {"enable": True, "mode": "dump", "dump_dir": str(path)}
+    with MockScheduler(_Rollout(), config) as train:
+        for step in range(steps):
+            train.get_batch(global_step=step)
+    if empty_val:  # verl's validation scheduler, wrapped, never called (the run did no validation)
+        MockScheduler(_Rollout(), config, split="val").close()
+    return path
+
+
+def test_ctrl_c_during_replay_says_where_it_stopped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dump = _dump(tmp_path / "d")
+    caplog.set_level(logging.INFO, logger="rollout_mock")
+    with pytest.raises(KeyboardInterrupt), MockScheduler(
+            None, {"enable": True, "mode": "mock", "dump_dir": str(dump)}, spec=_Rollout) as replay:
+        replay.get_batch(global_step=0)
+        replay.get_batch(global_step=1)
+        raise KeyboardInterrupt
+    assert f"[RolloutMock] interrupted at step 1 of train (mode=mock); 2 step(s) replayed from {dump}" in caplog.text
+
+
+def test_an_unused_empty_stream_does_not_warn_and_a_call_of_it_fails_clearly(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dump = _dump(tmp_path / "d", empty_val=True)
+    caplog.clear()
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    config = {"enable": True, "mode": "mock", "dump_dir": str(dump)}
+    with MockScheduler(None, config, spec=_Rollout) as train, \
+            MockScheduler(None, config, split="val", spec=_Rollout) as val:
+        train.get_batch(global_step=0)
+        assert caplog.records == []  # no "every call will fail" for a stream the run never calls
+        with pytest.raises(StepNotFoundError, match=r"(?s)Mock file not found: .*Recorded steps for val: none"):
+            val.get_batch(global_step=0)
+
+
+def test_a_missing_split_is_one_error_with_no_warning_before_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    dump = _dump(tmp_path / "d")
+    caplog.clear()
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    with pytest.raises(StreamNotFoundError, match="has no 'val' split"):
+        MockScheduler(None, {"enable": True, "mode": "mock", "dump_dir": str(dump)}, split="val")
+    assert caplog.records == []
+
+
+# ------------------------------------------------------------------ -q after the command
+def test_quiet_and_verbose_work_after_the_command_too(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    for argv in (["-q", "ls", "d"], ["ls", "-q", "d"], ["ls", "d", "--quiet"]):
+        args = parser.parse_args(argv)
+        assert args.quiet and not args.verbose, argv
+    assert parser.parse_args(["ls", "-v", "d"]).verbose and not parser.parse_args(["ls", "d"]).quiet
+    with pytest.raises(SystemExit):
+        main(["-q", "ls", "-v", str(tmp_path)])
+    assert "exclude each other" in capsys.readouterr().err
+
+
+def test_ctrl_c_in_a_command_says_interrupted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    import rollout_mock.cli.ls as ls
+
+    def interrupted(args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ls, "run", interrupted)
+    assert main(["ls", str(tmp_path)]) == 130
+    assert capsys.readouterr().err == "rollout-mock ls: interrupted\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import pydoc
 import re
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -172,3 +173,81 @@ def test_ctrl_c_in_a_command_says_interrupted(monkeypatch: pytest.MonkeyPatch, t
     monkeypatch.setattr(ls, "run", interrupted)
     assert main(["ls", str(tmp_path)]) == 130
     assert capsys.readouterr().err == "rollout-mock ls: interrupted\n"
+
+
+# ------------------------------------------------------------------ ls notices a damaged step
+def test_plain_ls_notices_a_truncated_step_from_its_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dump = _dump(tmp_path / "my dumps")
+    step = dump / "train" / "step_000001.pkl"
+    size = step.stat().st_size
+    with open(step, "r+b") as file:
+        file.truncate(size // 2)
+    assert main(["ls", str(dump)]) == 1
+    out, err = capsys.readouterr()
+    marked = [line for line in out.splitlines() if "DAMAGED" in line]
+    assert len(marked) == 1 and "step      1" in marked[0]
+    assert f"DAMAGED: size is {size // 2} bytes, the index says {size} (truncated?)" in marked[0]
+    assert err.startswith("rollout-mock ls: 1 damaged step file (train step 1): replaying it fails with CorruptStepError")
+    assert err.rstrip().endswith(f"rollout-mock ls '{dump}' --verify checks every checksum")
+    step.unlink()
+    assert main(["ls", str(dump), "--json"]) == 1
+    assert "(train step 1)" in capsys.readouterr().err
+
+
+def test_ls_verify_checks_every_checksum(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dump = _dump(tmp_path / "d")
+    assert main(["ls", str(dump), "--verify"]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("verified: every step file's size and checksum match the index")
+    step = dump / "train" / "step_000002.pkl"
+    data = bytearray(step.read_bytes())
+    data[-3] ^= 0xFF  # same size, one byte changed: only reading the bytes finds it
+    step.write_bytes(bytes(data))
+    assert main(["ls", str(dump)]) == 0
+    capsys.readouterr()
+    assert main(["ls", "-q", str(dump), "--verify"]) == 1
+    out, err = capsys.readouterr()
+    assert [line.split("DAMAGED: ")[1] for line in out.splitlines() if "DAMAGED" in line][0].startswith(
+        "checksum crc32:")
+    assert "(train step 2)" in err and "--verify checks" not in err
+
+
+def test_ls_verify_has_a_progress_bar_over_the_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import rollout_mock.progress as progress
+
+    dump = _dump(tmp_path / "d")
+    bars: list[dict[str, Any]] = []
+    real = progress.progress_bar
+
+    def recording(total: float, **options: Any) -> Any:
+        bar = real(total, **{**options, "enabled": False})
+        bars.append({"total": total, "enabled": options.get("enabled"), "done": 0})
+        update = bar.update
+        bar.update = lambda n=1: (bars[-1].__setitem__("done", bars[-1]["done"] + n), update(n))[1]
+        return bar
+
+    monkeypatch.setattr(progress, "progress_bar", recording)
+    assert main(["ls", str(dump), "--verify"]) == 0
+    total = sum(p.stat().st_size for p in (dump / "train").glob("step_*.pkl"))
+    assert bars == [{"total": total, "enabled": None, "done": total}]  # None: shown on a terminal only
+    assert main(["ls", str(dump), "--verify", "--no-progress"]) == 0
+    assert bars[-1]["enabled"] is False
+
+
+# ------------------------------------------------------------------ suggested commands, shell-quoted
+def test_the_demos_suggested_commands_are_shell_quoted(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    workdir = tmp_path / "my runs" / "demo"
+    assert main(["demo", "--steps", "1", "--batch-size", "4", "--workdir", str(workdir)]) == 0
+    lines = capsys.readouterr().out.splitlines()[-4:]
+    for line in lines:
+        argv = shlex.split(line.removeprefix("next:").strip().split("   ")[0])
+        assert argv[2] == str(workdir / "dump"), line
+        build_parser().parse_args(argv[1:])
+    assert shlex.split(lines[2].strip().split("   ")[0])[4] == str(workdir / "report.html")
+
+
+def test_a_parent_folder_suggests_quoted_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    dump = _dump(tmp_path / "my dumps")
+    assert main(["show", str(tmp_path)]) == 2
+    suggested = capsys.readouterr().err.split("are inside it: ")[1].strip()
+    assert shlex.split(suggested) == ["rollout-mock", "show", str(dump)]

@@ -251,3 +251,36 @@ def test_a_parent_folder_suggests_quoted_commands(tmp_path: Path, capsys: pytest
     assert main(["show", str(tmp_path)]) == 2
     suggested = capsys.readouterr().err.split("are inside it: ")[1].strip()
     assert shlex.split(suggested) == ["rollout-mock", "show", str(dump)]
+
+
+# ------------------------------------------------------------------ show
+def test_show_on_a_batch_without_sequences_says_why_and_what_to_do(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    dump = _dump(tmp_path / "d")  # {"reward": tensor}: no token ids, no text
+    assert main(["show", str(dump), "--steps", "0-1"]) == 0
+    out = capsys.readouterr().out
+    assert "=== train step 0: 0 of 0 traces shown (0 rejected)\n  no sequences to show: show reads token ids" in out
+    assert "this step holds none of them (its keys: reward)" in out
+    assert f"rollout-mock ls {dump} --keys" in out and "rollout-mock report" in out
+    assert "=== train step 1: 0 of 0 traces shown (0 rejected)\n  no sequences (see step 0)" in out
+    assert main(["show", str(dump), "--jsonl"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == "" and "train step 0: no sequences to show" in captured.err
+
+
+def test_show_over_many_steps_has_a_progress_bar_when_its_output_is_not_a_terminal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import rollout_mock.progress as progress
+
+    dump = _dump(tmp_path / "d", steps=4)
+    calls: list[tuple[float, Any]] = []
+    real = progress.progress_bar
+
+    def recording(total: float, **options: Any) -> Any:
+        calls.append((total, options.get("enabled")))
+        return real(total, **{**options, "enabled": False})
+
+    monkeypatch.setattr(progress, "progress_bar", recording)
+    assert main(["show", str(dump), "--steps", "0-", "--jsonl"]) == 0  # captured: stdout is not a terminal
+    assert main(["show", str(dump), "--steps", "0-", "--no-progress"]) == 0
+    assert calls == [(4, None), (4, False)]

@@ -132,11 +132,7 @@ def run(args: argparse.Namespace) -> int:
         negative = verify(dump.metrics_path, changed.metrics_path)
         _say(format_report(negative))
         caught = not negative.ok
-        first = min(
-            (c for c in negative.comparisons if c.first_divergent_step is not None),
-            key=lambda c: c.first_divergent_step,  # type: ignore[arg-type,return-value]
-            default=None,
-        )
+        first = negative.first_divergence
         if caught and first is not None:
             _say(f"Caught: first divergence at step {first.first_divergent_step} in {first.name} "
                   f"({first.baseline_value!r} vs {first.candidate_value!r}).")

@@ -284,3 +284,39 @@ def test_show_over_many_steps_has_a_progress_bar_when_its_output_is_not_a_termin
     assert main(["show", str(dump), "--steps", "0-", "--jsonl"]) == 0  # captured: stdout is not a terminal
     assert main(["show", str(dump), "--steps", "0-", "--no-progress"]) == 0
     assert calls == [(4, None), (4, False)]
+
+
+# ------------------------------------------------------------------ one order for both verdicts
+def test_the_online_verdict_and_verify_name_the_same_metric_first(tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from rollout_mock import MetricsWriter, verify
+
+    dump = tmp_path / "d"
+    for mode in ("dump", "mock"):
+        config = {"enable": True, "mode": mode, "dump_dir": str(dump)}
+        with MockScheduler(_Rollout(), config) as rollout, \
+                MetricsWriter(tmp_path / f"{mode}.jsonl", expected=rollout) as log:
+            for step in range(3):
+                rollout.get_batch(global_step=step)
+                changed = mode == "mock" and step == 1  # both metrics diverge at the same step
+                log.log(step, {"pg_loss": 0.5 + step + changed * 1e-9, "approx_kl": 0.1 * step + changed * 1e-9})
+    online = re.search(r"first divergence from the dump run at step (\d+): (\w+)", caplog.text)
+    assert online is not None and online.groups() == ("1", "pg_loss")
+    report = verify(tmp_path / "dump.jsonl", tmp_path / "mock.jsonl")
+    assert report.first_divergence is not None
+    assert (report.first_divergence.first_divergent_step, report.first_divergence.name) == (1, "pg_loss")
+    assert [c.name for c in report.comparisons] == ["pg_loss", "approx_kl"]  # as logged, not alphabetical
+
+
+# ------------------------------------------------------------------ diff on metrics files
+def test_diff_on_metrics_points_to_verify(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = tmp_path / "run b"
+    run.mkdir()
+    for path in (tmp_path / "a.jsonl", run / "metrics.jsonl"):
+        path.write_text('{"step": 0, "loss": 1.0}\n')
+    assert main(["diff", str(tmp_path / "a.jsonl"), str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rollout-mock diff: error: {tmp_path / 'a.jsonl'} holds a run's metrics, not a dump")
+    suggested = err.split("compare two runs' metrics with: ")[1].strip()
+    assert shlex.split(suggested) == ["rollout-mock", "verify", str(tmp_path / "a.jsonl"), str(run)]
+    assert main(shlex.split(suggested)[1:]) == 0

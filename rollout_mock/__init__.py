@@ -107,7 +107,9 @@ def _plain_docs(value: Any) -> None:
     owners = [c for c in value.__mro__ if c.__module__.startswith("rollout_mock.")] if isinstance(value, type) else []
     members = [m.__func__ if isinstance(m, classmethod | staticmethod) else m
                for owner in owners for m in vars(owner).values()]
-    for target in [value, *(m for m in members if isinstance(m, property) or inspect.isfunction(m))]:
+    ours = [m for m in members if (inspect.isfunction(m) and m.__module__.startswith("rollout_mock."))
+            or (isinstance(m, property) and getattr(m.fget, "__module__", "").startswith("rollout_mock."))]
+    for target in [value, *ours]:  # (a function a library put in the class, e.g. pydantic's, is left alone)
         doc = target.__dict__.get("__doc__") if isinstance(target, type) else target.__doc__
         if isinstance(doc, str):
             target.__doc__ = plain_text(doc)

@@ -4,7 +4,8 @@ The public API, all importable from here::
 
     from rollout_mock import MockScheduler, load_config, open_dump, verify, diff_dumps
 
-* wrapping: :class:`MockScheduler`, :func:`mock_class` (``rollout_mock.wrap``); Hugging Face TRL
+* wrapping: :class:`MockScheduler`, :func:`wrap_scheduler` (the same, typed as what it wraps),
+  :func:`mock_class` (``rollout_mock.wrap``); Hugging Face TRL
   trainers: :func:`wrap_trl` (``rollout_mock.adapters.trl``);
 * configuration: :class:`RolloutMockConfig`, :func:`load_config`, :class:`Mode`;
 * reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`StepStore`,
@@ -23,6 +24,7 @@ The documentation lives under ``docs/`` (``mkdocs serve``).
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import TYPE_CHECKING, Any
 
 from rollout_mock import errors as _errors
@@ -34,6 +36,7 @@ from rollout_mock.version import __version__
 
 _EXPORTS: dict[str, str] = {
     "MockScheduler": "rollout_mock.wrap.scheduler",
+    "wrap_scheduler": "rollout_mock.wrap.scheduler",
     "mock_class": "rollout_mock.wrap.actor",
     "wrap_trl": "rollout_mock.adapters.trl",
     "RolloutMockConfig": "rollout_mock.config",
@@ -79,16 +82,39 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.storage.reader import Dump, load_step, open_dump
     from rollout_mock.storage.store import Store
     from rollout_mock.wrap.actor import mock_class
-    from rollout_mock.wrap.scheduler import MockScheduler
+    from rollout_mock.wrap.scheduler import MockScheduler, wrap_scheduler
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rollout_mock' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:
+    # Hidden from type checkers: they see the names imported above, each with its own type, so
+    # that a misspelt name (``from rollout_mock import wrap_schedular``) is an error, not ``Any``.
+    def __getattr__(name: str) -> Any:
+        module = _EXPORTS.get(name)
+        if module is None:
+            raise AttributeError(f"module 'rollout_mock' has no attribute {name!r}")
+        value = getattr(importlib.import_module(module), name)
+        _plain_docs(value)
+        globals()[name] = value
+        return value
+
+
+def _plain_docs(value: Any) -> None:
+    """``help()`` on a public name shows plain text: the reStructuredText markup of its docstring
+    and of its class's methods and properties (``code``, :class:`~a.B`) is rewritten once, when
+    the name is first taken from the package, as the CLI's help is (:func:`rollout_mock.cli.plain_text`);
+    the source keeps the markup. (The errors, imported eagerly, keep theirs.)"""
+    from rollout_mock.cli import plain_text
+
+    # the class's own members and those it inherits from the package's classes (help() shows both)
+    owners = [c for c in value.__mro__ if c.__module__.startswith("rollout_mock.")] if isinstance(value, type) else []
+    members = [m.__func__ if isinstance(m, classmethod | staticmethod) else m
+               for owner in owners for m in vars(owner).values()]
+    ours = [m for m in members if (inspect.isfunction(m) and m.__module__.startswith("rollout_mock."))
+            or (isinstance(m, property) and getattr(m.fget, "__module__", "").startswith("rollout_mock."))]
+    for target in [value, *ours]:  # (a function a library put in the class, e.g. pydantic's, is left alone)
+        doc = target.__dict__.get("__doc__") if isinstance(target, type) else target.__doc__
+        if isinstance(doc, str):
+            target.__doc__ = plain_text(doc)
 
 
 def __dir__() -> list[str]:

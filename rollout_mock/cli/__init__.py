@@ -78,17 +78,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
     from rollout_mock.version import __version__
 
-    loudness = parser.add_mutually_exclusive_group()
-    loudness.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level (every step)")
-    loudness.add_argument("-q", "--quiet", action="store_true", help="log warnings and errors only")
+    _add_loudness(parser, default=False)
     parser.add_argument("--version", action="version", version=f"rollout-mock {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module_name in COMMANDS.values():
         module = importlib.import_module(f"rollout_mock.cli.{module_name}")
         sub_parser = module.add_parser(sub)
         sub_parser.set_defaults(_run=module.run)
+        # -q / -v after the command too (`rollout-mock ls -q DUMP`); SUPPRESS keeps a value given
+        # before the command when none is given after it
+        _add_loudness(sub_parser, default=argparse.SUPPRESS)
         _plain_formatter(sub_parser)
     return parser
+
+
+def _add_loudness(parser: argparse.ArgumentParser, *, default: Any) -> None:
+    loudness = parser.add_mutually_exclusive_group()
+    loudness.add_argument("-v", "--verbose", action="store_true", default=default,
+                          help="log at DEBUG level (every step)")
+    loudness.add_argument("-q", "--quiet", action="store_true", default=default, help="log warnings and errors only")
 
 
 class _SafeStream:
@@ -137,6 +145,8 @@ def _main(argv: Sequence[str] | None) -> int:
         parser.print_help()
         print("\nstart with: rollout-mock demo   (records and replays a toy run, then verifies it)")
         return 0
+    if args.verbose and args.quiet:  # one before the command, the other after it
+        parser.error("-q/--quiet and -v/--verbose exclude each other")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING if args.quiet else logging.INFO,
         format="%(message)s",
@@ -147,7 +157,8 @@ def _main(argv: Sequence[str] | None) -> int:
     except RolloutMockError as exc:
         print(_error_line(args.command, exc), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # Ctrl-C: what was kept or replayed is logged where it happened
+        print(f"rollout-mock {args.command}: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # output piped into `head` and the like: not an error of ours
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ def resolve_dump(location: str | Path, command: str, rest: str = "") -> Any:
     suffix = f" {rest}" if rest else ""
     below = find_dumps(path)
     if below:
-        listing = "; ".join(f"rollout-mock {command} {p}{suffix}" for p in below[:5])
+        listing = "; ".join(f"rollout-mock {command} {shlex.quote(str(p))}{suffix}" for p in below[:5])
         more = f" (and {len(below) - 5} more)" if len(below) > 5 else ""
         raise DumpNotFoundError(
             f"{path} is not a dump itself (no {MANIFEST_NAME}), but {len(below)} dump(s) are inside it{more}: "
@@ -58,8 +59,8 @@ def resolve_dump(location: str | Path, command: str, rest: str = "") -> Any:
     if fmt is not None:
         raise DumpNotFoundError(
             f"{path} is a {fmt} dump, not a rollout_mock one (no {MANIFEST_NAME}); convert it once: "
-            f"rollout-mock import {path} {path}_imported --trust  "
-            f"(then: rollout-mock {command} {path}_imported{suffix})",
+            f"rollout-mock import {shlex.quote(str(path))} {shlex.quote(f'{path}_imported')} --trust  "
+            f"(then: rollout-mock {command} {shlex.quote(f'{path}_imported')}{suffix})",
             path=path,
         )
     raise DumpNotFoundError(

@@ -7,6 +7,7 @@ Exit code 0 when the replay is bit-identical to the recording (and, with
 from __future__ import annotations
 
 import argparse
+import shlex
 import tempfile
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rollout-mock-demo-"))
     if workdir.exists() and not workdir.is_dir():
         raise RolloutMockError(f"--workdir {workdir} is a file; pass a folder, e.g. "
-                               f"rollout-mock demo --workdir {workdir}.d")
+                               f"rollout-mock demo --workdir {shlex.quote(f'{workdir}.d')}")
     dump_dir = workdir / "dump"
     if (dump_dir / MANIFEST_NAME).is_file() or (workdir.is_dir() and any(workdir.iterdir())):
         fresh = workdir.parent / (workdir.name + "-2")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
             fresh = workdir.parent / f"{workdir.name}-{n}"
         raise RolloutMockError(
             f"--workdir {workdir} is not empty (a previous demo's dump would be overwritten); "
-            f"use a new folder: rollout-mock demo --workdir {fresh}  (or delete {workdir})")
+            f"use a new folder: rollout-mock demo --workdir {shlex.quote(str(fresh))}  (or delete {workdir})")
     try:
         workdir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -131,20 +132,17 @@ def run(args: argparse.Namespace) -> int:
         negative = verify(dump.metrics_path, changed.metrics_path)
         _say(format_report(negative))
         caught = not negative.ok
-        first = min(
-            (c for c in negative.comparisons if c.first_divergent_step is not None),
-            key=lambda c: c.first_divergent_step,  # type: ignore[arg-type,return-value]
-            default=None,
-        )
+        first = negative.first_divergence
         if caught and first is not None:
             _say(f"Caught: first divergence at step {first.first_divergent_step} in {first.name} "
                   f"({first.baseline_value!r} vs {first.candidate_value!r}).")
         else:
             _say("NOT caught: the changed computation produced identical numbers.")
         ok = ok and caught
-    _say(f"\nnext: rollout-mock ls {dump_dir} --keys   (what was recorded)\n"
-         f"      rollout-mock show {dump_dir} --step 0   (the rollouts as readable traces)\n"
-         f"      rollout-mock report {dump_dir} -o {workdir / 'report.html'}   (plots and a sample browser)\n"
-         f"      rollout-mock logprobs {dump_dir} --model rollout_mock.demo:initial_policy --steps 0   "
+    dump_arg, report_arg = shlex.quote(str(dump_dir)), shlex.quote(str(workdir / "report.html"))  # paths with spaces
+    _say(f"\nnext: rollout-mock ls {dump_arg} --keys   (what was recorded)\n"
+         f"      rollout-mock show {dump_arg} --step 0   (the rollouts as readable traces)\n"
+         f"      rollout-mock report {dump_arg} -o {report_arg}   (plots and a sample browser)\n"
+         f"      rollout-mock logprobs {dump_arg} --model rollout_mock.demo:initial_policy --steps 0   "
          f"(recompute the recorded log-probs)")
     return 0 if ok else 1

@@ -12,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 __all__ = ["add_parser", "run"]
@@ -61,6 +63,11 @@ def run(args: argparse.Namespace) -> int:
 
     from rollout_mock.cli._paths import resolve_dump
 
+    metrics = [p for p in (args.dump_a, args.dump_b) if _is_metrics(p)]
+    if metrics:
+        raise DiffInputError(
+            f"{metrics[0]} holds a run's metrics, not a dump: diff compares the batches of two dumps; compare "
+            f"two runs' metrics with: rollout-mock verify {shlex.quote(args.dump_a)} {shlex.quote(args.dump_b)}")
     dump_a = resolve_dump(args.dump_a, "diff", str(args.dump_b))
     dump_b = resolve_dump(args.dump_b, "diff", "")
     report = diff_dumps(
@@ -89,3 +96,13 @@ def run(args: argparse.Namespace) -> int:
               f"dump or re-dump those steps, or leave them out with --steps", file=sys.stderr)
         return 2
     return 0 if report.ok else 1
+
+
+def _is_metrics(location: str) -> bool:
+    """A metrics file (JSONL, CSV, TensorBoard events) or a run folder holding one, and no dump."""
+    path = Path(location)
+    if path.is_file():
+        return path.suffix in (".jsonl", ".ndjson", ".csv") or path.name.startswith("events.out.tfevents")
+    if not path.is_dir() or (path / "manifest.json").exists():
+        return False
+    return (path / "metrics.jsonl").is_file() or any(path.glob("events.out.tfevents*"))

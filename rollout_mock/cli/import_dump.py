@@ -17,6 +17,7 @@ replays in safe mode, without any trust: ``mode: mock, dump_dir: DST``.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     src: Path = args.src
     fmt = f" --format {args.format}" if args.format else ""
+    q_src, q_dst = shlex.quote(str(src)), shlex.quote(str(args.dst))  # the commands suggested below, shell-quoted
     if not src.exists():
         raise DumpNotFoundError(
             f"no such folder: {src}. Pass the folder the other tool wrote (ROLL's dump_dir, verl's "
@@ -57,17 +59,18 @@ def run(args: argparse.Namespace) -> int:
     if src.is_dir() and (src / MANIFEST_NAME).is_file():
         raise RolloutMockError(
             f"{src} is already a rollout_mock dump (it has {MANIFEST_NAME}); nothing to import: use it "
-            f"directly (dump_dir: {src}), e.g. rollout-mock ls {src}"
+            f"directly (dump_dir: {src}), e.g. rollout-mock ls {q_src}"
         )
     foreign = open_foreign(src, trust=args.trust, format=args.format)  # detect first: say what it is
     if not args.trust:
         raise RolloutMockError(
             f"{src} is a {foreign.format} dump of {len(foreign.records)} step file(s): pickles, and loading "
             f"one can run arbitrary code. If you made it or trust it, run: "
-            f"rollout-mock import {src} {args.dst} --trust{fmt}"
+            f"rollout-mock import {q_src} {q_dst} --trust{fmt}"
         )
     if not is_url(args.dst) and Path(args.dst).resolve() == src.resolve():
-        raise RolloutMockError(f"DST must differ from SRC; e.g. rollout-mock import {src} {src}_imported --trust{fmt}")
+        raise RolloutMockError(f"DST must differ from SRC; e.g. rollout-mock import {q_src} "
+                               f"{shlex.quote(f'{src}_imported')} --trust{fmt}")
     imported: list[str] = []
 
     def report(line: str) -> None:
@@ -84,9 +87,9 @@ def run(args: argparse.Namespace) -> int:
     except StepExistsError as exc:  # the library's fix is a config key; the CLI's is a flag
         raise StepExistsError(
             f"{args.dst} already holds step {exc.step} of {exc.split} (imported before?); replace the "
-            f"steps it holds with: rollout-mock import {src} {args.dst} --trust{fmt} --overwrite  "
+            f"steps it holds with: rollout-mock import {q_src} {q_dst} --trust{fmt} --overwrite  "
             f"(or pick a new DST)", split=exc.split, step=exc.step, path=exc.path,
         ) from exc
     print(f"{len(foreign.records)} step(s) of a {foreign.format} dump imported into {args.dst}; they "
-          f"replay in safe mode: mode: mock, dump_dir: {args.dst}  (list them: rollout-mock ls {args.dst})")
+          f"replay in safe mode: mode: mock, dump_dir: {args.dst}  (list them: rollout-mock ls {q_dst})")
     return 0

@@ -3,12 +3,20 @@
 ``--json`` prints the format, writer and streams as JSON (``--all``: the whole manifest, with
 the environment fingerprint). ``--keys`` lists each stream's keys (shapes and dtypes) once per
 distinct key set, naming the steps that share it, instead of repeating the list for every step.
+
+Each step file of a local dump is also checked against its index entry for what costs nothing
+to read: that it is there and has the recorded size (a truncated or missing file is marked
+DAMAGED). ``--verify`` reads every step file and checks its checksum too (object stores as
+well), with a progress bar on a terminal. Exit 0 when nothing is found wrong, 1 when a step file
+is damaged, 2 bad input.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 from typing import Any
 
 __all__ = ["add_parser", "run"]
@@ -23,7 +31,80 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                         help="print the dump's format, writer and streams (steps, files, keys) as JSON")
     parser.add_argument("--all", action="store_true",
                         help="with --json: the whole manifest, the environment fingerprint included")
+    parser.add_argument("--verify", action="store_true",
+                        help="read every step file and check its size and checksum against the index "
+                             "(without it: sizes of local files only)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
     return parser
+
+
+def _damage(dump: Any, entry: Any, *, verify: bool, bar: Any) -> str | None:
+    """What is wrong with one step's file, or ``None``. Without ``verify`` only a local file's
+    existence and size (one ``stat``); with it, every byte: size and whole-file checksum."""
+    from rollout_mock.storage.digest import Digest
+
+    store = dump.store
+    if not verify:
+        path = store.backend.local_path(entry.file)
+        if path is None:  # an object store: a request per step is not cheap; --verify reads them
+            return None
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return "missing"
+        return None if size == entry.size else f"size is {size} bytes, the index says {entry.size} (truncated?)"
+    try:
+        source = store.open_source(entry.file)
+    except FileNotFoundError:
+        bar.update(entry.size)
+        return "missing"
+    try:
+        size = source.size()
+        if size != entry.size:
+            bar.update(entry.size)
+            return f"size is {size} bytes, the index says {entry.size} (truncated?)"
+        digest, pos = Digest(), 0
+        while pos < size:
+            piece = source.read_range(pos, min(16 << 20, size - pos))
+            if not piece:
+                return f"ends after {pos} of {size} bytes"
+            digest.update(piece)
+            pos += len(piece)
+            bar.update(len(piece))
+        checksum, _ = digest.finish()
+    finally:
+        if callable(close := getattr(source, "close", None)):  # a file; ranged-GET sources hold nothing open
+            close()
+    return None if checksum == entry.checksum else f"checksum {checksum} does not match the index's {entry.checksum}"
+
+
+def _check_files(dump: Any, *, verify: bool, progress: bool | None) -> dict[str, dict[int, str]]:
+    """``{stream key: {step: what is wrong}}`` for the damaged steps of the dump."""
+    from rollout_mock.progress import progress_bar
+
+    entries = [(stream, step, dump.entry(stream, step)) for stream in dump.streams() for step in dump.steps(stream)]
+    total = sum(e.size for _, _, e in entries if e is not None) if verify else 0
+    damaged: dict[str, dict[int, str]] = {}
+    with progress_bar(total, enabled=progress if verify else False, desc="verify") as bar:
+        for stream, step, entry in entries:
+            if entry is not None and (what := _damage(dump, entry, verify=verify, bar=bar)) is not None:
+                damaged.setdefault(stream.key, {})[step] = what
+    return damaged
+
+
+def _verdict(damaged: dict[str, dict[int, str]], where: str, args: argparse.Namespace) -> int:
+    """The exit code; damaged steps (``where``: which) are summed up on stderr."""
+    count = sum(map(len, damaged.values()))
+    if not count:
+        if args.verify and not args.json:
+            print("\nverified: every step file's size and checksum match the index")
+        return 0
+    them = "them" if count > 1 else "it"
+    print(f"rollout-mock ls: {count} damaged step file{'s' * (count > 1)} ({where}): replaying {them} fails with "
+          f"CorruptStepError; re-dump {them} (dump mode with overwrite: true) or restore the dump from a copy"
+          + ("" if args.verify else f"; rollout-mock ls {shlex.quote(args.dump_dir)} --verify checks every checksum"),
+          file=sys.stderr)
+    return 1
 
 
 def _key_set(keys: dict[str, Any]) -> str:
@@ -39,12 +120,14 @@ def run(args: argparse.Namespace) -> int:
     dump = open_dump(resolve_dump(args.dump_dir, "ls", "--keys" if args.keys else ""))
     if args.all and not args.json:
         raise RolloutMockError(f"--all goes with --json: rollout-mock ls {args.dump_dir} --json --all")
+    damaged = _check_files(dump, verify=args.verify, progress=False if args.no_progress else None)
+    where = "; ".join(f"{key} step{'s' * (len(bad) > 1)} {format_ranges(sorted(bad))}" for key, bad in damaged.items())
     if args.json:
         manifest = dump.manifest.to_json()
         if not args.all:
             manifest.pop("fingerprint", None)
         print(json.dumps(manifest, indent=1))
-        return 0
+        return _verdict(damaged, where, args)
     writer = dump.manifest.writer
     print(f"{dump.dump_dir}: rollout_mock dump, written by rollout_mock {writer.get('rollout_mock', '?')} "
           f"on Python {writer.get('python', '?')}")
@@ -58,8 +141,9 @@ def run(args: argparse.Namespace) -> int:
         groups: dict[str, list[int]] = {}
         for step, entry in zip(steps, entries):
             assert entry is not None
+            what = damaged.get(stream.key, {}).get(step)
             print(f"  step {step:>6}  {entry.file}  {entry.size / 1e6:9.2f} MB  samples={entry.samples}  "
-                  f"{entry.type}  {entry.checksum}")
+                  f"{entry.type}  {entry.checksum}" + ("" if what is None else f"  DAMAGED: {what}"))
             groups.setdefault(_key_set(entry.keys), []).append(step)
         if args.keys:
             for signature, members in groups.items():
@@ -68,4 +152,4 @@ def run(args: argparse.Namespace) -> int:
                 print(f"  keys ({label}): {len(keys)}" + ("" if keys else " (none recorded for this type)"))
                 for key, leaf in keys.items():
                     print(f"      {key}: {leaf.get('dtype')} {leaf.get('shape')}")
-    return 0
+    return _verdict(damaged, where, args)

@@ -10,6 +10,7 @@ for dumps holding other objects). Exit 0 shown, 2 bad input (missing step, bad t
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--jsonl", action="store_true", help="one JSON object per trace on stdout")
     parser.add_argument("--trust", action="store_true",
                         help="load steps with the plain unpickler (arbitrary objects: only for dumps you trust)")
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no progress bar (default: over several steps, when stderr is a terminal and the "
+                             "output is not)")
     return parser
 
 
@@ -99,14 +103,23 @@ def run(args: argparse.Namespace) -> int:
             f"{dump.dump_dir} has no stream {args.split!r} (recorded: {known}); pass one with --split",
             split=args.split, path=dump.dump_dir,
         )
+    from rollout_mock.progress import progress_bar
+
+    # a bar over the steps when the traces go to a file or a pipe (on a terminal they are the progress)
+    shown = not args.no_progress and not sys.stdout.isatty()
+    total = sum(len(_selected_steps(args, dump.steps(stream))) for stream in streams)
     i = 0
-    for stream in streams:
-        i = _show_stream(args, dump, stream, tokenizer, i, format_ranges)
+    said: set[int] = set()  # the steps whose "no sequences" hint was printed (once is enough)
+    with progress_bar(total if total > 1 else 0, enabled=None if shown else False, unit="step", unit_scale=False,
+                      desc="show") as bar:
+        for stream in streams:
+            i = _show_stream(args, dump, stream, tokenizer, i, format_ranges, bar, said)
     sys.stdout.flush()
     return 0
 
 
-def _show_stream(args: argparse.Namespace, dump: Any, stream: Any, tokenizer: Any, i: int, format_ranges: Any) -> int:
+def _show_stream(args: argparse.Namespace, dump: Any, stream: Any, tokenizer: Any, i: int, format_ranges: Any,
+                 bar: Any, said: set[int]) -> int:
     from rollout_mock.compare.traces import batch_traces, count_traces, format_traces, traces_to_jsonl
     from rollout_mock.errors import StepNotFoundError
 
@@ -120,14 +133,41 @@ def _show_stream(args: argparse.Namespace, dump: Any, stream: Any, tokenizer: An
             )
         batch = dump.load(step, stream, trusted=args.trust, mapped=True)
         traces = batch_traces(batch, max_traces=args.max_traces, tokenizer=tokenizer, step=step)
+        bar.update(1)
+        total = count_traces(batch)
+        hint = None
+        if not total:
+            hint = _no_sequences(dump, stream, step) if not said else f"no sequences (see step {min(said)})"
+        if hint is not None:
+            said.add(step)
         if args.jsonl:
             sys.stdout.write(traces_to_jsonl(traces, step))
+            if hint is not None and len(said) == 1:
+                print(f"rollout-mock show: {stream} step {step}: {hint}", file=sys.stderr)
+            i += 1
             continue
-        total = count_traces(batch)
         rejected = sum(t.status == "rejected" for t in traces)
         print(("\n" if i else "") + f"=== {stream} step {step}: {len(traces)} of {total if total is not None else '?'} "
               f"traces shown ({rejected} rejected)")
         i += 1
         if traces:
             print(format_traces(traces))
+        elif hint is not None:
+            print(f"  {hint}")
     return i
+
+
+def _no_sequences(dump: Any, stream: Any, step: int) -> str:
+    """Why a step shows no trace: it holds no token or text sequence; what it holds instead, and
+    where its numbers can be read."""
+    entry = dump.entry(stream, step)
+    keys = [] if entry is None else list(entry.keys)
+    if any(k.rsplit(".", 1)[-1] in ("input_ids", "prompts", "responses") for k in keys):
+        return "no sequences to show: the batch has 0 rows"
+    more = f" and {len(keys) - 12} more" if len(keys) > 12 else ""
+    listed = ", ".join(keys[:12]) + more if keys else "none recorded"
+    where = shlex.quote(str(dump.dump_dir))
+    return (f"no sequences to show: show reads token ids (input_ids, or prompts + responses), slime samples, "
+            f"AReaL trajectories or chat text (raw_prompt, messages, prompt), and this step holds none of them "
+            f"(its keys: {listed}). Its values: rollout-mock ls {where} --keys, rollout-mock report {where}, "
+            f"or open_dump({str(dump.dump_dir)!r}).load({step}) in Python")

@@ -124,13 +124,15 @@ class VerifyReport:
 
     @property
     def first_divergence(self) -> MetricComparison | None:
-        """The comparison whose first divergent step is the earliest (ties: by metric name).
+        """The comparison whose first divergent step is the earliest (ties: the metric logged first,
+        as the on-line verdict of a replay names it).
 
         ``None`` when no common step diverges (the run may still fail on one-sided steps or
         metrics).
         """
-        diverged = [c for c in self.comparisons if c.first_divergent_step is not None]
-        return min(diverged, key=lambda c: (c.first_divergent_step, c.name), default=None)
+        diverged = [(c.first_divergent_step, i) for i, c in enumerate(self.comparisons)
+                    if c.first_divergent_step is not None]
+        return self.comparisons[min(diverged)[1]] if diverged else None
 
     def comparison(self, name: str) -> MetricComparison:
         """The comparison of metric ``name``; ``KeyError`` if it was not compared."""
@@ -271,7 +273,7 @@ def verify(
                 f"available: {', '.join(sorted(set(base) | set(cand))) or '(none)'}"
             )
     else:
-        wanted = sorted(set(base) | set(cand))
+        wanted = list(dict.fromkeys([*base, *cand]))  # the recorded order: the baseline's metrics as logged
     both = [m for m in wanted if m in base and m in cand]
     rtols = _tolerance(rtol, "rtol", set(wanted))
     atols = _tolerance(atol, "atol", set(wanted))

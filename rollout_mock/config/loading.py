@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,16 +22,15 @@ __all__ = ["MAX_CONFIG_BYTES", "MAX_YAML_NODES", "load_config"]
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 #: Most nodes a YAML document may have once its aliases are expanded.
 MAX_YAML_NODES = 200_000
+
+
 def _to_plain(source: Any) -> Any:
     """OmegaConf containers and dataclasses to plain Python containers."""
-    try:
-        from omegaconf import DictConfig, OmegaConf
-    except ImportError:  # pragma: no cover - omegaconf is optional
-        DictConfig = None  # type: ignore[assignment,misc]
-    if DictConfig is not None and isinstance(source, DictConfig):
-        return OmegaConf.to_container(source, resolve=True)
     if dataclasses.is_dataclass(source) and not isinstance(source, type):
         return dataclasses.asdict(source)
+    omegaconf = sys.modules.get("omegaconf")  # a DictConfig exists only once omegaconf is imported
+    if omegaconf is not None and isinstance(source, omegaconf.DictConfig):
+        return omegaconf.OmegaConf.to_container(source, resolve=True)
     return source
 
 
@@ -111,7 +111,11 @@ def load_config(source: Any) -> RolloutMockConfig:
     :class:`ConfigError` naming the key; a ``DictConfig`` is resolved by OmegaConf itself.
 
     When a whole config is given and the block has no ``max_steps``, the top-level
-    ``max_steps`` (ROLL's) is used for the mock-mode pre-flight check.
+    ``max_steps`` (ROLL's) is used for the mock-mode pre-flight check: it must be an integer then
+    (zero or less: no check). The other keys beside the block are the framework's and are not
+    checked, except rollout_mock options written there instead of in the block (``mode: mock``
+    beside ``rollout_mock:``): a :class:`ConfigError` says to move them under the block.
+    Inside the block every unknown or ill-typed key is named in one error.
     """
     if isinstance(source, RolloutMockConfig):
         return source
@@ -146,6 +150,10 @@ def _check_has_block(source: Any, where: str, *, whole_file: bool = False) -> No
     if not typo and not (len(keys) >= 2 and mostly_foreign):
         return
     hint = f" (did you mean `{typo[0]}`?)" if typo else ""
+    known = [k for k in keys if k in fields]
+    if known and len(known) >= len(foreign):  # as much the block itself as not: name what is not an option
+        hint += (f" (read as the block itself, {', '.join(k[:80] for k in foreign)} would be "
+                 f"{'an unknown key' if len(foreign) == 1 else 'unknown keys'})")
     raise ConfigError(
         f"{where} has no `{BLOCK_KEY}:` block{hint}; add one, e.g. `{BLOCK_KEY}: {{enable: true, mode: dump, "
         f"dump_dir: ./rollout_mock_dumps}}`, or pass the block itself"
@@ -172,15 +180,49 @@ def _from_object(source: Any, *, interpolate: bool) -> RolloutMockConfig:
             block = {}
         if not isinstance(block, Mapping):
             raise ConfigError(f"{BLOCK_KEY}: expected a mapping of options, got {short_repr(block)}")
-        source = {**source, BLOCK_KEY: dict(block)}
+        block = dict(block)
+        # ROLL's run length, for the mock-mode pre-flight check when the block has none (its
+        # ${...} interpolation is resolved like the block's)
+        inherited = "max_steps" not in block and source.get("max_steps") is not None
+        if inherited:
+            block["max_steps"] = source["max_steps"]
+        source = {**source, BLOCK_KEY: block}
         if interpolate:
             source = _resolve_interpolations(source)
         block = dict(source[BLOCK_KEY])
-        top_max_steps = source.get("max_steps")
-        if "max_steps" not in block and isinstance(top_max_steps, int) and top_max_steps > 0:
-            block["max_steps"] = top_max_steps
+        _check_beside(source, block, inherited=inherited)
         return build_config(block)
     return build_config(_resolve_interpolations(source) if interpolate else source)
+
+
+def _check_beside(root: Mapping[str, Any], block: dict[str, Any], *, inherited: bool) -> None:
+    """The keys beside the block in a whole training config. The framework's own keys are not
+    ours to judge (a ROLL or verl config has dozens), except two kinds, named with the fix:
+
+    * the top-level ``max_steps`` (ROLL's), read when the block has none (``inherited``; it is in
+      ``block`` then): an integer, or the error says so; zero or less means no pre-flight check;
+    * a rollout_mock option written beside the block instead of in it (and not set in the block):
+      it would be silently ignored.
+    """
+    problems = []
+    if inherited:
+        top = block.pop("max_steps")
+        if isinstance(top, bool) or not isinstance(top, int):
+            problems.append(
+                f"max_steps: {short_repr(top, 60)} at the top level is not an integer (rollout_mock reads "
+                f"the run's max_steps for its mock-mode pre-flight check when {BLOCK_KEY}.max_steps is "
+                f"not set); write the number of steps, e.g. `max_steps: 10`")
+        elif top > 0:
+            block["max_steps"] = top
+    misplaced = [str(k) for k in root if k in RolloutMockConfig.model_fields and k != "max_steps" and k not in block]
+    if misplaced:
+        names = ", ".join(misplaced)
+        problems.append(
+            f"{names} {'is a' if len(misplaced) == 1 else 'are'} {BLOCK_KEY} option{'s' * (len(misplaced) > 1)} "
+            f"written beside the `{BLOCK_KEY}:` block, where {'it is' if len(misplaced) == 1 else 'they are'} "
+            f"not read: move {names} under {BLOCK_KEY}:")
+    if problems:
+        raise ConfigError("; ".join(problems))
 
 
 def _is_dictconfig(source: Any) -> bool:

@@ -113,6 +113,8 @@ class Interceptor:
             "data-only (trust_pickle: opaque blobs unpickled)" if config.trust_pickle else "data-only",
             "" if self.stream.key == split else f", stream={self.stream.key}",
         )
+        #: calls served from the dump so far (mock mode): said when the run is interrupted
+        self.replayed = 0
 
     def __repr__(self) -> str:
         return f"Interceptor(mode={self.mode.value}, stream={self.stream}, store={self.store!r})"
@@ -188,6 +190,7 @@ class Interceptor:
         """Runs on the calling thread after recorded step ``source`` was served for run step
         ``step`` (``batch`` is what the caller gets). The place for hooks that restore state
         the live call would have produced: the random number state (``replay_rng``)."""
+        self.replayed += 1
         self.rng.after_replay(source)
 
     def _rng_before(self, step: int) -> dict[str, Any] | None:
@@ -381,5 +384,9 @@ class Interceptor:
                     )
         finally:
             if self.replayer is not None:
+                if interrupted:  # Ctrl-C: say where the replay stopped, as dump mode says what was kept
+                    where = "before its first step" if not self._methods_seen else f"at step {self._next_step - 1}"
+                    logger.warning("[RolloutMock] interrupted %s of %s (mode=%s); %d step(s) replayed from %s",
+                                   where, self.stream, self.mode.value, self.replayed, self.config.dump_dir)
                 self.replayer.close()
             self.store.close()

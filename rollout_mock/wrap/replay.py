@@ -90,8 +90,8 @@ class Replayer:
                     path=self.config.dump_dir,
                 )
         elif not recorded:
-            logger.warning(
-                "[RolloutMock] %s has no recorded steps for %s; every call will fail "
+            logger.debug(  # not a warning: a run may never call it (verl without validation)
+                "[RolloutMock] %s has no step of %s; a call of it raises StepNotFoundError "
                 "(recorded streams: %s)",
                 self.config.dump_dir,
                 self.stream,

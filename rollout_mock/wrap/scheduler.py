@@ -254,6 +254,8 @@ class MockScheduler(Generic[T]):
 
     # ------------------------------------------------------------------ pass-through
     def __getattr__(self, attribute: str) -> Any:
+        """Every other attribute is the wrapped scheduler's; to a type checker it is ``Any``:
+        :func:`wrap_scheduler` is the typed entry point."""
         intercepted = self.__dict__.get("_intercepted", {})
         if attribute in intercepted:
             return intercepted[attribute]

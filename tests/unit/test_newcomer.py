@@ -225,7 +225,7 @@ def test_long_commands_have_a_progress_switch_and_logprobs_names_the_demo_model(
         capsys: pytest.CaptureFixture[str]) -> None:
     parser = build_parser()
     for argv in (["logprobs", "d", "--model", "m"], ["cut", "a", "b", "--steps", "0"], ["import", "a", "b"],
-                 ["diff", "a", "b"]):
+                 ["diff", "a", "b"], ["ls", "d", "--verify"], ["show", "d", "--steps", "0-"]):
         assert parser.parse_args([*argv, "--no-progress"]).no_progress
     with pytest.raises(SystemExit):
         main(["logprobs", "--help"])

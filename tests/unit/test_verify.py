@@ -61,7 +61,7 @@ def test_report_table_is_aligned() -> None:
     assert len(rows) == 2
     for column in ("mode", "steps", "identical", "status"):
         assert {r[header.index(column) - 1] for r in rows} == {" "}
-    assert rows[1].split()[6] == "FAIL" and rows[0].split()[6] == "ok"
+    assert {r.split()[0]: r.split()[6] for r in rows} == {"loss": "FAIL", "kl": "ok"}
 
 
 def test_missing_steps_fail_on_either_side() -> None:

@@ -42,11 +42,11 @@ _EXPORTS: dict[str, str] = {
     "load_step": "rollout_mock.storage.reader",
     "open_dump": "rollout_mock.storage.reader",
     "Dump": "rollout_mock.storage.reader",
-    "StepStore": "rollout_mock.storage.base",
+    "StepStore": "rollout_mock.storage.store",
     "Store": "rollout_mock.storage.store",
-    "DirectoryStore": "rollout_mock.storage.directory",
-    "MemoryStore": "rollout_mock.storage.memory",
-    "rank_rows": "rollout_mock.storage.partial",
+    "DirectoryStore": "rollout_mock.storage.store",
+    "MemoryStore": "rollout_mock.storage.store",
+    "rank_rows": "rollout_mock.storage.reader",
     "register_batch_class": "rollout_mock.codec",
     "MetricsWriter": "rollout_mock.compare.metrics",
     "read_metrics": "rollout_mock.compare.metrics",
@@ -70,12 +70,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.compare.verify import VerifyReport, verify
     from rollout_mock.config import RolloutMockConfig, load_config
     from rollout_mock.modes import Mode
-    from rollout_mock.storage.base import StepStore
-    from rollout_mock.storage.directory import DirectoryStore
-    from rollout_mock.storage.memory import MemoryStore
-    from rollout_mock.storage.partial import rank_rows
-    from rollout_mock.storage.reader import Dump, load_step, open_dump
-    from rollout_mock.storage.store import Store
+    from rollout_mock.storage.reader import Dump, load_step, open_dump, rank_rows
+    from rollout_mock.storage.store import DirectoryStore, MemoryStore, StepStore, Store
     from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.scheduler import MockScheduler
 

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         raise TraceError(f"--max {args.max_traces}: must be >= 0")
     from rollout_mock.cli._paths import resolve_dump
     from rollout_mock.errors import StepNotFoundError
-    from rollout_mock.storage.base import format_ranges
+    from rollout_mock.storage.manifest import format_ranges
 
     tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
     dump = open_dump(resolve_dump(args.dump_dir, "show"))

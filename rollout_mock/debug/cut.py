@@ -138,9 +138,8 @@ def cut_dump(
     :class:`DebugInputError` for a step recorded in no stream or a module that cannot be imported.
     """
     from rollout_mock.progress import progress_bar
-    from rollout_mock.storage.base import BatchInfo
     from rollout_mock.storage.reader import open_dump
-    from rollout_mock.storage.stores import open_store
+    from rollout_mock.storage.store import BatchInfo, open_store
 
     for module in imports or ():
         try:

@@ -70,7 +70,7 @@ def test_expired_lease_is_taken_over_and_the_old_writer_stops(url: str, s3_serve
     time.sleep(4.2)
     successor = FsspecStore(url, storage_options=options, lease_ttl=30)
     save(successor, TRAIN, 1)
-    current = json.loads(dead.backend.read(f"{TRAIN.directory}/.writer.lease") or b"{}")
+    current = json.loads(dead.backend.read(f"{TRAIN.directory}/.writer.lock") or b"{}")
     assert current["owner"] == successor._owned[TRAIN.key].handle.owner != handle.owner
     # the old writer wakes up: its next heartbeat finds the lease taken, and it stops writing
     assert handle.renew() is False and "taken over" in (handle.lost or "")

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_mock.storage.base import format_ranges
+from rollout_mock.storage.manifest import format_ranges
 from rollout_mock.text import json_float
 
 __all__ = [

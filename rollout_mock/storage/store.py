@@ -170,9 +170,14 @@ class StepStore(Protocol):
         return missing_step_error(self, stream, step, mode=mode)
 
 
-_NOT_WRITABLE = {errno.EROFS: "it is on a read-only file system", errno.EACCES: "permission denied",
-                 errno.EPERM: "the operation is not permitted there", errno.ENOENT: "it cannot be created there",
-                 errno.ENOTDIR: "a part of its path is a file, not a directory"}
+#: errno -> (why a local dump cannot be written, the fix)
+_NOT_WRITABLE = {
+    errno.EROFS: ("it is on a read-only file system", "point dump_dir at a directory on a writable file system"),
+    errno.EACCES: ("permission denied", "point dump_dir at a directory this user may write, or fix its permissions"),
+    errno.EPERM: ("the operation is not permitted there", "point dump_dir at a directory this user may write"),
+    errno.ENOENT: ("it cannot be created there", "point dump_dir at a directory that can be created"),
+    errno.ENOTDIR: ("a part of its path is a file, not a directory", "fix dump_dir"),
+}
 
 
 class Store:
@@ -381,22 +386,20 @@ class Store:
                 f"[RolloutMock] no space left on the device of {where} while {what}"
                 f"{'' if free is None else f' ({free} bytes free)'}: free some space, or point dump_dir at a larger "
                 f"disk", mode="dump", path=target, free=free)
-        if isinstance(exc, FileNotFoundError) and is_url(where):
-            reason: str | None = "it does not exist (a missing bucket?)"
-        elif isinstance(exc, PermissionError) and is_url(where):
-            reason = "access denied"
+        if is_url(where) and isinstance(exc, (PermissionError, FileNotFoundError)):
+            reason, fix = (("access denied", "check that the credentials (storage_options, AWS_* variables) may "
+                            "write there and that the bucket policy allows it") if isinstance(exc, PermissionError)
+                           else ("its bucket does not exist", "create the bucket, or fix the URL"))
+        elif exc.errno in _NOT_WRITABLE:
+            reason, fix = _NOT_WRITABLE[exc.errno]
+        elif isinstance(exc, PermissionError):
+            reason, fix = _NOT_WRITABLE[errno.EACCES]
         else:
-            reason = _NOT_WRITABLE.get(exc.errno or 0)
-        if reason is None and isinstance(exc, PermissionError):
-            reason = "permission denied"
-        if reason is None:
             return exc
-        fix = ("check that the credentials (storage_options, AWS_* variables) may write there and that the bucket "
-               "exists and its policy allows it" if is_url(where) else "make it writable")
         error = DumpNotWritableError(
-            f"[RolloutMock] cannot write the dump at {where} while {what}: {reason} ({target}). Point dump_dir at a "
-            f"writable location, or {fix}.", mode="dump", path=target)
-        error.errno, error.strerror, error.filename = exc.errno, exc.strerror, target
+            f"[RolloutMock] cannot write the dump at {where} while {what}: {reason} ({target}). {fix[0].upper()}"
+            f"{fix[1:]}.", mode="dump", path=target)
+        error.errno = exc.errno  # (not strerror/filename: they would replace the message in str())
         return error
 
     def open_writer(self, stream: StreamId) -> None:

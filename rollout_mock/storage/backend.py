@@ -414,7 +414,7 @@ class MemoryBackend(BackendDefaults):
         self._c = contents or _Contents()
 
     def __repr__(self) -> str:
-        return f"MemoryBackend({sum(1 for k in self._c.files if k.endswith('.pkl'))} steps)"
+        return f"MemoryBackend({len(self._c.files)} objects)"
 
     def reopen(self) -> MemoryBackend:
         return MemoryBackend(self._c)

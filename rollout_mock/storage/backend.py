@@ -45,7 +45,8 @@ from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from rollout_mock.errors import CorruptStepError, LockedError
+from rollout_mock.errors import CorruptStepError, LockedError, ManifestError
+from rollout_mock.jsonio import loads_bounded
 from rollout_mock.storage.paths import check_relpath
 from rollout_mock.text import logger, short_repr
 
@@ -145,6 +146,10 @@ class BackendSource:
         target[:] = self.read_range(offset, target.nbytes)
 
 
+#: A lease object larger than this is garbage (counts as expired).
+_LEASE_BYTES = 1 << 16
+
+
 class Lease:
     """A lock held as a small object: an owner id and an expiry, taken with a conditional
     ``create`` and renewed by a heartbeat thread (the default ``lock`` of a backend).
@@ -187,15 +192,13 @@ class Lease:
         return number if math.isfinite(number) else 0.0
 
     def _current(self) -> dict[str, Any] | None:
-        from rollout_mock.jsonio import loads_bounded
-
-        data = self.backend.read(self.rel)
+        data = self.backend.read(self.rel, 0, _LEASE_BYTES + 1)
         if data is None:
             return None
         try:
-            value = loads_bounded(data, where=self.where, max_bytes=1 << 16)
+            value = loads_bounded(data, where=self.where, max_bytes=_LEASE_BYTES)
             return value if isinstance(value, dict) else {}
-        except ValueError:
+        except ManifestError:
             return {}  # garbage: treated as expired
 
     def _describe(self, record: dict[str, Any]) -> str:

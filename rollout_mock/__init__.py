@@ -7,8 +7,8 @@ The public API, all importable from here::
 * wrapping: :class:`MockScheduler`, :func:`mock_class` (``rollout_mock.wrap``); Hugging Face TRL
   trainers: :func:`wrap_trl` (``rollout_mock.adapters.trl``);
 * configuration: :class:`RolloutMockConfig`, :func:`load_config`, :class:`Mode`;
-* reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`StepStore`,
-  :class:`DirectoryStore`, :class:`MemoryStore` (``rollout_mock.storage``);
+* reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`Store`, :class:`StepStore`,
+  :func:`DirectoryStore`, :func:`MemoryStore` (``rollout_mock.storage``);
 * comparing: :class:`MetricsWriter`, :func:`read_metrics`, :func:`verify`, :func:`diff_dumps`,
   :func:`compare_batches`, :func:`batch_traces` (``rollout_mock.compare``);
 * determinism: the ``rollout_mock.determinism`` package;

@@ -13,8 +13,8 @@
 the caller's class (a :class:`~rollout_mock.errors.RolloutMockError` subclass:
 ``ManifestError`` by default) naming the file and the fix. It stays fast on large documents: the
 nesting depth is measured before parsing over the document's structure alone (its strings
-blanked out with a few C-speed byte operations), and the number hooks are installed only when a
-byte scan finds a long digit run or a 3-digit exponent.
+blanked out with a few C-speed byte operations); floats (rare in our documents) always go through
+a finiteness check, integers through a length check only when a byte scan finds a long digit run.
 """
 
 from __future__ import annotations
@@ -39,12 +39,9 @@ _DEFAULT_FIX = "the file was edited or damaged — restore it from a copy, or re
 _NOT_STRUCTURE = bytes(sorted(set(range(256)) - set(b'[]{}",:')))
 #: ``{``/``}`` as ``[``/``]``; separators go.
 _BRACKETS = bytes.maketrans(b"{}", b"[]")
-#: Digits as ``0``, ``e``/``E`` as ``e``, signs as ``+``, anything else as a space (number scan).
-_NUMBERS = bytes(
-    ord("0") if chr(c).isdigit() and c < 128 else ord("e") if c in b"eE" else ord("+") if c in b"+-" else ord(" ")
-    for c in range(256)
-)
-_SUSPECT_NUMBERS = (b"0" * (MAX_DIGITS + 1), b"0e000", b"0e+000")
+#: Digits as ``0``, anything else as a space (the scan for long digit runs).
+_DIGITS = bytes(ord("0") if 48 <= c <= 57 else ord(" ") for c in range(256))
+_LONG_RUN = b"0" * (MAX_DIGITS + 1)
 
 
 def _structure(data: bytes) -> bytes:
@@ -116,10 +113,9 @@ def loads_bounded(data: bytes | bytearray | memoryview | str, *, where: str | os
         raise refuse(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     if _deeper_than(_structure(raw), max_depth):
         raise refuse(f"nested more than {max_depth} levels deep")
-    numbers = raw.translate(_NUMBERS)
-    hooks: dict[str, Any] = {}
-    if any(pattern in numbers for pattern in _SUSPECT_NUMBERS):
-        hooks = {"parse_int": _int, "parse_float": _float}
+    hooks: dict[str, Any] = {"parse_float": _float}
+    if _LONG_RUN in raw.translate(_DIGITS):
+        hooks["parse_int"] = _int
     try:
         return json.loads(text, parse_constant=float if allow_nan else _constant, **hooks)
     except json.JSONDecodeError as exc:

@@ -210,7 +210,7 @@ def make_formats(work: Path, keys: list[str] | None = None, *, pad_to: int | Non
 
     def lazy_rm(verify: bool, keys: list[str] | None, rows: range | None) -> Callable[[], Any]:
         def run() -> Any:
-            from rollout_mock.storage.partial import open_view
+            from rollout_mock.storage.reader import open_view
 
             view = open_view(store, STREAM, state["step"], mapped=True, verify=verify)
             return view.load(keys=keys, rows=rows) if keys is not None or rows is not None else view.keys()

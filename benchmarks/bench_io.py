@@ -47,7 +47,7 @@ import _common  # noqa: E402
 from _data import SIZES, clone_all, make_dataproto, object_bytes, tensor_bytes  # noqa: E402
 
 import rollout_mock.codec as codec
-from rollout_mock.storage import BatchInfo, DirectoryStore  # noqa: E402
+from rollout_mock.storage import BatchInfo, DirectoryStore, Store  # noqa: E402
 from rollout_mock.storage.manifest import StreamId  # noqa: E402
 from rollout_mock.wrap import MockScheduler
 
@@ -176,7 +176,7 @@ def replay_stalls(dump_dir: Path, steps: int, train_seconds: float, prefetch: bo
     return stalls
 
 
-def record_steps(store: DirectoryStore, batch: Any, info: Any, steps: int) -> None:
+def record_steps(store: Store, batch: Any, info: Any, steps: int) -> None:
     """Steps 1..steps-1 written through the store's public API (step 0 is already there)."""
     for step in range(1, steps):
         store.save(STREAM, step, batch, info)

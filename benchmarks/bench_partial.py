@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from rollout_mock.storage import BatchInfo, DirectoryStore, FsspecStore, open_dump, rank_rows
+from rollout_mock.storage import BatchInfo, DirectoryStore, FsspecBackend, FsspecStore, open_dump, rank_rows
 from rollout_mock.storage.manifest import StreamId
 
 STREAM = StreamId("train")
@@ -73,7 +73,7 @@ def main() -> int:
             got = dump.load(0, "train", rows=rows)
             assert torch.equal(got["input_ids"], batch["input_ids"][rows.start:rows.stop])
             read = "-"
-            if isinstance(dump.store, FsspecStore):
+            if isinstance(dump.store.backend, FsspecBackend):
                 source = dump.store.open_source("train/step_000000.pkl")
                 dump.store.open_source = lambda rel, s=source: s  # type: ignore[method-assign]
                 dump.load(0, "train", rows=rows)

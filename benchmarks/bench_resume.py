@@ -37,9 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import update_readme  # noqa: E402
 
 from rollout_mock.storage import DirectoryStore
-from rollout_mock.storage.index import SEGMENT_STEPS, index_dir
+from rollout_mock.storage.index import SEGMENT_STEPS, StreamIndex, index_dir
 from rollout_mock.storage.manifest import StepEntry, StreamId, utc_now
-from rollout_mock.storage.streamindex import StreamIndex
 
 STREAM = StreamId("train")
 KEYS = {f"batch.k{i}": {"shape": [256, 1024], "dtype": "int64"} for i in range(8)}  # a realistic entry

@@ -8,8 +8,8 @@ The public API, all importable from here::
   :func:`mock_class` (``rollout_mock.wrap``); Hugging Face TRL
   trainers: :func:`wrap_trl` (``rollout_mock.adapters.trl``);
 * configuration: :class:`RolloutMockConfig`, :func:`load_config`, :class:`Mode`;
-* reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`StepStore`,
-  :class:`DirectoryStore`, :class:`MemoryStore` (``rollout_mock.storage``);
+* reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`Store`, :class:`StepStore`,
+  :func:`DirectoryStore`, :func:`MemoryStore` (``rollout_mock.storage``);
 * comparing: :class:`MetricsWriter`, :func:`read_metrics`, :func:`verify`, :func:`diff_dumps`,
   :func:`compare_batches`, :func:`batch_traces` (``rollout_mock.compare``);
 * determinism: the ``rollout_mock.determinism`` package;
@@ -45,11 +45,11 @@ _EXPORTS: dict[str, str] = {
     "load_step": "rollout_mock.storage.reader",
     "open_dump": "rollout_mock.storage.reader",
     "Dump": "rollout_mock.storage.reader",
-    "StepStore": "rollout_mock.storage.base",
+    "StepStore": "rollout_mock.storage.store",
     "Store": "rollout_mock.storage.store",
-    "DirectoryStore": "rollout_mock.storage.directory",
-    "MemoryStore": "rollout_mock.storage.memory",
-    "rank_rows": "rollout_mock.storage.partial",
+    "DirectoryStore": "rollout_mock.storage.store",
+    "MemoryStore": "rollout_mock.storage.store",
+    "rank_rows": "rollout_mock.storage.reader",
     "register_batch_class": "rollout_mock.batch",
     "MetricsWriter": "rollout_mock.compare.expected",
     "read_metrics": "rollout_mock.compare.metrics",
@@ -75,12 +75,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.compare.verify import VerifyReport, verify
     from rollout_mock.config import RolloutMockConfig, load_config
     from rollout_mock.modes import Mode
-    from rollout_mock.storage.base import StepStore
-    from rollout_mock.storage.directory import DirectoryStore
-    from rollout_mock.storage.memory import MemoryStore
-    from rollout_mock.storage.partial import rank_rows
-    from rollout_mock.storage.reader import Dump, load_step, open_dump
-    from rollout_mock.storage.store import Store
+    from rollout_mock.storage.reader import Dump, load_step, open_dump, rank_rows
+    from rollout_mock.storage.store import DirectoryStore, MemoryStore, StepStore, Store
     from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.scheduler import MockScheduler, wrap_scheduler
 

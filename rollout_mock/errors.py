@@ -21,6 +21,7 @@ __all__ = [
     "DiffInputError",
     "DiskFullError",
     "DumpNotFoundError",
+    "DumpNotWritableError",
     "FingerprintMismatchError",
     "ForeignDumpError",
     "FormatVersionError",
@@ -85,6 +86,12 @@ class StreamNotFoundError(StepNotFoundError, ConfigError):
 
 class DumpNotFoundError(RolloutMockError, FileNotFoundError):
     """The dump directory or its ``manifest.json`` does not exist."""
+
+
+class DumpNotWritableError(RolloutMockError, PermissionError):
+    """The dump location refuses writes: a read-only file system, a directory without write
+    permission, an object store that denies access or a bucket that does not exist. ``errno``,
+    ``strerror`` and ``filename`` are the refusal's."""
 
 
 class IncompleteDumpError(RolloutMockError):

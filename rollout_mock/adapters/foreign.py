@@ -28,10 +28,9 @@ from typing import Any
 
 from rollout_mock.errors import DumpNotFoundError, ForeignDumpError, RolloutMockError, UnsafePickleError
 from rollout_mock.progress import progress_bar
-from rollout_mock.storage.base import BatchInfo
 from rollout_mock.storage.manifest import MANIFEST_NAME, StreamId
 from rollout_mock.storage.paths import open_regular, read_fd
-from rollout_mock.storage.stores import open_store
+from rollout_mock.storage.store import BatchInfo, open_store
 from rollout_mock.text import short_repr
 
 __all__ = ["FORMATS", "ForeignDump", "ForeignStep", "detect_format", "import_foreign", "open_foreign"]

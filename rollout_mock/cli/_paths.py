@@ -33,7 +33,8 @@ def resolve_dump(location: str | Path, command: str, rest: str = "") -> Any:
     """``location`` when it holds a dump (an fsspec URL is passed through as is: its store says);
     otherwise a DumpNotFoundError that says where dumps are (one or two levels down), or what kind
     of folder it is, with the command to run instead."""
-    from rollout_mock.storage.stores import is_url, open_store
+    from rollout_mock.storage.paths import is_url
+    from rollout_mock.storage.store import open_store
 
     if is_url(str(location)):
         return str(location)

@@ -1,7 +1,8 @@
 """``rollout-mock env [--dump-dir D] [--json]``: show this environment's fingerprint.
 
-With ``--dump-dir`` the fingerprint recorded in ``D/manifest.json`` is compared with this one and
-the differences are printed as a table. Exit codes: 0 when nothing that can change numerics
+With ``--dump-dir`` the fingerprint recorded in dump ``D`` (a directory or an fsspec URL such as
+``s3://bucket/prefix``; read through its store, so a dump whose writer died is read too) is
+compared with this one and the differences are printed as a table. Exit codes: 0 when nothing that can change numerics
 differs (informational fields such as the platform string may differ), 1 when a numerics-relevant
 field differs, 2 on bad input (no manifest, no recorded fingerprint; reported by
 :func:`rollout_mock.cli.main`).
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,9 @@ from rollout_mock.determinism import (
     format_fingerprint,
 )
 from rollout_mock.errors import DumpNotFoundError, ManifestError
-from rollout_mock.storage.manifest import manifest_path, read_manifest
+from rollout_mock.storage.manifest import MANIFEST_NAME
+from rollout_mock.storage.paths import is_url
+from rollout_mock.storage.store import open_store
 
 __all__ = ["add_parser", "load_dump_fingerprint", "run"]
 
@@ -43,38 +47,40 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--dump-dir",
-        type=Path,
         metavar="DIR",
-        help="dump directory whose fingerprint to compare with",
+        help="dump directory (or fsspec URL: s3://bucket/prefix) whose fingerprint to compare with",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     return parser
 
 
-def load_dump_fingerprint(dump_dir: Path) -> dict[str, Any]:
-    """The fingerprint recorded in ``dump_dir/manifest.json``.
+def load_dump_fingerprint(dump_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """The fingerprint recorded in the dump at ``dump_dir`` (a path or an fsspec URL), read
+    through its store: from ``manifest.json``, or from the files of a writer that died before
+    compacting.
 
-    Raises DumpNotFoundError when there is no manifest, ManifestError when the manifest cannot be
-    read or holds no fingerprint (written by hand, or by a writer that did not record one).
+    Raises DumpNotFoundError when there is no dump, ManifestError when its index cannot be read or
+    holds no fingerprint (written by hand, or by a writer that did not record one).
     """
-    recorded = read_manifest(dump_dir)
-    path = manifest_path(dump_dir)
-    if recorded is None:
+    store = open_store(dump_dir)
+    if not store.has_dump():
+        path = store.where(MANIFEST_NAME)
         raise DumpNotFoundError(
-            f"no dump at {dump_dir}: {path} does not exist; pass the directory that was "
+            f"no dump at {os.fspath(dump_dir)}: {path} does not exist; pass the directory that was "
             "rollout_mock.dump_dir in dump mode",
             path=path,
         )
-    if not isinstance(recorded.fingerprint, dict):
+    recorded = store.fingerprint()
+    if not isinstance(recorded, dict):
         raise ManifestError(
-            f"{path}: the dump has no recorded fingerprint, so there is nothing to compare",
-            path=path,
+            f"{store.where('')}: the dump has no recorded fingerprint, so there is nothing to compare",
+            path=store.where(MANIFEST_NAME),
         )
-    return recorded.fingerprint
+    return recorded
 
 
 def _print_json(
-    fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]
+    fp: dict[str, Any], dump_dir: str | None, diffs: list[FingerprintDifference]
 ) -> None:
     out: dict[str, Any] = {"fingerprint": fp}
     if dump_dir is not None:
@@ -111,12 +117,12 @@ def explain(diffs: list[FingerprintDifference]) -> list[str]:
 
 
 def _print_text(
-    fp: dict[str, Any], dump_dir: Path | None, diffs: list[FingerprintDifference]
+    fp: dict[str, Any], dump_dir: str | None, diffs: list[FingerprintDifference]
 ) -> None:
     print(format_fingerprint(fp))
     if dump_dir is not None:
         print()
-        print(f"compared with the fingerprint recorded in {manifest_path(dump_dir)}:")
+        print(f"compared with the fingerprint recorded in the dump {dump_dir}:")
         print(format_differences(diffs))
         reasons = explain(diffs)
         if reasons:
@@ -131,8 +137,9 @@ def run(args: argparse.Namespace) -> int:
     if args.dump_dir is not None:
         from rollout_mock.cli._paths import resolve_dump
 
-        if args.dump_dir.is_dir() or args.dump_dir.is_file():  # a parent folder or a file: say where the dump is
-            args.dump_dir = resolve_dump(args.dump_dir, "env --dump-dir")
+        local = None if is_url(args.dump_dir) else Path(args.dump_dir)
+        if local is not None and (local.is_dir() or local.is_file()):  # a parent folder or a file: say where
+            args.dump_dir = str(resolve_dump(local, "env --dump-dir"))
         diffs = compare_fingerprints(load_dump_fingerprint(args.dump_dir), current)
     (_print_json if args.json else _print_text)(current, args.dump_dir, diffs)
     return 1 if any(d.numerics_relevant for d in diffs) else 0

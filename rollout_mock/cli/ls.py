@@ -114,7 +114,7 @@ def _key_set(keys: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from rollout_mock.cli._paths import resolve_dump
     from rollout_mock.errors import RolloutMockError
-    from rollout_mock.storage.base import format_ranges
+    from rollout_mock.storage.manifest import format_ranges
     from rollout_mock.storage.reader import open_dump
 
     dump = open_dump(resolve_dump(args.dump_dir, "ls", "--keys" if args.keys else ""))

@@ -13,7 +13,10 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.storage.manifest import StepSet
 
 __all__ = ["add_parser", "run"]
 
@@ -68,9 +71,11 @@ def load_tokenizer(directory: Path) -> Any:
         raise TraceError(f"--tokenizer {directory}: not a tokenizer directory ({_one_line(exc)})") from None
 
 
-def _selected_steps(args: argparse.Namespace, recorded: list[int]) -> list[int]:
+def _selected_steps(args: argparse.Namespace, recorded: StepSet) -> list[int]:
     """The steps to show; a requested step that is not recorded is kept so that loading it raises
-    the library's StepNotFoundError (and so is the first step of a range that matches none)."""
+    the library's StepNotFoundError (and so is the first step of a range that matches none). The
+    recorded steps are intersected run by run: a forged index of millions of steps costs nothing
+    unless those steps are asked for."""
     from rollout_mock.compare.diff import parse_steps
 
     if args.step is not None:
@@ -78,7 +83,8 @@ def _selected_steps(args: argparse.Namespace, recorded: list[int]) -> list[int]:
     if args.steps is None:
         return recorded[:1] or [0]
     ranges = parse_steps(args.steps)
-    chosen = [s for s in recorded if any(lo <= s and (hi is None or s <= hi) for lo, hi in ranges)]
+    chosen = sorted({step for lo, hi in ranges for first, last in recorded.runs()
+                     for step in range(max(first, lo), (last if hi is None else min(last, hi)) + 1)})
     return chosen or [ranges[0][0]]
 
 
@@ -90,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         raise TraceError(f"--max {args.max_traces}: must be >= 0")
     from rollout_mock.cli._paths import resolve_dump
     from rollout_mock.errors import StepNotFoundError
-    from rollout_mock.storage.base import format_ranges
+    from rollout_mock.storage.manifest import format_ranges
 
     tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
     dump = open_dump(resolve_dump(args.dump_dir, "show"))

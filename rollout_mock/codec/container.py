@@ -3,7 +3,7 @@ table, the chunks (64-byte aligned), suffix.
 
 Two ways to the same bytes. The plain one computes every chunk's CRC-32 (and compression) first,
 then writes the header and the chunks in file order. For a large uncompressed step written to a
-checksumming file (:class:`~rollout_mock.storage.fileio.HashingWriter`, no HMAC), the head is
+checksumming file (:class:`~rollout_mock.storage.digest.HashingWriter`, no HMAC), the head is
 written *last*: the header's room is reserved (its CRCs written at their widest, the rest padded
 with JSON whitespace), the chunks are written while the two codec threads compute their CRCs, and
 the head goes to offset 0 before the file is fsync-ed, so the checksum no longer delays the

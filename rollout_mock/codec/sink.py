@@ -1,8 +1,8 @@
 """What the codec writes a step into: the declared interfaces, so that a backend knows what to
-offer (``Store`` hands ``codec.encode`` the sink its backend's ``write_step`` provides).
+offer (``Store`` hands ``codec.encode`` its hashing sink over the backend's upload).
 
 Every sink has ``write``. A sink that also checksums what it writes and writes at offsets (a
-local file: :class:`~rollout_mock.storage.fileio.HashingWriter`) is a :class:`FileSink`: the
+local file: :class:`~rollout_mock.storage.digest.HashingWriter`) is a :class:`FileSink`: the
 codec then writes small steps in one vectored call, passes each chunk's CRC-32 (computed once)
 instead of letting the sink hash the chunk again, and writes large steps body first and head
 last, overlapping the CRCs with the writes (see :mod:`~rollout_mock.codec.container`). Any other

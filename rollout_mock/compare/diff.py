@@ -12,8 +12,7 @@ from rollout_mock.compare.batch_diff import KeyDiff, compare_batches
 from rollout_mock.determinism.fingerprint import compare_fingerprints
 from rollout_mock.errors import CorruptStepError, DiffInputError, StepNotFoundError
 from rollout_mock.progress import progress_bar
-from rollout_mock.storage.base import format_ranges
-from rollout_mock.storage.manifest import StepEntry, StreamId
+from rollout_mock.storage.manifest import StepEntry, StreamId, format_ranges
 from rollout_mock.storage.reader import Dump, open_dump
 
 __all__ = [

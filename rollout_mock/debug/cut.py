@@ -179,9 +179,9 @@ def cut_dump(
     :class:`DebugInputError` for a step recorded in no stream or a module that cannot be imported.
     """
     from rollout_mock.progress import progress_bar
-    from rollout_mock.storage.base import BatchInfo
+    from rollout_mock.storage.manifest import format_ranges
     from rollout_mock.storage.reader import open_dump
-    from rollout_mock.storage.stores import open_store
+    from rollout_mock.storage.store import BatchInfo, open_store
 
     for module in imports or ():
         try:
@@ -204,13 +204,12 @@ def cut_dump(
         raise DebugInputError(
             f"{src_path}: no split {', '.join(splits or ())} recorded (splits present: "
             f"{', '.join(present) or 'none'}); pick one with --split {present[0] if present else 'SPLIT'}")
-    found = {step for s in streams for step in dump.steps(s)}
-    missing = [s for s in step_list if s not in found]
-    if missing:
+    missing = [s for s in step_list if not any(s in dump.steps(stream) for stream in streams)]
+    if missing:  # (steps are ranges: never expanded one by one)
         raise DebugInputError(
-            f"{src_path}: steps {missing} are recorded in no stream"
+            f"{src_path}: steps {format_ranges(missing)} are recorded in no stream"
             + ("" if splits is None else f" of splits {list(splits)}")
-            + f" (recorded: {sorted(found)})"
+            + f" (recorded: {'; '.join(f'{s}: {format_ranges(dump.steps(s))}' for s in streams)})"
         )
     store = open_store(dst_path)
     result = CutResult(dst=dst_path)

@@ -1,105 +1,193 @@
-"""A dump directory on a local filesystem: atomic renames, fsync, flock, no symlink surprises.
+"""The local-directory backend: atomic renames, fsync, flock, no symlink surprises.
 
-Every file write goes to a temporary file (``O_CREAT | O_EXCL | O_NOFOLLOW``) beside its
-destination, is fsync-ed, and is then renamed over it (or hard-linked to it when it must not
-exist yet: the exclusive create of an entry file); the directory is fsync-ed after. Writer locks
-are ``flock`` on ``.writer[-rankR].lock`` files opened with ``O_NOFOLLOW``: they die with their
-process, so a crashed writer never blocks the next one. Every path goes through
-:func:`~rollout_mock.storage.paths.resolve_inside`.
+Every write goes to a temporary file (``O_CREAT | O_EXCL | O_NOFOLLOW``) beside its destination,
+is fsync-ed, and is then renamed over it (or hard-linked to it when it must not exist yet: a
+conditional ``create``); the directory is fsync-ed after. A crash at any moment leaves the old
+object, the new complete one, or a temporary file that :func:`is_temp_name` recognises, that
+listings hide and that :meth:`LocalBackend.recover` removes. Locks are ``flock`` on files opened
+with ``O_NOFOLLOW``: they die with their process, so a crashed writer never blocks the next one.
+Every path goes through :func:`~rollout_mock.storage.paths.resolve_inside`.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
+import secrets
+import shutil
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.errors import LockedError
-from rollout_mock.storage.backend import ProduceBytes
-from rollout_mock.storage.fileio import fsync_dir, fsync_path, is_temp_name, write_temp
-from rollout_mock.storage.index import FINGERPRINT_NAME, INDEX_DIR, STREAMS_DIR, stream_record_name
-from rollout_mock.storage.manifest import LOCK_NAME, MANIFEST_NAME, StreamId, utc_now
+from rollout_mock.errors import DiskFullError, LockedError
+from rollout_mock.storage.backend import BackendDefaults
 from rollout_mock.storage.paths import check_relpath, open_nofollow, open_regular, read_fd, resolve_inside
-from rollout_mock.storage.store import Store
 from rollout_mock.text import logger
 
-__all__ = ["DirectoryStore", "LocalBackend"]
+__all__ = ["TEMP_MARKER", "LocalBackend", "TempFile", "disk_full_error", "free_bytes", "fsync_dir", "fsync_path",
+           "is_temp_name", "write_temp"]
+
+TEMP_MARKER = ".tmp-"
+_IOV_MAX = min(getattr(os, "sysconf", lambda name: 1024)("SC_IOV_MAX"), 1024)
+#: Objects created unsynced are synced at the latest after this many creates.
+_SYNC_EVERY = 1024
 
 
-@contextmanager
-def locked(dump_dir: Path) -> Iterator[None]:
-    """Hold the dump directory's manifest lock (exclusive, released when the process dies)."""
-    Path(dump_dir).mkdir(parents=True, exist_ok=True)
-    fd = open_nofollow(Path(dump_dir) / LOCK_NAME, os.O_RDWR | os.O_CREAT)
+def temp_name(final_name: str) -> str:
+    return f".{final_name}{TEMP_MARKER}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def is_temp_name(name: str) -> bool:
+    return name.startswith(".") and TEMP_MARKER in name
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file that was written without it (absent files are fine: deleted since)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        fd = open_nofollow(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def remove_stale_temps(dump_dir: Path) -> list[Path]:
-    """Delete temporary manifests left by writers that died mid-update; return what went.
-
-    Temporary manifests are only written under the manifest lock, so any that exists while we
-    hold the lock belongs to a dead writer.
-    """
-    removed: list[Path] = []
-    with locked(dump_dir):
-        for child in Path(dump_dir).iterdir():
-            if is_temp_name(child.name) and child.name.startswith(f".{MANIFEST_NAME}"):
-                child.unlink(missing_ok=True)
-                removed.append(child)
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
+def fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def free_bytes(path: Path) -> int:
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
+
+
+def disk_full_error(path: Path | str, needed: int) -> DiskFullError:
+    """:class:`DiskFullError` for ``path``, with ``needed``/``free`` bytes as attributes too."""
+    free = free_bytes(Path(path).parent)
+    return DiskFullError(
+        f"no space left on device while writing {path}: it needs {needed} bytes "
+        f"({needed / 1e6:.2f} MB), {free} bytes ({free / 1e6:.2f} MB) are free; free some space "
+        f"or point dump_dir at a larger disk (nothing partial was left behind)",
+        path=path, needed=needed, free=free,
+    )
+
+
+class TempFile:
+    """A local :class:`~rollout_mock.storage.backend.Upload`: a temporary file beside
+    ``final_path``, moved into place by :meth:`commit` (rename) or :meth:`commit_new` (a hard
+    link: only if ``final_path`` does not exist). ``durable=False`` skips the fsyncs."""
+
+    def __init__(self, final_path: Path, *, durable: bool = True) -> None:
+        final_path.parent.mkdir(parents=True, exist_ok=True)
+        self.final_path, self.durable = final_path, durable
+        self.temp_path = final_path.parent / temp_name(final_path.name)
+        self.fd = open_nofollow(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        self.position = 0
+
+    def write(self, data: memoryview) -> None:
+        done = 0
+        while done < data.nbytes:
+            done += os.write(self.fd, data[done:])
+        self.position += data.nbytes
+
+    def writev(self, views: list[memoryview]) -> None:
+        pending = [view for view in views if view.nbytes]
+        self.position += sum(view.nbytes for view in pending)
+        while pending:
+            done = os.writev(self.fd, pending[:_IOV_MAX])
+            while pending and done >= pending[0].nbytes:
+                done -= pending[0].nbytes
+                pending.pop(0)
+            if done:
+                pending[0] = pending[0][done:]
+
+    def reserve(self, length: int) -> bool:
+        """Skip ``length`` bytes at the start of an empty file (written last by :meth:`write_at`)."""
+        if self.position:
+            return False
+        os.lseek(self.fd, length, os.SEEK_SET)
+        self.position = length
         return True
-    return True
+
+    def write_at(self, data: memoryview, offset: int) -> None:
+        done = 0
+        while done < data.nbytes:
+            done += os.pwrite(self.fd, data[done:], offset + done)
+
+    def _close(self) -> None:
+        if self.fd >= 0:
+            try:
+                if self.durable:
+                    os.fsync(self.fd)
+            finally:
+                os.close(self.fd)
+                self.fd = -1
+
+    def commit(self) -> None:
+        """Rename into place (atomic) and fsync the directory so the rename is durable."""
+        try:
+            self._close()
+            os.replace(self.temp_path, self.final_path)
+        except BaseException:
+            self.abort()
+            raise
+        if self.durable:
+            fsync_dir(self.final_path.parent)
+
+    def commit_new(self) -> bool:
+        """Move into place only if ``final_path`` does not exist (a hard link: atomic and
+        exclusive); False, and the temporary file removed, if it does."""
+        try:
+            self._close()
+            os.link(self.temp_path, self.final_path)
+        except FileExistsError:
+            return False
+        finally:
+            self.abort()
+        if self.durable:
+            fsync_dir(self.final_path.parent)
+        return True
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        try:
+            os.unlink(self.temp_path)
+        except FileNotFoundError:
+            pass
 
 
-#: Entry files committed without fsync are synced at the latest after this many steps.
-_SYNC_EVERY = 1024
+def write_temp(final_path: Path, data: bytes, *, durable: bool = True) -> TempFile:
+    """``data`` written to a :class:`TempFile` of ``final_path``, ready to commit; on an error the
+    temporary file is removed and ``ENOSPC`` becomes :class:`DiskFullError`."""
+    upload = TempFile(final_path, durable=durable)
+    try:
+        upload.write(memoryview(data))
+    except BaseException as exc:
+        upload.abort()
+        if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+            raise disk_full_error(final_path, len(data)) from None
+        raise
+    return upload
 
 
-class DirectoryStore(Store):
-    """The store of a dump in a local directory: ``Store`` over a :class:`LocalBackend` (this
-    class only builds it; every rule is the store's)."""
-
-    backend: LocalBackend
-    dump_dir: Path
-
-    def __init__(self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,
-                 verify: bool = True) -> None:
-        super().__init__(LocalBackend(dump_dir), hmac_key=hmac_key, verify=verify)
-
-    def path(self, rel: str) -> Path:
-        """The local path of ``rel``, checked to stay inside the dump."""
-        return self.backend.path(rel)
-
-    @property
-    def _unsynced(self) -> list[Path]:  # deprecated: ``store.backend.unsynced``
-        return self.backend.unsynced
-
-
-class LocalBackend:
+class LocalBackend(BackendDefaults):
     """Objects as files under a local directory (see the module docstring)."""
 
     def __init__(self, dump_dir: str | os.PathLike[str]) -> None:
         self.dump_dir = Path(dump_dir)
-        self.root_location: Path = self.dump_dir
         self._real_root: str | None = None
         self._inside: set[str] = set()
-        self.unsynced: list[Path] = []  # entry files created without fsync (see create)
+        self.unsynced: list[Path] = []  # files created by create_unsynced, not yet fsync-ed
 
     def __repr__(self) -> str:
         return f"LocalBackend({str(self.dump_dir)!r})"
@@ -110,11 +198,10 @@ class LocalBackend:
     def local_path(self, rel: str) -> Path:
         return self.path(rel)
 
-    # ------------------------------------------------------------------ paths
     def path(self, rel: str) -> Path:
         """The local path of ``rel``, checked to stay inside ``dump_dir`` (symlinks resolved).
 
-        A directory found to resolve inside is remembered for this store object; the last
+        A directory found to resolve inside is remembered for this backend object; the last
         component is checked on every call (one ``lstat``, a full resolve only for symlinks).
         """
         if not rel:
@@ -136,34 +223,43 @@ class LocalBackend:
     def where(self, rel: str) -> str:
         return str(self.dump_dir / rel) if rel else str(self.dump_dir)
 
-    # ------------------------------------------------------------------ primitives
-    def read(self, rel: str) -> bytes | None:
+    # ------------------------------------------------------------------ required
+    def read(self, rel: str, start: int = 0, end: int | None = None) -> bytes | None:
         try:
-            # a regular file only: a FIFO or device planted as an entry/stream record never blocks
-            return read_fd(open_regular(self.path(rel)))
+            # a regular file only: a FIFO or device planted as an index file never blocks
+            fd = open_regular(self.path(rel))
         except (FileNotFoundError, NotADirectoryError):
             return None
+        if start == 0 and end is None:
+            return read_fd(fd)
+        try:
+            size = os.fstat(fd).st_size
+            stop = size if end is None else min(end, size)
+            return os.pread(fd, max(stop - start, 0), start) if stop > start else b""
+        finally:
+            os.close(fd)
 
-    def _write_temp(self, rel: str, data: bytes, *, durable: bool = True) -> Any:
+    def _write_temp(self, rel: str, data: bytes, *, durable: bool = True) -> TempFile:
         # Another writer compacting at the same moment may remove an index directory that just
         # became empty (``prune_dirs``) between our mkdir and our temporary file: try again.
         for attempt in range(3):
             try:
-                return write_temp(self.path(rel), lambda w: w.write(data) and None, durable=durable)
+                return write_temp(self.path(rel), data, durable=durable)
             except FileNotFoundError:
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
 
-    def create(self, rel: str, data: bytes, *, durable: bool = True) -> bool:
-        """Hard-link a complete temporary file to ``rel`` (fails if it exists). ``durable=False``
-        (a step's entry file) skips the fsyncs: a crash can lose the file, never tear it; the
-        store ignores a lost or torn entry (its step is invisible), and the step file it points at
-        was fsync-ed before. :meth:`sync` makes such files durable, at the latest every
+    def create(self, rel: str, data: bytes) -> bool:
+        """Hard-link a complete temporary file to ``rel`` (fails if it exists)."""
+        return self._write_temp(rel, data).commit_new()
+
+    def create_unsynced(self, rel: str, data: bytes) -> bool:
+        """``create`` without the fsyncs: a crash can lose the file, never tear it (a step's
+        entry file: the store ignores a lost or torn entry, and the step file it names was
+        fsync-ed before). :meth:`sync` makes such files durable, at the latest every
         ``_SYNC_EVERY`` creates."""
-        if durable:
-            return bool(self._write_temp(rel, data).commit_new())
-        if not self._write_temp(rel, data, durable=False).commit_new(durable=False):
+        if not self._write_temp(rel, data, durable=False).commit_new():
             return False
         self.unsynced.append(self.path(rel))
         if len(self.unsynced) >= _SYNC_EVERY:
@@ -171,7 +267,7 @@ class LocalBackend:
         return True
 
     def sync(self) -> None:
-        """fsync the entry files committed since the last sync, then their directories."""
+        """fsync the files created unsynced since the last sync, then their directories."""
         pending, self.unsynced = self.unsynced, []
         for path in pending:
             fsync_path(path)
@@ -205,6 +301,7 @@ class LocalBackend:
             except FileNotFoundError:  # pruned by another writer's compaction: nothing to sync
                 pass
 
+    # ------------------------------------------------------------------ optional
     def prune_dirs(self, rel_dirs: list[str]) -> None:
         for rel in rel_dirs:
             try:
@@ -212,83 +309,61 @@ class LocalBackend:
             except OSError:  # not empty (another rank's entries), or gone
                 pass
 
-    def exists(self, rel: str) -> bool:
-        return self.path(rel).exists()
+    def size(self, rel: str) -> int | None:
+        try:
+            return self.path(rel).stat().st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
 
-    def signature(self, rel: str) -> Any:
+    def signature(self, rel: str) -> Hashable | None:
         try:
             st = self.path(rel).stat()
         except (FileNotFoundError, NotADirectoryError):
             return None
         return (st.st_ino, st.st_mtime_ns, st.st_size)
 
-    def write_step(self, rel: str, produce: ProduceBytes, *, hmac_key: bytes | None,
-                   context: bytes) -> tuple[int, str, str | None]:
-        # the sink is fileio's HashingWriter: write, plus the codec's ranged writes (reserve_head, ...)
-        written = write_temp(self.path(rel), produce, hmac_key=hmac_key, mac_context=context)
-        written.commit()
-        return written.size, written.checksum, written.hmac
+    def open_upload(self, rel: str) -> TempFile:
+        return TempFile(self.path(rel))
 
     def open_source(self, rel: str, *, mapped: bool = False) -> Any:
         from rollout_mock.codec.source import FileSource, MappedSource
 
         return (MappedSource if mapped else FileSource)(self.path(rel))
 
-    # ------------------------------------------------------------------ locks
-    def lock_stream(self, stream: StreamId) -> Any:
-        directory = self.path(stream.directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.path(stream.directory)  # re-check containment now that it exists
-        suffix = "" if stream.rank is None else f"-rank{stream.rank}"
-        lock_path = self.path(f"{stream.directory}/.writer{suffix}.lock")
-        fd = open_nofollow(lock_path, os.O_RDWR | os.O_CREAT)
+    def lock(self, rel: str, holder: str, *, wait: float = 0.0) -> Any:
+        """``flock`` on the file ``rel`` (created if needed, never through a link), which then
+        names ``holder``; ``wait > 0`` waits for the holder (a flock cannot outlive its process)."""
+        parent = rel.rpartition("/")[0]
+        self.path(parent).mkdir(parents=True, exist_ok=True)
+        self._inside.discard(parent)  # re-check containment now that it exists
+        path = self.path(rel)
+        fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait > 0 else fcntl.LOCK_NB))
         except BlockingIOError:
             owner = os.pread(fd, 200, 0).decode("utf-8", "replace").strip() or "unknown"
             os.close(fd)
-            raise LockedError(
-                f"[RolloutMock] another writer is already dumping {stream} into {self.dump_dir} "
-                f"({owner}). Two schedulers on one dump_dir and split must each have a distinct "
-                f"`name` (files go to {stream.split}/<name>/); two runs need two dump_dirs.",
-                mode="dump",
-                split=stream.split,
-                path=lock_path,
-            ) from None
+            raise LockedError(f"{path} is held by {owner}", path=path) from None
+        except BaseException:
+            os.close(fd)
+            raise
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename} since {utc_now()}".encode(), 0)
+        os.pwrite(fd, holder.encode("utf-8", "replace")[:200], 0)
         return fd
 
-    def unlock_stream(self, stream: StreamId, handle: Any) -> None:
+    def unlock(self, handle: Any) -> None:
         os.close(handle)
 
     def lock_lost(self, handle: Any) -> str | None:
         return None  # a flock dies with its process, never while it lives
 
-    @contextmanager
-    def manifest_lock(self) -> Iterator[None]:
-        self.path("").mkdir(parents=True, exist_ok=True)
-        with locked(self.dump_dir):
-            yield
-
-    def recover(self, stream: StreamId) -> None:
-        for stale in remove_stale_temps(self.dump_dir):
-            logger.warning("[RolloutMock] removing leftover temporary manifest %s", stale)
-        suffix = "" if stream.rank is None else f"_rank{stream.rank}"
-        pattern = re.compile(rf"^\.step_-?\d+{re.escape(suffix)}\.(pkl|json)\.tmp-"
-                             rf"|^\.segment_\d+{re.escape(suffix)}\.json\.tmp-"
-                             rf"|^\.{re.escape(stream_record_name(stream))}\.tmp-")
-        for name in os.listdir(self.path("")):
-            # another process's exclusive create of the fingerprint: stale once that pid is gone
-            match = re.match(rf"^\.{re.escape(FINGERPRINT_NAME)}\.tmp-(\d+)-", name)
-            if match and not _pid_alive(int(match.group(1))):
-                self.path(name).unlink(missing_ok=True)
-        for rel_dir in (stream.directory, f"{stream.directory}/{INDEX_DIR}", STREAMS_DIR):
-            try:
-                names = os.listdir(self.path(rel_dir))
-            except FileNotFoundError:
-                continue
-            for name in names:
-                if is_temp_name(name) and pattern.match(name):
-                    logger.warning("[RolloutMock] removing leftover temporary file %s", self.where(f"{rel_dir}/{name}"))
-                    self.path(f"{rel_dir}/{name}").unlink(missing_ok=True)
+    def recover(self, rel_dir: str, names: Callable[[str], bool]) -> None:
+        try:
+            found = os.listdir(self.path(rel_dir))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for name in found:
+            if is_temp_name(name) and names(name[1:].split(TEMP_MARKER, 1)[0]):
+                rel = f"{rel_dir}/{name}" if rel_dir else name
+                logger.warning("[RolloutMock] removing leftover temporary file %s", self.where(rel))
+                self.path(rel).unlink(missing_ok=True)

@@ -37,31 +37,36 @@ store lease), and the new manifest replaces the old one atomically.
 
 from __future__ import annotations
 
+import bisect
 import json
 import platform
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from rollout_mock.codec import PROTOCOL
 from rollout_mock.errors import FormatVersionError, ManifestError, UnsafePathError
-from rollout_mock.storage.paths import open_inside, parse_step_key, read_fd
-from rollout_mock.storage.streams import StreamId
+from rollout_mock.jsonio import loads_bounded
+from rollout_mock.storage.paths import check_name, open_inside, parse_step_key, read_fd
+from rollout_mock.text import short_repr
 from rollout_mock.version import __version__
 
 __all__ = [
     "FORMAT",
     "FEATURES",
     "FORMAT_VERSION",
-    "LOCK_NAME",
     "MANIFEST_NAME",
     "Manifest",
     "StepEntry",
+    "StepSet",
     "StreamId",
+    "dumps_manifest",
+    "format_ranges",
     "manifest_path",
+    "parse_manifest",
     "parse_step_key",
     "read_manifest",
     "utc_now",
@@ -77,12 +82,208 @@ FEATURES = frozenset({"index-segments"})
 #: make a reader allocate without limit).
 MAX_RANGED_STEPS = 5_000_000
 MANIFEST_NAME = "manifest.json"
-LOCK_NAME = ".manifest.lock"
 _CHECKSUM = re.compile(r"crc32:[0-9a-f]{8}")
 
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+@dataclass(frozen=True, order=True)
+class StreamId:
+    """One sequence of steps: a split, optionally a scheduler name and a rank; where its files
+    live is built here only, from these validated parts."""
+
+    split: str
+    name: str | None = None
+    rank: int | None = None
+
+    def __post_init__(self) -> None:
+        check_name(self.split, "split")
+        if self.name is not None:
+            check_name(self.name, "scheduler name")
+        if self.rank is not None and (isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0):
+            raise UnsafePathError(f"[RolloutMock] invalid rank {self.rank!r}: expected an integer >= 0")
+
+    @classmethod
+    def from_key(cls, key: str) -> StreamId:
+        """Inverse of :attr:`key` (``split[/name][@rankR]``); validated like any StreamId."""
+        rest, _, rank = key.partition("@rank")
+        split, _, name = rest.partition("/")
+        digits = rank.isascii() and rank.isdigit() and len(rank) <= 9
+        return cls(split, name or None, int(rank) if digits else None if not rank else -1)
+
+    @property
+    def key(self) -> str:
+        key = self.split if self.name is None else f"{self.split}/{self.name}"
+        return key if self.rank is None else f"{key}@rank{self.rank}"
+
+    @property
+    def directory(self) -> str:
+        return self.split if self.name is None else f"{self.split}/{self.name}"
+
+    @property
+    def suffix(self) -> str:
+        """What the rank adds to this stream's file names (``_rank3``; empty without a rank)."""
+        return "" if self.rank is None else f"_rank{self.rank}"
+
+    def file_name(self, step: int) -> str:
+        return f"step_{step:06d}{self.suffix}.pkl"
+
+    def relpath(self, step: int) -> str:
+        return f"{self.directory}/{self.file_name(step)}"
+
+    def __str__(self) -> str:
+        return self.key
+
+
+class StepSet(Sequence[int]):
+    """Distinct steps in ascending order, held as runs ``[first, last]``: 5,000,000 contiguous
+    steps cost two integers, membership and indexing are a bisection, never a scan. A sequence of
+    ints (``len``, ``in``, indexing, iteration, ``==`` with a list); :meth:`add` and
+    :meth:`discard` keep it up to date (appending the next step extends the last run)."""
+
+    __slots__ = ("_firsts", "_lasts", "_ends")
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    def __init__(self, runs: Iterable[tuple[int, int]] | Iterable[list[int]] = ()) -> None:
+        self._firsts: list[int] = []
+        self._lasts: list[int] = []
+        self._ends: list[int] | None = None  # steps up to and including each run (for indexing)
+        for first, last in sorted((int(a), int(b)) for a, b in runs):
+            if self._lasts and first <= self._lasts[-1] + 1:
+                self._lasts[-1] = max(self._lasts[-1], last)
+            else:
+                self._firsts.append(first)
+                self._lasts.append(last)
+
+    @classmethod
+    def of(cls, steps: Iterable[int]) -> StepSet:
+        result = cls()
+        for step in sorted(steps):
+            result.add(step)
+        return result
+
+    def runs(self) -> list[tuple[int, int]]:
+        """The runs ``(first, last)``, ascending and disjoint."""
+        return list(zip(self._firsts, self._lasts, strict=True))
+
+    def copy(self) -> StepSet:
+        twin = StepSet()
+        twin._firsts, twin._lasts = list(self._firsts), list(self._lasts)
+        return twin
+
+    def _run_of(self, step: int) -> int:
+        """The index of the run holding ``step``, or -1."""
+        i = bisect.bisect_right(self._firsts, step) - 1
+        return i if i >= 0 and step <= self._lasts[i] else -1
+
+    def __contains__(self, step: object) -> bool:
+        return isinstance(step, int) and self._run_of(step) >= 0
+
+    def add(self, step: int) -> None:
+        i = bisect.bisect_right(self._firsts, step) - 1
+        if i >= 0 and step <= self._lasts[i]:
+            return
+        self._ends = None
+        left = i >= 0 and self._lasts[i] + 1 == step
+        right = i + 1 < len(self._firsts) and self._firsts[i + 1] - 1 == step
+        if left and right:
+            self._lasts[i] = self._lasts.pop(i + 1)
+            del self._firsts[i + 1]
+        elif left:
+            self._lasts[i] = step
+        elif right:
+            self._firsts[i + 1] = step
+        else:
+            self._firsts.insert(i + 1, step)
+            self._lasts.insert(i + 1, step)
+
+    def discard(self, step: int) -> None:
+        i = self._run_of(step)
+        if i < 0:
+            return
+        self._ends = None
+        first, last = self._firsts[i], self._lasts[i]
+        if first == last:
+            del self._firsts[i], self._lasts[i]
+        elif step == first:
+            self._firsts[i] = step + 1
+        elif step == last:
+            self._lasts[i] = step - 1
+        else:
+            self._lasts[i] = step - 1
+            self._firsts.insert(i + 1, step + 1)
+            self._lasts.insert(i + 1, last)
+
+    def _cumulative(self) -> list[int]:
+        if self._ends is None:
+            total, ends = 0, []
+            for first, last in zip(self._firsts, self._lasts, strict=True):
+                total += last - first + 1
+                ends.append(total)
+            self._ends = ends
+        return self._ends
+
+    def __len__(self) -> int:
+        ends = self._cumulative()
+        return ends[-1] if ends else 0
+
+    def __iter__(self) -> Iterator[int]:
+        for first, last in zip(self._firsts, self._lasts, strict=True):
+            yield from range(first, last + 1)
+
+    def __reversed__(self) -> Iterator[int]:
+        for first, last in zip(reversed(self._firsts), reversed(self._lasts), strict=True):
+            yield from range(last, first - 1, -1)
+
+    @overload
+    def __getitem__(self, index: int) -> int: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[int]: ...
+
+    def __getitem__(self, index: int | slice) -> int | list[int]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        size = len(self)
+        if index < 0:
+            index += size
+        if not 0 <= index < size:
+            raise IndexError("StepSet index out of range")
+        ends = self._cumulative()
+        i = bisect.bisect_right(ends, index)
+        before = ends[i - 1] if i else 0
+        return self._firsts[i] + index - before
+
+    def index(self, value: Any, start: int = 0, stop: int | None = None) -> int:
+        i = self._run_of(value) if isinstance(value, int) else -1
+        position = -1 if i < 0 else (self._cumulative()[i - 1] if i else 0) + value - self._firsts[i]
+        if position < 0 or position < start or (stop is not None and position >= stop):
+            raise ValueError(f"{value!r} is not in the steps")
+        return position
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, StepSet):
+            return self._firsts == other._firsts and self._lasts == other._lasts
+        if isinstance(other, (list, tuple, range)):
+            return len(other) == len(self) and all(a == b for a, b in zip(self, other, strict=False))
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        if len(self) <= 20:
+            return repr(list(self))
+        return "StepSet(" + ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in self.runs()[:20]) + (
+            ", ..." if len(self._firsts) > 20 else "") + ")"
+
+
+def format_ranges(steps: Iterable[int]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2, 5, 7-8"``; ``"none"`` when empty (a :class:`StepSet` is
+    formatted from its runs, never step by step)."""
+    runs = steps.runs() if isinstance(steps, StepSet) else StepSet.of(steps).runs()
+    if not runs:
+        return "none"
+    return ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
 @dataclass
@@ -121,23 +322,31 @@ class StepEntry:
                 raise ValueError("keys is not an object of {dtype, shape} objects")
             if not _CHECKSUM.fullmatch(str(data["checksum"])):
                 raise ValueError(f"checksum {data['checksum']!r} is not of the form crc32:xxxxxxxx")
+            samples, seconds = data.get("samples"), data.get("rollout_seconds")
+            if samples is not None and (isinstance(samples, bool) or not isinstance(samples, int) or samples < 0):
+                raise ValueError(f"samples {short_repr(samples)} is not a count")
+            if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
+                raise ValueError(f"rollout_seconds {short_repr(seconds)} is not a number")
+            for name in ("method", "hmac"):
+                if data.get(name) is not None and not isinstance(data[name], str):
+                    raise ValueError(f"{name} {short_repr(data[name])} is not a string")
             return cls(
                 file=str(data["file"]),
                 size=int(data["size"]),
                 checksum=str(data["checksum"]),
-                samples=None if data.get("samples") is None else int(data["samples"]),
+                samples=samples,
                 type=str(data.get("type", "?")),
                 keys=dict(data.get("keys") or {}),
                 written_at=str(data.get("written_at", "")),
                 method=data.get("method"),
                 hmac=data.get("hmac"),
-                rollout_seconds=data.get("rollout_seconds"),
+                rollout_seconds=seconds,
                 call=data.get("call") if isinstance(data.get("call"), dict) else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             reason = exc.args[0] if exc.args else repr(exc)
             raise ManifestError(
-                f"{where}: malformed step entry ({reason}): {data!r}; the manifest was edited or "
+                f"{where}: malformed step entry ({reason}): {short_repr(data, 300)}; the manifest was edited or "
                 f"damaged — restore it from a copy, or re-dump",
                 path=path,
             ) from None
@@ -166,6 +375,7 @@ class Manifest:
                                                                             repr=False)
     """Reads a referenced index segment (set by the store that opened the manifest)."""
     _segments: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict, compare=False, repr=False)
+    _indexes: dict[str, _StreamSteps] = field(default_factory=dict, compare=False, repr=False)
 
     # ------------------------------------------------------------------ access
     def stream(self, stream: StreamId, *, create: bool = False) -> dict[str, Any] | None:
@@ -181,28 +391,34 @@ class Manifest:
             self.streams[stream.key] = data
         return data
 
-    def steps(self, stream: StreamId) -> list[int]:
-        data = self.streams.get(stream.key)
-        if not data:
-            return []
-        steps = {parse_step_key(s, self.source) for s in data["steps"]}
-        for ref in data.get("segments") or ():
-            for first, last in ref["steps"]:
-                steps.update(range(first, last + 1))
-        return sorted(steps)
-
-    def raw_entry(self, stream: StreamId, step: int) -> Any:
-        """The unvalidated entry of a step (inline, else from the segment referencing it), or None."""
+    def _index(self, stream: StreamId) -> _StreamSteps | None:
         data = self.streams.get(stream.key)
         if not data:
             return None
-        raw = data["steps"].get(str(step))
+        index = self._indexes.get(stream.key)
+        if index is None:
+            index = self._indexes[stream.key] = _StreamSteps(data, self.source)
+        return index
+
+    def changed(self, stream: StreamId) -> None:
+        """Forget what was derived from a stream's data (call after changing it in place)."""
+        self._indexes.pop(stream.key, None)
+
+    def steps(self, stream: StreamId) -> StepSet:
+        """The stream's steps (a :class:`StepSet`: ranges stay ranges, whatever their length)."""
+        index = self._index(stream)
+        return StepSet() if index is None else index.steps
+
+    def raw_entry(self, stream: StreamId, step: int) -> Any:
+        """The unvalidated entry of a step (inline, else from the segment referencing it), or None."""
+        index = self._index(stream)
+        if index is None:
+            return None
+        raw = index.inline.get(str(step))
         if raw is not None:
             return raw
-        for ref in reversed(data.get("segments") or ()):
-            if any(first <= step <= last for first, last in ref["steps"]):
-                return self._segment(stream, int(ref["seq"])).get(str(step), _MISSING)
-        return None
+        seq = index.segment_of(step)
+        return None if seq is None else self._segment(stream, seq).get(str(step), _MISSING)
 
     def _segment(self, stream: StreamId, seq: int) -> dict[str, Any]:
         cached = self._segments.get((stream.key, seq))
@@ -263,6 +479,8 @@ class Manifest:
                 f"{path}: not a rollout_mock manifest (expected \"format\": \"{FORMAT}\")",
                 path=path,
             )
+        writer = data.get("writer")
+        written_by = short_repr(writer.get("rollout_mock", "unknown") if isinstance(writer, dict) else "unknown")
         version = data.get("format_version")
         if not isinstance(version, int):
             raise ManifestError(f"{path}: format_version is missing or not an integer", path=path)
@@ -272,7 +490,7 @@ class Manifest:
             raise FormatVersionError(
                 f"{path}: written by on-disk format version {version}, but this rollout_mock "
                 f"({__version__}) reads versions up to {FORMAT_VERSION}; upgrade rollout_mock "
-                f"(the writer was {data.get('writer', {}).get('rollout_mock', 'unknown')})",
+                f"(the writer was {written_by})",
                 path=path,
             )
         requires = data.get("requires", [])
@@ -282,7 +500,7 @@ class Manifest:
         if unknown:
             raise FormatVersionError(
                 f"{path}: needs on-disk format features {unknown} that this rollout_mock ({__version__}) does not "
-                f"know; upgrade rollout_mock (the writer was {data.get('writer', {}).get('rollout_mock', 'unknown')})",
+                f"know; upgrade rollout_mock (the writer was {written_by})",
                 path=path,
             )
         streams = data.get("streams")
@@ -338,17 +556,40 @@ class Manifest:
 _MISSING = object()
 
 
+class _StreamSteps:
+    """What a stream's manifest data says about its steps, derived once: the inline entries,
+    the segment runs sorted for bisection, and the union as a :class:`StepSet`."""
+
+    def __init__(self, data: dict[str, Any], source: str | None) -> None:
+        self.inline: dict[str, Any] = data["steps"]
+        runs = sorted((int(first), int(last), int(ref["seq"])) for ref in data.get("segments") or ()
+                      for first, last in ref["steps"])
+        self.firsts = [run[0] for run in runs]
+        self.lasts = [run[1] for run in runs]
+        self.seqs = [run[2] for run in runs]
+        inline = StepSet.of(parse_step_key(key, source) for key in self.inline)
+        self.steps = StepSet([*inline.runs(), *zip(self.firsts, self.lasts, strict=True)]) if runs else inline
+
+    def segment_of(self, step: int) -> int | None:
+        """The sequence number of the segment whose runs hold ``step`` (runs never overlap)."""
+        i = bisect.bisect_right(self.firsts, step) - 1
+        return self.seqs[i] if i >= 0 and step <= self.lasts[i] else None
+
+
 def _check_segments(stream: dict[str, Any], where: str, path: Path | str) -> int:
     """Validate a stream's segment references (``[{"seq": n, "steps": [[first, last], ...]}]``,
-    ascending sequence numbers, ordered disjoint runs of valid steps); the steps they name."""
+    ascending sequence numbers, ordered runs of valid steps, no step in two references); the
+    steps they name."""
     refs = stream.get("segments")
     if refs is None:
         return 0
     total, last_seq = 0, -1
     bad = ManifestError(f"{where}: malformed \"segments\" (expected [{{\"seq\": n, \"steps\": [[first, last], "
-                        f"...]}}, ...]); the manifest was edited or damaged — restore it from a copy", path=path)
+                        f"...]}}, ...], no step named twice); the manifest was edited or damaged — restore it from a "
+                        f"copy", path=path)
     if not isinstance(refs, list):
         raise bad
+    runs: list[tuple[int, int]] = []
     for ref in refs:
         if not isinstance(ref, dict) or not isinstance(ref.get("steps"), list):
             raise bad
@@ -365,6 +606,10 @@ def _check_segments(stream: dict[str, Any], where: str, path: Path | str) -> int
             total += run[1] - run[0] + 1
             if total > MAX_RANGED_STEPS:
                 return total
+            runs.append((run[0], run[1]))
+    runs.sort()
+    if any(runs[i][1] >= runs[i + 1][0] for i in range(len(runs) - 1)):
+        raise bad
     return total
 
 
@@ -387,23 +632,10 @@ def read_manifest(dump_dir: Path) -> Manifest | None:
 
 
 def parse_manifest(data: bytes, path: Path | str) -> Manifest:
-    """Parse the bytes of a manifest file; :class:`ManifestError` naming ``path`` if bad."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ManifestError(
-            f"{path}: unreadable manifest (not UTF-8 text: {exc.reason} at byte {exc.start}); it "
-            f"was damaged — restore it from a copy, or re-dump",
-            path=path,
-        ) from None
-    try:
-        parsed = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ManifestError(
-            f"{path}: unreadable manifest ({exc.msg} at line {exc.lineno}, column {exc.colno}); "
-            f"it was edited or truncated — restore it from a copy, or re-dump",
-            path=path,
-        ) from None
+    """Parse the bytes of a manifest file; :class:`ManifestError` naming ``path`` if bad (through
+    the bounded reader: no nesting, number or size bomb gets past it)."""
+    parsed = loads_bounded(data, where=path, what="manifest",
+                           fix="it was edited or truncated — restore it from a copy, or re-dump")
     return Manifest.from_json(parsed, path=path)
 
 

@@ -1,30 +1,45 @@
-"""Reading dumps outside a training run: one step file, or a whole dump (a directory or an
-fsspec URL such as ``s3://bucket/prefix``).
+"""Reading recorded steps: a whole dump outside a training run (a directory or an fsspec URL
+such as ``s3://bucket/prefix``) or one step file, for notebooks, scripts and the CLI; only what
+is needed of a step (keys, rows, a lazy view); onto another data-parallel layout; and the next
+step ahead of time in mock mode. Nothing here unpickles unless a batch is asked for.
 
-For notebooks, scripts and the CLI. Nothing here unpickles unless a batch is asked for.
+* :func:`rank_rows` — the rows a data-parallel rank gets, the way the frameworks' own ``chunk``
+  splits a batch (``torch.chunk`` / verl's ``DataProto.chunk``: contiguous, ``ceil(n / size)``
+  rows per rank, the last ranks shorter or empty);
+* :func:`load_partial` — a step's ``keys`` and ``rows`` from any store: a format-2 step reads its
+  header and only the chunks covering them (each chunk's CRC is checked by the codec; ranged
+  reads on object stores); with an HMAC key the whole object is read and authenticated first (a
+  MAC covers the whole file), then the selection is decoded;
+* :func:`load_resplit` — per-rank dumps (``ranks: all``) replayed on another rank count: the
+  recorded ranks' rows are concatenated in rank order and split again for the new layout;
+* :class:`Prefetcher` — serves ``get(step)`` from a background load started when the previous
+  step was served, then starts loading the step after. A wrong guess (a resumed run, a skipped
+  step) is discarded: the requested step is always the one returned. Errors of a background
+  load are raised when that step is requested, and only then.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import Iterable, Iterator
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.errors import ManifestError
-from rollout_mock.storage.directory import DirectoryStore
+from rollout_mock.batch import concat, count_samples, subset, take_rows
+from rollout_mock.errors import IncompleteDumpError, ManifestError, RolloutMockError
 from rollout_mock.storage.index import STREAMS_DIR, parse_step_relpath
-from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StreamId
-from rollout_mock.storage.store import Store
-from rollout_mock.storage.stores import open_store
-from rollout_mock.storage.verified import load_verified
+from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StepSet, StreamId
+from rollout_mock.storage.store import DirectoryStore, Store, open_store
+from rollout_mock.storage.verified import corrupt_error, load_verified, open_verified
 from rollout_mock.text import logger
 
-__all__ = ["Dump", "RecordedStep", "load_step", "open_dump"]
-
-
-__all__ = ["Dump", "RecordedStep", "load_step", "open_dump"]
+__all__ = ["Dump", "Prefetcher", "RecordedStep", "load_partial", "load_resplit", "load_step", "open_dump",
+           "open_view", "rank_rows"]
 
 
 def _find_entry(path: Path) -> tuple[StreamId, int, StepEntry | None] | None:
@@ -110,8 +125,12 @@ class Dump:
                                 path=str(self.dump_dir))
         return stream
 
-    def steps(self, stream: StreamId) -> list[int]:
+    def steps(self, stream: StreamId) -> StepSet:
+        """The stream's steps (ranges: a dump of millions of steps costs a few integers)."""
         return self.manifest.steps(stream)
+
+    def contains(self, stream: StreamId, step: int) -> bool:
+        return step in self.manifest.steps(stream)
 
     def entry(self, stream: StreamId, step: int) -> StepEntry | None:
         return self.manifest.entry(stream, step)
@@ -140,8 +159,6 @@ class Dump:
         ``mapped`` (local dumps): tensors are the step file's mapped pages, not a copy (see
         :meth:`open`); every chunk returned is still CRC-checked.
         """
-        from rollout_mock.storage.partial import load_partial
-
         return load_partial(self._store, self._resolve(stream), step, keys=keys, rows=rows, trusted=trusted,
                             mapped=mapped)
 
@@ -155,8 +172,6 @@ class Dump:
         (from the chunk table, without reading the data) and the CRC of every chunk handed out;
         ``verify=False`` reads nothing but the header, and the view's ``verified`` is False.
         """
-        from rollout_mock.storage.partial import open_view
-
         return open_view(self._store, self._resolve(stream), step, trusted=trusted, mapped=mapped, verify=verify)
 
 
@@ -164,3 +179,201 @@ def open_dump(dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None
               storage_options: dict[str, Any] | None = None) -> Dump:
     """Open a dump (a directory or an fsspec URL) for reading; ``DumpNotFoundError`` if empty."""
     return Dump(dump_dir, hmac_key=hmac_key, storage_options=storage_options)
+
+
+# ---------------------------------------------------------------------------------------------
+# Partial loads and data-parallel layouts
+# ---------------------------------------------------------------------------------------------
+
+def rank_rows(n_rows: int, dp_rank: int, dp_size: int) -> range:
+    """Rows ``dp_rank`` of ``dp_size`` gets from a batch of ``n_rows`` (torch.chunk's split)."""
+    if dp_size < 1 or not 0 <= dp_rank < dp_size or n_rows < 0:
+        raise ValueError(f"rank_rows: need 0 <= dp_rank < dp_size and n_rows >= 0, got "
+                         f"n_rows={n_rows}, dp_rank={dp_rank}, dp_size={dp_size}")
+    per = -(-n_rows // dp_size) if n_rows else 0
+    start = min(dp_rank * per, n_rows)
+    return range(start, min(start + per, n_rows))
+
+
+def load_partial(store: Any, stream: StreamId, step: int, *, keys: Iterable[str] | None = None,
+                 rows: range | slice | None = None, trusted: bool = False, mapped: bool = False) -> Any:
+    """``keys`` (top-level) and ``rows`` of a recorded step, reading as little as possible
+    (``mapped``: local files are mapped, not read: see :func:`open_view`)."""
+    from rollout_mock.codec.decode import normalize_rows
+
+    if store.hmac_key is not None and not mapped:  # authenticate the whole object, then select
+        batch = store.load(stream, step, trusted=trusted)
+        if keys is None and rows is None:
+            return batch
+        return subset(batch, keys, normalize_rows(rows))
+    if keys is None and rows is None and not mapped:
+        return store.load(stream, step, trusted=trusted)
+    return open_view(store, stream, step, trusted=trusted, mapped=mapped).load(keys=keys, rows=rows)
+
+
+def open_view(store: Any, stream: StreamId, step: int, *, trusted: bool = False, mapped: bool = True,
+              verify: bool = True) -> Any:
+    """A recorded step opened lazily (:class:`~rollout_mock.codec.step.StepView`): only its
+    header is read. ``mapped`` (local dumps): its data is mapped, not read, and what ``load``
+    returns *is* the file's pages (copy-on-write).
+
+    ``verify`` (default): the file's size and its whole-file CRC-32 are checked against the index
+    first (the CRC from the chunk table: nothing of the data is read), and every chunk ``load``
+    returns is CRC-checked as it is handed out. ``verify=False`` reads and checks nothing beyond
+    the header; the view's ``verified`` attribute is then False. With an HMAC key the step is read
+    once into private memory and authenticated, and the view serves those bytes (never the file's
+    pages), whatever ``mapped`` and ``verify`` say: see
+    :func:`~rollout_mock.storage.verified.open_verified`.
+    """
+    entry = store.entry(stream, step)
+    if entry is None:
+        raise store.missing_step_error(stream, step, mode="mock")
+    try:
+        rel = stream.relpath(step)  # (a backend of one's own may not know ``mapped``)
+        source = store.open_source(rel, mapped=True) if mapped else store.open_source(rel)
+    except FileNotFoundError:
+        raise corrupt_error(store.where(stream.relpath(step)), stream, step,
+                            "the file listed in the manifest is missing") from None
+    return open_verified(source, entry, stream=stream, step=step, trusted=trusted, verify=verify,
+                         hmac_key=store.hmac_key)
+
+
+def _rows_of(batch: Any) -> int:
+    n = count_samples(batch)
+    if n is None:
+        raise RolloutMockError(f"cannot re-split a {type(batch).__name__}: it has no batch dimension")
+    return int(n)
+
+
+def load_resplit(store: Any, split: str, step: int, *, dp_rank: int, dp_size: int, name: str | None = None,
+                 trusted: bool = False) -> Any:
+    """This rank's rows of ``step`` when the dump was recorded per rank (``ranks: all``) on a
+    possibly different number of ranks: concatenate the recorded ranks in order, split again.
+
+    Refuses (with the reason) when the recorded ranks are not contiguous from 0 or the batch type
+    cannot be concatenated (:func:`rollout_mock.batch.concat`: dicts of tensors/arrays and the registered
+    types that can, e.g. TensorDicts and DataProtos).
+    """
+    recorded = sorted(s.rank for s in store.stream_ids()
+                      if s.split == split and s.name == name and s.rank is not None and store.contains(s, step))
+    if not recorded or recorded != list(range(len(recorded))):
+        raise IncompleteDumpError(
+            f"[RolloutMock] cannot re-split step {step} of {split}: recorded ranks are {recorded or 'none'}, "
+            f"expected 0..R-1 (a per-rank dump with every rank's file)", mode="mock", split=split, step=step)
+    if len(recorded) == dp_size:
+        return store.load(StreamId(split, name, dp_rank), step, trusted=trusted)
+    parts = [store.load(StreamId(split, name, r), step, trusted=trusted) for r in recorded]
+    whole = _concat(parts, split, step)
+    return take_rows(whole, rank_rows(_rows_of(whole), dp_rank, dp_size))
+
+
+def _concat(parts: list[Any], split: str, step: int) -> Any:
+    try:
+        return concat(parts)
+    except RolloutMockError as exc:
+        raise RolloutMockError(f"[RolloutMock] cannot re-split step {step} of {split}: {exc}; replay on "
+                               f"the recorded rank count instead", split=split, step=step) from exc
+
+
+# ---------------------------------------------------------------------------------------------
+# Prefetching in mock mode
+# ---------------------------------------------------------------------------------------------
+
+class Prefetcher:
+    """Serves steps through ``load(step)``, preloading ``next_step(step)`` in the background.
+
+    ``next_step`` runs on the caller's thread (also on an event loop, for :meth:`get_async`), so
+    it must be cheap: a lookup, not I/O. ``load`` runs on a worker thread and must be safe to run
+    concurrently with itself for different steps. ``enabled=False`` loads synchronously (the
+    same code path a user would write by hand; :meth:`get_async` still loads off the loop).
+
+    ``last_stall`` is how long the most recent ``get`` waited for data, in seconds; ``hits`` and
+    ``misses`` count requests served from a background load and loaded on demand.
+    """
+
+    def __init__(
+        self,
+        load: Callable[[int], Any],
+        next_step: Callable[[int], int | None],
+        *,
+        enabled: bool = True,
+    ) -> None:
+        self._load = load
+        self._next_step = next_step
+        self.enabled = enabled
+        # Two workers: an on-demand load (async miss) never queues behind a discarded guess that
+        # is still running.
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollout-mock-prefetch")
+        self._lock = threading.Lock()
+        self._pending: dict[int, Future[Any]] = {}
+        self.closed = False
+        self.last_stall = 0.0
+        self.hits = 0
+        self.misses = 0
+
+    def __repr__(self) -> str:
+        return (
+            f"Prefetcher(enabled={self.enabled}, pending={sorted(self._pending)}, "
+            f"hits={self.hits}, misses={self.misses})"
+        )
+
+    @property
+    def pending(self) -> list[int]:
+        """Steps being (or already) loaded in the background, not yet served."""
+        with self._lock:
+            return sorted(self._pending)
+
+    def _take(self, step: int) -> Future[Any] | None:
+        with self._lock:
+            future = self._pending.pop(step, None)
+            if future is not None and future.cancelled():
+                future = None
+            if future is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+            return future
+
+    def _schedule_after(self, step: int) -> None:
+        upcoming = self._next_step(step) if self.enabled and not self.closed else None
+        with self._lock:
+            for other in [s for s in self._pending if s != upcoming]:  # wrong guesses: drop them
+                self._pending.pop(other).cancel()
+            if upcoming is not None and upcoming not in self._pending and not self.closed:
+                self._pending[upcoming] = self._executor.submit(self._load, upcoming)
+
+    def get(self, step: int) -> Any:
+        """The batch of ``step``; blocks only if its background load has not finished."""
+        start = time.perf_counter()
+        future = self._take(step)
+        try:
+            if future is not None:
+                return future.result()
+            return self._load(step)
+        finally:
+            self.last_stall = time.perf_counter() - start
+            self._schedule_after(step)
+
+    async def get_async(self, step: int) -> Any:
+        """Like :meth:`get`, without blocking the event loop (a miss loads on a worker thread)."""
+        start = time.perf_counter()
+        future = self._take(step)
+        try:
+            if future is None:
+                if self.closed:
+                    return await asyncio.get_running_loop().run_in_executor(None, self._load, step)
+                future = self._executor.submit(self._load, step)
+            return await asyncio.wrap_future(future)
+        finally:
+            self.last_stall = time.perf_counter() - start
+            self._schedule_after(step)
+
+    def close(self) -> None:
+        """Drop pending loads and stop the workers (waits for a load that is running).
+        Later ``get`` calls still work, synchronously, without prefetching. Idempotent."""
+        with self._lock:
+            self.closed = True
+            for future in self._pending.values():
+                future.cancel()
+            self._pending.clear()
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,32 +1,53 @@
-"""The one store: a dump kept as objects of a :class:`~rollout_mock.storage.backend.ByteBackend`.
+"""The one store: a dump kept as objects of a byte backend (:mod:`rollout_mock.storage.backend`).
 
-The store owns everything above the bytes, whatever the backend: the index of
-:mod:`rollout_mock.storage.index` (entry files + a compacted manifest), writer claims, overwrite
-protection, retention deletes, the codec, checksums and the bound HMAC, and verified loads. A
-backend only stores and returns bytes (``storage/directory.py``, ``objectstore.py``,
-``memory.py``); :func:`~rollout_mock.storage.stores.open_store` picks one for a ``dump_dir``.
+The store owns everything above the bytes, whatever the backend: file names and the index of
+:mod:`rollout_mock.storage.index` (entry files, segments, a compacted manifest), writer claims,
+overwrite protection, retention deletes, the codec, the CRC-32 and the bound HMAC of every step
+(:mod:`rollout_mock.storage.digest`), and verified loads. A backend only stores and returns bytes.
+
+:func:`open_store` picks the backend for a ``dump_dir`` (a local path: :class:`LocalBackend`; an
+fsspec URL: :class:`FsspecBackend`); :func:`DirectoryStore`, :func:`FsspecStore` and
+:func:`MemoryStore` build the store over one backend each.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import rollout_mock.codec as codec
+from rollout_mock.batch import count_samples, describe_keys, rejected_count, type_name
 from rollout_mock.codec.source import BytesSource, ReadAheadSource
-from rollout_mock.errors import CorruptStepError, DumpNotFoundError, StepNotFoundError, dump_path_is_a_file
-from rollout_mock.storage.backend import ByteBackend
-from rollout_mock.storage.base import BatchInfo, exists_error, missing_step_error
-from rollout_mock.storage.digest import mac_context
+from rollout_mock.errors import (
+    CorruptStepError,
+    DiskFullError,
+    DumpNotFoundError,
+    DumpNotWritableError,
+    RolloutMockError,
+    StepExistsError,
+    StepNotFoundError,
+    dump_path_is_a_file,
+)
+from rollout_mock.storage.backend import BackendDefaults, ByteBackend, MemoryBackend, with_defaults
+from rollout_mock.storage.digest import Digest, HashingWriter, mac_context
+from rollout_mock.storage.directory import LocalBackend, disk_full_error, free_bytes
 from rollout_mock.storage.index import (
     FINGERPRINT_NAME,
     INVALID,
+    MANIFEST_BYTES,
     STREAMS_DIR,
+    StreamIndex,
     decode_entry,
     encode_entry,
     entry_relpath,
     index_dir,
+    manifest_lock,
     merge_stream,
     read_entries,
     read_fingerprint,
@@ -37,19 +58,126 @@ from rollout_mock.storage.manifest import (
     MANIFEST_NAME,
     Manifest,
     StepEntry,
+    StepSet,
     StreamId,
+    format_ranges,
     parse_manifest,
     utc_now,
 )
-from rollout_mock.storage.streamindex import StreamIndex
+from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.verified import corrupt_error, load_source_verified, load_verified
 from rollout_mock.text import logger
 
-__all__ = ["IndexedStore", "Store"]
+__all__ = ["BatchInfo", "DirectoryStore", "FsspecStore", "MemoryStore", "StepStore", "Store", "open_store"]
 
 
 #: Objects up to this size are loaded with one GET; larger ones with ranged GETs into the tensors.
 WHOLE_READ_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """What the manifest says about a batch, computed from the live object before it is written."""
+
+    type: str
+    samples: int | None
+    keys: dict[str, dict[str, Any]]
+    rejected: int = 0
+
+    @classmethod
+    def of(cls, batch: Any) -> BatchInfo:
+        return cls(type_name(batch), count_samples(batch), describe_keys(batch), rejected_count(batch))
+
+
+def exists_error(stream: StreamId, step: int, where: str) -> StepExistsError:
+    return StepExistsError(
+        f"[RolloutMock] refusing to overwrite step {step} of {stream} (mode=dump): {where} already "
+        f"exists. Either set `overwrite: true` in the rollout_mock config (e.g. when resuming a "
+        f"dump run from a checkpoint), or point dump_dir at a new directory.",
+        mode="dump", split=stream.split, step=step, path=where,
+    )
+
+
+def missing_step_error(store: StepStore, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
+    """The error for a step a store does not hold: where it looked, what is recorded, why."""
+    location = store.describe_location(stream, step)
+    return StepNotFoundError(
+        f"[RolloutMock] Mock file not found: {location}\n"
+        f"Recorded steps for {stream}: {format_ranges(store.steps(stream))}\n"
+        f"Possible reasons:\n"
+        f"  1. step {step} was not run in dump mode (or dump_steps excluded it)\n"
+        f"  2. dump_dir is incorrect\n"
+        f"  3. mode mismatch (current: {stream.split}): train and val are recorded separately"
+        + ("" if stream.name is None else f", and this scheduler is named {stream.name!r}"),
+        mode=mode, split=stream.split, step=step, path=location,
+    )
+
+
+@runtime_checkable
+class StepStore(Protocol):
+    """What the wrappers need of a store: saves and loads recorded steps of streams (a
+    ``typing.Protocol``: :class:`Store` satisfies it without naming it; a store of your own may
+    subclass it to inherit the defaults below). Implementations must be thread-safe for one writer
+    thread plus readers of *other* steps."""
+
+    def save(self, stream: StreamId, step: int, batch: Any, info: BatchInfo, *, method: str | None = None,
+             rollout_seconds: float | None = None, overwrite: bool = False,
+             call: dict[str, Any] | None = None) -> StepEntry:
+        """Record ``batch`` as ``step`` of ``stream``. If the step exists and not ``overwrite``,
+        raise :class:`StepExistsError` and change nothing."""
+
+    def load(self, stream: StreamId, step: int, *, trusted: bool = False) -> Any:
+        """Return a fresh copy of the recorded batch; :class:`StepNotFoundError` if absent,
+        :class:`CorruptStepError` if it does not match its entry."""
+
+    def entry(self, stream: StreamId, step: int) -> StepEntry | None:
+        """The manifest entry of a step, or ``None``."""
+
+    def steps(self, stream: StreamId) -> Sequence[int]:
+        """Recorded steps of ``stream``, ascending."""
+
+    def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
+        """Calling conventions recorded for the stream's intercepted methods."""
+
+    def set_methods(self, stream: StreamId, methods: dict[str, dict[str, Any]]) -> None:
+        """Record (merge) the calling conventions of the stream's intercepted methods."""
+
+    def fingerprint(self) -> dict[str, Any] | None:
+        """The environment fingerprint recorded by the first writer, if any."""
+
+    def set_fingerprint(self, fingerprint: dict[str, Any]) -> None:
+        """Record the environment fingerprint unless one is recorded already."""
+
+    def delete(self, stream: StreamId, step: int) -> None:
+        """Remove a recorded step (file and manifest entry). Absent steps: silently nothing."""
+
+    def contains(self, stream: StreamId, step: int) -> bool:
+        return self.entry(stream, step) is not None
+
+    def describe_location(self, stream: StreamId, step: int) -> str:
+        """A human-readable location of a step (a path for directory stores)."""
+        return stream.relpath(step)
+
+    def open_writer(self, stream: StreamId) -> None:
+        """Claim ``stream`` for writing by this object (no-op for stores without locking)."""
+        return None
+
+    def close(self) -> None:
+        """Release locks held by this store (nothing by default)."""
+        return None
+
+    def missing_step_error(self, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
+        return missing_step_error(self, stream, step, mode=mode)
+
+
+#: errno -> (why a local dump cannot be written, the fix)
+_NOT_WRITABLE = {
+    errno.EROFS: ("it is on a read-only file system", "point dump_dir at a directory on a writable file system"),
+    errno.EACCES: ("permission denied", "point dump_dir at a directory this user may write, or fix its permissions"),
+    errno.EPERM: ("the operation is not permitted there", "point dump_dir at a directory this user may write"),
+    errno.ENOENT: ("it cannot be created there", "point dump_dir at a directory that can be created"),
+    errno.ENOTDIR: ("a part of its path is a file, not a directory", "fix dump_dir"),
+}
 
 
 class Store:
@@ -57,21 +185,25 @@ class Store:
 
     ``hmac_key`` signs steps on save and is required to match on every load; ``verify=False``
     skips checksum verification on load (sizes, and a configured HMAC, are still checked).
+    ``backend`` is anything with the five required members of
+    :class:`~rollout_mock.storage.backend.ByteBackend`; the optional ones it lacks are filled in
+    (``store.backend`` is then a view of it with those defaults).
     """
 
-    def __init__(self, backend: ByteBackend, *, hmac_key: bytes | None = None, verify: bool = True) -> None:
-        self.backend = backend
+    def __init__(self, backend: ByteBackend | BackendDefaults, *, hmac_key: bytes | None = None,
+                 verify: bool = True) -> None:
+        self.backend: BackendDefaults = with_defaults(backend)
         self.hmac_key = hmac_key
         self.verify = verify
         #: where the dump lives: a local path, or the URL of an object-store prefix
-        self.dump_dir: Path | str = backend.root_location
+        self.dump_dir: Path | str = self.backend.local_path("") or self.backend.where("")
         self._owned: dict[str, StreamIndex] = {}  # the streams this object writes
         self._manifest_sig: Any = None
         self._manifest_file_cache: Manifest | None = None
         self._view_cache: Manifest | None = None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.backend!r})"
+        return f"Store({self.backend!r})"
 
     def where(self, rel: str) -> str:
         """A human-readable location (path or URL) of ``rel`` under the dump."""
@@ -89,36 +221,17 @@ class Store:
         return self.backend.open_source(rel, mapped=mapped)
 
     def another(self) -> Store:
-        """A second store on the same dump, as another process would open it (same class)."""
-        twin = object.__new__(type(self))
-        Store.__init__(twin, self.backend.reopen(), hmac_key=self.hmac_key, verify=self.verify)
-        return twin
+        """A second store on the same dump, as another process would open it."""
+        return Store(self.backend.reopen(), hmac_key=self.hmac_key, verify=self.verify)
 
     def contains(self, stream: StreamId, step: int) -> bool:
         return self.entry(stream, step) is not None
 
+    def describe_location(self, stream: StreamId, step: int) -> str:
+        return self.backend.where(stream.relpath(step))
+
     def missing_step_error(self, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
         return missing_step_error(self, stream, step, mode=mode)
-
-    # Deprecated: the backend primitives as 0.1's store classes named them, for code written
-    # against those (tests that patch files behind the index). Use ``store.backend`` instead.
-    def _read(self, rel: str) -> bytes | None:
-        return self.backend.read(rel)
-
-    def _replace(self, rel: str, data: bytes) -> None:
-        self.backend.replace(rel, data)
-
-    def _create(self, rel: str, data: bytes) -> bool:
-        return self.backend.create(rel, data)
-
-    def _list(self, rel_dir: str) -> list[str]:
-        return self.backend.listdir(rel_dir)
-
-    def _remove(self, rels: list[str]) -> None:
-        self.backend.remove(rels)
-
-    def _exists(self, rel: str) -> bool:
-        return self.backend.exists(rel)
 
     def sync(self) -> None:
         """Make every step committed so far durable."""
@@ -133,7 +246,7 @@ class Store:
             self._manifest_sig, self._manifest_file_cache = None, None
             return None
         if fresh or signature != self._manifest_sig or self._manifest_file_cache is None:
-            data = self.backend.read(MANIFEST_NAME)
+            data = self.backend.read(MANIFEST_NAME, 0, MANIFEST_BYTES + 1)
             if data is None:
                 return None
             parsed = parse_manifest(data, self.backend.where(MANIFEST_NAME))
@@ -148,8 +261,8 @@ class Store:
         return read_segment(self.backend, stream, seq)
 
     def manifest(self, *, refresh: bool = False) -> Manifest:
-        """The merged index: manifest.json + stream records + entry files (see the module doc).
-        Empty when there is nothing yet."""
+        """The merged index: manifest.json + stream records + entry files (see
+        :mod:`rollout_mock.storage.index`). Empty when there is nothing yet."""
         if self._view_cache is not None and not refresh:
             return self._view_cache
         base = self.manifest_file()
@@ -234,10 +347,12 @@ class Store:
             return self.manifest(refresh=True).entry(stream, step)
         return None
 
-    def steps(self, stream: StreamId) -> list[int]:
+    def steps(self, stream: StreamId) -> StepSet:
+        """The recorded steps of ``stream`` (a :class:`~rollout_mock.storage.manifest.StepSet`:
+        a sequence of ints held as ranges)."""
         owned = self._owned.get(stream.key)
         if owned is not None:
-            return sorted(owned.live)
+            return owned.live.copy()
         return self.manifest(refresh=True).steps(stream)
 
     def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
@@ -250,12 +365,50 @@ class Store:
         return self.manifest().fingerprint
 
     # ------------------------------------------------------------------ writing
+    @contextmanager
+    def _writing(self, what: str) -> Iterator[None]:
+        """Turn the OS's or the object store's refusal to write into one error naming the dump and
+        the fix (:class:`DumpNotWritableError`, :class:`DiskFullError`)."""
+        try:
+            yield
+        except RolloutMockError:
+            raise
+        except OSError as exc:
+            raise self._not_writable(exc, what) from None
+
+    def _not_writable(self, exc: OSError, what: str) -> RolloutMockError | OSError:
+        where = self.where("")
+        target = exc.filename or where
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            local = self.backend.local_path("")
+            free = None if local is None else free_bytes(local)
+            return DiskFullError(
+                f"[RolloutMock] no space left on the device of {where} while {what}"
+                f"{'' if free is None else f' ({free} bytes free)'}: free some space, or point dump_dir at a larger "
+                f"disk", mode="dump", path=target, free=free)
+        if is_url(where) and isinstance(exc, (PermissionError, FileNotFoundError)):
+            reason, fix = (("access denied", "check that the credentials (storage_options, AWS_* variables) may "
+                            "write there and that the bucket policy allows it") if isinstance(exc, PermissionError)
+                           else ("its bucket does not exist", "create the bucket, or fix the URL"))
+        elif exc.errno in _NOT_WRITABLE:
+            reason, fix = _NOT_WRITABLE[exc.errno]
+        elif isinstance(exc, PermissionError):
+            reason, fix = _NOT_WRITABLE[errno.EACCES]
+        else:
+            return exc
+        error = DumpNotWritableError(
+            f"[RolloutMock] cannot write the dump at {where} while {what}: {reason} ({target}). {fix[0].upper()}"
+            f"{fix[1:]}.", mode="dump", path=target)
+        error.errno = exc.errno  # (not strerror/filename: they would replace the message in str())
+        return error
+
     def open_writer(self, stream: StreamId) -> None:
         """Claim ``stream`` for writing by this object (a second writer gets :class:`LockedError`):
-        see :meth:`StreamIndex.open <rollout_mock.storage.streamindex.StreamIndex.open>`."""
+        see :meth:`StreamIndex.open <rollout_mock.storage.index.StreamIndex.open>`."""
         if stream.key in self._owned:
             return
-        self._owned[stream.key] = StreamIndex.open(self.backend, stream, lambda: self.manifest_file(fresh=True))
+        with self._writing(f"opening {stream} for writing"):
+            self._owned[stream.key] = StreamIndex.open(self.backend, stream, lambda: self.manifest_file(fresh=True))
         self._view_cache = None
 
     def _owner(self, stream: StreamId) -> StreamIndex:
@@ -266,12 +419,16 @@ class Store:
         return owned
 
     def set_methods(self, stream: StreamId, methods: dict[str, dict[str, Any]]) -> None:
-        self._owner(stream).set_methods(methods)
+        owner = self._owner(stream)
+        with self._writing(f"recording the methods of {stream}"):
+            owner.set_methods(methods)
         self._view_cache = None
 
     def set_fingerprint(self, fingerprint: dict[str, Any]) -> None:
         if self.fingerprint() is None:
-            self.backend.create(FINGERPRINT_NAME, json.dumps(fingerprint, allow_nan=False, default=str).encode("utf-8"))
+            data = json.dumps(fingerprint, allow_nan=False, default=str).encode("utf-8")
+            with self._writing("recording the environment fingerprint"), manifest_lock(self.backend):
+                self.backend.create(FINGERPRINT_NAME, data)
             self._view_cache = None
 
     def check_writable(self, stream: StreamId, step: int, *, overwrite: bool) -> None:
@@ -291,14 +448,14 @@ class Store:
         if overwrite and step in owned.live:
             self.delete(stream, step)
         rel = stream.relpath(step)
-        context = mac_context(stream.key, step) if self.hmac_key else b""
-        size, checksum, mac = self.backend.write_step(rel, lambda sink: codec.encode(batch, sink),
-                                                      hmac_key=self.hmac_key, context=context)
+        with self._writing(f"writing step {step} of {stream}"):
+            size, checksum, mac = self._write_step(rel, stream, step, lambda sink: codec.encode(batch, sink))
         entry = StepEntry(file=rel, size=size, checksum=checksum, hmac=mac, samples=info.samples, type=info.type,
                           keys=info.keys, written_at=utc_now(), method=method, rollout_seconds=rollout_seconds,
                           call=call)
         try:
-            self._commit_entry(stream, step, entry)
+            with self._writing(f"committing step {step} of {stream}"):
+                self._commit_entry(stream, step, entry)
         except BaseException:
             self.backend.remove([rel])  # unreferenced data: invisible anyway, but do not leave it
             raise
@@ -306,11 +463,30 @@ class Store:
         owned.committed(step, entry.to_json())
         return entry
 
+    def _write_step(self, rel: str, stream: StreamId, step: int,
+                    produce: Callable[[Any], object]) -> tuple[int, str, str | None]:
+        """Write the bytes ``produce`` emits as ``rel``, whole or not at all, hashing them on the
+        way (CRC-32, and the HMAC bound to the stream and step): (size, checksum, mac)."""
+        context = mac_context(stream.key, step) if self.hmac_key else b""
+        upload = self.backend.open_upload(rel)
+        sink = HashingWriter(upload, Digest(self.hmac_key, context))
+        try:
+            produce(sink)
+            checksum, mac = sink.finish()
+            upload.commit()
+        except BaseException as exc:
+            upload.abort()
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC and not isinstance(exc, RolloutMockError):
+                local = self.backend.local_path(rel)
+                raise disk_full_error(local if local is not None else self.where(rel), sink.size) from None
+            raise
+        return sink.size, checksum, mac
+
     def _commit_entry(self, stream: StreamId, step: int, entry: StepEntry) -> None:
         """Make the step visible: create its entry file, exclusively (the conditional write
         that refuses a concurrent writer of the same step)."""
         rel, data = entry_relpath(stream, step), encode_entry(stream, step, entry)
-        if self.backend.create(rel, data, durable=False):
+        if self.backend.create_unsynced(rel, data):
             return
         existing = self.backend.read(rel)
         if existing is None or decode_entry(existing, stream, step, self.backend.where(rel)) in (None, INVALID):
@@ -321,8 +497,10 @@ class Store:
     def delete(self, stream: StreamId, step: int) -> None:
         """Hide the step first (remove its entry, or a tombstone over a folded entry), then
         remove its data: a crash in between leaves unreferenced data, never a broken step."""
-        self._owner(stream).deleted(step)
-        self.backend.remove([stream.relpath(step)])
+        owner = self._owner(stream)
+        with self._writing(f"deleting step {step} of {stream}"):
+            owner.deleted(step)
+            self.backend.remove([stream.relpath(step)])
         self._view_cache = None
 
     def close(self) -> None:
@@ -335,7 +513,8 @@ class Store:
         for key, owned in list(self._owned.items()):
             try:
                 if owned.lost() is None:
-                    owned.fold(final=True)
+                    with self._writing(f"closing {owned.stream}"):
+                        owned.fold(final=True)
                 else:
                     logger.warning("[RolloutMock] not folding the index of %s: its writer lock was lost", owned.stream)
             except BaseException as exc:  # release every lock, then report
@@ -352,7 +531,7 @@ class Store:
         entry = self.entry(stream, step)
         rel = stream.relpath(step)
         if entry is None:
-            if self.backend.exists(rel):
+            if self.backend.size(rel) is not None:
                 raise CorruptStepError(
                     f"[RolloutMock] {self.backend.where(rel)} exists but step {step} of {stream} is not in "
                     f"the index ({self.backend.where(MANIFEST_NAME)} and its entry files): the dump is incomplete "
@@ -383,10 +562,40 @@ class Store:
         return load_source_verified(source, entry, stream=stream, step=step, trusted=trusted, verify=self.verify,
                                     hmac_key=self.hmac_key)
 
-    def describe_location(self, stream: StreamId, step: int) -> str:
-        return self.backend.where(stream.relpath(step))
+
+# ---------------------------------------------------------------------------------------------
+# Building a store
+# ---------------------------------------------------------------------------------------------
+
+def DirectoryStore(dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,
+                   verify: bool = True) -> Store:
+    """The store of a dump in a local directory: ``Store(LocalBackend(dump_dir))``."""
+    return Store(LocalBackend(dump_dir), hmac_key=hmac_key, verify=verify)
 
 
+def FsspecStore(url: str, *, storage_options: dict[str, Any] | None = None,
+                hmac_key: bytes | None = None, verify: bool = True, lease_ttl: float = 60.0) -> Store:
+    """The store of a dump under an fsspec URL (``s3://bucket/prefix``, ``memory://x``, ...):
+    ``Store(FsspecBackend(url))``."""
+    from rollout_mock.storage.objectstore import FsspecBackend
 
-#: The name this class had before storage was composition (kept for code that imports it).
-IndexedStore = Store
+    return Store(FsspecBackend(url, storage_options=storage_options, lease_ttl=lease_ttl), hmac_key=hmac_key,
+                 verify=verify)
+
+
+def MemoryStore(*, hmac_key: bytes | None = None, verify: bool = True) -> Store:
+    """A store over a fresh :class:`~rollout_mock.storage.backend.MemoryBackend` (for tests; a
+    second handle on the same contents: ``store.another()``)."""
+    return Store(MemoryBackend(), hmac_key=hmac_key, verify=verify)
+
+
+def open_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
+               hmac_key: bytes | None = None, verify: bool = True) -> Store:
+    """The store for ``location``: a local path (or ``file://``) gets the
+    :class:`~rollout_mock.storage.directory.LocalBackend` (atomic rename, fsync, flock: fastest),
+    any other fsspec URL (``s3://bucket/prefix``) the
+    :class:`~rollout_mock.storage.objectstore.FsspecBackend`."""
+    text = os.fspath(location)
+    if is_url(text) and not text.startswith("file://"):
+        return FsspecStore(text, storage_options=storage_options, hmac_key=hmac_key, verify=verify)
+    return DirectoryStore(text.removeprefix("file://"), hmac_key=hmac_key, verify=verify)

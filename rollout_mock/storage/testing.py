@@ -12,10 +12,12 @@ checked by the very tests the shipped ones pass::
 
 ``backends`` returns a function making a new handle on the same objects each call (as another
 process would open them). :class:`BackendConformance` checks the byte-level rules of
-:mod:`rollout_mock.storage.backend` (conditional creates, atomic step writes, listings, batched
-removes, signatures, ranged reads, locks); :class:`StoreConformance` runs the one
-:class:`~rollout_mock.storage.store.Store` over the backend (saves, loads, deletes, overwrite
-protection, torn entries, compaction, crash before commit, HMAC binding). Needs pytest and torch.
+:mod:`rollout_mock.storage.backend` (ranged reads, conditional creates across handles, atomic
+replaces, listings, batched removes, and the optional members, yours or the defaults: signatures,
+uploads that appear whole or not at all, ranged sources, locks); :class:`StoreConformance` runs
+the one :class:`~rollout_mock.storage.store.Store` over the backend (saves, loads, deletes,
+overwrite protection, torn entries, compaction, crash before commit, HMAC binding). Needs pytest
+and torch.
 """
 
 from __future__ import annotations
@@ -28,11 +30,10 @@ import pytest
 import torch
 
 from rollout_mock.errors import CorruptStepError, LockedError, StepExistsError, StepNotFoundError, UnsafePathError
-from rollout_mock.storage.backend import ByteBackend
-from rollout_mock.storage.base import BatchInfo
+from rollout_mock.storage.backend import BackendDefaults, ByteBackend, with_defaults
 from rollout_mock.storage.index import entry_relpath
 from rollout_mock.storage.manifest import MANIFEST_NAME, StreamId
-from rollout_mock.storage.store import Store
+from rollout_mock.storage.store import BatchInfo, Store
 
 __all__ = ["BackendConformance", "StoreConformance", "batch_for", "same", "save"]
 
@@ -164,7 +165,7 @@ class StoreConformance:
         with pytest.raises(KeyboardInterrupt):
             save(store, TRAIN, 1)
         reader = handles()
-        assert reader.backend.exists(TRAIN.relpath(1))  # the data is there ...
+        assert reader.backend.size(TRAIN.relpath(1))  # the data is there ...
         assert reader.steps(TRAIN) == [0] and reader.entry(TRAIN, 1) is None  # ... but no step
         with pytest.raises(CorruptStepError, match="not in the index"):
             reader.load(TRAIN, 1)
@@ -237,95 +238,98 @@ class StoreConformance:
 
 
 class BackendConformance:
-    """The byte-level rules of :class:`~rollout_mock.storage.backend.ByteBackend`. Subclasses
-    provide ``backends`` (see the module docstring)."""
+    """The byte-level rules of :mod:`rollout_mock.storage.backend`. Subclasses provide
+    ``backends`` (see the module docstring). The optional members are checked as the store sees
+    them: the backend's own where it has them, the defaults where it does not."""
 
     @pytest.fixture
-    def backend(self, backends: Callable[[], ByteBackend]) -> ByteBackend:
-        return backends()
+    def backend(self, backends: Callable[[], ByteBackend]) -> BackendDefaults:
+        return with_defaults(backends())
 
-    def test_is_a_byte_backend(self, backend: ByteBackend) -> None:
-        assert isinstance(backend, ByteBackend)
+    @pytest.fixture
+    def another(self, backends: Callable[[], ByteBackend]) -> Callable[[], BackendDefaults]:
+        return lambda: with_defaults(backends())
+
+    def test_is_a_byte_backend(self, backends: Callable[[], ByteBackend], backend: BackendDefaults) -> None:
+        assert isinstance(backends(), ByteBackend)
         assert backend.where("") and backend.where("a/b.json").endswith("b.json")
 
-    def test_create_is_conditional(self, backend: ByteBackend, backends: Callable[[], ByteBackend]) -> None:
-        assert backend.read("x/a.json") is None and not backend.exists("x/a.json")
-        assert backend.signature("x/a.json") is None
-        assert backend.create("x/a.json", b"one")
-        assert not backends().create("x/a.json", b"two")  # another handle is refused too
-        assert not backend.create("x/a.json", b"two", durable=False)
-        assert backends().read("x/a.json") == b"one" and backend.exists("x/a.json")
-        assert backend.create("x/b.json", b"b", durable=False)
-        backend.sync()
-        assert backends().read("x/b.json") == b"b"
+    def test_read_whole_and_ranges(self, backend: BackendDefaults) -> None:
+        assert backend.read("r/absent.json") is None and backend.read("r/absent.json", 0, 4) is None
+        backend.replace("r/obj.bin", b"0123456789")
+        assert backend.read("r/obj.bin") == b"0123456789"
+        assert backend.read("r/obj.bin", 2, 5) == b"234" and backend.read("r/obj.bin", 7) == b"789"
+        assert backend.read("r/obj.bin", 8, 100) == b"89" and backend.read("r/obj.bin", 10, 20) == b""
+        assert backend.size("r/obj.bin") == 10 and backend.size("r/absent.json") is None
 
-    def test_replace_changes_the_signature(self, backend: ByteBackend) -> None:
+    def test_create_is_conditional(self, backend: BackendDefaults, another: Callable[[], BackendDefaults]) -> None:
+        assert backend.read("x/a.json") is None and backend.signature("x/a.json") is None
+        assert backend.create("x/a.json", b"one")
+        assert not another().create("x/a.json", b"two")  # another handle is refused too
+        assert not backend.create("x/a.json", b"two")
+        assert another().read("x/a.json") == b"one"
+        assert backend.create_unsynced("x/b.json", b"b") and not backend.create_unsynced("x/b.json", b"c")
+        backend.sync()
+        assert another().read("x/b.json") == b"b"
+
+    def test_replace_changes_the_signature(self, backend: BackendDefaults) -> None:
         backend.replace("m.json", b"1")
         first = backend.signature("m.json")
         assert first is not None
         backend.replace("m.json", b"22")
         assert backend.read("m.json") == b"22" and backend.signature("m.json") != first
 
-    def test_list_and_batched_remove(self, backend: ByteBackend, backends: Callable[[], ByteBackend]) -> None:
+    def test_list_and_batched_remove(self, backend: BackendDefaults, another: Callable[[], BackendDefaults]) -> None:
         assert backend.listdir("d") == []
         for i in range(5):
             backend.replace(f"d/f{i}.json", b"x")
         backend.replace("d/sub/deep.json", b"x")
         assert sorted(n for n in backend.listdir("d") if n.startswith("f")) == [f"f{i}.json" for i in range(5)]
+        assert "deep.json" not in backend.listdir("d")  # only the names directly under it
         backend.remove([f"d/f{i}.json" for i in range(4)] + ["d/absent.json"])
-        assert [n for n in backends().listdir("d") if n.startswith("f")] == ["f4.json"]
+        assert [n for n in another().listdir("d") if n.startswith("f")] == ["f4.json"]
         backend.remove(["d/f4.json"])
         backend.remove([])
         assert backend.read("d/f4.json") is None
 
-    def test_write_step_whole_and_hashed(self, backend: ByteBackend, backends: Callable[[], ByteBackend]) -> None:
-        import zlib
-
+    def test_upload_appears_whole(self, backend: BackendDefaults, another: Callable[[], BackendDefaults]) -> None:
         data = bytes(range(256)) * 4096  # 1 MiB, in several writes
-
-        def produce(sink: Any) -> None:
-            for i in range(0, len(data), 100_000):
-                sink.write(data[i:i + 100_000])
-
-        size, crc, mac = backend.write_step("train/step_000000.pkl", produce, hmac_key=None, context=b"")
-        assert size == len(data) and crc == f"crc32:{zlib.crc32(data):08x}" and mac is None
-        assert backends().read("train/step_000000.pkl") == data
-        source = backends().open_source("train/step_000000.pkl")
+        upload = backend.open_upload("train/step_000000.pkl")
+        upload.write(memoryview(data)[:1000])
+        assert another().read("train/step_000000.pkl") is None  # nothing visible before the commit
+        for i in range(1000, len(data), 100_000):
+            upload.write(memoryview(data)[i:i + 100_000])
+        upload.commit()
+        assert another().read("train/step_000000.pkl") == data
+        source = another().open_source("train/step_000000.pkl")
         assert source.size() == len(data) and bytes(source.read_range(1000, 24)) == data[1000:1024]
-        _, _, keyed = backend.write_step("train/step_000001.pkl", lambda sink: None if sink.write(b"abc") else None,
-                                         hmac_key=b"k", context=b"ctx")
-        assert keyed is not None and keyed.startswith("hmac-sha256:")
         with pytest.raises(FileNotFoundError):
             backend.open_source("train/absent.pkl")
 
-    def test_failed_step_write_leaves_nothing(self, backend: ByteBackend,
-                                              backends: Callable[[], ByteBackend]) -> None:
-        def produce(sink: Any) -> None:
-            sink.write(b"x" * 1000)
-            raise OSError("disk gone mid-write")
-
-        with pytest.raises(OSError, match="disk gone"):
-            backend.write_step("train/step_000002.pkl", produce, hmac_key=None, context=b"")
-        other = backends()
+    def test_aborted_upload_leaves_nothing(self, backend: BackendDefaults,
+                                           another: Callable[[], BackendDefaults]) -> None:
+        upload = backend.open_upload("train/step_000002.pkl")
+        upload.write(memoryview(b"x" * 1000))
+        upload.abort()
+        other = another()
         assert other.read("train/step_000002.pkl") is None
         assert [n for n in other.listdir("train") if "step_000002" in n] == []
 
-    def test_paths_stay_inside(self, backend: ByteBackend) -> None:
+    def test_paths_stay_inside(self, backend: BackendDefaults) -> None:
         for bad in ("../escape.json", "/etc/passwd", "a/../../b"):
             with pytest.raises(UnsafePathError):
                 backend.replace(bad, b"x")
             with pytest.raises(UnsafePathError):
                 backend.read(bad)
 
-    def test_stream_locks(self, backend: ByteBackend, backends: Callable[[], ByteBackend]) -> None:
-        stream = StreamId("train")
-        handle = backend.lock_stream(stream)
-        other = backends()
+    def test_locks(self, backend: BackendDefaults, another: Callable[[], BackendDefaults]) -> None:
+        handle = backend.lock("train/.writer.lock", "the first writer")
+        other = another()
         with pytest.raises(LockedError):
-            other.lock_stream(stream)
+            other.lock("train/.writer.lock", "the second writer")
+        with pytest.raises(LockedError):
+            backend.lock("train/.writer.lock", "the same handle again")  # a lock is not re-entrant
         assert backend.lock_lost(handle) is None
-        backend.unlock_stream(stream, handle)
-        again = other.lock_stream(stream)
-        other.unlock_stream(stream, again)
-        with backend.manifest_lock():
-            pass
+        backend.unlock(handle)
+        again = other.lock("train/.writer.lock", "the second writer", wait=5.0)
+        other.unlock(again)

@@ -1,7 +1,7 @@
 """Loading a step with its checksum (and bound HMAC) verified before it is decoded.
 
 With a key configured, every load path refuses a step that is not signed for *that* stream and
-step: the MAC is HMAC-SHA256 over :func:`~rollout_mock.storage.fileio.mac_context` (stream key,
+step: the MAC is HMAC-SHA256 over :func:`~rollout_mock.storage.digest.mac_context` (stream key,
 step) followed by the bytes, and is stored as ``"hmac-sha256:<hex>"``. Format-1 dumps stored a
 bare hex HMAC of the bytes alone; it cannot be bound to a stream and step, so it is refused with
 a message saying so.
@@ -16,12 +16,10 @@ from typing import Any
 
 from rollout_mock.codec import safe
 from rollout_mock.errors import CorruptStepError, UnsafePickleError
-from rollout_mock.storage.digest import MAC_ALGORITHM, Digest, mac_context
-from rollout_mock.storage.hashread import read_hashed
+from rollout_mock.storage.digest import MAC_ALGORITHM, Digest, file_digest, mac_context, read_hashed, source_digest
 from rollout_mock.storage.manifest import StepEntry, StreamId
 
-__all__ = ["corrupt_error", "file_digest", "load_bytes_verified", "load_source_verified", "load_verified",
-           "open_verified", "source_digest"]
+__all__ = ["corrupt_error", "load_bytes_verified", "load_source_verified", "load_verified", "open_verified"]
 
 
 def corrupt_error(path: Path | str, stream: StreamId | None, step: int | None, what: str) -> CorruptStepError:
@@ -266,23 +264,3 @@ def load_bytes_verified(
         raise
     except Exception as exc:
         raise corrupt_error(where, stream, step, f"cannot be decoded ({exc!r})") from exc
-
-
-def source_digest(source: Any, hmac_key: bytes | None = None, context: bytes = b"") -> tuple[str, str | None]:
-    """Checksum (and HMAC over ``context`` + bytes) of an opened byte source, read in pieces."""
-    digest = Digest(hmac_key, context)
-    size, pos = source.size(), 0
-    while pos < size:
-        piece = source.read_range(pos, min(16 << 20, size - pos))
-        digest.update(piece)
-        pos += len(piece)
-    return digest.finish()
-
-
-def file_digest(path: Path, hmac_key: bytes | None = None, context: bytes = b"") -> tuple[str, str | None]:
-    """Checksum (and HMAC over ``context`` + bytes) of a whole file, streamed."""
-    digest = Digest(hmac_key, context)
-    with open(path, "rb", buffering=0) as file:
-        while chunk := file.read(16 << 20):
-            digest.update(chunk)
-    return digest.finish()

@@ -31,9 +31,9 @@ from typing import Any
 from rollout_mock.codec import BufferPool
 from rollout_mock.config import RankPolicy, RolloutMockConfig
 from rollout_mock.errors import ConfigError, dump_path_is_a_file
-from rollout_mock.storage.base import StepStore
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.stores import is_url, open_store
+from rollout_mock.storage.paths import is_url
+from rollout_mock.storage.store import StepStore, open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import (

@@ -17,10 +17,9 @@ import rollout_mock.codec as codec
 from rollout_mock.config import DiskFullPolicy, RolloutMockConfig
 from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import DiskFullError
-from rollout_mock.storage.base import BatchInfo, StepStore
-from rollout_mock.storage.fileio import free_bytes
+from rollout_mock.storage.directory import free_bytes
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.store import Store
+from rollout_mock.storage.store import BatchInfo, StepStore, Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed

@@ -23,11 +23,9 @@ from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, RolloutMoc
 from rollout_mock.config.debug_settings import VerdictAction
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, StepNotFoundError
-from rollout_mock.storage.base import BatchInfo, StepStore, format_ranges
-from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.partial import load_partial, rank_rows
-from rollout_mock.storage.prefetch import Prefetcher
-from rollout_mock.storage.store import Store
+from rollout_mock.storage.manifest import StreamId, format_ranges
+from rollout_mock.storage.reader import Prefetcher, load_partial, rank_rows
+from rollout_mock.storage.store import BatchInfo, StepStore, Store
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.subsample import subsample_batch
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from rollout_mock.storage.base import BatchInfo, StepStore
 from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.store import BatchInfo, StepStore
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger
 

@@ -10,8 +10,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention
-from rollout_mock.storage.base import StepStore
-from rollout_mock.storage.store import Store
+from rollout_mock.storage.store import StepStore, Store
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler

@@ -408,7 +408,7 @@ def test_forged_lease_objects_end_in_rolloutmock_errors(tmp_path: Path) -> None:
               b'{"expires_at": 1e999, "owner": "\\u001b[2J\\ud800"}']
     for i, body in enumerate(forged):
         url = f"memory://forged-lease-{i}"
-        fs.pipe(f"/forged-lease-{i}/train/.writer.lease", body)
+        fs.pipe(f"/forged-lease-{i}/train/.writer.lock", body)
         try:
             with MockScheduler(Returns(), {"enable": True, "mode": "dump", "dump_dir": url}) as s:
                 s.get_batch(None, 0)

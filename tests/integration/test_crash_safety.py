@@ -41,7 +41,7 @@ HELPER = textwrap.dedent(
     from rollout_mock import MockScheduler, load_step, open_dump
     from rollout_mock.determinism import fingerprint
     from rollout_mock.errors import StepExistsError
-    from rollout_mock.storage.fileio import is_temp_name
+    from rollout_mock.storage.directory import is_temp_name
     from rollout_mock.storage.manifest import StreamId, read_manifest
     from rollout_mock.storage import DirectoryStore
 

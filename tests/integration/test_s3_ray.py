@@ -70,4 +70,4 @@ def test_many_actors_dump_into_one_s3_dump(ray_cluster: None, s3_server: dict[st
             assert torch.equal(got["input_ids"], batch_for(i, step)["input_ids"])
     # every writer compacted into the one manifest and released its lease
     store = dump.store
-    assert not store.backend.listdir(".streams") and not [n for n in store.backend.listdir("train") if n.endswith(".lease")]
+    assert not store.backend.listdir(".streams") and not [n for n in store.backend.listdir("train") if n.endswith(".lock")]

@@ -70,7 +70,7 @@ def test_expired_lease_is_taken_over_and_the_old_writer_stops(url: str, s3_serve
     time.sleep(4.2)
     successor = FsspecStore(url, storage_options=options, lease_ttl=30)
     save(successor, TRAIN, 1)
-    current = json.loads(dead.backend.read(f"{TRAIN.directory}/.writer.lease") or b"{}")
+    current = json.loads(dead.backend.read(f"{TRAIN.directory}/.writer.lock") or b"{}")
     assert current["owner"] == successor._owned[TRAIN.key].handle.owner != handle.owner
     # the old writer wakes up: its next heartbeat finds the lease taken, and it stops writing
     assert handle.renew() is False and "taken over" in (handle.lost or "")
@@ -155,3 +155,70 @@ def test_writer_killed_mid_upload_leaves_no_step(url: str, s3_server: dict[str, 
     # the dead writer's lease blocks a new writer until it expires (60 s by default) ...
     with pytest.raises(LockedError):
         FsspecStore(url, storage_options=options).open_writer(TRAIN)
+
+
+class _Returns:
+    def get_batch(self, data: Any, global_step: int) -> Any:
+        return {"x": torch.ones(2)}
+
+
+def test_a_missing_bucket_is_one_error_naming_it(s3_server: dict[str, Any]) -> None:
+    """Issue 30 item 4: not botocore's error, but ours, with the fix."""
+    from rollout_mock.errors import DumpNotWritableError
+
+    url = f"s3://no-such-bucket-{uuid.uuid4().hex[:8]}/run"
+    with pytest.raises(DumpNotWritableError, match=r"cannot write the dump at s3://no-such-bucket-.*its bucket "
+                                                   r"does not exist .*Create the bucket, or fix the URL") as info:
+        MockScheduler(_Returns(), {"enable": True, "mode": "dump", "dump_dir": url,
+                                  "storage_options": s3_server["storage_options"]})
+    assert "\n" not in str(info.value) and info.value.__suppress_context__
+
+
+READ_ONLY_CREDENTIALS = textwrap.dedent(
+    '''
+    import json, os, socket
+    os.environ["INITIAL_NO_AUTH_ACTION_COUNT"] = "4"  # moto checks credentials after the 4 setup calls
+    import boto3
+    from moto.server import ThreadedMotoServer
+    sock = socket.socket(); sock.bind(("127.0.0.1", 0)); port = sock.getsockname()[1]; sock.close()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    admin = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+    boto3.client("s3", **admin).create_bucket(Bucket="runs")
+    iam = boto3.client("iam", **admin)
+    iam.create_user(UserName="reader")
+    iam.put_user_policy(UserName="reader", PolicyName="read-only", PolicyDocument=json.dumps({
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": ["s3:GetObject", "s3:ListBucket"], "Resource": "*"}]}))
+    key = iam.create_access_key(UserName="reader")["AccessKey"]
+    import torch
+    from rollout_mock import MockScheduler
+    from rollout_mock.errors import RolloutMockError
+    class S:
+        def get_batch(self, data, global_step):
+            return {"x": torch.ones(2)}
+    options = {"endpoint_url": endpoint, "key": key["AccessKeyId"], "secret": key["SecretAccessKey"],
+               "client_kwargs": {"region_name": "us-east-1"}, "skip_instance_cache": True,
+               "config_kwargs": {"retries": {"max_attempts": 1}}}
+    try:
+        MockScheduler(S(), {"enable": True, "mode": "dump", "dump_dir": "s3://runs/exp1", "storage_options": options})
+    except RolloutMockError as exc:
+        print(json.dumps({"type": type(exc).__name__, "message": str(exc), "chained": not exc.__suppress_context__}))
+    finally:
+        server.stop()
+    '''
+)
+
+
+def test_read_only_credentials_are_one_error_with_the_fix(tmp_path: Path) -> None:
+    """moto enforcing IAM (in a child: the setting is process-wide): the user may read, not write."""
+    pytest.importorskip("moto.server")
+    script = tmp_path / "read_only.py"
+    script.write_text(READ_ONLY_CREDENTIALS)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["type"] == "DumpNotWritableError" and not result["chained"], result
+    assert result["message"].startswith("[RolloutMock] cannot write the dump at s3://runs/exp1 while opening train")
+    assert "access denied" in result["message"] and "credentials" in result["message"], result

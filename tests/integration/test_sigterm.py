@@ -28,16 +28,16 @@ CHILD = textwrap.dedent(
     import json, sys, time
     import torch
     from rollout_mock import MockScheduler
-    from rollout_mock.storage import DirectoryStore
+    from rollout_mock.storage import Store
 
     dump_dir = sys.argv[1]
-    original_save = DirectoryStore.save
+    original_save = Store.save
 
     def slow_save(self, stream, step, batch, info, **kwargs):
         time.sleep(0.25)
         return original_save(self, stream, step, batch, info, **kwargs)
 
-    DirectoryStore.save = slow_save
+    Store.save = slow_save
 
     class Scheduler:
         def get_batch(self, data, global_step):

@@ -26,10 +26,10 @@ CHILD = textwrap.dedent(
     import json, sys, time
     import torch
     from rollout_mock import MockScheduler
-    from rollout_mock.storage import DirectoryStore
+    from rollout_mock.storage import Store
 
     dump_dir, fail_step = sys.argv[1], int(sys.argv[2])
-    original_save = DirectoryStore.save
+    original_save = Store.save
 
     def slow_save(self, stream, step, batch, info, **kwargs):
         time.sleep(0.1)  # steps are still queued when the script ends
@@ -37,7 +37,7 @@ CHILD = textwrap.dedent(
             raise OSError(f"injected failure on step {step}")
         return original_save(self, stream, step, batch, info, **kwargs)
 
-    DirectoryStore.save = slow_save
+    Store.save = slow_save
 
     class Scheduler:
         def get_batch(self, data, global_step):

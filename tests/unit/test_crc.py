@@ -13,9 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import rollout_mock.crc as _crc
-from rollout_mock.storage.digest import Digest
-from rollout_mock.storage.fileio import HashingWriter
-from rollout_mock.storage.hashread import read_hashed
+from rollout_mock.storage.digest import Digest, HashingWriter, read_hashed
+from rollout_mock.storage.directory import TempFile
 
 isal_zlib = pytest.importorskip("isal.isal_zlib")
 
@@ -65,14 +64,12 @@ def test_digest_defaults_inline_with_isal_and_threaded_with_hmac() -> None:
 def test_writer_and_reader_checksums_agree_with_zlib(tmp_path: Path, threaded: bool) -> None:
     data = os.urandom((5 << 20) + 12345)
     path = tmp_path / "f.bin"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        writer = HashingWriter(fd, Digest(threaded=threaded))
-        writer.write(data[:10])
-        writer.write(memoryview(data)[10:])
-        written, _ = writer.digest.finish()
-    finally:
-        os.close(fd)
+    upload = TempFile(path)
+    writer = HashingWriter(upload, Digest(threaded=threaded))
+    writer.write(data[:10])
+    writer.write(memoryview(data)[10:])
+    written, _ = writer.finish()
+    upload.commit()
     assert path.read_bytes() == data and writer.size == len(data)
     expected = f"crc32:{zlib.crc32(data):08x}"
     assert written == expected
@@ -97,7 +94,7 @@ def test_zlib_fallback_when_isal_is_missing(tmp_path: Path) -> None:
         "import torch\n"
         "from rollout_mock.storage import BatchInfo, DirectoryStore\n"
         "from rollout_mock.storage.manifest import StreamId\n"
-        "from rollout_mock.storage.verified import file_digest\n"
+        "from rollout_mock.storage.digest import file_digest\n"
         f"root = {str(tmp_path)!r}\n"
         "for key in (None, b'k' * 32):\n"
         "    store = DirectoryStore(os.path.join(root, 'k' if key else 'n'), hmac_key=key)\n"
@@ -136,8 +133,8 @@ def test_a_saved_step_reports_the_checksum_of_its_bytes(tmp_path) -> None:  # ty
     from rollout_mock import DirectoryStore
     from rollout_mock.codec import open_step
     from rollout_mock.codec.source import FileSource
-    from rollout_mock.storage.base import BatchInfo
     from rollout_mock.storage.manifest import StreamId
+    from rollout_mock.storage.store import BatchInfo
 
     batch = {"x": torch.randn(3000, 1000), "ids": torch.arange(7), "text": ["a", "b"]}
     store = DirectoryStore(tmp_path)

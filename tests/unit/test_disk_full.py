@@ -18,8 +18,9 @@ import pytest
 import torch
 
 from rollout_mock import DirectoryStore, DiskFullError, MockScheduler, WriterError, load_step
-from rollout_mock.storage import BatchInfo, fileio
-from rollout_mock.storage.fileio import is_temp_name
+from rollout_mock.storage import BatchInfo
+from rollout_mock.storage import directory as fileio
+from rollout_mock.storage.directory import is_temp_name
 from rollout_mock.storage.manifest import StreamId, read_manifest
 
 STREAM = StreamId("train")

@@ -18,9 +18,8 @@ import torch
 from rollout_mock import CorruptStepError, ManifestError, open_dump
 from rollout_mock.errors import FormatVersionError
 from rollout_mock.storage import BatchInfo, DirectoryStore, FsspecStore, MemoryStore
-from rollout_mock.storage.index import INDEX_DIR, segment_relpath
+from rollout_mock.storage.index import INDEX_DIR, StreamIndex, segment_relpath
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.streamindex import StreamIndex
 from rollout_mock.storage.testing import StoreConformance
 
 TRAIN = StreamId("train")
@@ -134,7 +133,7 @@ CRASHING = textwrap.dedent(
     import os, signal, sys, torch
     from rollout_mock.storage import BatchInfo, DirectoryStore
     from rollout_mock.storage.manifest import StreamId
-    from rollout_mock.storage.streamindex import StreamIndex
+    from rollout_mock.storage.index import StreamIndex
     StreamIndex.segment_steps = 4
     StreamIndex.inline_steps = 10
     store, stream = DirectoryStore(sys.argv[1]), StreamId("train")

@@ -136,7 +136,7 @@ def test_a_lost_entry_hides_its_step_and_the_step_can_be_recorded_again(tmp_path
     assert entry.exists()
     entry.write_bytes(b"")  # as after a power cut (the process itself is gone: no close)
     owned = store._owned.pop(TRAIN.key)  # the writer dies: its lock goes, nothing is compacted
-    store.backend.unlock_stream(TRAIN, owned.handle)
+    store.backend.unlock(owned.handle)
     reader = DirectoryStore(tmp_path / "d")
     assert sorted(reader.steps(TRAIN)) == [0, 1]
     again = DirectoryStore(tmp_path / "d")
@@ -174,7 +174,7 @@ def test_large_steps_write_their_head_last_and_checksum_the_same(tmp_path: Path,
     """A step of 8 MB and more is written body first (CRCs computed while writing), head last:
     the file, its index checksum and a plain full-file CRC agree, and every reader reads it."""
     from rollout_mock.codec import container
-    from rollout_mock.storage.verified import file_digest
+    from rollout_mock.storage.digest import file_digest
 
     used: list[int | None] = []
     real = container._write_head_last

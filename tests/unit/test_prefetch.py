@@ -15,7 +15,7 @@ import torch
 from conftest import cfg
 
 from rollout_mock import MockScheduler
-from rollout_mock.storage.prefetch import Prefetcher
+from rollout_mock.storage.reader import Prefetcher
 
 WAIT = 5.0
 

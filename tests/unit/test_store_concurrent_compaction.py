@@ -11,8 +11,8 @@ import torch
 
 import rollout_mock.storage.directory as directory_module
 from rollout_mock import DirectoryStore
-from rollout_mock.storage.base import BatchInfo
 from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.store import BatchInfo
 
 
 def test_a_directory_pruned_before_its_fsync_is_not_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

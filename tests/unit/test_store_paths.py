@@ -77,7 +77,7 @@ def test_symlinked_lock_file_is_refused_not_followed(tmp_path: Path) -> None:
     assert inside.read_text() == "precious"
     os.symlink(victim, target / ".manifest.lock")
     (target / "train" / ".writer.lock").unlink()
-    with pytest.raises(UnsafePathError, match="symbolic link"):  # the manifest lock: refused too
+    with pytest.raises(UnsafePathError, match="symbolic link|outside dump_dir"):  # the manifest lock: refused too
         DirectoryStore(target).save(StreamId("train"), 0, {"x": torch.ones(1)}, BatchInfo.of({"x": torch.ones(1)}))
     assert victim.read_text() == "precious"
 

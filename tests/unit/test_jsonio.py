@@ -1,0 +1,82 @@
+"""The bounded JSON reader (rollout_mock.jsonio, issue 28): every JSON document rollout_mock parses
+goes through it, and a hostile one ends in the caller's RolloutMockError naming the file."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollout_mock.errors import ManifestError, MetricsFormatError
+from rollout_mock.jsonio import MAX_DEPTH, loads_bounded
+
+BOMBS = {
+    "deep array": "[" * 5000 + "]" * 5000,
+    "deep object": '{"a":' * 3000 + "1" + "}" * 3000,
+    "just past the depth": "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+    "5,000-digit integer": '{"samples": ' + "9" * 5000 + "}",
+    "negative 5,000-digit integer": "[-" + "9" * 5000 + "]",
+    "1e999": '{"samples": 1e999}',
+    "-1e999": "[-1e999]",
+    "400-digit float": "[" + "1" * 400 + ".5]",
+    "NaN": '{"x": NaN}',
+    "Infinity": "[Infinity]",
+    "not UTF-8": b'{"a": "\xff"}',
+    "truncated": '{"a": [1, 2',
+}
+
+
+@pytest.mark.parametrize("text", BOMBS.values(), ids=BOMBS.keys())
+def test_every_bomb_is_our_error_naming_the_file(text: str | bytes) -> None:
+    with pytest.raises(ManifestError, match=r"^/d/manifest\.json: unreadable manifest \(") as info:
+        loads_bounded(text, where="/d/manifest.json", what="manifest")
+    assert info.value.path == "/d/manifest.json" and len(str(info.value)) < 400
+
+
+def test_the_error_class_and_fix_are_the_callers() -> None:
+    with pytest.raises(MetricsFormatError, match="metrics.jsonl: unreadable metrics line .*; fix it"):
+        loads_bounded("[" * 200 + "]" * 200, where="metrics.jsonl", error=MetricsFormatError,
+                      what="metrics line", fix="fix it")
+
+
+def test_size_bound() -> None:
+    with pytest.raises(ManifestError, match="more than the 100 accepted"):
+        loads_bounded(json.dumps(["x" * 200]), where="m.json", max_bytes=100)
+
+
+def test_depth_counts_structure_not_brackets_in_strings() -> None:
+    shallow = {"a": "[[[[{{{{" * 100, "b": ['\\"[', '\\\\', "]]]]"], "c": {"": "\\u005b["}}
+    assert loads_bounded(json.dumps(shallow), where="m.json") == shallow
+    at_limit = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    assert loads_bounded(at_limit, where="m.json") == json.loads(at_limit)
+    # brackets in strings cannot hide real depth
+    sneaky = '["]",' * 150 + "1" + "]" * 150
+    with pytest.raises(ManifestError, match="nested more than"):
+        loads_bounded(sneaky, where="m.json")
+
+
+def test_nan_allowed_on_request() -> None:
+    value = loads_bounded('{"loss": NaN, "x": Infinity}', where="metrics.jsonl", allow_nan=True)
+    assert value["loss"] != value["loss"] and value["x"] == float("inf")
+
+
+def test_large_but_legal_numbers_pass() -> None:
+    assert loads_bounded('{"a": 1e300, "b": ' + "9" * 100 + ', "c": 1e-999}', where="m") == {
+        "a": 1e300, "b": int("9" * 100), "c": 0.0}
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(_JSON)
+def test_same_value_as_json_loads(value: Any) -> None:
+    for text in (json.dumps(value), json.dumps(value, ensure_ascii=False)):
+        assert loads_bounded(text, where="x") == json.loads(text)

@@ -226,5 +226,6 @@ def test_single_step_runs_are_looked_up_by_bisection(tmp_path: Path) -> None:
         started = time.perf_counter()
         code, out, _ = cli("ls", dump, cwd=tmp_path, timeout=240)
         times[name] = time.perf_counter() - started
-        assert code == 0 and out.count("\n  step ") == count
+        # the forged entries have no step files: ls lists them all and marks them missing (exit 1)
+        assert code == 1 and out.count("\n  step ") == count and out.count("DAMAGED: missing") == count - 1  # step 0 is real
     assert times["single"] < 2 * times["contiguous"] + 5, times

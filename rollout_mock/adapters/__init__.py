@@ -10,7 +10,9 @@
 
 Names are imported lazily: ``import rollout_mock.adapters`` imports no framework. It does
 register the adapters' scheduler hooks (:mod:`rollout_mock.wrap.hooks`), e.g. switching off
-ROLL's built-in rollout mock on a scheduler that rollout_mock records.
+ROLL's built-in rollout mock on a scheduler that rollout_mock records, and each framework's
+volatile request fields (:data:`VOLATILE_FIELDS`), which request matching and check mode do not
+compare.
 """
 
 from __future__ import annotations
@@ -19,6 +21,29 @@ import importlib
 from typing import Any
 
 from rollout_mock.adapters import native_roll  # noqa: F401  (registers ROLL's scheduler hook)
+from rollout_mock.wrap.hooks import register_volatile_fields
+
+#: Fields of each framework's requests (and batches) that differ between two faithful runs of
+#: the same training: never compared by request matching or check mode.
+VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
+    # RayPPOTrainer.fit/_validate: ``uid = str(uuid.uuid4())`` per prompt, carried into
+    # generate_sequences' prompts and its output; ``timing`` of the output (seconds)
+    "verl": ("non_tensor_batch.uid", "meta_info.timing"),
+    # roll.utils.telemetry.inject_trace_context: W3C trace ids in every get_batch request;
+    # get_batch_return_start_time (a time.time()) and the timing metrics of its output
+    "roll": ("meta_info._otel_ctx", "meta_info.get_batch_return_start_time", "meta_info.metrics"),
+    # slime (slime.utils.types.Sample): the adapter keys its requests (no volatile argument);
+    # a sample's wall time, router session id and per-run engine statistics (prefix cache hits,
+    # speculative decoding) differ between faithful runs
+    "slime": ("non_generation_time", "session_id", "prefix_cache_info", "spec_info"),
+    # AReaL: the workflow executor's trajectories carry nothing random; remote-tensor handles are
+    # fetched before anything is digested or recorded (see adapters/areal.py)
+    "areal": (),
+    # TRL: the adapter digests the prompts only; generation timings are not in its records
+    "trl": (),
+}
+for _owner, _patterns in VOLATILE_FIELDS.items():
+    register_volatile_fields(_owner, *_patterns)
 
 _EXPORTS = {
     "roll_scheduler": "roll", "roll_handle": "roll", "roll_config": "roll",
@@ -29,6 +54,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "VOLATILE_FIELDS",
     "ArealRollout", "VerlRollout", "detect_format", "import_foreign", "open_foreign", "roll_config",
     "roll_handle", "roll_scheduler", "wrap_areal", "wrap_verl_rollout",
 ]

@@ -196,7 +196,7 @@ def roll_scheduler(
         methods=methods,
         rollout_settings=settings,
     )
-    if wrapped is cls or not resolved.mode.replays:
+    if wrapped is cls or resolved.mode.runs_scheduler:  # dump and check run the real scheduler
         return wrapped
     skip = set(methods)
     namespace: dict[str, Any] = {"__module__": cls.__module__}

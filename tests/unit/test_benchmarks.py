@@ -63,3 +63,15 @@ def test_bench_e2e_runs_every_mode(tmp_path: Path) -> None:
     padded = result["results"][1]["modes"]
     assert set(padded) == {"live", "dump", "dump_sync", "mock", "mock_no_prefetch"}
     assert padded["mock"]["batch_bytes"] == padded["live"]["batch_bytes"] >= 1_000_000
+
+
+def test_bench_digest_small_shapes_run(tmp_path: Path) -> None:
+    pytest.importorskip("verl", reason="verl is not installed")
+    bench_digest = pytest.importorskip("bench_digest")
+    out = tmp_path / "out.json"
+    assert bench_digest.main(["--small", "--repeat", "1", "--dir", str(tmp_path), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["shape"] for r in result["results"]] == ["verl", "slime", "areal"]
+    assert all(r["dump digest"] > 0 and r["mock digest + compare"] > 0 for r in result["results"])
+    assert "| verl |" in result["table"]
+    assert not any(tmp_path.glob("bench_digest_*"))  # scratch removed

@@ -249,3 +249,35 @@ def test_a_digest_does_not_depend_on_which_nodes_are_kept(tmp_path: Path) -> Non
         recorded = [mock.get_batch(d, 8, global_step=s) for s, d in zip(range(2), loader())]
     served = replay(dump, ((d, 8, {}) for d in list(loader())[:2]))  # match_on unset here
     assert all(same(a, b) for a, b in zip(served, recorded))
+
+
+class Sampler:
+    """A rollout without a step argument (the counter numbers its calls) that draws from torch's RNG."""
+
+    def get_batch(self, data: Any) -> dict[str, Any]:
+        return {"x": data["input_ids"].float() + torch.rand(8, 5)}
+
+
+def test_the_generic_wrapper_resumes_from_its_state_dict(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    torch.manual_seed(0)
+    with MockScheduler(Sampler(), cfg(dump, replay_rng=True)) as mock:
+        recorded = []
+        for i, data in enumerate(loader()):
+            recorded.append(mock.get_batch(data))
+            if i == 1:  # a checkpoint: the wrapper's position and the trainer's RNG
+                state, rng = mock.state_dict(), torch.get_rng_state()
+        after = torch.rand(3)  # what the training side draws next
+    torch.set_rng_state(rng)
+    with MockScheduler(None, cfg(dump, "mock", replay_rng=True), spec=Sampler) as mock:
+        mock.load_state_dict(state)
+        served = [mock.get_batch(data) for data in list(loader())[2:]]
+        assert torch.equal(torch.rand(3), after)
+    assert all(same(a, b) for a, b in zip(served, recorded[2:])) and len(served) == STEPS - 2
+    # a resume that forgot the wrapper's state: its counter says 0, its data is the third batch
+    with MockScheduler(None, cfg(dump, "mock"), spec=Sampler) as mock:
+        with pytest.raises(ReplayMismatchError) as info:
+            mock.get_batch(list(loader())[2])
+        assert info.value.step == 0 and info.value.nearest == 2 and "step_offset: 2 maps it" in str(info.value)
+        with pytest.raises(Exception, match="state is of stream 'val'"):
+            mock.load_state_dict({"rollout_mock": {**state["rollout_mock"], "stream": "val"}})

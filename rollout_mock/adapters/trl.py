@@ -23,13 +23,13 @@ are re-applied and the generators restored (``replay_rng``), so the training sid
 reference log-probs, advantages, loss, optimizer — is recomputed on the same numbers and the
 same random stream, and ``trainer.state.log_history`` matches the dump run's bit for bit.
 
-The record of a training generation is found by its index, computed from what a checkpoint
-restores: the optimizer step ``trainer.state.global_step`` and the micro-step within it
-(``trainer._step``, which TRL resets on resume, taken modulo the gradient accumulation steps):
-``(global_step * gradient_accumulation_steps + micro) // (steps_per_generation * num_iterations)``.
-So gradient accumulation, ``steps_per_generation > 1`` and a run resumed from a checkpoint
-(``trainer.train(resume_from_checkpoint=...)``) all find the record the dump run made at that
-point. Evaluation generations go to the ``val`` split; each records the optimizer step it ran at,
+The record of a training generation is found by its index: the micro-step it runs at divided by
+``steps_per_generation * num_iterations``. TRL counts micro-steps in ``trainer._step`` from the
+start of ``train()``, also when it resumes from a checkpoint; the micro-step a resumed run starts
+at is ``state.global_step * gradient_accumulation_steps``, with ``global_step`` restored from the
+checkpoint (read when training begins). So gradient accumulation, ``steps_per_generation > 1``
+and a run resumed from a checkpoint (``trainer.train(resume_from_checkpoint=...)``) all find the
+record the dump run made at that point. Evaluation generations go to the ``val`` split; each records the optimizer step it ran at,
 and mock mode serves the ``i``-th generation of an evaluation at step ``g`` the dump run's
 ``i``-th one at ``g`` (resumed runs included). A generation call that was not recorded raises
 :class:`~rollout_mock.errors.StepNotFoundError` (``on_missing_step`` policies apply).
@@ -173,6 +173,8 @@ class TrlRollout:
         self._current: dict[str, Any] | None = None
         #: eval generations of this run at each optimizer step (the i-th one at step g)
         self._evals: dict[int, int] = {}
+        #: (state.global_step, trainer._step) when training began (a resumed run: its checkpoint's step)
+        self.start: tuple[int, int] | None = None
         self._val_steps: dict[tuple[int, int], int] | None = None
         self._generate = trainer._generate
         self._calculate_rewards = trainer._calculate_rewards
@@ -197,8 +199,22 @@ class TrlRollout:
         """The index of the current training generation (see the module docstring)."""
         trainer = self.trainer
         accumulation = int(trainer.args.gradient_accumulation_steps)
-        micro = int(trainer.state.global_step) * accumulation + int(trainer._step) % accumulation
-        return micro // (int(trainer.args.steps_per_generation) * int(trainer.num_iterations))
+        if self.start is None:  # train() did not announce itself: infer the start from the step
+            micro = int(trainer.state.global_step) * accumulation + int(trainer._step) % accumulation
+        else:
+            micro = self.start[0] * accumulation + int(trainer._step) - self.start[1]
+        every = int(trainer.args.steps_per_generation) * int(trainer.num_iterations)
+        if micro % every and self.config.mode.replays:
+            raise ReplayMismatchError(
+                f"[RolloutMock] TRL (mode={self.config.mode.value}): this run generates at micro-step {micro} "
+                f"(optimizer step {trainer.state.global_step}), inside the dump run's generation {micro // every} "
+                f"(one every {every} micro-steps): it resumed from a checkpoint that is not at a generation "
+                f"boundary, where TRL generates anew while the dump run trained on its buffered generation, so "
+                f"no record reproduces it. Resume from a checkpoint whose step is a multiple of "
+                f"steps_per_generation * num_iterations / gradient_accumulation_steps.",
+                method="_generate", argument="resume step", mode=self.config.mode.value,
+                step=int(trainer.state.global_step), path=self.config.dump_dir)
+        return micro // every
 
     def _val_step(self, optimizer_step: int) -> tuple[int, int]:
         """``(val step, i)``: the step of the dump run's ``i``-th evaluation generation at
@@ -362,7 +378,11 @@ def _callback(rollout: TrlRollout) -> Any:
     from transformers import TrainerCallback
 
     class RolloutMockCallback(TrainerCallback):
-        """Flushes the dump at each save and closes it when training ends."""
+        """Notes where training starts (a resumed run: the checkpoint's step), flushes the dump at
+        each save and closes it when training ends."""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            rollout.start = (int(state.global_step), int(rollout.trainer._step))
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             rollout.flush()

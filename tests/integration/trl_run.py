@@ -85,6 +85,8 @@ def main() -> int:
     parser.add_argument("--conversational", action="store_true")
     parser.add_argument("--rollout-func", action="store_true")
     parser.add_argument("--config-json", default="{}")
+    parser.add_argument("--steps-per-generation", type=int, default=2)
+    parser.add_argument("--num-iterations", type=int, default=1)
     args = parser.parse_args()
 
     import torch
@@ -111,7 +113,8 @@ def main() -> int:
         "output_dir": args.output_dir or os.path.join(os.path.dirname(args.out), "trl_out_" + args.mode),
         "use_cpu": True, "report_to": [], "max_steps": args.max_steps, "learning_rate": args.lr, "logging_steps": 1,
         "per_device_train_batch_size": args.batch_size, "num_generations": args.num_generations,
-        "gradient_accumulation_steps": 2, "steps_per_generation": 2, "max_completion_length": 6,
+        "gradient_accumulation_steps": 2, "steps_per_generation": args.steps_per_generation,
+        "num_iterations": args.num_iterations, "max_completion_length": 6,
         "save_strategy": "steps" if args.save_steps else "no", "save_steps": args.save_steps or 500, "seed": 0,
         "beta": 0.04, "temperature": 1.0, "disable_tqdm": True, "dataloader_num_workers": 0,
     }

@@ -31,8 +31,9 @@ checkpoint (read when training begins). So gradient accumulation, ``steps_per_ge
 and a run resumed from a checkpoint (``trainer.train(resume_from_checkpoint=...)``) all find the
 record the dump run made at that point (a resume off a generation boundary, where TRL generates
 anew, cannot be replayed: :class:`~rollout_mock.errors.ReplayMismatchError`). Evaluation
-generations go to the ``val`` split; each records the optimizer step it ran at, and mock mode serves the ``i``-th generation of an evaluation at step ``g`` the dump run's
-``i``-th one at ``g`` (resumed runs included). A generation call that was not recorded raises
+generations go to the ``val`` split; each records the optimizer step it ran at, and mock mode
+serves the ``i``-th generation of an evaluation at step ``g`` the dump run's ``i``-th one at
+``g`` (resumed runs included). A generation call that was not recorded raises
 :class:`~rollout_mock.errors.StepNotFoundError` (``on_missing_step`` policies apply).
 
 Faithfulness checks, before anything is generated or trained:

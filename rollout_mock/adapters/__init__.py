@@ -26,6 +26,8 @@ from rollout_mock.wrap.hooks import register_volatile_fields
 #: Fields of each framework's requests (and batches) that differ between two faithful runs of
 #: the same training: never compared by request matching or check mode.
 VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
+    # any framework: fields named as random ids, and wall-clock times in a meta_info
+    "common": ("*uuid*", "meta_info.*time*"),
     # RayPPOTrainer.fit/_validate: ``uid = str(uuid.uuid4())`` per prompt, carried into
     # generate_sequences' prompts and its output; ``timing`` of the output (seconds)
     "verl": ("non_tensor_batch.uid", "meta_info.timing"),

@@ -281,3 +281,17 @@ def test_the_generic_wrapper_resumes_from_its_state_dict(tmp_path: Path) -> None
         assert info.value.step == 0 and info.value.nearest == 2 and "step_offset: 2 maps it" in str(info.value)
         with pytest.raises(Exception, match="state is of stream 'val'"):
             mock.load_state_dict({"rollout_mock": {**state["rollout_mock"], "stream": "val"}})
+
+
+def test_what_differs_between_faithful_runs_is_not_compared() -> None:
+    """The adapters' volatile fields (registered when rollout_mock is imported): random ids and
+    wall-clock times, verl's uid, ROLL's trace context."""
+    def request(stamp: float, ident: str, temperature: float = 1.0) -> dict[str, Any]:
+        return {"data": {"meta_info": {"timestamp": stamp, "temperature": temperature,
+                                       "_otel_ctx": {"traceparent": ident}},
+                         "non_tensor_batch": {"uid": np.array([ident], dtype=object)},
+                         "rows": [{"sample_uuid": ident, "prompt": "p"}]}}
+
+    first, second = digest_request(request(1.0, "a")), digest_request(request(2.0, "b"))
+    assert first.digest == second.digest
+    assert digest_request(request(2.0, "b", 0.7)).digest != first.digest

@@ -36,21 +36,14 @@ serves the ``i``-th generation of an evaluation at step ``g`` the dump run's ``i
 ``g`` (resumed runs included). A generation call that was not recorded raises
 :class:`~rollout_mock.errors.StepNotFoundError` (``on_missing_step`` policies apply).
 
-Faithfulness checks, before anything is generated or trained:
-
-* the pre-flight check: the trainer's rollout settings (``num_generations``, batch sizes,
-  ``steps_per_generation``, ``max_completion_length``, sampling parameters, reward functions...,
-  :data:`SETTINGS`) are recorded with the dump; ``wrap_trl`` in mock mode compares them and raises
-  :class:`~rollout_mock.errors.RolloutSettingsMismatchError` listing every difference;
-* request matching: the prompts of each generation are compared with the recorded ones
-  (:class:`~rollout_mock.errors.ReplayMismatchError` names the step and the first differing prompt);
-* the token counter: ``state.num_input_tokens_seen`` is advanced by the recorded call's tokens,
-  after checking that the live counter equals the dump run's at that point (a resumed run whose
-  counter does not match is a mismatch, not silently overwritten).
-
-Check mode (``mode: check``) generates live, compares the generation (prompt and completion
-token ids, completions, log-probs) with the record, and serves the record (its rewards, metrics
-and generator states, as mock mode does) or, with ``check_serves: live``, the live generation.
+Before anything is generated or trained on, mock mode checks (see docs/faithful-replay.md): the
+rollout settings (:data:`SETTINGS`, reward functions..., when ``wrap_trl`` is called:
+:class:`~rollout_mock.errors.RolloutSettingsMismatchError` lists every difference); each
+generation's prompts against the recorded ones (:class:`~rollout_mock.errors.ReplayMismatchError`);
+the live ``state.num_input_tokens_seen`` against the dump run's at that generation (it is then
+advanced by the recorded tokens, never overwritten). Check mode (``mode: check``) generates live,
+compares the generation with the record and serves the record (or, ``check_serves: live``, the
+live generation).
 
 Covered: TRL 1.x ``GRPOTrainer`` and ``RLOOTrainer`` (the method names above); text prompts
 (conversational or not), tool calls and ``rollout_func`` outputs made of plain data. Images in

@@ -11,7 +11,10 @@ trajectory list (1,024 dicts of 6 tensors) — timed interleaved (medians of ``-
 * the dump-mode call: ``MockScheduler.get_batch`` of a scheduler that returns at once (so the
   call is all rollout_mock: digest, batch summary, snapshot for the background writer), with
   request matching on and off (``match_on: [step]``); the difference is what the digest adds.
-  A real call also waits for the rollout (seconds to minutes), which this leaves out.
+  A real call also waits for the rollout (seconds to minutes), which this leaves out. The writer
+  is flushed after each timed call, outside the timing, so that it does not compete with the next.
+
+Every timing starts after a ``gc.collect()``.
 
 Run: ``python benchmarks/bench_digest.py [--repeat 5]``; ``--update-readme`` rewrites the
 ``bench_digest`` section of benchmarks/README.md.
@@ -25,7 +28,6 @@ import json
 import shutil
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, describe_machine, machine, update_readme, work_dir
+from _common import RESULTS, clock, describe_machine, machine, update_readme, work_dir
 from bench_shapes import make_areal, make_slime
 
 from rollout_mock import MockScheduler
@@ -115,6 +117,7 @@ def dump_call(request: Any, output: Any, work: Path, *, matching: bool, calls: i
         mock.get_batch(request, global_step=next(counter))
 
     run.close = mock.close  # type: ignore[attr-defined]
+    run.flush = mock.flush  # type: ignore[attr-defined]
     return run
 
 
@@ -141,13 +144,16 @@ def measure(name: str, request: Any, output: Any, repeat: int, work: Path) -> di
     for key, run in runs.items():  # warm up
         if key != "copy.deepcopy":
             run()
+            if hasattr(run, "flush"):
+                run.flush()
     for _ in range(repeat):
         for key, run in runs.items():
             if key == "copy.deepcopy" and len(times[key]) >= 2:
                 continue  # seconds each for Python objects: two are enough
-            start = time.perf_counter()
-            run()
-            times[key].append(time.perf_counter() - start)
+            times[key].append(clock(run))  # after a gc.collect(): no other run's garbage is timed
+            flush = getattr(run, "flush", None)
+            if flush is not None:  # the background writer must not compete with the next timing
+                flush()
     on.close()  # type: ignore[attr-defined]
     off.close()  # type: ignore[attr-defined]
     return {"shape": name, "bytes": sum(t.numel() * t.element_size() for t in tensors_of(request)),

@@ -26,6 +26,7 @@ from __future__ import annotations
 import array
 import dataclasses
 import enum
+import fnmatch
 import functools
 import struct
 import types
@@ -137,10 +138,8 @@ def _scalar_bytes(value: Any) -> bytes:
 
 
 def _scalar_info(value: Any) -> dict[str, Any]:
-    if isinstance(value, str):
-        return {"k": "str", "len": len(value), "v": value[:_STR_SHOWN]}
-    if isinstance(value, bytes):
-        return {"k": "bytes", "len": len(value)}
+    if isinstance(value, str | bytes):
+        return {"k": type(value).__name__, "len": len(value), "v": value[:_STR_SHOWN] if isinstance(value, str) else ""}
     if isinstance(value, float):
         return {"k": "float", "v": json_float(value)}
     if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**64:
@@ -149,13 +148,8 @@ def _scalar_info(value: Any) -> dict[str, Any]:
 
 
 def _head(values: Any, n: int) -> list[Any]:
-    out = []
-    for item in values[: SMALL if n <= SMALL else HEAD]:
-        if isinstance(item, float):
-            out.append(json_float(item))
-        else:
-            out.append(item if isinstance(item, int | bool) else str(item)[:16])
-    return out
+    return [json_float(item) if isinstance(item, float) else item if isinstance(item, int | bool) else str(item)[:16]
+            for item in values[: SMALL if n <= SMALL else HEAD]]
 
 
 class _Digester:
@@ -163,8 +157,10 @@ class _Digester:
 
     def __init__(self, ignore: tuple[tuple[str, ...], ...], forced: frozenset[str]) -> None:
         self.ignore = ignore
-        self.last = {p[-1] for p in ignore}
-        self.wild = any(any(ch in p[-1] for ch in "*?[") for p in ignore)
+        #: which names can end a volatile path (a pattern's last component), memoised per name
+        self._last = [p[-1] for p in ignore]
+        self._may_end: dict[str, bool] = {}
+        self._flat_keys: dict[tuple[tuple[Any, ...], tuple[str, ...] | None], bool] = {}
         self.forced = forced
         self.candidates: list[tuple[int, int, Node]] = []
 
@@ -175,19 +171,21 @@ class _Digester:
             total = crc32(_u32(digest), crc32(name.encode("utf-8", "surrogatepass"), total))
         self.candidates.sort(key=lambda c: (c[0], c[1]))
         nodes = [n for depth, _, n in self.candidates if depth == 1 or n.path in self.forced]
-        nodes += [n for depth, _, n in self.candidates if depth > 1 and n.path not in self.forced][
-            : max(MAX_NODES - len(nodes), 0)]
-        return Request(total, sorted(arguments), nodes)
+        rest = [n for depth, _, n in self.candidates if depth > 1 and n.path not in self.forced]
+        return Request(total, sorted(arguments), nodes + rest[: max(MAX_NODES - len(nodes), 0)])
 
     def _keep(self, path: tuple[str, ...], depth: int, digest: int, info: dict[str, Any]) -> None:
-        text = ".".join(path)
-        if depth <= NODE_DEPTH or text in self.forced:
-            self.candidates.append((depth, len(self.candidates), Node(text, digest, info)))
+        if depth <= NODE_DEPTH or ".".join(path) in self.forced:
+            self.candidates.append((depth, len(self.candidates), Node(".".join(path), digest, info)))
+
+    def may_end(self, name: str) -> bool:
+        """Whether ``name`` matches the last component of a volatile pattern (memoised)."""
+        if (found := self._may_end.get(name)) is None:
+            found = self._may_end[name] = any(w == name or fnmatch.fnmatchcase(name, w) for w in self._last)
+        return found
 
     def _ignored(self, path: tuple[str, ...]) -> bool:
-        if not self.ignore or (path[-1] not in self.last and not self.wild):
-            return False
-        return matches_pattern(path, self.ignore)
+        return bool(self.ignore) and self.may_end(path[-1]) and matches_pattern(path, self.ignore)
 
     # ------------------------------------------------------------------ values
     def value(self, obj: Any, path: tuple[str, ...] | None, depth: int, keep: bool = True) -> int:
@@ -209,6 +207,8 @@ class _Digester:
             return self.value(obj.item(), path, depth, keep)
         elif isinstance(obj, enum.Enum):
             digest, info = self.value(obj.value, None, depth + 1), {"k": "enum", "v": str(obj)[:_STR_SHOWN]}
+        elif isinstance(obj, list | tuple):
+            digest, info = self._sequence(obj, path, depth, keep)
         elif isinstance(obj, Mapping):
             digest, info = self._mapping(b"D", obj, path, depth, keep)
         elif is_dataproto(obj):
@@ -220,8 +220,6 @@ class _Digester:
             sizes = [int(s) for s in getattr(obj, "batch_size", ())]
             digest, info = self._mapping(b"TD" + str(sizes).encode(), dict(obj.items()), path, depth, keep)
             info = {"k": "TensorDict", "batch_size": sizes, "keys": info["keys"]}
-        elif isinstance(obj, list | tuple):
-            digest, info = self._sequence(obj, path, depth, keep)
         elif isinstance(obj, set | frozenset):
             items = sorted(self.value(x, None, depth + 1) for x in obj)
             digest, info = crc32(b"".join(map(_u32, items)), crc32(b"Z")), {"k": "set", "len": len(obj)}
@@ -246,14 +244,16 @@ class _Digester:
     def _flat_items(self, obj: Any, path: tuple[str, ...] | None) -> list[tuple[str, Any]] | None:
         """The sorted items of a dict of plain scalars under string keys (digested in one
         msgpack call), or ``None`` (another mapping, a volatile or step key among its keys)."""
-        if type(obj) is not dict:
+        if type(obj) is not dict or not all(map(_PLAIN.__contains__, map(type, obj.values()))):
             return None
-        for key, value in obj.items():
-            if type(key) is not str or type(value) not in _PLAIN:
-                return None
-            if path is not None and (key in self.last or self.wild) and self._ignored((*path, key)):
-                return None
-        if path is not None and path[-1] == "meta_info" and not _STEP_KEYS.isdisjoint(obj):
+        keys = tuple(obj)
+        flat = self._flat_keys.get((keys, path))
+        if flat is None:  # once per key set and place: dicts of one column share their keys
+            flat = all(type(k) is str for k in keys) and not (
+                path is not None and (any(self.may_end(k) and self._ignored((*path, k)) for k in keys)
+                                      or (path[-1] == "meta_info" and not _STEP_KEYS.isdisjoint(keys))))
+            self._flat_keys[(keys, path)] = flat
+        if not flat:
             return None
         return sorted(obj.items())
 

@@ -11,7 +11,9 @@ The public API, all importable from here::
 * reading dumps: :func:`open_dump` / :class:`Dump`, :func:`load_step`; stores: :class:`Store`, :class:`StepStore`,
   :func:`DirectoryStore`, :func:`MemoryStore` (``rollout_mock.storage``);
 * comparing: :class:`MetricsWriter`, :func:`read_metrics`, :func:`verify`, :func:`diff_dumps`,
-  :func:`compare_batches`, :func:`batch_traces` (``rollout_mock.compare``);
+  :func:`compare_batches`, :func:`batch_traces` (``rollout_mock.compare``); check mode's verdicts:
+  :func:`read_check_verdicts` / :class:`CheckVerdict`; request matching:
+  :func:`register_volatile_fields`;
 * determinism: the ``rollout_mock.determinism`` package;
 * every error: defined in ``rollout_mock.errors`` and importable from here too (all subclass
   :class:`RolloutMockError`; :class:`MetricsWarning` is a warning).
@@ -59,6 +61,9 @@ _EXPORTS: dict[str, str] = {
     "DiffReport": "rollout_mock.compare.diff",
     "compare_batches": "rollout_mock.compare.batch_diff",
     "batch_traces": "rollout_mock.compare.traces",
+    "read_check_verdicts": "rollout_mock.wrap.check",
+    "CheckVerdict": "rollout_mock.wrap.check",
+    "register_volatile_fields": "rollout_mock.wrap.hooks",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
@@ -78,6 +83,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.storage.reader import Dump, load_step, open_dump, rank_rows
     from rollout_mock.storage.store import DirectoryStore, MemoryStore, StepStore, Store
     from rollout_mock.wrap.actor import mock_class
+    from rollout_mock.wrap.check import CheckVerdict, read_check_verdicts
+    from rollout_mock.wrap.hooks import register_volatile_fields
     from rollout_mock.wrap.scheduler import MockScheduler, wrap_scheduler
 
 

@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "BisectError",
     "ConfigError",
+    "CheckFailedError",
     "CorruptStepError",
     "DebugInputError",
     "DeterminismError",
@@ -35,7 +36,9 @@ __all__ = [
     "MetricsNotFoundError",
     "MetricsWarning",
     "MissingExtraError",
+    "ReplayMismatchError",
     "RolloutMockError",
+    "RolloutSettingsMismatchError",
     "SchedulerUnavailableError",
     "StepArgumentError",
     "StepExistsError",
@@ -43,6 +46,7 @@ __all__ = [
     "StreamNotFoundError",
     "TraceError",
     "UnsafePathError",
+    "UnrecordableBatchError",
     "UnsafePickleError",
     "VerifyInputError",
     "WriterError",
@@ -190,6 +194,58 @@ class DeterminismError(RolloutMockError):
         super().__init__(message)
         self.too_late = tuple(too_late)
         self.check = check
+
+
+class ReplayMismatchError(RolloutMockError, ValueError):
+    """Mock (or check) mode: a call asks for other data than the dump run's call of that step
+    (another batch size, other prompts, a shifted data loader, other sampling arguments...), so
+    the recorded batch is not what this run would have trained on. Raised *before* the batch is
+    served. ``step`` is the run's step, ``dump_step`` the recorded step it maps to, ``method`` the
+    intercepted method, ``argument`` the first argument (or path inside one) that differs,
+    ``recorded``/``live`` short descriptions of both values, and ``nearest`` a recorded step whose
+    request equals this call's, when there is one (e.g. a loader shifted by one step).
+    """
+
+    def __init__(self, message: str, *, method: str | None = None, argument: str | None = None,
+                 dump_step: int | None = None, recorded: str | None = None, live: str | None = None,
+                 nearest: int | None = None, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.method = method
+        self.argument = argument
+        self.dump_step = dump_step
+        self.recorded = recorded
+        self.live = live
+        self.nearest = nearest
+
+
+class RolloutSettingsMismatchError(ReplayMismatchError):
+    """The pre-flight check of mock (or check) mode: the rollout-side settings of this run (TRL's
+    ``num_generations``, batch sizes, sampling parameters...; ROLL's and verl's rollout config;
+    ``rollout_settings=``) differ from the ones recorded with the dump. Raised when the wrapper is
+    built, before the first training step. ``differences`` holds one ``(setting, recorded, live)``
+    tuple per setting that differs (every one, not only the first)."""
+
+    def __init__(self, message: str, *, differences: Sequence[tuple[str, Any, Any]], **context: Any) -> None:
+        first = differences[0] if differences else (None, None, None)
+        super().__init__(message, argument=first[0], recorded=repr(first[1]), live=repr(first[2]), **context)
+        self.differences = tuple(differences)
+
+
+class CheckFailedError(RolloutMockError):
+    """Check mode with ``check_min_match``: the live rollout of a step matches the recorded one
+    less than the threshold (e.g. stale weights on the inference engines). ``match`` is the
+    step's match fraction and ``threshold`` the configured minimum; the verdict was written."""
+
+    def __init__(self, message: str, *, match: float, threshold: float, **context: Any) -> None:
+        super().__init__(message, **context)
+        self.match = match
+        self.threshold = threshold
+
+
+class UnrecordableBatchError(RolloutMockError, TypeError):
+    """Dump mode: a batch holds values that cannot be replayed later (e.g. AReaL's remote-tensor
+    handles, whose data lives in another process and is gone at replay time). Raised at dump
+    time, before anything is written for that step; the message names the fix."""
 
 
 class MissingExtraError(RolloutMockError, ImportError):

@@ -1,7 +1,16 @@
 """Record/replay modes.
 
-Behaviour elsewhere is derived from :attr:`Mode.records` and :attr:`Mode.replays`, never from
-comparing mode strings, so that a new mode only needs its two properties defined here.
+Behaviour elsewhere is derived from :attr:`Mode.records`, :attr:`Mode.replays` and
+:attr:`Mode.runs_scheduler`, never from comparing mode strings, so that a new mode only needs its
+properties defined here:
+
+========  ===========  ===========  ==================
+mode      ``records``  ``replays``  ``runs_scheduler``
+========  ===========  ===========  ==================
+dump      yes          no           yes
+mock      no           yes          no
+check     no           yes          yes
+========  ===========  ===========  ==================
 """
 
 from __future__ import annotations
@@ -23,15 +32,25 @@ class Mode(str, Enum):
     MOCK = "mock"
     """Serve recorded batches; the real scheduler is never called (nor built)."""
 
+    CHECK = "check"
+    """Run the real scheduler *and* read the recorded batch of each step, compare the two key by
+    key (the verdict is logged and written beside the dump), then serve the recorded batch (or,
+    with ``check_serves: live``, the live one). No step is written (miles' "inject" mode)."""
+
     @property
     def records(self) -> bool:
-        """True when batches are written to the dump directory."""
+        """True when batches are written to the dump directory as steps."""
         return self is Mode.DUMP
 
     @property
     def replays(self) -> bool:
-        """True when batches are read from the dump directory instead of being generated."""
-        return self is Mode.MOCK
+        """True when the dump directory is read: recorded steps must be there (mock, check)."""
+        return self is not Mode.DUMP
+
+    @property
+    def runs_scheduler(self) -> bool:
+        """True when the real scheduler is built and called for every step (dump, check)."""
+        return self is not Mode.MOCK
 
     @classmethod
     def _missing_(cls, value: object) -> Mode | None:

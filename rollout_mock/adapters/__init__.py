@@ -10,7 +10,9 @@
 
 Names are imported lazily: ``import rollout_mock.adapters`` imports no framework. It does
 register the adapters' scheduler hooks (:mod:`rollout_mock.wrap.hooks`), e.g. switching off
-ROLL's built-in rollout mock on a scheduler that rollout_mock records.
+ROLL's built-in rollout mock on a scheduler that rollout_mock records, and each framework's
+volatile request fields (:data:`VOLATILE_FIELDS`), which request matching and check mode do not
+compare.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from rollout_mock.adapters import frameworks  # noqa: F401  (registers the frameworks: hooks, batch types, step names)
+from rollout_mock.adapters import frameworks  # noqa: F401  (registers the frameworks: hooks, batch types, step names, volatile fields)
+from rollout_mock.adapters.frameworks import VOLATILE_FIELDS
 
 _EXPORTS = {
     "roll_scheduler": "roll", "roll_handle": "roll", "roll_config": "roll",
@@ -29,6 +32,7 @@ _EXPORTS = {
 }
 
 __all__ = [
+    "VOLATILE_FIELDS",
     "ArealRollout", "VerlRollout", "detect_format", "import_foreign", "open_foreign", "roll_config",
     "roll_handle", "roll_scheduler", "wrap_areal", "wrap_verl_rollout",
 ]

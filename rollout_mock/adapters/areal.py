@@ -12,17 +12,64 @@ AReaL's PR #1407 numbers its files the same way), or set ``wrapper.step = global
 iteration; otherwise each call takes the next step. Per-rank dumps (SPMD, each data-parallel head
 sees a different subset): ``ranks: all``. Other attributes pass through to the engine.
 
+Single-controller mode (AReaL >= 1.0): the controller's ``rollout_batch``/``prepare_batch``
+return *remote-tensor handles* (``areal.infra.rpc.rtensor.RTensor``: a shard id, the address of
+the worker holding the data and a ``meta``-device tensor of its shape) instead of tensors. Their
+data lives in another process and is gone by replay time, so dump mode records the values: each
+handle is fetched with its own ``to_local()`` (AReaL's batched fetch, cached by AReaL) before the
+batch is captured, and the caller still gets the handles. A handle whose data cannot be fetched
+stops the dump with :class:`~rollout_mock.errors.UnrecordableBatchError` at dump time, naming
+the handle; replay never meets a handle. Mock mode serves the recorded values as local tensors.
+
+Resume: pass ``step=`` (the trainer's ``global_step``, restored by AReaL's recover/checkpoint
+logic), or ``state_dict()``/``load_state_dict()`` of the wrapper with your checkpoint: the resumed
+mock run then serves the records the dump run made at those steps.
+
 AReaL's own ``trajectory_debug`` files are read by :mod:`rollout_mock.adapters.foreign`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from rollout_mock.errors import UnrecordableBatchError
 from rollout_mock.wrap.scheduler import MockScheduler
 
-__all__ = ["ENGINE_CONTROL", "ArealRollout", "wrap_areal"]
+__all__ = ["ENGINE_CONTROL", "ArealRollout", "is_remote_tensor", "localize", "wrap_areal"]
+
+
+def is_remote_tensor(value: Any) -> bool:
+    """An AReaL remote-tensor handle (``RTensor``): a ``shard`` and a ``to_local()`` (duck-typed:
+    AReaL is not imported)."""
+    return (type(value).__name__ == "RTensor" and hasattr(value, "shard")
+            and callable(getattr(value, "to_local", None)))
+
+
+def localize(batch: Any, *, _depth: int = 0) -> Any:
+    """``batch`` with every remote-tensor handle replaced by its values (lists, tuples and dicts
+    are rebuilt; other values are kept). :class:`UnrecordableBatchError` when a handle's data
+    cannot be fetched."""
+    if is_remote_tensor(batch):
+        try:
+            return batch.to_local()
+        except Exception as exc:  # noqa: BLE001 - any fetch failure means: this batch cannot be recorded
+            shard = getattr(batch, "shard", None)
+            raise UnrecordableBatchError(
+                f"[RolloutMock] AReaL (mode=dump): a remote-tensor handle of the batch could not be fetched "
+                f"({type(exc).__name__}: {exc}; shard {getattr(shard, 'shard_id', '?')!r} on "
+                f"{getattr(shard, 'node_addr', '?')!r}); its values are needed to record the step (replay "
+                f"cannot reach the worker that holds them). Record while the rollout workers are up, or "
+                f"localize the batch (RTensor.localize) before returning it.", mode="dump") from exc
+    if _depth > 32:
+        return batch
+    if isinstance(batch, list):
+        return [localize(item, _depth=_depth + 1) for item in batch]
+    if isinstance(batch, tuple) and not hasattr(batch, "_fields"):
+        return tuple(localize(item, _depth=_depth + 1) for item in batch)
+    if isinstance(batch, dict):
+        return {key: localize(value, _depth=_depth + 1) for key, value in batch.items()}
+    return batch
 
 #: What AReaL's trainer calls on its rollout engine besides the batch methods (weight updates,
 #: offloading, shutdown). In mock mode there is no engine: these become no-ops (``get_version``
@@ -36,12 +83,14 @@ class ArealRollout:
 
     def __init__(self, engine: Any, config: Any, *, step: Callable[[], int] | None = None,
                  methods: Iterable[str] = ("rollout_batch", "prepare_batch"), split: str = "train",
-                 factory: Callable[[], Any] | None = None) -> None:
-        self._mock = MockScheduler(engine, config, methods=tuple(methods), split=split, factory=factory)
+                 factory: Callable[[], Any] | None = None,
+                 rollout_settings: Mapping[str, Any] | None = None) -> None:
+        self._mock = MockScheduler(engine, config, methods=tuple(methods), split=split, factory=factory,
+                                   rollout_settings=rollout_settings, capture=localize)
         self._step = step
         self._version = 0
         #: mock mode without an engine: the engine-control calls are no-ops
-        self._no_engine = engine is None and self._mock.enabled and self._mock.config.mode.replays
+        self._no_engine = engine is None and self._mock.enabled and not self._mock.config.mode.runs_scheduler
         for method in self._mock.methods:
             setattr(self, method, self._stepped(method))
 
@@ -90,7 +139,11 @@ class ArealRollout:
 
 def wrap_areal(engine: Any, config: Any, *, step: Callable[[], int] | None = None,
                methods: Iterable[str] = ("rollout_batch", "prepare_batch"),
-               factory: Callable[[], Any] | None = None) -> ArealRollout:
+               factory: Callable[[], Any] | None = None,
+               rollout_settings: Mapping[str, Any] | None = None) -> ArealRollout:
     """``engine`` (AReaL's train/inference engine, or ``None`` with ``factory`` in mock mode) with
-    ``rollout_batch``/``prepare_batch`` recorded or replayed."""
-    return ArealRollout(engine, config, step=step, methods=methods, factory=factory)
+    ``rollout_batch``/``prepare_batch`` recorded or replayed. ``rollout_settings``: e.g. the
+    ``gconfig`` (GenerationHyperparameters) and batch size, compared by mock mode's pre-flight
+    check."""
+    return ArealRollout(engine, config, step=step, methods=methods, factory=factory,
+                        rollout_settings=rollout_settings)

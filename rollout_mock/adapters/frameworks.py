@@ -44,11 +44,11 @@ from rollout_mock.batch import (
     type_name,
 )
 from rollout_mock.errors import RolloutMockError
-from rollout_mock.wrap.hooks import register_scheduler_hook
+from rollout_mock.wrap.hooks import register_scheduler_hook, register_volatile_fields
 
 __all__ = [
-    "DATAPROTO", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "disable_native_roll_mock",
-    "disable_native_roll_mock_in_actor", "has_native_roll_mock", "prepare_roll_scheduler",
+    "DATAPROTO", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "VOLATILE_FIELDS",
+    "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "has_native_roll_mock", "prepare_roll_scheduler",
 ]
 
 
@@ -337,3 +337,29 @@ def prepare_roll_scheduler(scheduler: Any) -> None:
         disable_native_roll_mock_in_actor(scheduler)
     else:
         disable_native_roll_mock(scheduler)
+
+
+# --------------------------------------------------------------------------- volatile request fields
+#: Fields of each framework's requests (and batches) that differ between two faithful runs of
+#: the same training: never compared by request matching or check mode.
+VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
+    # any framework: fields named as random ids, and wall-clock times in a meta_info
+    "common": ("*uuid*", "meta_info.*time*"),
+    # RayPPOTrainer.fit/_validate: ``uid = str(uuid.uuid4())`` per prompt, carried into
+    # generate_sequences' prompts and its output; ``timing`` of the output (seconds)
+    "verl": ("non_tensor_batch.uid", "meta_info.timing"),
+    # roll.utils.telemetry.inject_trace_context: W3C trace ids in every get_batch request;
+    # get_batch_return_start_time (a time.time()) and the timing metrics of its output
+    "roll": ("meta_info._otel_ctx", "meta_info.get_batch_return_start_time", "meta_info.metrics"),
+    # slime (slime.utils.types.Sample): the adapter keys its requests (no volatile argument);
+    # a sample's wall time, router session id and per-run engine statistics (prefix cache hits,
+    # speculative decoding) differ between faithful runs
+    "slime": ("non_generation_time", "session_id", "prefix_cache_info", "spec_info"),
+    # AReaL: the workflow executor's trajectories carry nothing random; remote-tensor handles are
+    # fetched before anything is digested or recorded (see adapters/areal.py)
+    "areal": (),
+    # TRL: the adapter digests the prompts only; generation timings are not in its records
+    "trl": (),
+}
+for _owner, _patterns in VOLATILE_FIELDS.items():
+    register_volatile_fields(_owner, *_patterns)

@@ -37,6 +37,18 @@ switched off (rollout_mock writes the files, with a manifest and checksums).
 
 The alternative, around the actor handle on the driver (no actor at all in mock mode), is
 :func:`roll_handle`.
+
+Faithful replay: when ``config`` is ROLL's pipeline config object, its rollout settings
+(:data:`SETTINGS`: batch sizes, lengths, group size, the ``generating_args`` of ``actor_infer``,
+``validation`` and the environment managers, the reward domains) are recorded with the dump and
+compared by mock and check mode before any actor is created
+(:class:`~rollout_mock.errors.RolloutSettingsMismatchError` lists every difference). Each
+``get_batch`` request is compared with the recorded one, less the trace context ROLL injects
+(``meta_info._otel_ctx``).
+
+Resume: ROLL's pipelines restore ``global_step`` from their checkpoint and put it in every
+request (``meta_info["global_step"]`` / ``global_step=``), so a resumed mock run serves the
+records of the steps it resumes at; nothing to configure.
 """
 
 from __future__ import annotations
@@ -49,9 +61,23 @@ from typing import Any
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.wrap.actor import mock_class
 from rollout_mock.wrap.calls import ray_actor_class
+from rollout_mock.wrap.mismatch import check_dump_settings
 from rollout_mock.wrap.scheduler import MockScheduler
 
-__all__ = ["LIFECYCLE_METHODS", "roll_config", "roll_handle", "roll_name", "roll_scheduler", "roll_split"]
+__all__ = [
+    "LIFECYCLE_METHODS", "SETTINGS", "roll_config", "roll_handle", "roll_name", "roll_scheduler", "roll_settings",
+    "roll_split",
+]
+
+#: What decides what ROLL's schedulers generate: attributes (dotted) of the pipeline config;
+#: absent ones are left out. Resource settings (GPUs, offloading) are not compared.
+SETTINGS = (
+    "rollout_batch_size", "val_batch_size", "sequence_length", "prompt_length", "response_length",
+    "val_prompt_length", "val_sequence_length", "num_return_sequences_in_group", "is_num_return_sequences_expand",
+    "async_generation_ratio", "generate_opt_level", "is_use_additional_prompts", "max_additional_running_prompts",
+    "actor_infer.generating_args", "validation.generating_args", "train_env_manager.generating_args",
+    "val_env_manager.generating_args", "adv_estimator",
+)
 
 #: Methods ROLL's pipelines call on a scheduler besides ``get_batch``; no-ops in mock mode.
 LIFECYCLE_METHODS = (
@@ -83,6 +109,31 @@ def roll_config(config: Any) -> RolloutMockConfig:
             wrapped["max_steps"] = max_steps
         return load_config(wrapped)
     return load_config(config)
+
+
+def roll_settings(config: Any) -> dict[str, Any] | None:
+    """The rollout settings (:data:`SETTINGS`, plus the reward domains) of a ROLL pipeline config
+    object; ``None`` for anything else (a YAML path, a mapping, a bare ``rollout_mock`` block)."""
+    if config is None or isinstance(config, (str, Mapping, RolloutMockConfig)) or hasattr(config, "__fspath__") \
+            or not hasattr(config, "rollout_mock"):
+        return None
+    out: dict[str, Any] = {}
+    for path in SETTINGS:
+        value: Any = config
+        for part in path.split("."):
+            value = getattr(value, part, _MISSING)
+            if value is _MISSING or value is None:
+                break
+        if value is not _MISSING and value is not None:
+            out[path] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) \
+                else value
+    rewards = getattr(config, "rewards", None)
+    if isinstance(rewards, Mapping):
+        out["rewards"] = sorted(str(k) for k in rewards)
+    return out
+
+
+_MISSING = object()
 
 
 def roll_split(arguments: Mapping[str, Any]) -> str:
@@ -135,13 +186,17 @@ def roll_scheduler(
     docstring). ``split``/``name`` override what is read from the constructor's arguments.
     With ``enable: false`` (or no block) ``cls`` itself is returned."""
     resolved = roll_config(config)
+    settings = roll_settings(config)
+    if resolved.enable and resolved.mode.replays:
+        check_dump_settings(resolved, settings)  # the pre-flight check, on the driver, before any actor
     wrapped = mock_class(
         cls, resolved,
         split=roll_split if split is None else split,
         name=roll_name if name is None else name,
         methods=methods,
+        rollout_settings=settings,
     )
-    if wrapped is cls or not resolved.mode.replays:
+    if wrapped is cls or resolved.mode.runs_scheduler:  # dump and check run the real scheduler
         return wrapped
     skip = set(methods)
     namespace: dict[str, Any] = {"__module__": cls.__module__}
@@ -177,4 +232,4 @@ def roll_handle(
 
         spec = ray.remote(spec)  # never instantiated: only tells mock mode to answer .remote()
     return MockScheduler(None, roll_config(config), factory=factory, spec=spec, split=split, name=name,
-                         methods=tuple(methods))
+                         methods=tuple(methods), rollout_settings=roll_settings(config))

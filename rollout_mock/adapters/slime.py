@@ -22,6 +22,16 @@ slime with ``--debug-train-only`` so it does not start the engines either). The 
 The record is plain data (``Sample.to_dict()`` dicts, nested as the rollout returned them), so a
 dump replays in safe mode; ``rollout-mock import`` converts slime's own
 ``--save-debug-rollout-data`` files into the same record.
+
+Faithful replay: the rollout settings in ``args`` (:data:`SETTINGS`: batch size, samples per
+prompt, sampling parameters, lengths, data keys) are recorded with the dump and compared when a
+mock run starts. A request is ``(evaluation, the data source's position)``: slime's
+``RolloutDataSource`` counts the prompts it hands out (``epoch_id``, ``sample_offset``,
+``sample_index``, ``sample_group_index``); the dump records the position each rollout left it
+at, and mock mode, whose rollouts do not read the data source, moves it there after serving
+each record, so the next request, and the data-source state slime checkpoints, are the dump
+run's. Resume: slime restores the data source's position from its checkpoint (``--load``), so a
+resumed mock run asks for, and is served, the records of the rollouts it resumes at.
 """
 
 from __future__ import annotations
@@ -39,9 +49,42 @@ from rollout_mock.errors import ConfigError
 from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = [
-    "DEFAULT_ROLLOUT", "RECORD_FORMAT", "generate_rollout", "output_from_record", "record_from_flat",
-    "record_from_output", "reset",
+    "DATA_SOURCE_STATE", "DEFAULT_ROLLOUT", "RECORD_FORMAT", "SETTINGS", "generate_rollout", "output_from_record",
+    "record_from_flat", "record_from_output", "reset", "slime_settings",
 ]
+
+#: slime arguments that decide what a rollout generates (absent ones are left out); paths,
+#: ports and resource settings are not compared.
+SETTINGS = (
+    "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "rollout_temperature",
+    "rollout_top_p", "rollout_top_k", "rollout_max_prompt_len", "rollout_max_response_len",
+    "rollout_max_context_len", "rollout_stop", "rollout_stop_token_ids", "rollout_skip_special_tokens",
+    "rollout_seed", "rollout_shuffle", "input_key", "label_key", "tool_key", "apply_chat_template",
+    "apply_chat_template_kwargs", "rm_type", "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p",
+    "eval_top_k", "eval_max_response_len",
+)
+#: The position of slime's ``RolloutDataSource`` in its data (what a request is matched on).
+DATA_SOURCE_STATE = ("epoch_id", "sample_offset", "sample_group_index", "sample_index")
+
+
+def slime_settings(args: Any) -> dict[str, Any]:
+    """The rollout settings (:data:`SETTINGS`) of slime's ``args``."""
+    return {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
+
+
+def _data_source_state(data_source: Any) -> dict[str, int]:
+    out = {}
+    for name in DATA_SOURCE_STATE:
+        value = getattr(data_source, name, None)
+        if type(value) is int:
+            out[name] = value
+    return out
+
+
+def _request(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The match key of ``generate_rollout``: evaluation or not, and the data source's position."""
+    return {"evaluation": bool(arguments.get("evaluation", False)),
+            "data_source": _data_source_state(arguments.get("data_source"))}
 
 DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
 RECORD_FORMAT = SLIME_RECORD_FORMAT  # the batch type of these records: adapters/frameworks.py
@@ -155,7 +198,9 @@ class _Rollout:
             self._function = _import_function(self.path)
         output = self._function(args, rollout_id, data_source, evaluation=evaluation)
         self.last_output = output
-        return record_from_output(output, evaluation=evaluation)
+        record = record_from_output(output, evaluation=evaluation)
+        record["data_source"] = _data_source_state(data_source)  # where the rollout left it
+        return record
 
 
 def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
@@ -168,7 +213,9 @@ def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
         if key not in _wrappers:
             inner = _Rollout(path)
             # The real rollout is only imported when called (dump mode, on_missing_step: record).
-            _wrappers[key] = (MockScheduler(inner, config, split=split, methods=("generate_rollout",)), inner)
+            _wrappers[key] = (MockScheduler(inner, config, split=split, methods=("generate_rollout",),
+                                            rollout_settings=slime_settings(args),
+                                            match_keys={"generate_rollout": _request}), inner)
         return _wrappers[key]
 
 
@@ -179,9 +226,15 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         return _import_function(inner.path)(args, rollout_id, data_source, evaluation=evaluation)
     inner.last_output = None
     record = mock.generate_rollout(args, rollout_id, data_source, evaluation=evaluation)
-    if inner.last_output is not None:  # the real rollout ran: hand back its own objects
+    if inner.last_output is not None and not mock.config.mode.replays:  # dump: hand back its own objects
         output, inner.last_output = inner.last_output, None
         return output
+    inner.last_output = None
+    position = record.get("data_source") if isinstance(record, Mapping) else None
+    if isinstance(position, Mapping) and not mock.config.mode.runs_scheduler:  # where the dump run left it
+        for name, value in position.items():
+            if name in DATA_SOURCE_STATE and type(value) is int and hasattr(data_source, name):
+                setattr(data_source, name, value)
     return output_from_record(record)
 
 

@@ -23,11 +23,27 @@ are re-applied and the generators restored (``replay_rng``), so the training sid
 reference log-probs, advantages, loss, optimizer — is recomputed on the same numbers and the
 same random stream, and ``trainer.state.log_history`` matches the dump run's bit for bit.
 
-The step of a training generation is its index, ``trainer._step // (steps_per_generation *
-num_iterations)``, so gradient accumulation, ``steps_per_generation > 1`` and resuming from a
-checkpoint all find the right record; evaluation generations go to the ``val`` split, numbered
-in call order. A generation call that was not recorded raises
+The record of a training generation is found by its index: the micro-step it runs at divided by
+``steps_per_generation * num_iterations``. TRL counts micro-steps in ``trainer._step`` from the
+start of ``train()``, also when it resumes from a checkpoint; the micro-step a resumed run starts
+at is ``state.global_step * gradient_accumulation_steps``, with ``global_step`` restored from the
+checkpoint (read when training begins). So gradient accumulation, ``steps_per_generation > 1``
+and a run resumed from a checkpoint (``trainer.train(resume_from_checkpoint=...)``) all find the
+record the dump run made at that point (a resume off a generation boundary, where TRL generates
+anew, cannot be replayed: :class:`~rollout_mock.errors.ReplayMismatchError`). Evaluation
+generations go to the ``val`` split; each records the optimizer step it ran at, and mock mode
+serves the ``i``-th generation of an evaluation at step ``g`` the dump run's ``i``-th one at
+``g`` (resumed runs included). A generation call that was not recorded raises
 :class:`~rollout_mock.errors.StepNotFoundError` (``on_missing_step`` policies apply).
+
+Before anything is generated or trained on, mock mode checks (see docs/faithful-replay.md): the
+rollout settings (:data:`SETTINGS`, reward functions..., when ``wrap_trl`` is called:
+:class:`~rollout_mock.errors.RolloutSettingsMismatchError` lists every difference); each
+generation's prompts against the recorded ones (:class:`~rollout_mock.errors.ReplayMismatchError`);
+the live ``state.num_input_tokens_seen`` against the dump run's at that generation (it is then
+advanced by the recorded tokens, never overwritten). Check mode (``mode: check``) generates live,
+compares the generation with the record and serves the record (or, ``check_serves: live``, the
+live generation).
 
 Covered: TRL 1.x ``GRPOTrainer`` and ``RLOOTrainer`` (the method names above); text prompts
 (conversational or not), tool calls and ``rollout_func`` outputs made of plain data. Images in
@@ -39,16 +55,57 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.errors import ConfigError
+from rollout_mock.config import CheckServes, RolloutMockConfig, load_config
+from rollout_mock.errors import ConfigError, ReplayMismatchError, StepNotFoundError
 from rollout_mock.wrap.rng import capture_rng, restore_rng
 from rollout_mock.wrap.scheduler import MockScheduler
 
-__all__ = ["RECORD_FORMAT", "TrlRollout", "wrap_trl"]
+__all__ = ["RECORD_FORMAT", "SETTINGS", "TrlRollout", "trl_settings", "wrap_trl"]
 
 #: ``format`` of one recorded generation call.
 RECORD_FORMAT = "rollout_mock.trl/1"
 _METHOD = "rollout"
+#: The ``GRPOConfig``/``RLOOConfig`` fields that decide what a generation call produces (those a
+#: TRL version lacks are left out): the pre-flight check compares them.
+SETTINGS = (
+    "num_generations", "num_generations_eval", "per_device_train_batch_size", "per_device_eval_batch_size",
+    "gradient_accumulation_steps", "steps_per_generation", "generation_batch_size", "num_iterations",
+    "max_prompt_length", "max_completion_length", "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "generation_kwargs", "chat_template_kwargs", "use_vllm", "vllm_mode",
+    "use_transformers_paged", "cache_implementation", "mask_truncated_completions", "reward_weights",
+)
+#: The names of the generation's outputs (``_generate``'s tuple), for check mode's comparison.
+_OUTPUT_NAMES = ("prompt_ids", "completion_ids", "tool_mask", "completions", "logprobs", "extra_fields", "images",
+                 "tool_images")
+
+
+def _name(function: Any) -> str:
+    name = getattr(function, "__qualname__", None) or getattr(function, "__name__", None)
+    return str(name or type(function).__name__)
+
+
+def trl_settings(trainer: Any) -> dict[str, Any]:
+    """The rollout-side settings of a TRL trainer (:data:`SETTINGS`, the reward functions, the
+    rollout function, the tools and the number of processes)."""
+    args = trainer.args
+    out: dict[str, Any] = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
+    out["trainer"] = type(trainer).__name__
+    out["reward_funcs"] = list(getattr(trainer, "reward_func_names", None) or
+                               [_name(f) for f in getattr(trainer, "reward_funcs", None) or []])
+    rollout_func = getattr(trainer, "rollout_func", None)
+    out["rollout_func"] = None if rollout_func is None else _name(rollout_func)
+    out["tools"] = [_name(t) for t in getattr(trainer, "tools", None) or []]
+    accelerator = getattr(trainer, "accelerator", None)
+    out["num_processes"] = int(getattr(accelerator, "num_processes", 1) or 1)
+    return out
+
+
+def _named_output(record: Any) -> Any:
+    """What check mode compares of a record: the generation's outputs by name."""
+    output = record["generate"]["output"] if isinstance(record, Mapping) and "generate" in record else record
+    if isinstance(output, list | tuple):
+        return dict(zip(_OUTPUT_NAMES, output))
+    return output
 
 
 def _snapshot(lists: Mapping[str, Any]) -> dict[str, list[Any]]:
@@ -89,7 +146,8 @@ class _Source:
     def __init__(self) -> None:
         self.pending: dict[str, Any] | None = None
 
-    def rollout(self, global_step: int | None = None) -> dict[str, Any]:
+    def rollout(self, prompts: Any = None, global_step: int | None = None,
+                trainer_step: int | None = None) -> dict[str, Any]:
         record, self.pending = self.pending, None
         if record is None:  # pragma: no cover - the wrappers always set it first
             raise RuntimeError("[RolloutMock] TRL: no generation to record")
@@ -104,14 +162,20 @@ class TrlRollout:
         self.trainer = trainer
         self.config = config
         self.rng = config.replay_rng is not False  # auto (null) means on: generation runs in-process
+        self.settings = trl_settings(trainer)
         self._source = _Source()
         self._schedulers: dict[str, MockScheduler] = {}
         self._current: dict[str, Any] | None = None
+        #: eval generations of this run at each optimizer step (the i-th one at step g)
+        self._evals: dict[int, int] = {}
+        #: (state.global_step, trainer._step) when training began (a resumed run: its checkpoint's step)
+        self.start: tuple[int, int] | None = None
+        self._val_steps: dict[tuple[int, int], int] | None = None
         self._generate = trainer._generate
         self._calculate_rewards = trainer._calculate_rewards
+        self._scheduler("train")  # mock mode: fail now if the dump cannot be opened or the settings differ
         trainer._generate = self.generate
         trainer._calculate_rewards = self.calculate_rewards
-        self._scheduler("train")  # mock mode: fail now if the dump cannot be opened
 
     # ------------------------------------------------------------------ helpers
     def _mode(self) -> str:
@@ -120,19 +184,74 @@ class TrlRollout:
     def _scheduler(self, split: str) -> MockScheduler:
         scheduler = self._schedulers.get(split)
         if scheduler is None:
-            real = self._source if self.config.mode.records else None
-            scheduler = MockScheduler(real, self.config, split=split, methods=(_METHOD,), spec=_Source)
+            real = self._source if self.config.mode.runs_scheduler else None
+            scheduler = MockScheduler(real, self.config, split=split, methods=(_METHOD,), spec=_Source,
+                                      rollout_settings=self.settings, check_views={_METHOD: _named_output})
             self._schedulers[split] = scheduler
         return scheduler
 
-    def _call(self, mode: str) -> dict[str, Any]:
-        """Dump: record ``self._source.pending``; mock: the recorded record of this call."""
-        if mode == "train":
-            trainer = self.trainer
-            every = trainer.args.steps_per_generation * trainer.num_iterations
-            result = self._scheduler("train").rollout(global_step=trainer._step // every)
+    def generation_index(self) -> int:
+        """The index of the current training generation (see the module docstring)."""
+        trainer = self.trainer
+        accumulation = int(trainer.args.gradient_accumulation_steps)
+        if self.start is None:  # train() did not announce itself: infer the start from the step
+            micro = int(trainer.state.global_step) * accumulation + int(trainer._step) % accumulation
         else:
-            result = self._scheduler("val").rollout()
+            micro = self.start[0] * accumulation + int(trainer._step) - self.start[1]
+        every = int(trainer.args.steps_per_generation) * int(trainer.num_iterations)
+        if micro % every and self.config.mode.replays:
+            raise ReplayMismatchError(
+                f"[RolloutMock] TRL (mode={self.config.mode.value}): this run generates at micro-step {micro} "
+                f"(optimizer step {trainer.state.global_step}), inside the dump run's generation {micro // every} "
+                f"(one every {every} micro-steps): it resumed from a checkpoint that is not at a generation "
+                f"boundary, where TRL generates anew while the dump run trained on its buffered generation, so "
+                f"no record reproduces it. Resume from a checkpoint whose step is a multiple of "
+                f"steps_per_generation * num_iterations / gradient_accumulation_steps.",
+                method="_generate", argument="resume step", mode=self.config.mode.value,
+                step=int(trainer.state.global_step), path=self.config.dump_dir)
+        return micro // every
+
+    def _val_step(self, optimizer_step: int) -> tuple[int, int]:
+        """``(val step, i)``: the step of the dump run's ``i``-th evaluation generation at
+        ``optimizer_step`` (dump mode: the next step in call order)."""
+        index = self._evals.get(optimizer_step, 0)
+        self._evals[optimizer_step] = index + 1
+        scheduler = self._scheduler("val")
+        if self.config.mode.records:
+            return scheduler.step, index
+        if self._val_steps is None:
+            interceptor = scheduler.interceptor
+            assert interceptor is not None
+            found: dict[tuple[int, int], int] = {}
+            seen: dict[int, int] = {}
+            for step in interceptor.store.steps(interceptor.stream):
+                entry = interceptor.store.entry(interceptor.stream, step)
+                at = ((entry.call if entry is not None else None) or {}).get("kwargs", {}).get("trainer_step")
+                if type(at) is int:
+                    found[(at, seen.get(at, 0))] = step
+                    seen[at] = seen.get(at, 0) + 1
+            self._val_steps = found
+        if not self._val_steps:  # a dump recorded before evaluations were keyed: call order
+            return sum(self._evals.values()) - 1, index
+        found_step = self._val_steps.get((optimizer_step, index))
+        if found_step is None:
+            recorded = sorted({g for g, _ in self._val_steps})
+            raise StepNotFoundError(
+                f"[RolloutMock] TRL (mode={self.config.mode.value}): evaluation generation {index} at optimizer step "
+                f"{optimizer_step} was not recorded in {self.config.dump_dir} (the dump run evaluated at steps "
+                f"{recorded[:20]}); run the evaluations at the dump run's steps (eval_steps, eval_on_start)",
+                mode=self.config.mode.value, split="val", step=optimizer_step, path=self.config.dump_dir)
+        return found_step, index
+
+    def _call(self, mode: str, prompts: Any) -> dict[str, Any]:
+        """Dump: record ``self._source.pending``; mock: the recorded record of this call; check:
+        the recorded or the live record, after comparing them."""
+        if mode == "train":
+            result = self._scheduler("train").rollout(prompts, global_step=self.generation_index())
+        else:
+            optimizer_step = int(self.trainer.state.global_step)
+            step, _ = self._val_step(optimizer_step)
+            result = self._scheduler("val").rollout(prompts, global_step=step, trainer_step=optimizer_step)
         if not isinstance(result, dict) or result.get("format") != RECORD_FORMAT:
             raise ConfigError(
                 f"[RolloutMock] TRL ({self.config.mode.value}): {self.config.dump_dir} holds no TRL "
@@ -141,22 +260,43 @@ class TrlRollout:
             )
         return result
 
+    def _replay_generation(self, record: dict[str, Any], mode: str) -> Any:
+        """Re-apply a recorded generation's side effects; return its output."""
+        trainer = self.trainer
+        generated = record["generate"]
+        _apply(trainer._metrics[mode], generated["metrics"])
+        before = generated.get("num_input_tokens_before")
+        live = trainer.state.num_input_tokens_seen
+        if before is None:  # recorded before the counter was checked: the recorded value, as then
+            trainer.state.num_input_tokens_seen = generated["num_input_tokens_seen"]
+        elif live != before:
+            raise ReplayMismatchError(
+                f"[RolloutMock] TRL (mode={self.config.mode.value}): generation at optimizer step "
+                f"{trainer.state.global_step}: this run has seen {live} input tokens, the dump run had seen {before} "
+                f"at this generation, so this run is not at the point the record was made (resumed from another "
+                f"checkpoint, or other data before it). The record is not served.",
+                method="_generate", argument="state.num_input_tokens_seen", recorded=str(before), live=str(live),
+                mode=self.config.mode.value, step=int(trainer.state.global_step), path=self.config.dump_dir)
+        else:
+            trainer.state.num_input_tokens_seen = live + (generated["num_input_tokens_seen"] - before)
+        if self.rng and generated["rng"] is not None:
+            restore_rng(generated["rng"])
+        output = generated["output"]
+        return tuple(output) if generated["tuple"] else output
+
     # ------------------------------------------------------------------ wrapped methods
     def generate(self, prompts: list[Any]) -> Any:
         trainer = self.trainer
         mode = self._mode()
-        if self.config.mode.replays:
-            record = self._call(mode)
-            _apply(trainer._metrics[mode], record["generate"]["metrics"])
-            trainer.state.num_input_tokens_seen = record["generate"]["num_input_tokens_seen"]
-            if self.rng and record["generate"]["rng"] is not None:
-                restore_rng(record["generate"]["rng"])
+        if not self.config.mode.runs_scheduler:
+            record = self._call(mode, prompts)
+            output = self._replay_generation(record, mode)
             self._current = record
-            output = record["generate"]["output"]
-            return tuple(output) if record["generate"]["tuple"] else output
+            return output
         before = _snapshot(trainer._metrics[mode])
+        tokens_before = trainer.state.num_input_tokens_seen
         output = self._generate(prompts)
-        self._current = {
+        live = {
             "format": RECORD_FORMAT,
             "mode": mode,
             "global_step": int(trainer.state.global_step),
@@ -165,11 +305,26 @@ class TrlRollout:
                 "output": list(output) if isinstance(output, tuple) else output,
                 "tuple": isinstance(output, tuple),
                 "metrics": _delta(before, trainer._metrics[mode]),
+                "num_input_tokens_before": tokens_before,
                 "num_input_tokens_seen": trainer.state.num_input_tokens_seen,
                 "rng": capture_rng() if self.rng else None,
             },
         }
-        return output
+        if self.config.mode.records or self.config.check_serves is CheckServes.LIVE:
+            if not self.config.mode.records:  # check mode, live served: compare now, rewards run live
+                self._source.pending = live
+                self._call(mode, prompts)
+                live["checked"] = True
+            self._current = live
+            return output
+        # check mode, the record served: compare, then undo the live call's side effects
+        self._source.pending = live
+        record = self._call(mode, prompts)
+        trainer._metrics[mode].clear()
+        trainer._metrics[mode].update({k: list(v) for k, v in before.items()})
+        trainer.state.num_input_tokens_seen = tokens_before
+        self._current = record
+        return self._replay_generation(record, mode)
 
     def calculate_rewards(self, inputs: Any, prompts: Any, completions: Any, completion_ids_list: Any) -> Any:
         trainer = self.trainer
@@ -180,7 +335,7 @@ class TrlRollout:
                 "wrap_trl supports trainers that score right after _generate (GRPO, RLOO)",
                 mode=self.config.mode.value,
             )
-        if self.config.mode.replays:
+        if "rewards" in record:  # a recorded generation is served: so are its rewards
             rewards = record["rewards"]
             _apply(trainer._pending_metrics, rewards["pending_metrics"])
             _apply(trainer._pending_extra_logs, rewards["pending_extra_logs"])
@@ -190,6 +345,8 @@ class TrlRollout:
         metrics = _snapshot(trainer._pending_metrics)
         extra = _snapshot(trainer._pending_extra_logs)
         rewards_per_func = self._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        if record.pop("checked", False):
+            return rewards_per_func
         record["rewards"] = {
             "rewards_per_func": rewards_per_func.detach().cpu().clone(),
             "pending_metrics": _delta(metrics, trainer._pending_metrics),
@@ -197,7 +354,7 @@ class TrlRollout:
             "rng": capture_rng() if self.rng else None,
         }
         self._source.pending = record
-        self._call(record["mode"])
+        self._call(record["mode"], prompts)
         return rewards_per_func
 
     # ------------------------------------------------------------------ lifecycle
@@ -216,7 +373,11 @@ def _callback(rollout: TrlRollout) -> Any:
     from transformers import TrainerCallback
 
     class RolloutMockCallback(TrainerCallback):
-        """Flushes the dump at each save and closes it when training ends."""
+        """Notes where training starts (a resumed run: the checkpoint's step), flushes the dump at
+        each save and closes it when training ends."""
+
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            rollout.start = (int(state.global_step), int(rollout.trainer._step))
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             rollout.flush()

@@ -13,6 +13,16 @@ verl's ``RayPPOTrainer`` gets every rollout from ``generate_sequences(prompts: D
 validation batches (``meta_info["validate"]`` true) are recorded and replayed in the ``val``
 split, training batches in ``train``. Every other attribute passes through to the real object.
 
+The pre-flight check compares the rollout settings (:data:`SETTINGS`, read from
+``trainer.config``: the sampling parameters and lengths of ``actor_rollout_ref.rollout``, the
+batch sizes and lengths of ``data``) with the dump run's. Request matching compares every
+``generate_sequences`` request except the random ``uid`` verl gives each prompt.
+
+Resume: verl restores ``trainer.global_steps`` from ``global_step_N`` checkpoints and tags every
+request with it (``meta_info["global_steps"]``), so a resumed mock run serves the records of the
+steps it resumes at, with nothing to configure; its dataloader state is restored by verl too, so
+its prompts match the recorded ones (request matching says so when they do not).
+
 verl's own ``skip.rollout`` dumps are read by :mod:`rollout_mock.adapters.foreign`
 (``open_foreign(path, trust=True)`` or ``rollout-mock import``).
 """
@@ -26,10 +36,59 @@ from rollout_mock.config import load_config
 from rollout_mock.errors import ConfigError
 from rollout_mock.wrap.scheduler import MockScheduler
 
-__all__ = ["ATTRIBUTES", "VerlRollout", "is_validation", "wrap_verl_rollout"]
+__all__ = ["ATTRIBUTES", "SETTINGS", "VerlRollout", "is_validation", "verl_settings", "wrap_verl_rollout"]
 
 #: Trainer attributes holding the rollout, newest verl first.
 ATTRIBUTES = ("async_rollout_manager", "actor_rollout_wg")
+#: What decides what verl's rollout generates: dotted paths in the trainer's config (absent ones
+#: are left out). Resource settings (GPU memory, parallel sizes) are not compared: a mock run
+#: starts no engine and may run on another layout.
+SETTINGS = (
+    "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode", "actor_rollout_ref.rollout.temperature",
+    "actor_rollout_ref.rollout.top_k", "actor_rollout_ref.rollout.top_p", "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.do_sample", "actor_rollout_ref.rollout.prompt_length",
+    "actor_rollout_ref.rollout.response_length", "actor_rollout_ref.rollout.dtype",
+    "actor_rollout_ref.rollout.ignore_eos", "actor_rollout_ref.rollout.calculate_log_probs",
+    "actor_rollout_ref.rollout.val_kwargs", "actor_rollout_ref.rollout.multi_turn",
+    "data.train_batch_size", "data.val_batch_size", "data.max_prompt_length", "data.max_response_length",
+    "data.truncation", "data.return_raw_chat", "algorithm.adv_estimator",
+)
+
+
+def _lookup(config: Any, path: str) -> tuple[bool, Any]:
+    value = config
+    for part in path.split("."):
+        if isinstance(value, Mapping):
+            if part not in value:
+                return False, None
+            value = value[part]
+        elif hasattr(value, part):
+            value = getattr(value, part)
+        else:
+            return False, None
+    return True, value
+
+
+def _plain(value: Any) -> Any:
+    """An OmegaConf node as plain containers (other values unchanged)."""
+    if type(value).__module__.startswith("omegaconf"):
+        from omegaconf import OmegaConf
+
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def verl_settings(config: Any) -> dict[str, Any] | None:
+    """The rollout settings (:data:`SETTINGS`) of verl's trainer config (an OmegaConf
+    ``DictConfig`` or a mapping); ``None`` without a config."""
+    if config is None:
+        return None
+    out: dict[str, Any] = {}
+    for path in SETTINGS:
+        found, value = _lookup(config, path)
+        if found:
+            out[path] = _plain(value)
+    return out
 
 
 def is_validation(prompts: Any) -> bool:
@@ -40,12 +99,14 @@ def is_validation(prompts: Any) -> bool:
 class VerlRollout:
     """``generate_sequences`` recorded/replayed per split; everything else passes through."""
 
-    def __init__(self, rollout: Any, config: Any, *, method: str = "generate_sequences") -> None:
+    def __init__(self, rollout: Any, config: Any, *, method: str = "generate_sequences",
+                 rollout_settings: Mapping[str, Any] | None = None) -> None:
         self._rollout = rollout
         self._method = method
         cfg = load_config(config)
         self._splits = {
-            split: MockScheduler(rollout, cfg, split=split, methods=(method,)) for split in ("train", "val")
+            split: MockScheduler(rollout, cfg, split=split, methods=(method,), rollout_settings=rollout_settings)
+            for split in ("train", "val")
         }
 
     def __repr__(self) -> str:
@@ -75,8 +136,9 @@ def wrap_verl_rollout(trainer: Any, config: Any = None, *, attribute: str | None
     ``trainer.config`` (verl's OmegaConf config holding ``rollout_mock:``, e.g. from
     ``+rollout_mock.enable=true +rollout_mock.mode=dump +rollout_mock.dump_dir=...``).
     """
+    trainer_config = getattr(trainer, "config", None)
     if config is None:
-        config = getattr(trainer, "config", None)
+        config = trainer_config
         if config is None:
             raise ConfigError("wrap_verl_rollout: the trainer has no .config; pass config=")
         if "rollout_mock" not in config:
@@ -90,7 +152,7 @@ def wrap_verl_rollout(trainer: Any, config: Any = None, *, attribute: str | None
         if rollout is not None and callable(getattr(rollout, "generate_sequences", None)):
             if isinstance(rollout, VerlRollout):
                 return rollout
-            wrapped = VerlRollout(rollout, cfg)
+            wrapped = VerlRollout(rollout, cfg, rollout_settings=verl_settings(trainer_config))
             setattr(trainer, name, wrapped)
             return wrapped
     raise ConfigError(

@@ -8,16 +8,30 @@ YAML files, mappings and OmegaConf objects are read.
 from rollout_mock.config.debug_settings import VerdictAction, VerdictConfig, WatchdogConfig
 from rollout_mock.config.loading import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_config
 from rollout_mock.config.model import BLOCK_KEY, MAX_ERROR_LINES, RolloutMockConfig, build_config
+from rollout_mock.config.parts import (
+    CheckSettings,
+    ConfigParts,
+    MatchSettings,
+    RecordSettings,
+    ReplaySettings,
+    StoreSettings,
+    config_parts,
+)
 from rollout_mock.config.policies import (
+    CheckServes,
     DiskFullPolicy,
     FingerprintPolicy,
+    MismatchPolicy,
     MissingStepPolicy,
     RankPolicy,
     ReplayRows,
+    Tolerance,
 )
 
 __all__ = [
-    "BLOCK_KEY", "MAX_CONFIG_BYTES", "MAX_ERROR_LINES", "MAX_YAML_NODES", "DiskFullPolicy",
-    "FingerprintPolicy", "MissingStepPolicy", "RankPolicy", "ReplayRows", "RolloutMockConfig",
-    "VerdictAction", "VerdictConfig", "WatchdogConfig", "build_config", "load_config",
+    "BLOCK_KEY", "MAX_CONFIG_BYTES", "MAX_ERROR_LINES", "MAX_YAML_NODES", "CheckServes", "CheckSettings",
+    "ConfigParts", "DiskFullPolicy", "FingerprintPolicy", "MatchSettings", "MismatchPolicy", "MissingStepPolicy",
+    "RankPolicy", "RecordSettings", "ReplayRows", "ReplaySettings", "RolloutMockConfig", "StoreSettings",
+    "Tolerance", "VerdictAction", "VerdictConfig", "WatchdogConfig", "build_config", "config_parts",
+    "load_config",
 ]

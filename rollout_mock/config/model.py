@@ -27,7 +27,16 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
-from rollout_mock.config.policies import DiskFullPolicy, FingerprintPolicy, MissingStepPolicy, RankPolicy, ReplayRows
+from rollout_mock.config.policies import (
+    CheckServes,
+    DiskFullPolicy,
+    FingerprintPolicy,
+    MismatchPolicy,
+    MissingStepPolicy,
+    RankPolicy,
+    ReplayRows,
+    Tolerance,
+)
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
 from rollout_mock.text import logger, short_repr
@@ -51,7 +60,8 @@ class RolloutMockConfig(BaseModel):
     """Master switch. ``false`` means no interception at all."""
 
     mode: Mode = Mode.DUMP
-    """``dump`` records batches, ``mock`` replays them."""
+    """``dump`` records batches, ``mock`` replays them, ``check`` runs the real rollout, compares
+    its batch with the recorded one and serves the recorded one (see ``check_serves``)."""
 
     dump_dir: str = "./rollout_mock_dumps"
     """Directory holding ``manifest.json`` and ``{split}/step_{step:06d}.pkl``, or an fsspec URL
@@ -160,6 +170,34 @@ class RolloutMockConfig(BaseModel):
     """Mock mode: explicit ``{run_step: dump_step}`` pairs (e.g. ``{0: 30}`` to start a run on the
     dump's step 30); other steps use ``step_offset``."""
 
+    match_on: list[str] | None = None
+    """Mock and check mode: what of a call must equal the dump run's call of that step before its
+    recorded batch is served (request matching; a difference raises ReplayMismatchError).
+    ``null`` (default): every argument except the step, tensors/arrays/DataProto/TensorDict by
+    content, containers recursively, less the fields the framework adapters declare volatile
+    (random uids, trace ids); a list of argument names or dotted paths inside them (``[prompts,
+    data.batch.input_ids]``) compares only those; ``[step]`` compares nothing (the step alone picks
+    the record). Dump mode records a digest of every call, unless ``[step]``."""
+
+    on_mismatch: MismatchPolicy = MismatchPolicy.ERROR
+    """Mock and check mode: a call that does not match its recorded call (see ``match_on``), or
+    rollout settings that differ from the recorded ones: ``error`` (default) raises
+    ReplayMismatchError before serving; ``warn`` logs the explanation and serves anyway."""
+
+    check_serves: CheckServes = CheckServes.RECORDED
+    """Check mode: serve the ``recorded`` batch (default: training stays on the recorded data) or
+    the ``live`` one the real rollout just produced."""
+
+    check_min_match: float | None = Field(default=None, ge=0, le=1)
+    """Check mode: fail (CheckFailedError) at the first step whose match fraction is below this
+    (token sequences: the fraction of equal tokens; otherwise the fraction of equal values), e.g.
+    ``0.9`` as miles' ``--ci-inject-rollout-data-min-match-ratio``. ``null``: never fail."""
+
+    check_tolerances: dict[str, Tolerance] | None = None
+    """Check mode: ``{key pattern: {rtol, atol}}`` for floating-point keys (patterns are dotted
+    paths with ``*`` wildcards, matched against the end of a key: ``logprobs``,
+    ``batch.*log_prob*``). Keys without a pattern must be bit-identical."""
+
     @field_validator("mode", mode="before")
     @classmethod
     def _parse_mode(cls, value: Any) -> Any:
@@ -197,6 +235,17 @@ class RolloutMockConfig(BaseModel):
                     f"must be a name without '/', '\\', '@', '..' or a leading '.' (pattern "
                     f"{NAME_PATTERN.pattern}): it becomes a directory inside dump_dir"
                 )
+        return value
+
+    @field_validator("match_on")
+    @classmethod
+    def _check_match_on(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return value
+        if not value or any(not isinstance(k, str) or not k.strip() for k in value):
+            raise ValueError("must be a non-empty list of argument names or dotted paths (or [step])")
+        if "step" in value and len(value) > 1:
+            raise ValueError("'step' means 'match on the step alone': it cannot be combined with other names")
         return value
 
     @field_validator("step_map")
@@ -287,9 +336,9 @@ def _check_dump_dir_given(config: RolloutMockConfig) -> None:
     if not config.enable or "dump_dir" in config.model_fields_set:
         return
     default = RolloutMockConfig.model_fields["dump_dir"].default
-    if config.mode is Mode.MOCK:
+    if config.mode.replays:
         raise ConfigError(
-            f"{BLOCK_KEY}.dump_dir: missing in mock mode; set it to the dump_dir the dump-mode run "
+            f"{BLOCK_KEY}.dump_dir: missing in {config.mode.value} mode; set it to the dump_dir the dump-mode run "
             f"wrote, e.g. `dump_dir: ./dumps/baseline_v1`"
         )
     if not _warned_default_dump_dir:

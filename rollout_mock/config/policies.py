@@ -7,7 +7,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DiskFullPolicy", "FingerprintPolicy", "MissingStepPolicy", "RankPolicy", "ReplayRows"]
+__all__ = [
+    "CheckServes", "DiskFullPolicy", "FingerprintPolicy", "MismatchPolicy", "MissingStepPolicy", "RankPolicy",
+    "ReplayRows", "Tolerance",
+]
 
 
 class DiskFullPolicy(str, Enum):
@@ -43,6 +46,26 @@ class MissingStepPolicy(str, Enum):
     scheduler: an instance or a ``factory``; ``mock_class`` runs the class's ``__init__`` then)."""
 
 
+class MismatchPolicy(str, Enum):
+    """What mock (and check) mode does when a call asks for other data than the recorded call."""
+
+    ERROR = "error"
+    """Raise :class:`~rollout_mock.errors.ReplayMismatchError` before serving the step (default)."""
+
+    WARN = "warn"
+    """Log the same explanation as a warning (once per method) and serve the recorded step."""
+
+
+class CheckServes(str, Enum):
+    """Check mode: which of the two batches of a step the caller gets."""
+
+    RECORDED = "recorded"
+    """The recorded batch (default): training stays on the recorded data."""
+
+    LIVE = "live"
+    """The batch the real rollout just produced."""
+
+
 class RankPolicy(str, Enum):
     """Which torch.distributed ranks write in dump mode."""
 
@@ -65,3 +88,13 @@ class ReplayRows(BaseModel):
     def model_post_init(self, __context: Any) -> None:
         if self.dp_rank >= self.dp_size:
             raise ValueError(f"dp_rank {self.dp_rank} must be below dp_size {self.dp_size}")
+
+
+class Tolerance(BaseModel):
+    """Check mode: how close two floating-point values of a key must be to count as equal
+    (``|live - recorded| <= atol + rtol * |recorded|``, NaN equal to NaN)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rtol: float = Field(default=0.0, ge=0)
+    atol: float = Field(default=0.0, ge=0)

@@ -15,9 +15,10 @@ from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.determinism import apply_from_env
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
 from rollout_mock.text import logger
-from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
+from rollout_mock.wrap.calls import detect_convention, parameter_names, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor
+from rollout_mock.wrap.mismatch import KeyFunction, flatten_settings
 
 __all__ = ["mock_class"]
 
@@ -63,6 +64,8 @@ def mock_class(
     name: str | Callable[[dict[str, Any]], str | None] | None = None,
     rank: int | None = None,
     apply_determinism: bool = True,
+    rollout_settings: Mapping[str, Any] | None = None,
+    match_keys: Mapping[str, KeyFunction] | None = None,
 ) -> _C:
     """A subclass of ``cls`` whose ``methods`` are recorded/replayed inside each instance.
 
@@ -77,7 +80,9 @@ def mock_class(
     * Mock mode: ``cls.__init__`` is **not** run (it would start inference engines and
       environment workers); the instance only replays. Attributes ``__init__`` would have set do
       not exist: reading one raises :class:`~rollout_mock.errors.SchedulerUnavailableError`
-      (an ``AttributeError``) saying so.
+      (an ``AttributeError``) saying so. Check mode runs ``cls.__init__``, as dump mode does.
+    * ``rollout_settings`` and ``match_keys``: as for :class:`~rollout_mock.MockScheduler`; the
+      settings are compared when each instance is built (the pre-flight check).
     * Extra methods: ``rollout_mock_close()`` (flush every pending step to disk and release the
       dump directory: call it, e.g. ``ray.get(actor.rollout_mock_close.remote())``, before
       ``ray.kill(actor)``, which gives the process no chance to flush), ``rollout_mock_flush()``,
@@ -110,12 +115,21 @@ def mock_class(
     if not resolved.enable:
         subclass: type = target
     else:
-        subclass = _build_mock_subclass(target, resolved, split, method_names, name, rank, apply_determinism)
+        subclass = _build_mock_subclass(target, resolved, split, method_names, name, rank, apply_determinism,
+                                        _Extras(flatten_settings(rollout_settings), dict(match_keys or {})))
     if remote_options is None:
         return cast(_C, subclass)
     import ray
 
     return cast(_C, ray.remote(**remote_options)(subclass) if remote_options else ray.remote(subclass))
+
+
+class _Extras:
+    """What ``mock_class`` hands every instance besides the config: rollout settings, match keys."""
+
+    def __init__(self, settings: dict[str, Any] | None, keys: dict[str, KeyFunction]) -> None:
+        self.settings = settings
+        self.keys = keys
 
 
 def _build_mock_subclass(
@@ -126,8 +140,9 @@ def _build_mock_subclass(
     name: Any,
     rank: int | None,
     apply_determinism: bool,
+    extras: _Extras,
 ) -> type:
-    replays = resolved.mode.replays
+    replays = not resolved.mode.runs_scheduler
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if apply_determinism:
@@ -141,7 +156,7 @@ def _build_mock_subclass(
             this_name = name(arguments) if callable(name) else name
         else:
             this_split, this_name = split, name
-        self._rollout_mock = _InstanceMock(cls, resolved, this_split, method_names, this_name, rank)
+        self._rollout_mock = _InstanceMock(cls, resolved, this_split, method_names, this_name, rank, extras)
         if replays:  # on_missing_step: record builds the real scheduler on first need
             self._rollout_mock.init_args = (args, kwargs)
 
@@ -221,15 +236,21 @@ class _InstanceMock:
         methods: tuple[str, ...],
         name: str | None,
         rank: int | None = None,
+        extras: _Extras | None = None,
     ) -> None:
-        self.interceptor = Interceptor(config, split=split, name=name, rank=rank)
+        extras = extras or _Extras(None, {})
+        self.interceptor = Interceptor(config, split=split, name=name, rank=rank, match_keys=extras.keys)
         self.positions = {m: step_arg_position(getattr(cls, m), bound=False) for m in methods}
+        for m in methods:
+            self.interceptor.params[m] = parameter_names(getattr(cls, m), bound=False)
         if config.mode.records and self.interceptor.writes:
-            self.interceptor.store.set_methods(
-                self.interceptor.stream,
-                {m: {"convention": detect_convention(getattr(cls, m)).value, "step_arg": self.positions[m]}
-                 for m in methods},
-            )
+            info: dict[str, dict[str, Any]] = {
+                m: {"convention": detect_convention(getattr(cls, m)).value, "step_arg": self.positions[m],
+                    "params": self.interceptor.params[m]} for m in methods}
+            if extras.settings is not None:
+                info = {m: {**i, "settings": extras.settings} for m, i in info.items()}
+            self.interceptor.store.set_methods(self.interceptor.stream, info)
+        self.interceptor.check_settings(extras.settings, methods[0])
         # Steps still pending at a normal process exit are written by the writer's atexit hook;
         # this one releases the dump directory afterwards (ray.kill gives no chance for either).
         atexit.register(_close_quietly, weakref.ref(self))

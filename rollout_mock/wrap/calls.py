@@ -6,27 +6,23 @@ import hashlib
 import inspect
 import math
 import operator
-import os
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rollout_mock.batch import batch_meta, batch_type_of, register_step_name, step_names
-from rollout_mock.errors import ConfigError, StepArgumentError
+from rollout_mock.errors import StepArgumentError
 from rollout_mock.modes import Convention
 from rollout_mock.text import json_float, short_repr
-
-if TYPE_CHECKING:  # pragma: no cover  (kept out of run time: adapters import this module cheaply)
-    from rollout_mock.config import RolloutMockConfig
 
 __all__ = [
     "STATE_VERSION",
     "STEP_ARG",
     "call_summary",
-    "describe_call",
     "detect_convention",
     "elapsed",
     "is_ray_actor_method",
+    "parameter_names",
     "ray_actor_class",
     "register_step_name",
     "step_arg_position",
@@ -91,24 +87,40 @@ def as_step(value: Any, *, method: str | None, argument: str, **context: Any) ->
     return step
 
 
-def step_arg_position(function: Callable[..., Any] | None, *, bound: bool) -> int | None:
-    """Index of the step parameter (:func:`step_names`) among positional arguments, if it has one.
+def _parameters(function: Callable[..., Any] | None, *, bound: bool) -> list[inspect.Parameter] | None:
+    """The parameters of ``function`` without ``self`` (``None`` when it has no signature).
 
     ``function`` may also be a Ray ``ActorMethod`` (its recorded signature, without ``self``, is
-    used: Ray 2.x keeps it in ``_signature``, a list of :class:`inspect.Parameter`).
-    """
+    used: Ray 2.x keeps it in ``_signature``, a list of :class:`inspect.Parameter`)."""
     if function is None:
         return None
     ray_signature = getattr(function, "_signature", None) if is_ray_actor_method(function) else None
     if ray_signature is not None:
-        return step_position_in(list(ray_signature))
+        return list(ray_signature)
     try:
         parameters = list(inspect.signature(function).parameters.values())
     except (TypeError, ValueError):
         return None
     if not bound and parameters and parameters[0].name in ("self", "cls"):
         parameters = parameters[1:]
-    return step_position_in(parameters)
+    return parameters
+
+
+def step_arg_position(function: Callable[..., Any] | None, *, bound: bool) -> int | None:
+    """Index of the step parameter (:func:`step_names`) among positional arguments, if it has one
+    (``function`` may be a Ray ``ActorMethod``)."""
+    parameters = _parameters(function, bound=bound)
+    return None if parameters is None else step_position_in(parameters)
+
+
+def parameter_names(function: Callable[..., Any] | None, *, bound: bool) -> list[str] | None:
+    """Names of the parameters a positional argument can fill, in order (``None`` without a
+    signature): what request matching calls the arguments of a call."""
+    parameters = _parameters(function, bound=bound)
+    if parameters is None:
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in parameters if p.kind in positional]
 
 
 def step_position_in(parameters: list[inspect.Parameter]) -> int | None:
@@ -187,22 +199,9 @@ def _distributed_rank() -> int | None:
     return None
 
 
-def _hmac_key(config: RolloutMockConfig) -> bytes | None:
-    if config.hmac_key_env is None:
-        return None
-    value = os.environ.get(config.hmac_key_env)
-    if not value:
-        raise ConfigError(
-            f"rollout_mock.hmac_key_env: environment variable {config.hmac_key_env!r} is not set "
-            f"or empty; export the signing key in it, or remove hmac_key_env from the config"
-        )
-    return value.encode("utf-8")
-
-
 #: Bounds of a call summary (it is stored in the manifest once per step).
 SUMMARY_MAX_STR = 200
 SUMMARY_MAX_ITEMS = 32
-_NON_FINITE = {"NaN": "float('nan')", "Infinity": "float('inf')", "-Infinity": "float('-inf')"}
 
 
 def _bounded_str(text: str) -> str:
@@ -233,7 +232,8 @@ def call_summary(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, 
 
     Strict JSON (it goes into ``manifest.json``) and bounded: at most :data:`SUMMARY_MAX_ITEMS`
     positional and keyword arguments each, strings cut at :data:`SUMMARY_MAX_STR` characters.
-    Mock mode compares it with ``==`` to the recorded one; NaN equals NaN there (both ``"NaN"``).
+    It is what a reader of the manifest sees of a call; the interceptor adds the request digest
+    (``"request"``) that mock mode compares.
     """
     summary: dict[str, Any] = {
         "args": [_plain(a) for a in args[:SUMMARY_MAX_ITEMS]],
@@ -243,20 +243,6 @@ def call_summary(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, 
     if dropped:
         summary["omitted"] = dropped
     return summary
-
-
-def describe_call(call: Mapping[str, Any]) -> str:
-    """A call summary as ``(arg, ..., key=value)``; non-finite floats as ``float('inf')``."""
-    def show(value: Any) -> str:
-        if isinstance(value, str) and (value.startswith("<") or value in _NON_FINITE):
-            return _NON_FINITE.get(value, value)
-        return short_repr(value, SUMMARY_MAX_STR + 60)
-
-    parts = [show(a) for a in call.get("args", [])]
-    parts += [f"{k}={show(v)}" for k, v in call.get("kwargs", {}).items()]
-    if call.get("omitted"):
-        parts.append(f"... {call['omitted']} more")
-    return f"({', '.join(parts)})"
 
 
 def elapsed(start: float) -> float:

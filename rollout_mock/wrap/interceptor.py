@@ -4,7 +4,11 @@ An :class:`Interceptor` owns one stream (split, optional scheduler name, optiona
 dump directory and knows how to run an intercepted call in the current mode:
 
 * dump mode: call the real method, capture its batch, hand it to the writer, return it;
-* mock mode: serve the recorded batch (through the prefetcher); the real method is never called.
+* mock mode: check that the call asks for what the dump run's call of that step asked for
+  (request matching), then serve the recorded batch (through the prefetcher); the real method
+  is never called;
+* check mode: the same check, then call the real method *and* load the recorded batch, compare
+  the two (the verdict is written beside the dump) and serve one of them.
 
 It is independent of *how* the scheduler is wrapped: :class:`~rollout_mock.MockScheduler` (a
 proxy object around an instance or a Ray actor handle) and :func:`~rollout_mock.mock_class` (a
@@ -12,10 +16,14 @@ subclass, so that interception happens inside a Ray actor) both drive it.
 
 Dispatch: one method per calling convention (:meth:`Interceptor.call`, :meth:`~Interceptor.call_async`,
 :meth:`~Interceptor.call_remote`), each the same sequence — :meth:`~Interceptor.begin` (step,
-call summary, checks), the stall watchdog around the call, then either the replayed batch
+call summary, request digest), the stall watchdog around the call, :meth:`~Interceptor.source_of`
+(the recorded step that serves it, request matching), then either the replayed batch
 (:meth:`~Interceptor.after_replayed_call`) or the real method, timed, its batch recorded
-(:meth:`~Interceptor.after_live_call`). The dump half is a :class:`~rollout_mock.wrap.recording.Recorder`,
-the mock half a :class:`~rollout_mock.wrap.replay.Replayer`; exactly one of them exists.
+(:meth:`~Interceptor.after_live_call`) or checked. The configuration is resolved once
+(:func:`~rollout_mock.config.config_parts`); each half gets its part: the dump half is a
+:class:`~rollout_mock.wrap.recording.Recorder`, the mock half a
+:class:`~rollout_mock.wrap.replay.Replayer` (plus a :class:`~rollout_mock.wrap.check.Checker` in
+check mode), request matching a :class:`~rollout_mock.wrap.mismatch.RequestMatcher`.
 """
 
 from __future__ import annotations
@@ -23,39 +31,42 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
 from rollout_mock.codec import BufferPool
-from rollout_mock.config import RankPolicy, RolloutMockConfig
+from rollout_mock.config import RankPolicy, RolloutMockConfig, config_parts
 from rollout_mock.errors import ConfigError, dump_path_is_a_file
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.store import StepStore, open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.text import logger
-from rollout_mock.wrap.calls import (
-    STATE_VERSION,
-    _distributed_rank,
-    _hmac_key,
-    call_summary,
-    describe_call,
-    elapsed,
-    step_from_call,
-)
+from rollout_mock.wrap.calls import STATE_VERSION, _distributed_rank, call_summary, elapsed, step_from_call
+from rollout_mock.wrap.check import Checker
+from rollout_mock.wrap.matching import Request
+from rollout_mock.wrap.mismatch import KeyFunction, RequestMatcher
 from rollout_mock.wrap.recording import Recorder
-from rollout_mock.wrap.replay import Replayer
+from rollout_mock.wrap.replay import Replayer, describe_expected
 from rollout_mock.wrap.rng import RngHook
 from rollout_mock.wrap.watchdog import StallWatchdog
 
 __all__ = ["Interceptor"]
 
+#: Dump mode: what is recorded of a live batch (``None``: the batch itself), e.g. AReaL's remote
+#: tensor handles replaced by their values; the caller still gets the live batch.
+Capture = Callable[[Any], Any]
 
 
 class Interceptor:
-    """Runs intercepted calls for one stream in the configured mode (see the module docstring)."""
+    """Runs intercepted calls for one stream in the configured mode (see the module docstring).
+
+    ``match_keys``: per-method request key functions (see
+    :meth:`~rollout_mock.wrap.mismatch.RequestMatcher.register_key`); ``check_views``: per-method
+    functions giving what check mode compares of a batch; ``capture``: what dump mode records
+    of a live batch (default: the batch)."""
 
     def __init__(
         self,
@@ -65,10 +76,14 @@ class Interceptor:
         name: str | None = None,
         store: StepStore | None = None,
         rank: int | None = None,
+        match_keys: Mapping[str, KeyFunction] | None = None,
+        check_views: Mapping[str, Callable[[Any], Any]] | None = None,
+        capture: Capture | None = None,
     ) -> None:
         if not config.enable:
             raise ValueError("Interceptor needs an enabled config")
         self.config = config
+        parts = config_parts(config)
         self.mode = config.mode
         self.split = split
         name = name if name is not None else config.name
@@ -82,29 +97,38 @@ class Interceptor:
         if store is None and not is_url(config.dump_dir) and Path(config.dump_dir).is_file():
             raise dump_path_is_a_file(config.dump_dir, mode=self.mode.value)
         self.store = store or open_store(
-            config.dump_dir, storage_options=config.storage_options, hmac_key=_hmac_key(config),
-            verify=config.verify_checksum,
+            parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
+            hmac_key=parts.store.hmac_key, verify=parts.store.verify,
         )
         self._next_step = 0
         self._lock = threading.Lock()
-        self._call_warned: set[str] = set()
         #: the intercepted methods called at all
         self._methods_seen: set[str] = set()
+        #: positional parameter names of each intercepted method (names a call's arguments)
+        self.params: dict[str, Sequence[str] | None] = {}
+        self.capture = capture
         self.closed = False
-        #: the dump half (dump mode) and the mock half (mock mode): exactly one is set
+        #: the dump half (dump mode) and the mock half (mock and check mode): exactly one is set
         self.recorder: Recorder | None = None
         self.replayer: Replayer | None = None
+        self.checker: Checker | None = None
+        self.matcher = RequestMatcher(parts.match, self.store, self.stream, keys=match_keys, context={
+            "mode": self.mode.value, "split": split, "path": config.dump_dir})
         #: stall reports go to {dump_dir}/stalls/ (not from dump ranks that never touch the dump)
-        self.watchdog = None if not config.watchdog.enable else StallWatchdog(
-            config.watchdog, directory=config.dump_dir if self.writes or self.mode.replays else None,
+        self.watchdog = None if not parts.watchdog.enable else StallWatchdog(
+            parts.watchdog, directory=config.dump_dir if self.writes or self.mode.replays else None,
             label=str(self.stream))
         if self.mode.records:
-            self.recorder = Recorder(config, self.store, self.stream, writes=self.writes)
+            self.recorder = Recorder(parts.record, self.store, self.stream, writes=self.writes)
         else:
-            self.replayer = Replayer(config, self.store, self.stream)
+            self.replayer = Replayer(parts.replay, self.store, self.stream)
+            if (note := describe_expected(config)) is not None:
+                logger.info(note)
+            if self.mode.runs_scheduler:
+                self.checker = Checker(parts.check, self.store, self.stream, views=check_views)
         #: replay_rng: generator states recorded after live calls, restored after replayed ones
-        self.rng = RngHook(enabled=config.replay_rng is True, store=self.store, stream=self.stream,
-                           overwrite=config.overwrite)
+        self.rng = RngHook(enabled=parts.replay_rng and not self.checker, store=self.store, stream=self.stream,
+                           overwrite=parts.record.overwrite)
         logger.info(
             "[RolloutMock] Rollout Mock enabled: mode=%s, dir=%s, scheduler_mode=%s, format=%s%s",
             self.mode.value,
@@ -145,26 +169,33 @@ class Interceptor:
         return {"version": STATE_VERSION, "stream": self.stream.key, "next_step": self._next_step}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s position; a state of another stream is refused (it would
+        silently serve another stream's records)."""
         if state.get("version") != STATE_VERSION or "next_step" not in state:
             raise ValueError(f"not a rollout_mock scheduler state: {dict(state)!r}")
+        if "stream" in state and state["stream"] != self.stream.key:
+            raise ConfigError(
+                f"[RolloutMock] load_state_dict: the state is of stream {state['stream']!r}, this scheduler "
+                f"records/replays {self.stream.key!r}; load each scheduler's own state_dict",
+                mode=self.mode.value, split=self.split)
         self._next_step = int(state["next_step"])
 
-    def check_call(self, step: int, method: str, call: dict[str, Any]) -> None:
-        """Mock mode: warn (once per method) when a call's plain arguments differ from the
-        recorded call's — e.g. another ``batch_size`` than the dump was made with."""
-        if method in self._call_warned:
-            return
-        entry = self.store.entry(self.stream, self.config.dump_step(step))
-        recorded = None if entry is None else entry.call
-        if recorded is None or recorded == call:
-            return
-        self._call_warned.add(method)
-        logger.warning(
-            "[RolloutMock] step %d of %s: %s is called with %s, but the recorded call was %s; the "
-            "replayed batch is the recorded one (e.g. its batch size), not what this call asks for. "
-            "Further mismatches of %s are not reported.",
-            step, self.stream, method, describe_call(call), describe_call(recorded), method,
-        )
+    # ------------------------------------------------------------------ request matching
+    def check_settings(self, settings: Mapping[str, Any] | None, method: str) -> None:
+        """Mock and check mode's pre-flight check of the rollout settings recorded with ``method``."""
+        if self.mode.replays:
+            self.matcher.check_settings(settings, method)
+
+    def source_of(self, step: int, method: str, request: Request | None) -> int | None:
+        """Mock and check mode: the recorded step that serves run step ``step`` (``None``: the step
+        is run live and recorded, ``on_missing_step: record``), after checking that the call asks
+        for what the dump run's call of that step asked for. Dump mode: ``None``."""
+        if self.replayer is None:
+            return None
+        source = self.replayer.replay_source(step)
+        if source is not None and source == self.replayer.settings.dump_step(step):
+            self.matcher.check(request, step=step, dump_step=source, method=method)
+        return source
 
     # ------------------------------------------------------------------ the two halves
     @property
@@ -199,27 +230,20 @@ class Interceptor:
 
     # ------------------------------------------------------------------ dispatch
     def begin(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
-              position: int | None) -> tuple[int, dict[str, Any]]:
-        """Start an intercepted call: its step and plain-argument summary. Mock mode checks the
-        call against the recorded one; dump mode fails fast if the step cannot be recorded.
-        A step argument that is present but not a non-negative integer raises
-        :class:`~rollout_mock.errors.StepArgumentError` here, before the real rollout runs."""
+              position: int | None) -> tuple[int, dict[str, Any], Request | None]:
+        """Start an intercepted call: its step, plain-argument summary and request digest (kept
+        in the summary, so that dump mode records it with the step); dump mode fails fast if the
+        step cannot be recorded. A step argument that is present but not a non-negative integer
+        raises :class:`~rollout_mock.errors.StepArgumentError` here, before the real rollout runs."""
         self._methods_seen.add(method)
         step = self.resolve_step(args, kwargs, position, method)
+        request = self.matcher.request(method, args, kwargs, self.params.get(method), position)
         call = call_summary(args, kwargs)
+        if request is not None:
+            call["request"] = request.to_json()
         if self.recorder is not None:
             self.recorder.before_rollout(step)
-        else:
-            self.check_call(step, method, call)
-        return step, call
-
-    def _replayed(self, step: int) -> tuple[bool, int | None]:
-        """``(True, source)`` when the call is served from the dump, ``(False, None)`` when the
-        real method runs (dump mode, or mock mode's ``on_missing_step: record``)."""
-        if self.replayer is None:
-            return False, None
-        source = self.replayer.replay_source(step)
-        return source is not None, source
+        return step, call, request
 
     def _real(self, method: str, real: Callable[..., Any] | None,
               resolve: Callable[[], Callable[..., Any]] | None) -> Callable[..., Any]:
@@ -229,7 +253,7 @@ class Interceptor:
             real = resolve()
         if real is None:
             raise ConfigError(
-                f"[RolloutMock] on_missing_step=record (mode=mock, split={self.split}): a step of "
+                f"[RolloutMock] on_missing_step=record (mode={self.mode.value}, split={self.split}): a step of "
                 f"{self.stream} is not recorded and there is no real scheduler to run {method}: pass "
                 f"the scheduler, or factory=<callable that builds it>, to MockScheduler",
                 mode=self.mode.value, split=self.split,
@@ -238,24 +262,36 @@ class Interceptor:
 
     def _keep(self, step: int, batch: Any, *, method: str, seconds: float, call: dict[str, Any]) -> None:
         """Record a live call's batch: dump mode (when ``step`` is recorded) or a missing step
-        of mock mode (``on_missing_step: record``, written synchronously: it is rare)."""
-        if self.replayer is not None:
-            self.replayer.record_missing(self.config.dump_step(step), batch, method=method,
-                                         seconds=seconds, call=call)
+        of mock mode (``on_missing_step: record``, written synchronously: it is rare). Check mode
+        writes no step."""
+        if self.checker is not None:
+            logger.warning("[RolloutMock] step %d of %s is not recorded: mode=check serves the live batch "
+                           "unchecked and writes no step", step, self.stream)
+        elif self.replayer is not None:
+            self.replayer.record_missing(self.replayer.settings.dump_step(step), self._captured(batch),
+                                         method=method, seconds=seconds, call=call)
         elif self.recorder is not None and self.recorder.records_step(step):
-            self.recorder.record(step, batch, method=method, seconds=seconds, call=call)
+            self.recorder.record(step, self._captured(batch), method=method, seconds=seconds, call=call)
+
+    def _captured(self, batch: Any) -> Any:
+        return batch if self.capture is None else self.capture(batch)
+
+    def _checked(self, step: int, source: int, method: str, live: Any) -> Any:
+        assert self.checker is not None and self.replayer is not None
+        return self.checker.check(step=step, source=source, method=method, live=live,
+                                  recorded=self.replayer.replay_at(source))
 
     def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
              kwargs: dict[str, Any], position: int | None,
              resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
-        """One intercepted plain call: replay, or call ``real`` and record its batch.
+        """One intercepted plain call: replay, or call ``real`` and record (or check) its batch.
 
         ``resolve`` builds the real method on demand (mock mode, ``on_missing_step: record``)."""
-        step, call = self.begin(method, args, kwargs, position)
+        step, call, request = self.begin(method, args, kwargs, position)
         with self._watching(method, step):
-            replayed, source = self._replayed(step)
-            if replayed:
-                assert self.replayer is not None and source is not None
+            source = self.source_of(step, method, request)
+            if source is not None and self.checker is None:
+                assert self.replayer is not None
                 batch = self.replayer.replay_at(source)
                 self.after_replayed_call(step, source, batch)
                 return batch
@@ -265,6 +301,8 @@ class Interceptor:
             batch = function(*args, **kwargs)
             seconds = elapsed(start)
             self.after_live_call(step, method, batch)
+            if source is not None:
+                return self._checked(step, source, method, batch)
             self._keep(step, batch, method=method, seconds=seconds, call=call)
             self.rng.after_call(step, rng_before, self._writer)
             return batch
@@ -273,14 +311,14 @@ class Interceptor:
                          kwargs: dict[str, Any], position: int | None,
                          resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
         """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
-        step, call = self.begin(method, args, kwargs, position)
+        step, call, request = self.begin(method, args, kwargs, position)
         loop = asyncio.get_running_loop()
         if self.watchdog is not None:
             self.watchdog.note_loop(loop)
         with self._watching(method, step):
-            replayed, source = self._replayed(step)
-            if replayed:
-                assert self.replayer is not None and source is not None
+            source = self.source_of(step, method, request)
+            if source is not None and self.checker is None:
+                assert self.replayer is not None
                 batch = await self.replayer.replay_at_async(source)
                 self.after_replayed_call(step, source, batch)
                 return batch
@@ -290,6 +328,8 @@ class Interceptor:
             batch = await function(*args, **kwargs)
             seconds = elapsed(start)
             self.after_live_call(step, method, batch)
+            if source is not None:
+                return await loop.run_in_executor(None, lambda: self._checked(step, source, method, batch))
             self.rng.after_call(step, rng_before, self._writer)
             await loop.run_in_executor(
                 None, lambda: self._keep(step, batch, method=method, seconds=seconds, call=call))
@@ -299,21 +339,21 @@ class Interceptor:
                     position: int | None, resolve: Callable[[], Any] | None = None,
                     options: Mapping[str, Any] | None = None) -> Any:
         """Like :meth:`call` for a Ray actor method (``real`` is the ``ActorMethod``): returns an
-        ``ObjectRef``. Replayed batches are ``ray.put``; a step run live in mock mode is fetched,
-        recorded, and put back. In dump mode the call does not wait: the batch is fetched with
-        ``ray.get`` on the writer thread, the watchdog watches the call until it arrives there and
-        its seconds are measured to that point (an upper bound when the writer was busy)."""
+        ``ObjectRef``. Replayed batches are ``ray.put``; a step run live in mock or check mode is
+        fetched, recorded or checked, and put back. In dump mode the call does not wait: the batch is
+        fetched with ``ray.get`` on the writer thread, the watchdog watches the call until it arrives
+        there and its seconds are measured to that point (an upper bound when the writer was busy)."""
         import ray
 
-        step, call = self.begin(method, args, kwargs, position)
+        step, call, request = self.begin(method, args, kwargs, position)
         label = f"{method}(step {step})"
         if self.watchdog is not None:
             self.watchdog.enter(label)
         pending = False
         try:
-            replayed, source = self._replayed(step)
-            if replayed:
-                assert self.replayer is not None and source is not None
+            source = self.source_of(step, method, request)
+            if source is not None and self.checker is None:
+                assert self.replayer is not None
                 batch = self.replayer.replay_at(source)
                 self.after_replayed_call(step, source, batch)
                 return ray.put(batch)
@@ -325,13 +365,15 @@ class Interceptor:
                 batch = ray.get(ref)
                 seconds = elapsed(start)
                 self.after_live_call(step, method, batch)
+                if source is not None:
+                    return ray.put(self._checked(step, source, method, batch))
                 self._keep(step, batch, method=method, seconds=seconds, call=call)
                 return ray.put(batch)
             self.after_live_call(step, method, None)
             if self.recorder is not None and self.recorder.records_step(step):
                 # Ray objects are immutable: no snapshot needed; fetched on the writer thread.
-                self.recorder.record_later(step, lambda: ray.get(ref), method=method, started=start,
-                                           call=call, done=lambda: self._unwatch(label))
+                self.recorder.record_later(step, lambda: self._captured(ray.get(ref)), method=method,
+                                           started=start, call=call, done=lambda: self._unwatch(label))
                 pending = True
             return ref
         finally:
@@ -368,20 +410,8 @@ class Interceptor:
         if self.watchdog is not None:
             self.watchdog.close()
         try:
-            recorder = self.recorder
-            if recorder is not None and recorder.writer is not None:
-                recorder.writer.close()
-                if interrupted:
-                    logger.warning("[RolloutMock] interrupted; %d step(s) kept in %s (stream %s)",
-                                   recorder.saved, self.config.dump_dir, self.stream)
-                if not recorder.saved and not recorder.dump_disabled and not failed:
-                    # ROLL could return before its dump and silently record nothing: say so.
-                    logger.warning(
-                        "[RolloutMock] dump mode closed without recording any step of %s in %s: "
-                        "were the batches fetched through this MockScheduler (methods=%s)? "
-                        "Check dump_steps and the rank settings too.",
-                        self.stream, self.config.dump_dir, sorted(self._methods_seen) or "none called",
-                    )
+            if self.recorder is not None:
+                self.recorder.close(failed=failed, interrupted=interrupted, methods=sorted(self._methods_seen))
         finally:
             if self.replayer is not None:
                 if interrupted:  # Ctrl-C: say where the replay stopped, as dump mode says what was kept

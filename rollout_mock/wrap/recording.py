@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import rollout_mock.codec as codec
-from rollout_mock.config import DiskFullPolicy, RolloutMockConfig
+from rollout_mock.config import DiskFullPolicy, RecordSettings
 from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import DiskFullError
 from rollout_mock.storage.directory import free_bytes
@@ -31,11 +31,11 @@ class Recorder:
     """Writes one stream's batches (dump mode; see the module docstring).
 
     ``writes`` false (a rank that does not write under ``ranks: one``): nothing is opened and
-    :meth:`records_step` is always false.
+    :meth:`records_step` is always false. ``settings`` are the dump-mode keys of the config.
     """
 
-    def __init__(self, config: RolloutMockConfig, store: StepStore, stream: StreamId, *, writes: bool) -> None:
-        self.config = config
+    def __init__(self, settings: RecordSettings, store: StepStore, stream: StreamId, *, writes: bool) -> None:
+        self.settings = settings
         self.store = store
         self.stream = stream
         self.writes = writes
@@ -50,9 +50,9 @@ class Recorder:
             return
         store.open_writer(stream)
         store.set_fingerprint(fingerprint())
-        if config.background:
-            self.writer = BackgroundWriter(max_pending=config.max_pending, on_error=self._on_write_error)
-            self.buffers = codec.BufferPool(keep=config.max_pending)
+        if settings.background:
+            self.writer = BackgroundWriter(max_pending=settings.max_pending, on_error=self._on_write_error)
+            self.buffers = codec.BufferPool(keep=settings.max_pending)
         else:
             self.writer = SyncWriter(on_error=self._on_write_error)
 
@@ -60,15 +60,12 @@ class Recorder:
         return f"Recorder({self.stream}, writes={self.writes}, saved={self.saved})"
 
     def records_step(self, step: int) -> bool:
-        if not self.writes or self.dump_disabled:
-            return False
-        steps = self.config.dump_steps
-        return steps is None or step in steps
+        return self.writes and not self.dump_disabled and self.settings.records_step(step)
 
     def before_rollout(self, step: int) -> None:
         """Fail fast, before an expensive rollout, if its result could not be recorded."""
         if self.records_step(step) and isinstance(self.store, Store):
-            self.store.check_writable(self.stream, step, overwrite=self.config.overwrite)
+            self.store.check_writable(self.stream, step, overwrite=self.settings.overwrite)
         if self.writer is not None and isinstance(self.writer, BackgroundWriter):
             self.writer.raise_if_failed()
 
@@ -132,7 +129,7 @@ class Recorder:
             return
         entry = self.store.save(
             self.stream, step, batch, info, method=method, rollout_seconds=seconds,
-            overwrite=self.config.overwrite, call=call,
+            overwrite=self.settings.overwrite, call=call,
         )
         self.saved += 1
         logger.log(
@@ -146,24 +143,19 @@ class Recorder:
         if not self._estimated:
             self._estimated = True
             self._log_disk_estimate(step, entry.size)
-        if self.config.max_keep is not None:
-            self._apply_retention()
+        if self.settings.max_keep is not None:
+            self._apply_retention(self.settings.max_keep)
 
-    def _apply_retention(self) -> None:
+    def _apply_retention(self, max_keep: int) -> None:
         """Delete the oldest unpinned steps beyond ``max_keep`` (AReaL's max_keep/pin_steps)."""
-        assert self.config.max_keep is not None
-        pinned = set(self.config.pin_steps or ())
-        candidates = [s for s in self.store.steps(self.stream) if s not in pinned]
-        for old in candidates[: max(len(candidates) - self.config.max_keep, 0)]:
+        candidates = [s for s in self.store.steps(self.stream) if s not in self.settings.pin_steps]
+        for old in candidates[: max(len(candidates) - max_keep, 0)]:
             self.store.delete(self.stream, old)
-            logger.info("[RolloutMock] Deleted step %d of %s (max_keep=%d)", old, self.stream, self.config.max_keep)
+            logger.info("[RolloutMock] Deleted step %d of %s (max_keep=%d)", old, self.stream, max_keep)
 
     def _log_disk_estimate(self, step: int, size: int) -> None:
-        if self.config.dump_steps is not None:
-            remaining = len([s for s in self.config.dump_steps if s > step])
-        elif self.config.max_steps is not None:
-            remaining = max(self.config.max_steps - step - 1, 0)
-        else:
+        remaining = self.settings.steps_after(step)
+        if remaining is None:
             return
         local = self.store.backend.local_path("") if isinstance(self.store, Store) else None
         if local is None:
@@ -182,8 +174,26 @@ class Recorder:
             " — NOT ENOUGH: the dump will fail part-way" if needed > free else "",
         )
 
+    def close(self, *, failed: bool, interrupted: bool, methods: list[str]) -> None:
+        """Write everything pending and stop the writer (see ``Interceptor.close`` for ``failed``
+        and ``interrupted``; ``methods``: the intercepted methods that were called)."""
+        if self.writer is None:
+            return
+        self.writer.close()
+        if interrupted:
+            logger.warning("[RolloutMock] interrupted; %d step(s) kept in %s (stream %s)",
+                           self.saved, self.settings.dump_dir, self.stream)
+        if not self.saved and not self.dump_disabled and not failed:
+            # ROLL could return before its dump and silently record nothing: say so.
+            logger.warning(
+                "[RolloutMock] dump mode closed without recording any step of %s in %s: "
+                "were the batches fetched through this MockScheduler (methods=%s)? "
+                "Check dump_steps and the rank settings too.",
+                self.stream, self.settings.dump_dir, methods or "none called",
+            )
+
     def _on_write_error(self, job: WriteJob, exc: BaseException) -> bool:
-        if isinstance(exc, DiskFullError) and self.config.on_disk_full is DiskFullPolicy.SKIP:
+        if isinstance(exc, DiskFullError) and self.settings.on_disk_full is DiskFullPolicy.SKIP:
             self.dump_disabled = True
             logger.error(
                 "[RolloutMock] %s. on_disk_full=skip: DUMPING IS NOW DISABLED for %s; training "

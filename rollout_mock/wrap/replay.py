@@ -1,4 +1,4 @@
-"""Mock mode: the pre-flight check, the fingerprint check and serving recorded steps.
+"""Mock and check mode: the pre-flight check, the fingerprint check and serving recorded steps.
 
 Replay policies (all in the ``rollout_mock:`` block, see :mod:`rollout_mock.config`):
 
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, RolloutMockConfig
+from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, ReplaySettings, RolloutMockConfig
 from rollout_mock.config.debug_settings import VerdictAction
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, StepNotFoundError
@@ -37,14 +37,15 @@ class Replayer:
 
     Opening it runs the pre-flight checks: the dump exists and holds the stream (else an error
     naming the splits that are there), ``max_steps`` is covered, the fingerprint matches.
+    ``settings`` are the replay keys of the config.
     """
 
-    def __init__(self, config: RolloutMockConfig, store: StepStore, stream: StreamId) -> None:
-        self.config = config
+    def __init__(self, settings: ReplaySettings, store: StepStore, stream: StreamId) -> None:
+        self.settings = settings
         self.store = store
         self.stream = stream
         self.split = stream.split
-        self.mode = config.mode
+        self.mode = settings.mode
         self._repeat_warned: set[int] = set()
         #: steps loaded so far (per-step log lines: see step_log_level)
         self.loaded = 0
@@ -64,50 +65,49 @@ class Replayer:
         if isinstance(self.store, Store):
             self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
-        lenient = self.config.on_missing_step is not MissingStepPolicy.ERROR
-        if self.config.max_steps is not None and self.split == "train":
-            wanted = {self.config.dump_step(step) for step in range(self.config.max_steps)}
+        settings = self.settings
+        lenient = settings.on_missing_step is not MissingStepPolicy.ERROR
+        if settings.max_steps is not None and self.split == "train":
+            wanted = {settings.dump_step(step) for step in range(settings.max_steps)}
             missing = sorted(wanted - set(recorded))
             if missing and lenient:
                 logger.warning(
                     "[RolloutMock] %s of %s lacks steps %s of the max_steps=%d run; "
                     "on_missing_step=%s serves them anyway",
-                    self.stream, self.config.dump_dir, format_ranges(missing), self.config.max_steps,
-                    self.config.on_missing_step.value,
+                    self.stream, settings.dump_dir, format_ranges(missing), settings.max_steps,
+                    settings.on_missing_step.value,
                 )
             elif missing:
                 raise IncompleteDumpError(
-                    f"[RolloutMock] pre-flight check failed (mode=mock): max_steps="
-                    f"{self.config.max_steps} but {self.stream} of {self.config.dump_dir} lacks steps "
+                    f"[RolloutMock] pre-flight check failed (mode={self.mode.value}): max_steps="
+                    f"{settings.max_steps} but {self.stream} of {settings.dump_dir} lacks steps "
                     f"{format_ranges(missing)} (recorded: {format_ranges(recorded)}). Lower max_steps, "
                     f"or dump the missing steps first (or set on_missing_step: repeat_nearest / "
                     f"record).",
                     mode=self.mode.value,
                     split=self.split,
                     step=missing[0],
-                    path=self.config.dump_dir,
+                    path=settings.dump_dir,
                 )
         elif not recorded:
             logger.debug(  # not a warning: a run may never call it (verl without validation)
                 "[RolloutMock] %s has no step of %s; a call of it raises StepNotFoundError "
                 "(recorded streams: %s)",
-                self.config.dump_dir,
+                settings.dump_dir,
                 self.stream,
                 ", ".join(s.key for s in self.store.stream_ids()) or "none"
                 if isinstance(self.store, Store)
                 else "?",
             )
         self._check_fingerprint()
-        if (note := describe_expected(self.config)) is not None:
-            logger.info(note)
-        self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=self.config.prefetch)
+        self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=settings.prefetch)
 
     def _next_recorded(self, step: int) -> int | None:
         candidate = step + 1
         return candidate if self.store.contains(self.stream, candidate) else None
 
     def _check_fingerprint(self) -> None:
-        if self.config.fingerprint is FingerprintPolicy.OFF:
+        if self.settings.fingerprint is FingerprintPolicy.OFF:
             return
         recorded = self.store.fingerprint()
         if not recorded:
@@ -118,22 +118,22 @@ class Replayer:
         table = format_differences(differences)
         message = (
             f"[RolloutMock] this run's environment differs from the one that recorded "
-            f"{self.config.dump_dir}; replayed numbers may not match:\n{table}"
+            f"{self.settings.dump_dir}; replayed numbers may not match:\n{table}"
         )
         relevant = any(d.numerics_relevant for d in differences)
-        if self.config.fingerprint is FingerprintPolicy.ERROR and relevant:
+        if self.settings.fingerprint is FingerprintPolicy.ERROR and relevant:
             raise FingerprintMismatchError(
                 message + "\nSet `fingerprint: warn` to only warn.",
                 mode=self.mode.value,
                 split=self.split,
-                path=self.config.dump_dir,
+                path=self.settings.dump_dir,
             )
         logger.warning(message)
 
     def _load(self, step: int) -> Any:
         entry = self.store.entry(self.stream, step)
-        if self.config.replay_rows is None and self.config.replay_keys is None:
-            batch = self.store.load(self.stream, step, trusted=self.config.trust_pickle)
+        if self.settings.replay_rows is None and self.settings.replay_keys is None:
+            batch = self.store.load(self.stream, step, trusted=self.settings.trust_pickle)
         else:
             batch = self._load_part(step, entry)
         self.loaded += 1
@@ -151,7 +151,7 @@ class Replayer:
         if entry is None:
             raise self.store.missing_step_error(self.stream, step, mode=self.mode.value)
         rows = None
-        layout = self.config.replay_rows
+        layout = self.settings.replay_rows
         if layout is not None:
             if entry.samples is None:
                 raise IncompleteDumpError(
@@ -159,17 +159,17 @@ class Replayer:
                     f"recorded ({entry.type}); replay whole batches (remove replay_rows)",
                     mode=self.mode.value, split=self.split, step=step)
             rows = rank_rows(entry.samples, layout.dp_rank, layout.dp_size)
-        return load_partial(self.store, self.stream, step, keys=self.config.replay_keys, rows=rows,
-                            trusted=self.config.trust_pickle)
+        keys = None if self.settings.replay_keys is None else list(self.settings.replay_keys)
+        return load_partial(self.store, self.stream, step, keys=keys, rows=rows, trusted=self.settings.trust_pickle)
 
     def replay_source(self, step: int) -> int | None:
         """The recorded step that serves run step ``step``; ``None`` when the step must be run
         and recorded live (``on_missing_step: record``). Raises :class:`StepNotFoundError` under
         ``on_missing_step: error`` (and when nothing at all is recorded)."""
-        source = self.config.dump_step(step)
+        source = self.settings.dump_step(step)
         if self.store.contains(self.stream, source):
             return source
-        policy = self.config.on_missing_step
+        policy = self.settings.on_missing_step
         if policy is MissingStepPolicy.RECORD:
             return None
         recorded = self.store.steps(self.stream)
@@ -192,8 +192,8 @@ class Replayer:
         )
 
     def _served(self, batch: Any) -> Any:
-        if self.config.subsample is not None:
-            return subsample_batch(batch, self.config.subsample)
+        if self.settings.subsample is not None:
+            return subsample_batch(batch, self.settings.subsample)
         return batch
 
     def replay_at(self, source: int) -> Any:

@@ -12,9 +12,10 @@ from rollout_mock.errors import ConfigError, SchedulerUnavailableError, StreamNo
 from rollout_mock.modes import Convention
 from rollout_mock.storage.store import StepStore, Store
 from rollout_mock.text import logger
-from rollout_mock.wrap.calls import detect_convention, ray_actor_class, step_arg_position
+from rollout_mock.wrap.calls import detect_convention, parameter_names, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
-from rollout_mock.wrap.interceptor import Interceptor
+from rollout_mock.wrap.interceptor import Capture, Interceptor
+from rollout_mock.wrap.mismatch import KeyFunction, flatten_settings
 
 __all__ = ["MockScheduler", "wrap_scheduler"]
 
@@ -48,7 +49,8 @@ def _method_info(method: str, target: Any, *, bound: bool) -> dict[str, Any]:
     """
     attribute = getattr(target, method)
     convention = detect_convention(attribute)
-    return {"convention": convention.value, "step_arg": step_arg_position(attribute, bound=bound)}
+    return {"convention": convention.value, "step_arg": step_arg_position(attribute, bound=bound),
+            "params": parameter_names(attribute, bound=bound)}
 
 
 def _spec_methods(
@@ -76,7 +78,8 @@ def _spec_methods(
             convention = Convention(recorded[method]["convention"])
         else:
             convention = detect_convention(function)
-        info[method] = {"convention": convention.value, "step_arg": step_arg_position(function, bound=False)}
+        info[method] = {"convention": convention.value, "step_arg": step_arg_position(function, bound=False),
+                        "params": parameter_names(function, bound=False)}
     return info
 
 
@@ -102,6 +105,15 @@ class MockScheduler(Generic[T]):
             group is initialised, else none. With ``ranks: one`` only ``dump_rank`` writes (the
             other ranks do not touch the dump directory at all) and every rank replays the same
             files; with ``ranks: all`` each rank writes and replays ``step_NNNNNN_rankR.pkl``.
+        rollout_settings: the rollout side's settings (sampling parameters, group size, batch
+            size...; a mapping, nested or flat): recorded with the dump in dump mode; mock and
+            check mode compare them now, before the first call, and raise
+            :class:`~rollout_mock.errors.RolloutSettingsMismatchError` listing every difference.
+        match_keys: ``{method: key function}``: request matching digests ``key(arguments)``
+            (the call's arguments by name, the step left out) instead of every argument; also
+            :meth:`match_key`. The same function must be given in dump and mock mode.
+        check_views: ``{method: function}``: what check mode compares of a batch (default: all).
+        capture: dump mode: what is recorded of a live batch (the caller still gets the batch).
 
     A Ray actor handle is wrapped on the driver: ``wrapped.get_batch.remote(...)`` returns an
     ``ObjectRef`` as before. Dump mode fetches the batch with ``ray.get`` on the writer thread
@@ -130,6 +142,10 @@ class MockScheduler(Generic[T]):
         name: str | None = None,
         store: StepStore | None = None,
         rank: int | None = None,
+        rollout_settings: Mapping[str, Any] | None = None,
+        match_keys: Mapping[str, KeyFunction] | None = None,
+        check_views: Mapping[str, Callable[[Any], Any]] | None = None,
+        capture: Capture | None = None,
     ) -> None:
         self.config: RolloutMockConfig = load_config(config if config is not None else {})
         self.split = split
@@ -139,12 +155,12 @@ class MockScheduler(Generic[T]):
         self.enabled = self.config.enable
         self.interceptor: Interceptor | None = None
         self._intercepted: dict[str, Any] = {}
-        needs_real = not self.enabled or self.config.mode.records
+        needs_real = not self.enabled or self.config.mode.runs_scheduler
         self._factory = factory
         if scheduler is None and factory is not None and needs_real:
             scheduler = factory()
         if scheduler is None and needs_real:
-            what = "enable: false" if not self.enabled else "mode=dump"
+            what = "enable: false" if not self.enabled else f"mode={self.config.mode.value}"
             raise ConfigError(
                 f"MockScheduler ({what}, split={split}) needs the real scheduler: pass it, or a "
                 f"factory that builds it (factories are never called in mock mode)"
@@ -152,13 +168,20 @@ class MockScheduler(Generic[T]):
         self.scheduler = scheduler
         if not self.enabled:
             return
-        if scheduler is not None and self.config.mode.records:
+        if scheduler is not None and self.config.mode.runs_scheduler:
             prepare_scheduler(scheduler)
-        self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank)
+        self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank,
+                                       match_keys=match_keys, check_views=check_views, capture=capture)
         conventions = self._conventions(scheduler, spec)
+        settings = flatten_settings(rollout_settings)
         if self.config.mode.records and self.interceptor.writes:
-            self.interceptor.store.set_methods(self.interceptor.stream, conventions)
+            recorded = {m: {**info, "settings": settings} if settings is not None else info
+                        for m, info in conventions.items()}
+            self.interceptor.store.set_methods(self.interceptor.stream, recorded)
+        self.interceptor.check_settings(settings, self.methods[0])
         for method in self.methods:
+            params = conventions[method].get("params")
+            self.interceptor.params[method] = params if isinstance(params, list) else None
             self._intercepted[method] = self._make(method, conventions[method])
 
     def __repr__(self) -> str:
@@ -208,7 +231,7 @@ class MockScheduler(Generic[T]):
             what = f"no stream {stream.key!r}"
             fix = "check the scheduler's `name` and the rank settings"
         raise StreamNotFoundError(
-            f"[RolloutMock] mode=mock: {interceptor.config.dump_dir} has {what} (splits recorded: "
+            f"[RolloutMock] mode={self.config.mode.value}: {interceptor.config.dump_dir} has {what} (splits recorded: "
             f"{', '.join(splits) or 'none'}; streams: {', '.join(s.key for s in present) or 'none'}); {fix}",
             mode=self.config.mode.value, split=self.split, path=interceptor.config.dump_dir,
         )
@@ -272,6 +295,13 @@ class MockScheduler(Generic[T]):
                 split=self.__dict__.get("split"),
             )
         return getattr(scheduler, attribute)
+
+    def match_key(self, method: str, key: KeyFunction) -> None:
+        """Request matching digests ``key(arguments)`` for ``method`` instead of its arguments
+        (``arguments``: the call's arguments by parameter name, the step left out; a returned
+        mapping's items become the compared names). Register the same key in dump and mock mode."""
+        if self.interceptor is not None:
+            self.interceptor.matcher.register_key(method, key)
 
     # ------------------------------------------------------------------ step & state
     @property

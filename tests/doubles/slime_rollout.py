@@ -7,7 +7,12 @@ Real locations:
   slime.rollout.base_types.call_rollout_fn(fn, *args, evaluation, **kw)  wraps legacy bare returns
   slime.rollout.sglang_rollout.generate_rollout(args, rollout_id, data_source, evaluation=False)
       -> RolloutFnTrainOutput | RolloutFnEvalOutput        (default of --rollout-function-path;
-         --eval-function-path defaults to the same function)
+         --eval-function-path defaults to the same function); a train rollout takes its prompts
+         from data_source.get_samples(args.rollout_batch_size)
+  slime.rollout.data_source.RolloutDataSource(args): epoch_id, sample_group_index, sample_index,
+      sample_offset (all 0 at start); get_samples(n) hands out the next n prompts (wrapping into the
+      next epoch), each as a group of args.n_samples_per_prompt copies numbered by group_index /
+      index; save(rollout_id)/load(rollout_id) persist those four counters with the checkpoint.
   slime.observability.rollout_data_utils.save_debug_rollout_data / load_debug_rollout_data
       --save-debug-rollout-data TEMPLATE: torch.save({"rollout_id": int, "samples": [Sample.to_dict()...]},
       Path(TEMPLATE.format(rollout_id=id or f"eval_{id}"))); train samples are the FLATTENED list;
@@ -128,6 +133,58 @@ def _fake_sample(group, i, rollout_id, prompt_len=4, resp_len=3):
                   rollout_log_probs=(-torch.rand(resp_len, generator=g)).tolist())
 
 
+class RolloutDataSource:
+    """The position bookkeeping of slime's RolloutDataSource over an in-memory prompt list."""
+
+    def __init__(self, args, prompts=None):
+        self.args = args
+        self.epoch_id = 0
+        self.sample_group_index = 0
+        self.sample_index = 0
+        self.sample_offset = 0
+        self.metadata = {}
+        self.prompts = list(prompts) if prompts is not None else [f"prompt {i}" for i in range(10)]
+
+    def get_samples(self, num_samples):
+        taken = self.prompts[self.sample_offset:self.sample_offset + num_samples]
+        if len(taken) == num_samples:
+            self.sample_offset += num_samples
+        else:  # the rest of this epoch, then the start of the next
+            self.epoch_id += 1
+            rest = num_samples - len(taken)
+            taken += self.prompts[:rest]
+            self.sample_offset = rest
+        groups = []
+        for prompt in taken:
+            group = []
+            for _ in range(getattr(self.args, "n_samples_per_prompt", 2)):
+                group.append(Sample(prompt=prompt, group_index=self.sample_group_index, index=self.sample_index))
+                self.sample_index += 1
+            self.sample_group_index += 1
+            groups.append(group)
+        return groups
+
+    def state_dict(self):  # what save(rollout_id) torch.saves
+        return {"sample_offset": self.sample_offset, "epoch_id": self.epoch_id,
+                "sample_group_index": self.sample_group_index, "sample_index": self.sample_index,
+                "metadata": self.metadata}
+
+    def load_state_dict(self, state):  # what load(rollout_id) restores
+        for key in ("sample_offset", "epoch_id", "sample_group_index", "sample_index", "metadata"):
+            setattr(self, key, state[key])
+
+
+def _generated(sample, rollout_id, resp_len=3):
+    g = torch.Generator().manual_seed(rollout_id * 7919 + sample.index)
+    prompt_tokens = [3 + (ord(c) % 400) for c in sample.prompt][:4]
+    sample.tokens = prompt_tokens + torch.randint(3, 500, (resp_len,), generator=g).tolist()
+    sample.response, sample.response_length, sample.label = f"r{sample.index}", resp_len, "1"
+    sample.reward, sample.loss_mask, sample.status = float(sample.index % 2), [1] * resp_len, Sample.Status.COMPLETED
+    sample.rollout_log_probs = (-torch.rand(resp_len, generator=g)).tolist()
+    sample.non_generation_time = float(torch.rand(1).item())  # a wall time: differs run to run
+    return sample
+
+
 def generate_rollout(args, rollout_id, data_source, evaluation=False):
     """Same signature/return types as slime.rollout.sglang_rollout.generate_rollout (no sglang)."""
     n = getattr(args, "n_samples_per_prompt", 2)
@@ -135,7 +192,10 @@ def generate_rollout(args, rollout_id, data_source, evaluation=False):
         samples = [_fake_sample(g, 0, rollout_id) for g in range(getattr(args, "n_eval", 2))]
         return RolloutFnEvalOutput(data={"eval_ds": {"rewards": [s.reward for s in samples],
                                                     "truncated": [False] * len(samples), "samples": samples}})
-    groups = [[_fake_sample(g, i, rollout_id) for i in range(n)] for g in range(args.rollout_batch_size)]
+    if data_source is not None:
+        groups = [[_generated(s, rollout_id) for s in group] for group in data_source.get_samples(args.rollout_batch_size)]
+    else:
+        groups = [[_fake_sample(g, i, rollout_id) for i in range(n)] for g in range(args.rollout_batch_size)]
     return RolloutFnTrainOutput(samples=groups, metrics={"rollout/fake": 1.0})
 
 

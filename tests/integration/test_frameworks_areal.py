@@ -131,3 +131,60 @@ def test_mock_mode_without_engine_answers_the_trainers_engine_calls(tmp_path: Pa
     with pytest.raises(StepNotFoundError):
         replay.rollout_batch([0])
     replay.close()
+
+
+# ------------------------------------------------------------------------------ single controller (issue 26)
+def _rtensor() -> Any:
+    import sys
+
+    doubles = str(Path(__file__).resolve().parents[1] / "doubles")
+    if doubles not in sys.path:
+        sys.path.insert(0, doubles)
+    import areal_rtensor
+
+    return areal_rtensor
+
+
+class Controller:
+    """AReaL 1.0's single controller: prepare_batch returns trajectory dicts of remote-tensor handles."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def prepare_batch(self, dataloader: Any, workflow: Any, group_size: int = 1) -> list[Any]:
+        self.calls += 1
+        return _rtensor().RTensor.remotize(trajectories(self.calls), node_addr="10.0.0.7:18000")
+
+
+def test_single_controller_handles_are_recorded_by_value(tmp_path: Path) -> None:
+    rt = _rtensor()
+    cfg = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+    rollout = wrap_areal(Controller(), cfg, methods=("prepare_batch",))
+    handles = [rollout.prepare_batch(None, workflow="rlvr", group_size=2) for _ in range(2)]
+    rollout.close()
+    assert isinstance(handles[0][0]["input_ids"], rt.RTensor)  # the caller still gets the handles
+    expected = [rt.RTensor.localize(h) for h in handles]
+    rt.clear_shards()  # the rollout workers are gone: only the recorded values are left
+    replay = wrap_areal(None, {**cfg, "mode": "mock"}, methods=("prepare_batch",))
+    for batch in expected:
+        same(replay.prepare_batch(None, workflow="rlvr", group_size=2), batch)  # plain tensors
+    replay.close()
+
+
+def test_a_handle_that_cannot_be_fetched_stops_the_dump_at_dump_time(tmp_path: Path) -> None:
+    from rollout_mock import UnrecordableBatchError
+
+    rt = _rtensor()
+
+    class Gone(Controller):
+        def prepare_batch(self, dataloader: Any, workflow: Any, group_size: int = 1) -> list[Any]:
+            batch = super().prepare_batch(dataloader, workflow, group_size)
+            rt.clear_shards()
+            return batch
+
+    rollout = wrap_areal(Gone(), {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")},
+                         methods=("prepare_batch",))
+    with pytest.raises(UnrecordableBatchError, match="remote-tensor handle"):
+        rollout.prepare_batch(None, workflow="rlvr")
+    rollout.close()
+    assert open_dump(tmp_path / "d").steps(open_dump(tmp_path / "d").stream("train")) == []

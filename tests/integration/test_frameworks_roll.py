@@ -98,7 +98,15 @@ def same(a: Any, b: Any) -> None:
     assert a.meta_info.keys() == b.meta_info.keys()
 
 
-def agentic_run(cfg: Any, steps: int) -> tuple[list[Any], list[Any]]:
+def inject_trace_context(meta_info: dict[str, Any]) -> None:
+    """roll.utils.telemetry.inject_trace_context: a W3C traceparent with fresh random ids in every
+    request (it differs between two faithful runs: request matching must not compare it)."""
+    import uuid
+
+    meta_info["_otel_ctx"] = {"traceparent": f"00-{uuid.uuid4().hex}-{uuid.uuid4().hex[:16]}-01"}
+
+
+def agentic_run(cfg: Any, steps: int, batch_size: int = 4) -> tuple[list[Any], list[Any]]:
     """agentic_pipeline.py's construction and calls, with the one changed line."""
     from roll.distributed.scheduler.protocol import DataProto
     from roll.distributed.scheduler.rollout_scheduler import RolloutScheduler
@@ -113,7 +121,8 @@ def agentic_run(cfg: Any, steps: int) -> tuple[list[Any], list[Any]]:
         ray.get(train.suspend.remote())  # lifecycle calls work in both modes
         for step in range(steps):
             batch = DataProto(meta_info={"global_step": step})
-            out_train.append(ray.get(train.get_batch.remote(batch, 4)))
+            inject_trace_context(batch.meta_info)
+            out_train.append(ray.get(train.get_batch.remote(batch, batch_size)))
             out_val.append(ray.get(val.get_batch.remote(batch, 2)))
         ray.get([train.rollout_mock_close.remote(), val.rollout_mock_close.remote()])
         ray.get([train.shutdown.remote(), val.shutdown.remote()])
@@ -137,7 +146,8 @@ def rlvr_run(cfg: Any, steps: int, domains: tuple[str, ...] = ("math", "code")) 
     out = []
     try:
         for step in range(steps):
-            batch = DataProto(meta_info={"generation_config": {"num_return_sequences": 2}})
+            batch = DataProto(meta_info={"generation_config": {"num_return_sequences": 2}, "global_step": step})
+            inject_trace_context(batch.meta_info)
             refs = {d: s.get_batch.remote(data=batch, global_step=step, batch_size=2) for d, s in schedulers.items()}
             out.append(DataProto.concat([ray.get(r) for r in refs.values()]))
             ray.get([s.pause_sampling.remote() for s in schedulers.values()])
@@ -167,6 +177,28 @@ def test_agentic_dump_then_mock_default_config(roll_root: Path, tmp_path: Path) 
     replay_train, replay_val = agentic_run(pipeline_config(dump, "mock"), 3)
     for a, b in zip(replay_train + replay_val, recorded_train + recorded_val):
         same(a, b)
+
+
+def test_a_rerun_asking_for_other_data_or_with_other_settings_stops(roll_root: Path, tmp_path: Path) -> None:
+    from roll.configs import PipelineConfig, RolloutMockConfig
+
+    from rollout_mock import ReplayMismatchError, RolloutSettingsMismatchError
+    from rollout_mock.adapters.roll import roll_settings
+
+    dump = tmp_path / "agentic"
+    agentic_run(pipeline_config(dump, "dump"), 2)
+    # the pre-flight check runs on the driver, before any actor is created
+    other = PipelineConfig(sequence_length=32, rollout_mock=RolloutMockConfig(enable=True, mode="mock",
+                                                                              dump_dir=str(dump)))
+    assert roll_settings(other) == {"sequence_length": 32, "prompt_length": 8}
+    from roll.distributed.scheduler.rollout_scheduler import RolloutScheduler
+
+    with pytest.raises(RolloutSettingsMismatchError, match="sequence_length: 16 in the dump run, 32 now"):
+        roll_scheduler(RolloutScheduler, other)
+    # another batch size: the actor refuses before serving step 0
+    with pytest.raises(ReplayMismatchError) as info:
+        agentic_run(pipeline_config(dump, "mock"), 2, batch_size=2)
+    assert "train step 0" in str(info.value) and "batch_size: 4 in the dump run, 2 now" in str(info.value)
 
 
 def test_rlvr_per_domain_streams_default_config(roll_root: Path, tmp_path: Path) -> None:

@@ -111,3 +111,63 @@ def test_import_debug_rollout_data_and_subsample(slime_pkg: Any, tmp_path: Path,
     half = adapter.generate_rollout(args(), 0, None)
     # slime's rule: k = int(2 * 0.5) = 1 group kept: the first k // 2 = 0 and the last 1
     assert len(half.samples) == 1 and half.samples[0][0].to_dict() == originals[0][2].to_dict()
+
+
+# ------------------------------------------------------------------------------ faithful replay (issue 26)
+def _slime_args(**extra: Any) -> argparse.Namespace:
+    return argparse.Namespace(rollout_batch_size=3, n_samples_per_prompt=2, rollout_temperature=1.0,
+                              rollout_top_p=1.0, rollout_max_response_len=3, **extra)
+
+
+def _samples(output: Any) -> list[Any]:
+    out = []
+    for group in output.samples:
+        for sample in group:
+            data = sample.to_dict()
+            data.pop("non_generation_time")  # a wall time
+            out.append(data)
+    return out
+
+
+def test_faithful_rerun_resume_and_mismatches(slime_pkg: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from slime.rollout.base_types import call_rollout_fn
+    from slime.utils.types import RolloutDataSource
+
+    from rollout_mock import ReplayMismatchError, RolloutSettingsMismatchError
+
+    fn = adapter.generate_rollout
+    monkeypatch.setenv("ROLLOUT_MOCK_MODE", "dump")
+    monkeypatch.setenv("ROLLOUT_MOCK_DUMP_DIR", str(tmp_path / "d"))
+    source = RolloutDataSource(_slime_args())
+    recorded, positions = [], []
+    for i in range(4):
+        recorded.append(call_rollout_fn(fn, _slime_args(), i, source, evaluation=False))
+        positions.append(source.state_dict())  # what slime checkpoints after rollout i
+    adapter.reset()
+
+    monkeypatch.setenv("ROLLOUT_MOCK_MODE", "mock")
+    slime_pkg.CALLS.clear()
+    fresh = RolloutDataSource(_slime_args())
+    for i in range(4):  # a faithful rerun: same records, the data source moved as in the dump run
+        assert _samples(call_rollout_fn(fn, _slime_args(), i, fresh, evaluation=False)) == _samples(recorded[i])
+        assert fresh.state_dict() == positions[i]
+    assert slime_pkg.CALLS == []
+    adapter.reset()
+
+    resumed = RolloutDataSource(_slime_args())
+    resumed.load_state_dict(positions[1])  # slime --load: the data source of checkpoint 1
+    for i in (2, 3):
+        assert _samples(call_rollout_fn(fn, _slime_args(), i, resumed, evaluation=False)) == _samples(recorded[i])
+    adapter.reset()
+
+    shifted = RolloutDataSource(_slime_args())
+    shifted.load_state_dict(positions[0])  # resumed from the wrong checkpoint
+    with pytest.raises(ReplayMismatchError) as info:
+        call_rollout_fn(fn, _slime_args(), 2, shifted, evaluation=False)
+    assert info.value.step == 2 and info.value.nearest == 1 and "data_source" in info.value.argument
+    adapter.reset()
+
+    with pytest.raises(RolloutSettingsMismatchError, match="rollout_temperature: 1.0 in the dump run, 0.7 now"):
+        a = _slime_args()
+        a.rollout_temperature = 0.7
+        call_rollout_fn(fn, a, 0, RolloutDataSource(a), evaluation=False)

@@ -39,7 +39,7 @@ def run(tmp: Path, mode: str, *extra: str, check: bool = True) -> tuple[subproce
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
         return proc, json.loads(out.read_text())["log_history"]
-    return proc, None
+    return proc, json.loads(out.read_text()) if out.exists() else None  # {"error": ..., "message": ...}
 
 
 @pytest.fixture(scope="module")
@@ -108,3 +108,55 @@ def test_record_is_plain_data(dumped: tuple[Path, Any]) -> None:
     assert record["rewards"]["rewards_per_func"].shape == (8, 1)
     assert record["generate"]["rng"]["torch"].dtype == torch.uint8
     assert "num_tokens" in record["generate"]["metrics"]
+
+
+# ------------------------------------------------------------------------------ faithful replay (issue 26)
+def _failure(proc: subprocess.CompletedProcess[str], result: Any) -> dict[str, Any]:
+    assert proc.returncode == 3, proc.stderr[-3000:]
+    assert "model.generate called" not in proc.stderr and "reward function called" not in proc.stderr
+    assert isinstance(result, dict)
+    return result
+
+
+@pytest.mark.parametrize(("option", "value", "setting"), [("--num-generations", "2", "num_generations: 4 in the "
+                                                                                         "dump run, 2 now"),
+                                                          ("--batch-size", "8", "per_device_train_batch_size: 4")])
+def test_other_rollout_settings_stop_before_generating_or_training(dumped: tuple[Path, Any], option: str, value: str,
+                                                                   setting: str) -> None:
+    tmp, _ = dumped
+    proc, output = run(tmp, "mock", "--max-steps", str(STEPS), "--forbid", option, value, check=False)
+    result = _failure(proc, output)
+    assert result["error"] == "RolloutSettingsMismatchError" and setting in result["message"]
+
+
+def test_a_run_resumed_from_a_checkpoint_replays_the_remaining_steps_and_evaluations(tmp_path: Path) -> None:
+    _, recorded = run(tmp_path, "dump", "--max-steps", "4", "--save-steps", "2", "--eval-steps", "2",
+                      "--output-dir", str(tmp_path / "out"))
+    _, resumed = run(tmp_path, "mock", "--max-steps", "4", "--eval-steps", "2", "--forbid",
+                     "--resume", str(tmp_path / "out" / "checkpoint-2"), "--output-dir", str(tmp_path / "out-mock"))
+
+    def by_step(history: list[dict[str, Any]]) -> dict[tuple[int, str], dict[str, float]]:
+        out = {}
+        for entry in numeric(history):
+            kind = "eval" if any(k.startswith("eval_") for k in entry) else "train" if "loss" in entry else "end"
+            out[(int(entry["step"]), kind)] = {k: v for k, v in entry.items() if not k.endswith(("_runtime", "per_second"))}
+        return out
+
+    expected, actual = by_step(recorded), by_step(resumed)
+    remaining = [k for k in expected if k[0] > 2 and k[1] != "end"]
+    assert remaining == [(3, "train"), (4, "train"), (4, "eval")]
+    for key in remaining:  # steps 3-4 and the evaluation at 4: the records the dump run made there
+        assert expected[key] == actual[key], key
+    # the token counter is the dump run's (advanced by the recorded calls, not overwritten)
+    assert expected[(4, "train")]["num_tokens"] == actual[(4, "train")]["num_tokens"]
+
+
+def test_check_mode_generates_compares_and_trains_on_the_recording(dumped: tuple[Path, Any]) -> None:
+    from rollout_mock import read_check_verdicts
+
+    tmp, recorded = dumped
+    _, checked = run(tmp, "check", "--max-steps", str(STEPS))
+    assert numeric(checked)[:STEPS] == numeric(recorded)[:STEPS]
+    verdicts = read_check_verdicts(tmp / "dump", split="train")
+    assert [v.step for v in verdicts] == list(range(STEPS))
+    assert all(v.equal and v.match == 1.0 and v.tokens > 0 for v in verdicts)  # same weights: same tokens

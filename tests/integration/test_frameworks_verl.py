@@ -141,3 +141,76 @@ def test_verl_native_switches_import(tmp_path: Path) -> None:
 
     assert RolloutSkip.gen_batch_name == "gen_batch.dp" and RolloutSkip.meta_name == "meta.json"
     assert SkipManager is not None
+
+
+# ------------------------------------------------------------------------------ faithful replay (issue 26)
+class FitTrainer:
+    """RayPPOTrainer.fit's rollout side, as verl 0.9 builds it: the trainer config (OmegaConf),
+    prompts from a seeded loader, a fresh ``uuid4`` uid per prompt, ``global_steps`` from 1 (or
+    from the checkpoint it resumes at)."""
+
+    def __init__(self, cfg: dict[str, Any], *, n: int = 2, temperature: float = 1.0, seed: int = 0) -> None:
+        from omegaconf import OmegaConf
+
+        self.config = OmegaConf.create({
+            "rollout_mock": cfg,
+            "data": {"train_batch_size": 4, "max_prompt_length": 8, "max_response_length": 3},
+            "actor_rollout_ref": {"rollout": {"name": "vllm", "temperature": temperature, "top_p": 1.0, "n": n,
+                                              "response_length": 3, "gpu_memory_utilization": 0.5,
+                                              "val_kwargs": {"n": 1, "do_sample": False}}},
+        })
+        self.async_rollout_manager = AgentLoopManager()
+        self.actor_rollout_wg = None
+        self.global_steps = 0
+        self.seed = seed
+
+    def prompts(self, step: int) -> Any:
+        import uuid
+
+        g = torch.Generator().manual_seed(self.seed * 1000 + step)
+        batch = DataProto.from_dict(tensors={"input_ids": torch.randint(0, 50, (4, 8), generator=g)},
+                                    non_tensors={"raw_prompt": np.array([f"q{step}-{i}" for i in range(4)], dtype=object)})
+        batch.non_tensor_batch["uid"] = np.array([str(uuid.uuid4()) for _ in range(4)], dtype=object)
+        batch.meta_info["global_steps"] = step
+        return batch
+
+    def fit(self, steps: int) -> list[Any]:
+        out = []
+        for _ in range(steps):
+            self.global_steps += 1
+            out.append(self.async_rollout_manager.generate_sequences(self.prompts(self.global_steps)))
+        return out
+
+
+def test_a_faithful_rerun_with_fresh_uids_replays_and_other_prompts_stop(tmp_path: Path) -> None:
+    from rollout_mock import ReplayMismatchError, RolloutSettingsMismatchError
+
+    block = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+    trainer = FitTrainer(block)
+    wrapper = wrap_verl_rollout(trainer)
+    assert wrapper is not None
+    recorded = trainer.fit(3)
+    wrapper.close()
+
+    mock = FitTrainer({**block, "mode": "mock"})
+    wrap_verl_rollout(mock)
+    for got, expected in zip(mock.fit(3), recorded):
+        same(got, expected)
+    assert mock.async_rollout_manager.calls == []
+
+    resumed = FitTrainer({**block, "mode": "mock"})  # verl's _load_checkpoint set global_steps = 1
+    resumed.global_steps = 1
+    wrap_verl_rollout(resumed)
+    for got, expected in zip(resumed.fit(2), recorded[1:]):
+        same(got, expected)
+
+    reseeded = FitTrainer({**block, "mode": "mock"}, seed=1)
+    wrap_verl_rollout(reseeded)
+    with pytest.raises(ReplayMismatchError) as info:
+        reseeded.fit(1)
+    assert info.value.step == 1 and info.value.argument == "prompts.batch.input_ids"
+
+    with pytest.raises(RolloutSettingsMismatchError) as settings:
+        wrap_verl_rollout(FitTrainer({**block, "mode": "mock"}, n=4, temperature=0.6))
+    assert [d[0] for d in settings.value.differences] == ["actor_rollout_ref.rollout.n",
+                                                          "actor_rollout_ref.rollout.temperature"]

@@ -11,7 +11,7 @@ BOOL = "valid choices: true, false"
 # field -> (bad value, what the line must also say)
 BAD: dict[str, tuple[object, str]] = {
     "enable": ("maybe", BOOL),
-    "mode": ("record", "valid choices: dump, mock"),
+    "mode": ("record", "valid choices: dump, mock, check"),
     "dump_dir": ("  ", "must not be empty"),
     "storage_options": ("anon", "dictionary"),
     "overwrite": ("sometimes", BOOL),
@@ -39,6 +39,11 @@ BAD: dict[str, tuple[object, str]] = {
     "subsample": (1.5, "less than or equal to 1"),
     "step_offset": ("ten", "integer"),
     "step_map": ({0: -1}, "dump steps must be >= 0"),
+    "match_on": (["step", "data"], "cannot be combined"),
+    "on_mismatch": ("ignore", "valid choices: error, warn"),
+    "check_serves": ("both", "valid choices: recorded, live"),
+    "check_min_match": (1.5, "less than or equal to 1"),
+    "check_tolerances": ({"logprobs": {"rtol": -1}}, "greater than or equal to 0"),
 }
 
 

@@ -150,3 +150,15 @@ def test_bench_gpu_refuses_to_write_cpu_figures_into_the_gpu_tables() -> None:
     with pytest.raises(SystemExit) as info:
         bench_gpu.main(["--device", "cpu", "--update-readme"])
     assert info.value.code == 2
+
+
+def test_bench_digest_small_shapes_run(tmp_path: Path) -> None:
+    pytest.importorskip("verl", reason="verl is not installed")
+    bench_digest = pytest.importorskip("bench_digest")
+    out = tmp_path / "out.json"
+    assert bench_digest.main(["--small", "--repeat", "1", "--dir", str(tmp_path), "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["shape"] for r in result["results"]] == ["verl", "slime", "areal"]
+    assert all(r["dump digest"] > 0 and r["mock digest + compare"] > 0 for r in result["results"])
+    assert "| verl |" in result["table"]
+    assert not any(tmp_path.glob("bench_digest_*"))  # scratch removed

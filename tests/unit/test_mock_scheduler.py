@@ -17,6 +17,7 @@ from rollout_mock import (
     DumpNotFoundError,
     IncompleteDumpError,
     MockScheduler,
+    ReplayMismatchError,
     SchedulerUnavailableError,
     StepExistsError,
     StepNotFoundError,
@@ -250,25 +251,36 @@ def test_unknown_method_is_a_config_error(dump_dir: Path) -> None:
         MockScheduler(RlvrScheduler(), cfg(dump_dir), methods=("generate_sequences",))
 
 
-def test_mock_warns_when_the_call_differs_from_the_recorded_one(
-    dump_dir: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_mock_refuses_a_call_that_differs_from_the_recorded_one(dump_dir: Path) -> None:
+    with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
+        for step in range(3):
+            mock.get_batch(None, step, batch_size=4)
+    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
+        mock.get_batch(None, 0, batch_size=4)
+        with pytest.raises(ReplayMismatchError) as info:
+            mock.get_batch(None, 1, batch_size=8)
+    assert info.value.step == 1 and info.value.argument == "batch_size"
+    assert "batch_size: 4 in the dump run, 8 now" in str(info.value)
+    import json
+
+    entry = json.loads((dump_dir / "manifest.json").read_text())["streams"]["train"]["steps"]["2"]
+    assert entry["call"]["args"] == [None, 2] and entry["call"]["kwargs"] == {"batch_size": 4}
+    assert entry["call"]["request"]["a"] == ["batch_size", "data"]  # the step is not part of the request
+
+
+def test_mock_warns_once_per_method_with_on_mismatch_warn(dump_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     with MockScheduler(RlvrScheduler(), cfg(dump_dir)) as mock:
         for step in range(3):
             mock.get_batch(None, step, batch_size=4)
     caplog.set_level(logging.WARNING, logger="rollout_mock")
-    with MockScheduler(None, cfg(dump_dir, "mock"), spec=RlvrScheduler) as mock:
+    with MockScheduler(None, cfg(dump_dir, "mock", on_mismatch="warn"), spec=RlvrScheduler) as mock:
         mock.get_batch(None, 0, batch_size=4)
-        assert "recorded call" not in caplog.text
+        assert "asks for other data" not in caplog.text
         for step in (1, 2):
             assert mock.get_batch(None, step, batch_size=8)["x"].shape[0] == 4
-    warnings = [r.getMessage() for r in caplog.records if "recorded call" in r.getMessage()]
+    warnings = [r.getMessage() for r in caplog.records if "asks for other data" in r.getMessage()]
     assert len(warnings) == 1  # once per method, not once per step
-    assert "batch_size=8" in warnings[0] and "batch_size=4" in warnings[0] and "step 1" in warnings[0]
-    import json
-
-    entry = json.loads((dump_dir / "manifest.json").read_text())["streams"]["train"]["steps"]["2"]
-    assert entry["call"] == {"args": [None, 2], "kwargs": {"batch_size": 4}}
+    assert "batch_size: 4 in the dump run, 8 now" in warnings[0] and "step 1" in warnings[0]
 
 
 def test_a_dump_that_records_nothing_is_reported(dump_dir: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -157,8 +157,9 @@ def test_step_position_of_ray_actor_methods_and_specs(tmp_path: Path) -> None:
     assert step_arg_position(agentic, bound=True) is None
     # A plain class as spec: its global_step position; the convention the dump recorded wins.
     info = _spec_methods(DomainScheduler, ["get_batch"], {"get_batch": {"convention": "ray", "step_arg": 1}})
-    assert info == {"get_batch": {"convention": "ray", "step_arg": 1}}
+    assert info == {"get_batch": {"convention": "ray", "step_arg": 1, "params": ["data", "global_step", "batch_size"]}}
     assert _spec_methods(DomainScheduler, ["get_batch"])["get_batch"]["convention"] == "sync"
     ray = pytest.importorskip("ray")
     remote_info = _spec_methods(ray.remote(DomainScheduler), ["get_batch"], {"get_batch": {"convention": "sync"}})
-    assert remote_info == {"get_batch": {"convention": "ray", "step_arg": 1}}
+    assert remote_info == {"get_batch": {"convention": "ray", "step_arg": 1,
+                                         "params": ["data", "global_step", "batch_size"]}}

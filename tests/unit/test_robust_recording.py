@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import cfg
 
-from rollout_mock import DirectoryStore, MockScheduler, RolloutMockError, WriterError, codec
+from rollout_mock import DirectoryStore, MockScheduler, ReplayMismatchError, RolloutMockError, WriterError, codec
 from rollout_mock.errors import StepArgumentError
 from rollout_mock.storage import Store
 from rollout_mock.storage import writer as writer_module
@@ -66,13 +66,15 @@ def test_mock_mode_compares_non_finite_arguments_exactly(dump_dir: Path, caplog:
     recorder.close()
     caplog.set_level(logging.WARNING, logger="rollout_mock")
     mock = MockScheduler(None, cfg(dump_dir, "mock"))
-    mock.get_batch(None, global_step=0, temperature=float("nan"))
+    mock.get_batch(None, global_step=0, temperature=float("nan"))  # NaN equals NaN
     mock.get_batch(None, global_step=1, temperature=float("inf"))
-    assert "recorded call was" not in caplog.text
+    assert "asks for other data" not in caplog.text
     mock.close()
     mock = MockScheduler(None, cfg(dump_dir, "mock"))
-    mock.get_batch(None, global_step=1, temperature=0.7)
-    assert "temperature=0.7" in caplog.text and "temperature=float('inf')" in caplog.text
+    with pytest.raises(ReplayMismatchError) as info:
+        mock.get_batch(None, global_step=1, temperature=0.7)
+    assert "temperature: inf in the dump run, 0.7 now" in str(info.value)
+    assert info.value.recorded == "inf" and info.value.live == "0.7"
     mock.close()
 
 

@@ -1,0 +1,195 @@
+"""The parts of the ``rollout_mock:`` block each component uses, resolved once.
+
+:class:`~rollout_mock.config.RolloutMockConfig` is the user's flat block (ROLL's keys load
+unchanged). The components behind a wrapped scheduler each need a few of its keys, in a form
+ready to use: the recorder the dump-mode keys (``dump_steps`` as a set), the replayer the mock-mode
+keys (``step_map``/``step_offset`` as one mapping), request matching its two keys, check mode
+its three, the store its location and signing key (read from the environment once), the random
+number hook one flag. :func:`config_parts` builds them all at once, when a scheduler is wrapped;
+each component then gets its part only, so that what a component reads is written in its
+constructor's signature and nothing reaches back into the whole config.
+
+The parts are frozen dataclasses (plain values, no validation: the config was validated).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout_mock.config.debug_settings import WatchdogConfig
+from rollout_mock.config.model import RolloutMockConfig
+from rollout_mock.config.policies import (
+    CheckServes,
+    DiskFullPolicy,
+    FingerprintPolicy,
+    MismatchPolicy,
+    MissingStepPolicy,
+    ReplayRows,
+    Tolerance,
+)
+from rollout_mock.errors import ConfigError
+from rollout_mock.modes import Mode
+
+__all__ = [
+    "CheckSettings", "ConfigParts", "MatchSettings", "RecordSettings", "ReplaySettings", "StoreSettings",
+    "config_parts", "hmac_key",
+]
+
+
+def hmac_key(config: RolloutMockConfig) -> bytes | None:
+    """The signing key named by ``hmac_key_env`` (``None`` without one); a ConfigError when the
+    variable is named but unset or empty."""
+    if config.hmac_key_env is None:
+        return None
+    value = os.environ.get(config.hmac_key_env)
+    if not value:
+        raise ConfigError(
+            f"rollout_mock.hmac_key_env: environment variable {config.hmac_key_env!r} is not set "
+            f"or empty; export the signing key in it, or remove hmac_key_env from the config"
+        )
+    return value.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where the dump is and how it is opened (``hmac_key`` already read from the environment)."""
+
+    dump_dir: str
+    storage_options: Mapping[str, Any] | None
+    hmac_key: bytes | None = field(repr=False)
+    verify: bool
+
+
+@dataclass(frozen=True)
+class RecordSettings:
+    """Dump mode: which steps are written and how."""
+
+    dump_dir: str
+    dump_steps: frozenset[int] | None
+    overwrite: bool
+    background: bool
+    max_pending: int
+    max_keep: int | None
+    pin_steps: frozenset[int]
+    on_disk_full: DiskFullPolicy
+    max_steps: int | None
+
+    def records_step(self, step: int) -> bool:
+        """Whether ``dump_steps`` lets ``step`` be written (all steps without it)."""
+        return self.dump_steps is None or step in self.dump_steps
+
+    def steps_after(self, step: int) -> int | None:
+        """How many more steps this run will write after ``step`` (``None``: unknown)."""
+        if self.dump_steps is not None:
+            return len([s for s in self.dump_steps if s > step])
+        if self.max_steps is not None:
+            return max(self.max_steps - step - 1, 0)
+        return None
+
+
+@dataclass(frozen=True)
+class ReplaySettings:
+    """Mock and check mode: which recorded step serves a run step, and how it is loaded."""
+
+    mode: Mode
+    dump_dir: str
+    max_steps: int | None
+    on_missing_step: MissingStepPolicy
+    step_offset: int
+    step_map: Mapping[int, int]
+    replay_rows: ReplayRows | None
+    replay_keys: tuple[str, ...] | None
+    subsample: float | None
+    trust_pickle: bool
+    prefetch: bool
+    fingerprint: FingerprintPolicy
+
+    def dump_step(self, run_step: int) -> int:
+        """The recorded step run step ``run_step`` replays (``step_map``, else ``step_offset``)."""
+        mapped = self.step_map.get(run_step)
+        return run_step + self.step_offset if mapped is None else mapped
+
+    @property
+    def shifted(self) -> bool:
+        """Whether run steps and dump steps differ (``step_offset`` or ``step_map`` set)."""
+        return bool(self.step_offset or self.step_map)
+
+
+@dataclass(frozen=True)
+class MatchSettings:
+    """Request matching (``match_on``, ``on_mismatch``)."""
+
+    match_on: tuple[str, ...] | None
+    policy: MismatchPolicy
+
+    @property
+    def enabled(self) -> bool:
+        """False with ``match_on: [step]``: nothing is digested, recorded or compared."""
+        return self.match_on != ("step",)
+
+
+@dataclass(frozen=True)
+class CheckSettings:
+    """Check mode (``check_serves``, ``check_min_match``, ``check_tolerances``)."""
+
+    serves: CheckServes
+    min_match: float | None
+    tolerances: tuple[tuple[str, Tolerance], ...]
+
+    def tolerance(self, key: str) -> Tolerance | None:
+        """The tolerance of the first pattern matching the end of dotted ``key``, if any."""
+        parts = key.split(".")
+        for pattern, tolerance in self.tolerances:
+            want = pattern.split(".")
+            if len(want) <= len(parts) and all(
+                fnmatch.fnmatchcase(p, w) for p, w in zip(parts[-len(want):], want)
+            ):
+                return tolerance
+        return None
+
+
+@dataclass(frozen=True)
+class ConfigParts:
+    """Every part, built once by :func:`config_parts` (see the module docstring)."""
+
+    mode: Mode
+    store: StoreSettings
+    record: RecordSettings
+    replay: ReplaySettings
+    match: MatchSettings
+    check: CheckSettings
+    watchdog: WatchdogConfig
+    #: ``replay_rng: true``: generator states recorded/restored around every call
+    replay_rng: bool
+
+
+def config_parts(config: RolloutMockConfig) -> ConfigParts:
+    """Resolve ``config`` into the parts its components use (reads ``hmac_key_env`` now)."""
+    return ConfigParts(
+        mode=config.mode,
+        store=StoreSettings(config.dump_dir, config.storage_options, hmac_key(config), config.verify_checksum),
+        record=RecordSettings(
+            dump_dir=config.dump_dir,
+            dump_steps=None if config.dump_steps is None else frozenset(config.dump_steps),
+            overwrite=config.overwrite, background=config.background, max_pending=config.max_pending,
+            max_keep=config.max_keep, pin_steps=frozenset(config.pin_steps or ()),
+            on_disk_full=config.on_disk_full, max_steps=config.max_steps,
+        ),
+        replay=ReplaySettings(
+            mode=config.mode, dump_dir=config.dump_dir, max_steps=config.max_steps,
+            on_missing_step=config.on_missing_step, step_offset=config.step_offset,
+            step_map=dict(config.step_map or {}), replay_rows=config.replay_rows,
+            replay_keys=None if config.replay_keys is None else tuple(config.replay_keys),
+            subsample=config.subsample, trust_pickle=config.trust_pickle, prefetch=config.prefetch,
+            fingerprint=config.fingerprint,
+        ),
+        match=MatchSettings(None if config.match_on is None else tuple(config.match_on), config.on_mismatch),
+        check=CheckSettings(config.check_serves, config.check_min_match,
+                            tuple((config.check_tolerances or {}).items())),
+        watchdog=config.watchdog,
+        replay_rng=config.replay_rng is True,
+    )

@@ -1,0 +1,392 @@
+"""Check mode: the real rollout runs, its batch is compared with the recorded one key by key.
+
+What it is for (miles' "inject" mode): catching stale weights on the inference engines, or an
+engine upgrade that changes what is generated, while training stays on the recorded data.
+
+Comparison (:func:`compare_batches`), per key (a dotted path; list items are ``[]``, so the
+trajectories of an AReaL list or the samples of a slime record aggregate into one key each):
+
+* token sequences (integer values of ``responses``, ``response_ids``, ``completion_ids``,
+  ``response_tokens`` when the batch has one of them, else of every ``*ids`` / ``tokens`` key):
+  the fraction of positions holding the same token (a length difference counts as different
+  positions);
+* floating-point values: equal within the key's ``check_tolerances`` (exact without one); the
+  largest absolute difference is reported;
+* everything else: equal or not.
+
+The step's *match* is the token fraction when the batch has token sequences, else the fraction
+of equal values. Volatile fields (:func:`rollout_mock.wrap.hooks.register_volatile_fields`) are
+left out, as in request matching.
+
+Verdicts: one small JSON object per step, ``checks/{split}[/{name}]/step_NNNNNN[_rankR].json``
+beside the dump (written atomically through the store; the latest check run's verdict of a step
+replaces an earlier one), and one log line per step. :func:`read_check_verdicts` reads them back
+(bounded: at most :data:`MAX_VERDICTS` files of :data:`MAX_VERDICT_BYTES` each) as
+:class:`CheckVerdict` objects.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rollout_mock.batch import batch_parts
+from rollout_mock.config import CheckServes, CheckSettings
+from rollout_mock.errors import CheckFailedError, UnsafePathError
+from rollout_mock.storage.manifest import StreamId, utc_now
+from rollout_mock.storage.store import StepStore, Store, open_store
+from rollout_mock.text import json_float, logger, short_repr, step_log_level
+from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_fields
+
+__all__ = [
+    "CHECKS_DIR", "MAX_VERDICTS", "MAX_VERDICT_BYTES", "VERDICT_FORMAT", "CheckVerdict", "Checker",
+    "compare_batches", "read_check_verdicts", "verdict_relpath",
+]
+
+VERDICT_FORMAT = "rollout_mock.check/1"
+CHECKS_DIR = "checks"
+MAX_VERDICTS = 100_000
+MAX_VERDICT_BYTES = 256 << 10
+#: Keys listed per verdict (the others are counted in ``omitted``).
+MAX_KEYS = 64
+_RESPONSE_KEYS = ("responses", "response_ids", "completion_ids", "response_tokens")
+_TOKEN_SUFFIXES = ("ids", "tokens")
+
+
+def verdict_relpath(stream: StreamId, step: int) -> str:
+    """Where the verdict of ``step`` of ``stream`` lives, relative to the dump."""
+    return f"{CHECKS_DIR}/{stream.relpath(step).removesuffix('.pkl')}.json"
+
+
+@dataclass
+class CheckVerdict:
+    """One step's check: ``match`` in [0, 1], ``equal`` (every key equal or within tolerance),
+    ``passed`` (``match`` reaches ``check_min_match``, or no threshold), and one dict per key that
+    is not equal (``key``, ``status``: ``differs``/``missing``/``extra``, ``match``, ``max_abs_diff``,
+    ``detail``)."""
+
+    stream: str
+    step: int
+    run_step: int
+    method: str
+    match: float
+    token_match: float | None
+    tokens: int
+    equal: bool
+    passed: bool
+    served: str
+    keys: list[dict[str, Any]] = field(default_factory=list)
+    omitted: int = 0
+    checked_at: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        data = {name: getattr(self, name) for name in self.__dataclass_fields__}
+        data["match"], data["token_match"] = json_float(self.match), json_float(self.token_match)
+        return {"format": VERDICT_FORMAT, **data}
+
+    @classmethod
+    def from_json(cls, data: Any) -> CheckVerdict | None:
+        if not isinstance(data, dict) or data.get("format") != VERDICT_FORMAT:
+            return None
+        try:
+            keys = data.get("keys") or []
+            return cls(
+                stream=StreamId.from_key(str(data["stream"])).key, step=int(data["step"]),
+                run_step=int(data["run_step"]), method=str(data.get("method", ""))[:200],
+                match=float(data["match"]),
+                token_match=None if data.get("token_match") is None else float(data["token_match"]),
+                tokens=int(data.get("tokens", 0)), equal=bool(data["equal"]), passed=bool(data["passed"]),
+                served=str(data.get("served", ""))[:20],
+                keys=[k for k in keys[:MAX_KEYS] if isinstance(k, dict)] if isinstance(keys, list) else [],
+                omitted=int(data.get("omitted", 0)), checked_at=str(data.get("checked_at", ""))[:40],
+            )
+        except (KeyError, TypeError, ValueError, UnsafePathError):
+            return None
+
+
+# ----------------------------------------------------------------------------- comparison
+def _leaves(obj: Any, path: tuple[str, ...], depth: int = 0) -> Iterator[tuple[tuple[str, ...], Any]]:
+    if depth > 32:
+        yield path, obj
+    elif isinstance(obj, Mapping):
+        for key in sorted(obj.keys(), key=str):
+            yield from _leaves(obj[key], (*path, str(key)), depth + 1)
+    elif not isinstance(obj, list | tuple | torch.Tensor | np.ndarray) and (parts := batch_parts(obj)) is not None:
+        # a registered batch type (a DataProto's batch / non_tensor_batch / meta_info, a TensorDict's keys)
+        for name, part in parts.items():
+            if part is not None:
+                yield from _leaves(part, (*path, str(name)), depth + 1)
+    elif isinstance(obj, list | tuple) and obj and not _plain_sequence(obj):
+        for item in obj:
+            yield from _leaves(item, (*path, "[]"), depth + 1)
+    elif hasattr(obj, "to_dict") and callable(obj.to_dict) and not isinstance(obj, torch.Tensor | np.ndarray):
+        yield from _leaves(obj.to_dict(), path, depth + 1)
+    else:
+        yield path, obj
+
+
+def _plain_sequence(obj: list[Any] | tuple[Any, ...]) -> bool:
+    """A list of scalars, or of lists of scalars (token sequences): one value, not items."""
+    first = obj[0]
+    if isinstance(first, list | tuple):
+        return not first or not isinstance(first[0], list | tuple | Mapping)
+    return not isinstance(first, Mapping | torch.Tensor | np.ndarray) and not hasattr(first, "to_dict")
+
+
+def _key(path: tuple[str, ...]) -> str:
+    out = ""
+    for part in path:
+        out += part if part == "[]" or not out else f".{part}"
+    return out or "(batch)"
+
+
+def _as_array(value: Any) -> np.ndarray | None:
+    if isinstance(value, torch.Tensor):
+        if value.is_nested or value.layout != torch.strided or value.device.type == "meta":
+            return None
+        value = value.detach().cpu()
+        return (value.float() if value.dtype == torch.bfloat16 else value).numpy()
+    if isinstance(value, np.ndarray) and not value.dtype.hasobject:
+        return value
+    return None
+
+
+def _ragged(value: Any) -> list[list[Any]] | None:
+    """A list of int sequences (or one) as rows, else ``None``."""
+    if isinstance(value, list | tuple) and value:
+        if isinstance(value[0], list | tuple):
+            return [list(v) for v in value] if all(isinstance(x, int) for v in value[:4] for x in v[:8]) else None
+        if isinstance(value[0], int) and not isinstance(value[0], bool):
+            return [list(value)]
+    return None
+
+
+@dataclass
+class _Stats:
+    equal: float = 0.0
+    total: float = 0.0
+    tokens: bool = False
+    max_abs: float = 0.0
+    detail: str = ""
+    status: str = "equal"
+
+    def add(self, equal: float, total: float) -> None:
+        self.equal += equal
+        self.total += total
+
+
+def _compare_value(stats: _Stats, live: Any, recorded: Any, tolerance: Any, token: bool) -> None:
+    a, b = _as_array(live), _as_array(recorded)
+    if a is not None and b is not None:
+        if a.shape != b.shape or a.dtype != b.dtype:
+            if token and a.ndim == b.ndim and a.ndim >= 1:
+                overlap = tuple(slice(0, min(x, y)) for x, y in zip(a.shape, b.shape))
+                stats.add(float((a[overlap] == b[overlap]).sum()), max(a.size, b.size))
+            else:
+                stats.add(0, max(a.size, b.size, 1))
+            stats.detail = stats.detail or f"{b.dtype} {list(b.shape)} recorded, {a.dtype} {list(a.shape)} live"
+            return
+        if a.dtype.kind == "f" or a.dtype.kind == "c":
+            diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
+            both_nan = np.isnan(a) & np.isnan(b)
+            limit = 0.0 if tolerance is None else tolerance.atol + tolerance.rtol * np.abs(b.astype(np.float64))
+            ok = (diff <= limit) | both_nan
+            finite = diff[~both_nan & ~np.isnan(diff)]
+            if finite.size:
+                stats.max_abs = max(stats.max_abs, float(finite.max()))
+            stats.add(float(ok.sum()), a.size)
+        else:
+            stats.add(float((a == b).sum()), a.size)
+        return
+    rows_a, rows_b = (_ragged(live), _ragged(recorded)) if token else (None, None)
+    if rows_a is not None and rows_b is not None:
+        for i in range(max(len(rows_a), len(rows_b))):
+            x = rows_a[i] if i < len(rows_a) else []
+            y = rows_b[i] if i < len(rows_b) else []
+            stats.add(sum(1 for p, q in zip(x, y) if p == q), max(len(x), len(y)))
+        return
+    try:
+        same = bool(np.array_equal(np.asarray(live, dtype=object), np.asarray(recorded, dtype=object))) \
+            if isinstance(live, np.ndarray) or isinstance(recorded, np.ndarray) else _plain_equal(live, recorded)
+    except Exception:  # noqa: BLE001 - values that cannot be compared are different
+        same = False
+    stats.add(1.0 if same else 0.0, 1.0)
+    if not same and not stats.detail:
+        stats.detail = f"{short_repr(recorded, 60)} recorded, {short_repr(live, 60)} live"
+
+
+def _plain_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if type(a) is not type(b) and not (isinstance(a, int | float) and isinstance(b, int | float)):
+        return False
+    return bool(a == b)
+
+
+def _is_token_key(parts: tuple[str, ...], value: Any, names: tuple[str, ...]) -> bool:
+    name = next((p for p in reversed(parts) if p != "[]"), "")
+    if not any(name == n or (n in _TOKEN_SUFFIXES and name.endswith(n)) for n in names):
+        return False
+    array = _as_array(value)
+    if array is not None:
+        return array.dtype.kind in "iu"
+    return _ragged(value) is not None
+
+
+def compare_batches(live: Any, recorded: Any, settings: CheckSettings,
+                    volatile: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Key-by-key comparison (see the module docstring): ``{"match", "token_match", "tokens",
+    "equal", "keys": [...], "omitted"}``."""
+    patterns = compile_patterns(volatile)
+    live_leaves: dict[str, list[Any]] = {}
+    recorded_leaves: dict[str, list[Any]] = {}
+    paths: dict[str, tuple[str, ...]] = {}
+    for target, obj in ((live_leaves, live), (recorded_leaves, recorded)):
+        for path, value in _leaves(obj, ()):
+            if patterns and matches_pattern(path, patterns):
+                continue
+            key = _key(path)
+            paths.setdefault(key, path)
+            target.setdefault(key, []).append(value)
+    names = tuple(n for n in _RESPONSE_KEYS if any(paths[k][-1:] == (n,) for k in paths)) or _TOKEN_SUFFIXES
+    stats: dict[str, _Stats] = {}
+    for key in sorted(set(live_leaves) | set(recorded_leaves)):
+        entry = stats[key] = _Stats()
+        a, b = live_leaves.get(key), recorded_leaves.get(key)
+        if a is None or b is None:
+            entry.status, entry.total = ("extra" if b is None else "missing"), 1.0
+            entry.detail = "only in the live batch" if b is None else "only in the recorded batch"
+            continue
+        entry.tokens = _is_token_key(paths[key], b[0], names)
+        tolerance = settings.tolerance(key)
+        for x, y in zip(a, b):
+            _compare_value(entry, x, y, tolerance, entry.tokens)
+        if len(a) != len(b):
+            entry.add(0, abs(len(a) - len(b)))
+            entry.detail = entry.detail or f"{len(b)} recorded, {len(a)} live"
+        if entry.equal < entry.total:
+            entry.status = "differs"
+    token_total = sum(s.total for s in stats.values() if s.tokens)
+    token_match = None if not token_total else sum(s.equal for s in stats.values() if s.tokens) / token_total
+    fractions = [s.equal / s.total if s.total else 1.0 for s in stats.values()]
+    match = token_match if token_match is not None else (sum(fractions) / len(fractions) if fractions else 1.0)
+    differing = [(k, s) for k, s in stats.items() if s.status != "equal"]
+    keys = [{"key": k, "status": s.status, "match": json_float(s.equal / s.total if s.total else 0.0),
+             "tokens": s.tokens, "max_abs_diff": json_float(s.max_abs) if s.max_abs else None, "detail": s.detail}
+            for k, s in differing[:MAX_KEYS]]
+    return {"match": match, "token_match": token_match, "tokens": int(token_total), "equal": not differing,
+            "keys": keys, "omitted": max(len(differing) - MAX_KEYS, 0)}
+
+
+# ----------------------------------------------------------------------------- the checker
+class Checker:
+    """Check mode for one stream: compare, write the verdict, pick the batch to serve.
+
+    ``views``: per-method functions turning a batch into what is compared (an adapter whose
+    recorded object holds more than the rollout's output, e.g. TRL's record)."""
+
+    def __init__(self, settings: CheckSettings, store: StepStore, stream: StreamId, *,
+                 views: Mapping[str, Callable[[Any], Any]] | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.stream = stream
+        self.views = dict(views or {})
+        self.checked = 0
+        self._volatile = tuple(p for patterns in volatile_fields().values() for p in patterns)
+
+    def __repr__(self) -> str:
+        return f"Checker({self.stream}, checked={self.checked})"
+
+    def check(self, *, step: int, source: int, method: str, live: Any, recorded: Any) -> Any:
+        """Compare the two batches of run step ``step`` (recorded step ``source``), write and log
+        the verdict, raise :class:`CheckFailedError` below ``check_min_match``, return the batch
+        to serve."""
+        view = self.views.get(method)
+        result = compare_batches(live if view is None else view(live), recorded if view is None else view(recorded),
+                                 self.settings, self._volatile)
+        threshold = self.settings.min_match
+        verdict = CheckVerdict(
+            stream=self.stream.key, step=source, run_step=step, method=method, match=result["match"],
+            token_match=result["token_match"], tokens=result["tokens"], equal=result["equal"],
+            passed=threshold is None or result["match"] >= threshold, served=self.settings.serves.value,
+            keys=result["keys"], omitted=result["omitted"], checked_at=utc_now())
+        self.checked += 1
+        self._write(verdict)
+        first = verdict.keys[0] if verdict.keys else None
+        logger.log(
+            step_log_level(self.checked) if verdict.equal else 30,
+            "[RolloutMock] Checked step %d of %s: %s (match %.4f%s)%s", source, self.stream,
+            "equal to the recording" if verdict.equal else "DIFFERS from the recording", verdict.match,
+            "" if verdict.token_match is None else f" of {verdict.tokens} tokens",
+            "" if first is None else f"; first: {first['key']} ({first['status']}: {first['detail']})")
+        if not verdict.passed:
+            assert threshold is not None
+            raise CheckFailedError(
+                f"[RolloutMock] mode=check, step {step} of {self.stream}: the live rollout matches the recording "
+                f"{verdict.match:.4f}, below check_min_match={threshold} (first differing key: "
+                f"{first['key'] if first else '?'}). Stale weights on the inference engines, or another engine "
+                f"version? The verdict is in {self.store.describe_location(self.stream, source)} "
+                f"({verdict_relpath(self.stream, source)}).",
+                match=verdict.match, threshold=threshold, mode="check", split=self.stream.split, step=step)
+        return live if self.settings.serves is CheckServes.LIVE else recorded
+
+    def _write(self, verdict: CheckVerdict) -> None:
+        if not isinstance(self.store, Store):
+            logger.debug("[RolloutMock] %r keeps no verdict files (not a Store)", self.store)
+            return
+        data = json.dumps(verdict.to_json(), allow_nan=False).encode("utf-8")
+        self.store.backend.replace(verdict_relpath(self.stream, verdict.step), data)
+
+
+# ----------------------------------------------------------------------------- reading
+def _verdict_files(store: Store, rel: str, depth: int, out: list[str]) -> None:
+    for name in sorted(store.backend.listdir(rel)):
+        if len(out) >= MAX_VERDICTS:
+            return
+        child = f"{rel}/{name}"
+        if name.startswith("step_") and name.endswith(".json"):
+            out.append(child)
+        elif depth < 3 and not name.startswith("."):
+            _verdict_files(store, child, depth + 1, out)
+
+
+def read_check_verdicts(dump: str | os.PathLike[str] | Store, *, split: str | None = None,
+                        storage_options: dict[str, Any] | None = None) -> list[CheckVerdict]:
+    """Every check-mode verdict written beside ``dump`` (a path, a URL or a :class:`Store`),
+    sorted by stream and step; ``split`` keeps one split. Files that are not verdicts, too large or
+    damaged are skipped (and logged); an absent ``checks/`` folder gives ``[]``."""
+    store = dump if isinstance(dump, Store) else open_store(
+        Path(dump) if not isinstance(dump, str) else dump, storage_options=storage_options)
+    files: list[str] = []
+    _verdict_files(store, CHECKS_DIR, 0, files)
+    out: list[CheckVerdict] = []
+    for rel in files:
+        try:
+            source = store.backend.open_source(rel)
+        except (FileNotFoundError, OSError, UnsafePathError) as exc:
+            logger.warning("[RolloutMock] skipping check verdict %s: %s", store.where(rel), exc)
+            continue
+        try:
+            size = source.size()
+            if size > MAX_VERDICT_BYTES:
+                logger.warning("[RolloutMock] skipping check verdict %s: %d bytes", store.where(rel), size)
+                continue
+            verdict = CheckVerdict.from_json(json.loads(bytes(source.read_range(0, size))))
+        except (ValueError, UnicodeDecodeError, OSError) as exc:
+            logger.warning("[RolloutMock] skipping check verdict %s: %s", store.where(rel), exc)
+            continue
+        finally:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
+        if verdict is not None and (split is None or StreamId.from_key(verdict.stream).split == split):
+            out.append(verdict)
+    return sorted(out, key=lambda v: (v.stream, v.step))

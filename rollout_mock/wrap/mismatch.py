@@ -1,0 +1,419 @@
+"""Acting on request matching: compare a call with its recorded call, explain a difference, and
+the rollout-settings pre-flight check.
+
+:class:`RequestMatcher` belongs to one stream's interceptor. Dump mode asks it for the digest of
+each call (:meth:`RequestMatcher.request`, stored with the step); mock and check mode also call
+:meth:`RequestMatcher.check` before the recorded batch is served. A difference is explained from
+the recorded nodes (:mod:`rollout_mock.wrap.matching`): which argument (or field inside one)
+differs and how — kind, dtype, shape, length, the first differing index with both values where
+the recorded values are kept, else the first differing row block — whether the call equals the
+recorded call of a *nearby* step (a shifted data loader), and the fixes. ``on_mismatch: error``
+raises :class:`~rollout_mock.errors.ReplayMismatchError`; ``warn`` logs it (once per method).
+
+Dumps recorded before request matching replay as before; one warning says they cannot be matched.
+
+Rollout settings (:func:`check_settings`): a flat mapping of the rollout side's settings (TRL's
+``num_generations``, sampling parameters...), recorded with the stream's methods in dump mode
+and compared, every one, when a mock or check run wraps the scheduler.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rollout_mock.config import MatchSettings, MismatchPolicy, RolloutMockConfig, config_parts
+from rollout_mock.errors import ConfigError, ReplayMismatchError, RolloutSettingsMismatchError
+from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.store import StepStore, open_store
+from rollout_mock.text import jsonable, logger, short_repr
+from rollout_mock.wrap.calls import step_names
+from rollout_mock.wrap.matching import Node, Request, block_bounds, digest_request
+
+__all__ = [
+    "MAX_SETTINGS", "Difference", "KeyFunction", "RequestMatcher", "bind_arguments", "check_dump_settings",
+    "check_settings", "differences", "flatten_settings",
+]
+
+#: A request key function: the call's named arguments (step left out) -> what is compared.
+KeyFunction = Callable[[dict[str, Any]], Any]
+#: Settings kept per stream (flattened keys); more are cut with a note.
+MAX_SETTINGS = 512
+#: Recorded steps searched (nearest first) for one equal to a mismatched call.
+NEAREST_SEARCH = 32
+_FIXES = (
+    "Fixes: give this run the same inputs as the dump run (data seed, batch size, sampling "
+    "arguments, the step it starts at); a run shifted against the dump (resumed, or a loader that "
+    "skips) maps its steps with step_offset / step_map; compare fewer arguments with match_on: "
+    "[<names or dotted paths>] (match_on: [step] compares none); or on_mismatch: warn serves the "
+    "recorded batch anyway."
+)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """How one argument (or a field inside it) differs: ``path``, a sentence, both values."""
+
+    path: str
+    what: str
+    recorded: str
+    live: str
+
+
+def _summary(node: Node | None) -> str:
+    if node is None:
+        return "absent"
+    info = node.info
+    kind = str(info.get("k", "?"))
+    if kind in ("tensor", "array"):
+        return f"{kind} {info.get('dtype')} {info.get('shape')}"
+    if kind == "str":
+        return f"str {short_repr(info.get('v'), 60)} ({info.get('len')} chars)"
+    if kind in ("list", "tuple", "set", "dict"):
+        return f"{kind} of {info.get('len')}"
+    if "v" in info:
+        return f"{kind} {short_repr(info['v'], 60)}"
+    return f"{kind} {info.get('t', '')}".strip()
+
+
+_NON_FINITE = {"NaN": "nan", "Infinity": "inf", "-Infinity": "-inf"}
+
+
+def _value(info: Mapping[str, Any]) -> str:
+    """A kept scalar as written in Python (non-finite floats as ``inf``/``nan``)."""
+    value = info.get("v")
+    if info.get("k") == "float" and isinstance(value, str):
+        return _NON_FINITE.get(value, value)
+    return short_repr(value)
+
+
+def _index(flat: int, shape: Any) -> str:
+    dims = [int(d) for d in shape if isinstance(d, int)] if isinstance(shape, list) else []
+    if len(dims) <= 1:
+        return f"[{flat}]"
+    out = []
+    for size in reversed(dims):
+        out.append(flat % size if size else 0)
+        flat = flat // size if size else 0
+    return "[" + ", ".join(str(i) for i in reversed(out)) + "]"
+
+
+def _describe(path: str, rec: Node | None, live: Node | None) -> Difference:
+    recorded, now = _summary(rec), _summary(live)
+    if rec is None or live is None:
+        where = "passed now, not in the dump run's call" if rec is None else "in the dump run's call, not passed now"
+        return Difference(path, f"{where} ({recorded if live is None else now})", recorded, now)
+    a, b = rec.info, live.info
+    kind = a.get("k")
+    if kind != b.get("k") or a.get("t") != b.get("t"):
+        return Difference(path, f"a {recorded} in the dump run, a {now} now", recorded, now)
+    for attribute in ("dtype", "shape", "batch_size", "len"):
+        if a.get(attribute) != b.get(attribute):
+            return Difference(path, f"{attribute} {a.get(attribute)} in the dump run, {b.get(attribute)} now",
+                              str(a.get(attribute)), str(b.get(attribute)))
+    if "v" in a and a.get("v") != b.get("v"):
+        if kind == "str":
+            first = next((i for i, (x, y) in enumerate(zip(str(a["v"]), str(b["v"]))) if x != y), None)
+            at = "" if first is None else f", first difference at character {first}"
+            return Difference(path, f"{short_repr(a['v'], 60)} in the dump run, {short_repr(b['v'], 60)} now{at}",
+                              short_repr(a["v"], 60), short_repr(b["v"], 60))
+        x, y = _value(a), _value(b)
+        return Difference(path, f"{x} in the dump run, {y} now", x, y)
+    head_a, head_b = a.get("head") or [], b.get("head") or []
+    for i, (x, y) in enumerate(zip(head_a, head_b)):
+        if x != y:
+            where = _index(i, a.get("shape")) if kind in ("tensor", "array") else f"[{i}]"
+            return Difference(path, f"first difference at {where}: {short_repr(x)} in the dump run, "
+                                    f"{short_repr(y)} now", short_repr(x), short_repr(y))
+    blocks_a, blocks_b = a.get("b") or [], b.get("b") or []
+    raw_shape = a.get("shape")
+    shape: list[Any] = raw_shape if isinstance(raw_shape, list) else []
+    unit = "items" if kind in ("list", "tuple") else str(a.get("bu", "rows"))
+    dims = [int(d) for d in shape if isinstance(d, int)]
+    rows = a.get("len") if kind in ("list", "tuple") else dims[0] if unit == "rows" and dims else math.prod(dims)
+    if isinstance(rows, int) and len(blocks_a) == len(blocks_b) and blocks_a:
+        bounds = block_bounds(rows)
+        for i, (x, y) in enumerate(zip(blocks_a, blocks_b)):
+            if x != y and i < len(bounds):
+                start = 0 if i == 0 else bounds[i - 1]
+                return Difference(path, f"first difference in {unit[:24]} {start}-{bounds[i] - 1} of {rows} (past "
+                                        f"the first values, which are equal: the recorded values there are not kept)",
+                                  recorded, now)
+    if "keys" in a and a.get("keys") != b.get("keys"):
+        only_a = [k for k in a["keys"] if k not in b.get("keys", [])]
+        only_b = [k for k in b.get("keys", []) if k not in a["keys"]]
+        return Difference(path, f"keys only in the dump run: {only_a or 'none'}; only now: {only_b or 'none'}",
+                          recorded, now)
+    return Difference(path, f"same {recorded}, other contents", recorded, now)
+
+
+def _deepest(path: str, rec: dict[str, Node], live: dict[str, Node]) -> Difference:
+    """The deepest kept node under ``path`` that differs, described."""
+    prefix = path + "."
+    children = [p for p in [*rec, *(p for p in live if p not in rec)]
+                if p.startswith(prefix) and "." not in p[len(prefix):]]
+    for child in children:
+        a, b = rec.get(child), live.get(child)
+        if a is None or b is None or a.digest != b.digest:
+            if a is not None and b is not None:
+                return _deepest(child, rec, live)
+            return _describe(child, a, b)
+    return _describe(path, rec.get(path), live.get(path))
+
+
+def differences(recorded: Request, live: Request, scope: Sequence[str] | None = None) -> list[Difference]:
+    """What differs between two requests (empty when they are equal within ``scope``: argument
+    names or dotted paths; ``None``: everything)."""
+    if scope is None and recorded.digest == live.digest:
+        return []
+    rec = {n.path: n for n in recorded.nodes}
+    now = {n.path: n for n in live.nodes}
+    paths = list(scope) if scope is not None else sorted(set(recorded.arguments) | set(live.arguments))
+    out = []
+    for path in paths:
+        a, b = rec.get(path), now.get(path)
+        if (a is None and b is None) or (a is not None and b is not None and a.digest == b.digest):
+            continue
+        out.append(_deepest(path, rec, now) if a is not None and b is not None else _describe(path, a, b))
+    if not out and scope is None:  # equal kept nodes, other digests (a node past the bound)
+        out.append(Difference("(request)", "other contents than the dump run's call", "", ""))
+    return out
+
+
+def bind_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], params: Sequence[str] | None,
+                   step_position: int | None) -> dict[str, Any]:
+    """The call's arguments by parameter name (``args[i]`` where no name is known), the step left out."""
+    named: dict[str, Any] = {}
+    for index, value in enumerate(args):
+        name = params[index] if params is not None and index < len(params) else f"args[{index}]"
+        if index != step_position and name not in step_names():
+            named[name] = value
+    for name, value in kwargs.items():
+        if name not in step_names():
+            named[str(name)] = value
+    return named
+
+
+class RequestMatcher:
+    """Request matching for one stream of a store (see the module docstring). ``keys``: per-method
+    key functions (a key function gets the call's named arguments, step left out, and returns what
+    is digested: a mapping's items become the compared names). ``context``: ``mode``, ``split``
+    and ``path`` (the dump) for messages."""
+
+    def __init__(self, settings: MatchSettings, store: StepStore, stream: StreamId, *,
+                 keys: Mapping[str, KeyFunction] | None = None, context: Mapping[str, Any] | None = None) -> None:
+        self.settings = settings
+        self.store = store
+        self.stream = stream
+        self.context = {**(context or {}), "stream": stream.key}
+        self.keys: dict[str, KeyFunction] = dict(keys or {})
+        self._warned_unmatched = False
+        self._warned: set[str] = set()
+        self._scope_checked = False
+
+    def register_key(self, method: str, key: KeyFunction) -> None:
+        """Digest ``key(arguments)`` instead of the arguments of ``method`` (in both modes)."""
+        if not callable(key):
+            raise ConfigError(f"match key of {method!r}: expected a callable of the named arguments, got {key!r}")
+        self.keys[method] = key
+
+    def request(self, method: str, args: Sequence[Any], kwargs: Mapping[str, Any], params: Sequence[str] | None,
+                step_position: int | None) -> Request | None:
+        """The digest of a call (``None`` with ``match_on: [step]``)."""
+        if not self.settings.enabled:
+            return None
+        arguments = bind_arguments(args, kwargs, params, step_position)
+        key = self.keys.get(method)
+        if key is not None:
+            value = key(arguments)
+            arguments = {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else {"key": value}
+        return digest_request(arguments, forced=self.settings.match_on or ())
+
+    def recorded_settings(self, method: str) -> dict[str, Any] | None:
+        """The rollout settings recorded with ``method`` of this stream, if any."""
+        settings = self.store.methods(self.stream).get(method, {}).get("settings")
+        return settings if isinstance(settings, dict) else None
+
+    def check_settings(self, settings: Mapping[str, Any] | None, method: str) -> None:
+        """The pre-flight check of ``settings`` against the recorded ones (:func:`check_settings`)."""
+        if settings is not None:
+            check_settings(self.recorded_settings(method), settings, policy=self.settings.policy, context=self.context)
+
+    def _nearby(self, dump_step: int) -> list[tuple[int, Mapping[str, Any] | None]]:
+        steps = sorted(self.store.steps(self.stream), key=lambda s: (abs(s - dump_step), s))[:NEAREST_SEARCH]
+        out: list[tuple[int, Mapping[str, Any] | None]] = []
+        for other in steps:
+            entry = self.store.entry(self.stream, other)
+            out.append((other, None if entry is None else entry.call))
+        return out
+
+    def check(self, live: Request | None, *, step: int, dump_step: int, method: str) -> None:
+        """Compare a call with the recorded call of ``dump_step``; act on a difference."""
+        if live is None:
+            return
+        entry = self.store.entry(self.stream, dump_step)
+        context = self.context
+        recorded = Request.from_json(((None if entry is None else entry.call) or {}).get("request"))
+        if recorded is None:
+            if not self._warned_unmatched:
+                self._warned_unmatched = True
+                logger.warning(
+                    "[RolloutMock] %s of %s was recorded without request digests (before rollout_mock "
+                    "recorded them, or with match_on: [step]): its calls cannot be matched; the step alone "
+                    "picks each recorded batch", context.get("stream"), context.get("path"))
+            return
+        scope = self.settings.match_on
+        if scope is not None and not self._scope_checked:
+            self._scope_checked = True
+            kept = {n.path for n in recorded.nodes}
+            unknown = [p for p in scope if p not in kept and p not in live.arguments]
+            if unknown:
+                raise ConfigError(
+                    f"[RolloutMock] match_on: {unknown} not recorded with step {dump_step} of {context.get('stream')} "
+                    f"(recorded: {sorted(kept)[:40]}); name arguments or dotted paths recorded by the dump run")
+        found = differences(recorded, live, scope)
+        if not found:
+            return
+        nearest = self._nearest(live, self._nearby(dump_step), dump_step)
+        message = self._message(found, step=step, dump_step=dump_step, method=method, nearest=nearest, context=context)
+        if self.settings.policy is MismatchPolicy.WARN:
+            if method not in self._warned:
+                self._warned.add(method)
+                logger.warning("%s\n(on_mismatch: warn: the recorded batch is served; further mismatches of %s "
+                               "are not reported)", message, method)
+            return
+        first = found[0]
+        raise ReplayMismatchError(
+            message, method=method, argument=first.path, dump_step=dump_step, recorded=first.recorded,
+            live=first.live, nearest=nearest, mode=context.get("mode"), split=context.get("split"), step=step,
+            path=context.get("path"))
+
+    @staticmethod
+    def _nearest(live: Request, nearby: list[tuple[int, Mapping[str, Any] | None]], dump_step: int) -> int | None:
+        for other, call in nearby:
+            if other != dump_step:
+                recorded = Request.from_json((call or {}).get("request"))
+                if recorded is not None and recorded.digest == live.digest:
+                    return other
+        return None
+
+    @staticmethod
+    def _message(found: list[Difference], *, step: int, dump_step: int, method: str, nearest: int | None,
+                 context: Mapping[str, Any]) -> str:
+        mapped = "" if dump_step == step else f" (dump step {dump_step})"
+        lines = [
+            f"[RolloutMock] mode={context.get('mode')}, {context.get('stream')} step {step}{mapped}: {method} asks "
+            f"for other data than the dump run's call of that step, so its recorded batch is not what this run "
+            f"would train on; it is not served.",
+        ]
+        lines += [f"  {d.path}: {d.what}" for d in found[:6]]
+        if len(found) > 6:
+            lines.append(f"  ... and {len(found) - 6} more argument(s)")
+        if nearest is not None:
+            shift = nearest - dump_step
+            lines.append(f"The dump run's call of step {nearest} equals this one: is this run shifted by {shift:+d} "
+                         f"step(s) against the dump (a resumed run, a loader that skips)? step_offset: "
+                         f"{shift + dump_step - step} maps it.")
+        lines.append(_FIXES)
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- rollout settings
+def _flat(prefix: str, value: Any, out: dict[str, Any], depth: int = 0) -> None:
+    if len(out) >= MAX_SETTINGS:
+        return
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+    elif isinstance(value, types.SimpleNamespace) or type(value).__name__ == "Namespace":
+        value = dict(vars(value))
+    if isinstance(value, Mapping) and depth < 8:
+        for key in sorted(value, key=str):
+            _flat(f"{prefix}.{key}" if prefix else str(key), value[key], out, depth + 1)
+        return
+    plain = jsonable(value)
+    if isinstance(plain, str) and len(plain) > 200:
+        plain = plain[:200] + f"...<{len(plain)} chars>"
+    elif isinstance(plain, list) and len(str(plain)) > 400:
+        plain = short_repr(plain, 400)
+    out[prefix or "value"] = plain
+
+
+def flatten_settings(settings: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """``settings`` as a flat, JSON-ready, bounded mapping of dotted keys (``None`` stays ``None``)."""
+    if settings is None:
+        return None
+    out: dict[str, Any] = {}
+    _flat("", settings, out)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+
+def check_settings(recorded: Mapping[str, Any] | None, live: Mapping[str, Any] | None, *, policy: MismatchPolicy,
+                   context: Mapping[str, Any]) -> None:
+    """The pre-flight check: one :class:`~rollout_mock.errors.RolloutSettingsMismatchError` listing
+    every setting that differs (``warn``: a warning). Nothing happens without live settings; a
+    dump recorded without settings is said once."""
+    if live is None:
+        return
+    if recorded is None:
+        logger.warning("[RolloutMock] %s of %s was recorded without rollout settings: this run's settings "
+                       "cannot be checked against it", context.get("stream"), context.get("path"))
+        return
+    now = flatten_settings(live) or {}
+    missing = object()
+    found = [(key, recorded.get(key, missing), now.get(key, missing)) for key in sorted(set(recorded) | set(now))]
+    found = [(k, a, b) for k, a, b in found if a is missing or b is missing or not _same(a, b)]
+    if not found:
+        return
+    shown = [(k, "<absent>" if a is missing else a, "<absent>" if b is missing else b) for k, a, b in found]
+    lines = [f"  {k}: {short_repr(a)} in the dump run, {short_repr(b)} now" for k, a, b in shown[:40]]
+    if len(shown) > 40:
+        lines.append(f"  ... and {len(shown) - 40} more")
+    message = (
+        f"[RolloutMock] pre-flight check failed (mode={context.get('mode')}): the rollout settings of this run differ "
+        f"from the ones {context.get('path')} was recorded with ({context.get('stream')}), so the recorded batches "
+        f"are not what this run would generate:\n" + "\n".join(lines) +
+        "\nFixes: run with the dump run's settings, or record a new dump with these (mode: dump); "
+        "on_mismatch: warn replays anyway."
+    )
+    if policy is MismatchPolicy.WARN:
+        logger.warning(message)
+        return
+    raise RolloutSettingsMismatchError(message, differences=shown, mode=context.get("mode"),
+                                       split=context.get("split"), path=context.get("path"))
+
+
+def check_dump_settings(config: RolloutMockConfig, settings: Mapping[str, Any] | None) -> None:
+    """The pre-flight check against a whole dump, for wrappers that build their schedulers later
+    (ROLL's actors): the first stream that recorded settings is compared with ``settings``. A
+    missing dump is left to the schedulers to report, as without settings."""
+    if settings is None or not config.enable or not config.mode.replays:
+        return
+    parts = config_parts(config)
+    store = open_store(parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
+                       hmac_key=parts.store.hmac_key, verify=parts.store.verify)
+    try:
+        if not store.has_dump():  # the scheduler itself says so, where it always has
+            return
+        recorded, where = None, None
+        for stream in store.stream_ids():
+            for info in store.methods(stream).values():
+                if isinstance(info.get("settings"), dict):
+                    recorded, where = info["settings"], stream
+                    break
+            if recorded is not None:
+                break
+        context = {"mode": config.mode.value, "path": config.dump_dir, "stream": "any stream" if where is None
+                   else where.key, "split": None if where is None else where.split}
+        check_settings(recorded, settings, policy=parts.match.policy, context=context)
+    finally:
+        store.close()

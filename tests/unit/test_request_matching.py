@@ -1,0 +1,297 @@
+"""Request matching: a mock run that asks for other data stops before it is served the recording.
+
+The five ways of asking for other data of issue 26 (another batch size, prompts from a reseeded
+loader, a loader shifted by one step, another sampling keyword, verl DataProto prompts that differ
+at step 2), each against a dump recorded with ``get_batch(data, 8, global_step=s)``: the mock run
+raises ReplayMismatchError before handing back the first mismatched step's batch, naming that
+step. The control (same inputs) replays bit-identically with no error.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from conftest import cfg
+
+from rollout_mock import MockScheduler, ReplayMismatchError, RolloutSettingsMismatchError
+from rollout_mock.wrap.matching import digest_request
+from rollout_mock.wrap.mismatch import differences
+
+STEPS = 4
+
+
+class Scheduler:
+    """Generates from the prompts it is given: a batch the size of ``batch_size``."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def get_batch(self, data: Any, batch_size: int, global_step: int | None = None, **sampling: Any) -> dict[str, Any]:
+        self.calls += 1
+        prompts = data.batch["input_ids"] if hasattr(data, "batch") else data["input_ids"]
+        gen = torch.Generator().manual_seed(1000 + self.calls)
+        return {"prompts": prompts[:batch_size].clone(), "responses": torch.randint(0, 100, (batch_size, 6), generator=gen),
+                "logprobs": torch.randn(batch_size, 6, generator=gen)}
+
+
+def loader(seed: int = 0, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
+    """A seeded data loader of prompt batches (``skip``: start that many batches later)."""
+    gen = torch.Generator().manual_seed(seed)
+    batches = [{"input_ids": torch.randint(0, 50, (8, 5), generator=gen)} for _ in range(STEPS + 1)]
+    yield from batches[skip:skip + STEPS]
+
+
+def dataproto(step: int, *, changed: bool = False) -> Any:
+    pytest.importorskip("verl", reason="verl is not installed (pip install rollout_mock[verl])")
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+
+    gen = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, 50, (8, 5), generator=gen)
+    if changed:
+        ids[3, 2] += 1
+    uid = np.array([str(uuid.uuid4()) for _ in range(8)], dtype=object)  # verl's: random per run
+    raw = np.array([f"prompt {step}-{i}" for i in range(8)], dtype=object)
+    return DataProto(batch=TensorDict({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, batch_size=[8]),
+                     non_tensor_batch={"uid": uid, "raw_prompt": raw},
+                     meta_info={"global_steps": step, "temperature": 1.0})
+
+
+@pytest.fixture
+def recorded(tmp_path: Path) -> tuple[Path, list[dict[str, Any]]]:
+    dump = tmp_path / "dump"
+    batches = []
+    with MockScheduler(Scheduler(), cfg(dump)) as mock:
+        for step, data in zip(range(STEPS), loader()):
+            batches.append(mock.get_batch(data, 8, global_step=step, temperature=1.0))
+    return dump, batches
+
+
+def same(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    return a.keys() == b.keys() and all(a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]) for k in a)
+
+
+def replay(dump: Path, calls: Iterator[tuple[Any, int, dict[str, Any]]], **extra: Any) -> list[Any]:
+    served: list[Any] = []
+    with MockScheduler(None, cfg(dump, "mock", **extra), spec=Scheduler) as mock:
+        for step, (data, size, kwargs) in enumerate(calls):
+            served.append(mock.get_batch(data, size, global_step=step, **kwargs))
+    return served
+
+
+# ------------------------------------------------------------------------------ the control
+def test_the_same_inputs_replay_bit_identically(recorded: tuple[Path, list[Any]],
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    dump, batches = recorded
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    served = replay(dump, ((d, 8, {"temperature": 1.0}) for d in loader()))
+    assert len(served) == STEPS and all(same(a, b) for a, b in zip(served, batches))
+    assert "asks for other data" not in caplog.text and "cannot be matched" not in caplog.text
+
+
+# ------------------------------------------------------------------------------ the five ways
+def _served_before_error(dump: Path, calls: list[tuple[Any, int, dict[str, Any]]]) -> tuple[list[Any], Any]:
+    served: list[Any] = []
+    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler) as mock:
+        with pytest.raises(ReplayMismatchError) as info:
+            for step, (data, size, kwargs) in enumerate(calls):
+                served.append(mock.get_batch(data, size, global_step=step, **kwargs))
+    return served, info.value
+
+
+def test_another_batch_size_stops_at_the_first_step(recorded: tuple[Path, list[Any]]) -> None:
+    served, error = _served_before_error(recorded[0], [(d, 4, {"temperature": 1.0}) for d in loader()])
+    assert served == [] and error.step == 0 and error.argument == "batch_size"
+    assert "train step 0" in str(error) and "batch_size: 8 in the dump run, 4 now" in str(error)
+    assert (error.recorded, error.live) == ("8", "4")
+
+
+def test_prompts_of_a_reseeded_loader_stop_at_the_first_step(recorded: tuple[Path, list[Any]]) -> None:
+    served, error = _served_before_error(recorded[0], [(d, 8, {"temperature": 1.0}) for d in loader(seed=1)])
+    assert served == [] and error.step == 0 and error.argument == "data.input_ids"
+    assert "first difference at [0, 0]" in str(error)  # the index and both values
+    assert error.recorded != error.live and error.nearest is None
+
+
+def test_a_loader_shifted_by_one_step_is_named_with_the_offset_that_fixes_it(recorded: tuple[Path, list[Any]]) -> None:
+    dump, batches = recorded
+    served, error = _served_before_error(dump, [(d, 8, {"temperature": 1.0}) for d in loader(skip=1)])
+    assert served == [] and error.step == 0 and error.nearest == 1
+    assert "step_offset: 1 maps it" in str(error)
+    # the fix it names works: the shifted run replays the dump's steps 1.. bit for bit
+    fixed = replay(dump, ((d, 8, {"temperature": 1.0}) for d in list(loader(skip=1))[: STEPS - 1]), step_offset=1)
+    assert all(same(a, b) for a, b in zip(fixed, batches[1:]))
+
+
+def test_another_sampling_keyword_stops_at_the_first_step(recorded: tuple[Path, list[Any]]) -> None:
+    served, error = _served_before_error(recorded[0], [(d, 8, {"temperature": 0.7}) for d in loader()])
+    assert served == [] and error.step == 0 and error.argument == "temperature"
+    assert "temperature: 1.0 in the dump run, 0.7 now" in str(error)
+
+
+def test_verl_dataproto_prompts_that_differ_at_step_2(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    with MockScheduler(Scheduler(), cfg(dump)) as mock:  # the step comes from meta_info["global_steps"]
+        recorded = [mock.get_batch(dataproto(step), 8) for step in range(STEPS)]
+    served: list[Any] = []
+    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler) as mock:
+        with pytest.raises(ReplayMismatchError) as info:
+            for step in range(STEPS):
+                served.append(mock.get_batch(dataproto(step, changed=step == 2), 8))
+    assert len(served) == 2 and all(same(a, b) for a, b in zip(served, recorded))  # uid (random) not compared
+    error = info.value
+    assert error.step == 2 and error.argument == "data.batch.input_ids" and "train step 2" in str(error)
+    assert "first difference at [3, 2]" in str(error) and int(error.live) == int(error.recorded) + 1
+    # the control of this shape: every step of the same prompts, fresh uids, replays
+    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler) as mock:
+        again = [mock.get_batch(dataproto(step), 8) for step in range(STEPS)]
+    assert all(same(a, b) for a, b in zip(again, recorded))
+
+
+# ------------------------------------------------------------------------------ options
+def test_on_mismatch_warn_serves_and_says_so(recorded: tuple[Path, list[Any]], caplog: pytest.LogCaptureFixture) -> None:
+    dump, batches = recorded
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    served = replay(dump, ((d, 4, {"temperature": 1.0}) for d in loader()), on_mismatch="warn")
+    assert all(same(a, b) for a, b in zip(served, batches))
+    assert caplog.text.count("asks for other data") == 1
+
+
+def test_match_on_names_what_is_compared(recorded: tuple[Path, list[Any]]) -> None:
+    dump, batches = recorded
+    # only the prompts: another sampling keyword is accepted
+    served = replay(dump, ((d, 8, {"temperature": 0.7}) for d in loader()), match_on=["data.input_ids"])
+    assert all(same(a, b) for a, b in zip(served, batches))
+    # the step alone: as before request matching
+    served = replay(dump, ((d, 4, {}) for d in loader(seed=3)), match_on=["step"])
+    assert all(same(a, b) for a, b in zip(served, batches))
+    with pytest.raises(ReplayMismatchError, match="batch_size"):
+        replay(dump, ((d, 4, {"temperature": 1.0}) for d in loader()), match_on=["batch_size"])
+
+
+def test_a_match_key_per_method(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    key = {"get_batch": lambda arguments: {"prompts": arguments["data"]["input_ids"]}}
+    with MockScheduler(Scheduler(), cfg(dump), match_keys=key) as mock:
+        recorded = [mock.get_batch(d, 8, global_step=s, temperature=1.0) for s, d in zip(range(2), loader())]
+    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler) as mock:
+        mock.match_key("get_batch", key["get_batch"])
+        served = [mock.get_batch(d, 8, global_step=s, temperature=0.5) for s, d in zip(range(2), loader())]
+        assert all(same(a, b) for a, b in zip(served, recorded))
+        with pytest.raises(ReplayMismatchError, match="prompts"):
+            mock.get_batch(next(loader(seed=9)), 8, global_step=0)
+
+
+def test_a_dump_without_request_digests_replays_with_one_warning(recorded: tuple[Path, list[Any]], tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    old = tmp_path / "old"
+    with MockScheduler(Scheduler(), cfg(old, match_on=["step"])) as mock:  # records no digest, as before
+        batches = [mock.get_batch(d, 8, global_step=s) for s, d in zip(range(STEPS), loader())]
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    served = replay(old, ((d, 4, {}) for d in loader(seed=5)))
+    assert all(same(a, b) for a, b in zip(served, batches))
+    lines = [r for r in caplog.records if "cannot be matched" in r.getMessage()]
+    assert len(lines) == 1
+
+
+def test_rollout_settings_are_checked_before_the_first_call(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    settings = {"n": 4, "sampling": {"temperature": 1.0, "top_p": 0.9}, "max_tokens": 16}
+    with MockScheduler(Scheduler(), cfg(dump), rollout_settings=settings) as mock:
+        mock.get_batch(next(loader()), 8, global_step=0)
+    MockScheduler(None, cfg(dump, "mock"), spec=Scheduler, rollout_settings=settings).close()
+    other = {"n": 2, "sampling": {"temperature": 0.7, "top_p": 0.9}, "seed": 1}
+    with pytest.raises(RolloutSettingsMismatchError) as info:
+        MockScheduler(None, cfg(dump, "mock"), spec=Scheduler, rollout_settings=other)
+    assert [d[0] for d in info.value.differences] == ["max_tokens", "n", "sampling.temperature", "seed"]
+    assert "n: 4 in the dump run, 2 now" in str(info.value) and "max_tokens: 16 in the dump run, '<absent>'" \
+        in str(info.value)
+
+
+# ------------------------------------------------------------------------------ digests
+def test_digest_is_by_content_and_ignores_dict_order_and_volatile_fields() -> None:
+    a = {"x": torch.arange(6).reshape(2, 3), "meta": {"b": 1, "a": [1.0, float("nan")]}, "uid": "1"}
+    b = {"meta": {"a": [1.0, float("nan")], "b": 1}, "uid": "2", "x": torch.arange(6).reshape(2, 3).clone()}
+    assert digest_request({"d": a}, volatile=["d.uid"]).digest == digest_request({"d": b}, volatile=["d.uid"]).digest
+    assert digest_request({"d": a}, volatile=[]).digest != digest_request({"d": b}, volatile=[]).digest
+    c = {**a, "x": a["x"].to(torch.int32)}
+    found = differences(digest_request({"d": a}, volatile=["uid"]), digest_request({"d": c}, volatile=["uid"]))
+    assert found[0].path == "d.x" and "dtype int64 in the dump run, int32 now" in found[0].what
+    long_a, long_b = torch.zeros(1000), torch.zeros(1000)
+    long_b[700] = 1.0
+    found = differences(digest_request({"t": long_a}), digest_request({"t": long_b}))
+    assert found[0].what.startswith("first difference in rows 625-749 of 1000")
+    for value in (torch.zeros(3, dtype=torch.bfloat16), np.array(["a", "b"], dtype=object), [1, 2**70, "x"],
+                  {3: None}, (1, 2.5), b"bytes", {1, 2}, torch.zeros(2, 2).t()):
+        assert digest_request({"v": value}).digest == digest_request({"v": value}).digest
+
+
+def test_a_digest_does_not_depend_on_which_nodes_are_kept(tmp_path: Path) -> None:
+    """match_on keeps extra nodes; it must not change a digest (dump and mock may differ in it)."""
+    value = {"a": torch.arange(100).reshape(20, 5), "b": [f"s{i}" for i in range(40)],
+             "c": [{"x": i, "y": "s"} for i in range(40)], "d": np.array([{"k": 1}] * 20, dtype=object),
+             "e": {"f": list(range(30)), "g": {"h": [0.5] * 50}}}
+    plain = digest_request({"v": value})
+    forced = digest_request({"v": value}, forced=["v.e.g.h", "v.c"])
+    nested = digest_request({"v": [value]})  # inside a list: nothing kept below
+    assert plain.digest == forced.digest
+    assert {n.path for n in forced.nodes} >= {"v.e.g.h", "v.c"}
+    assert nested.nodes[0].info["len"] == 1 and len(nested.nodes) == 1
+    dump = tmp_path / "dump"
+    with MockScheduler(Scheduler(), cfg(dump, match_on=["data.input_ids"])) as mock:
+        recorded = [mock.get_batch(d, 8, global_step=s) for s, d in zip(range(2), loader())]
+    served = replay(dump, ((d, 8, {}) for d in list(loader())[:2]))  # match_on unset here
+    assert all(same(a, b) for a, b in zip(served, recorded))
+
+
+class Sampler:
+    """A rollout without a step argument (the counter numbers its calls) that draws from torch's RNG."""
+
+    def get_batch(self, data: Any) -> dict[str, Any]:
+        return {"x": data["input_ids"].float() + torch.rand(8, 5)}
+
+
+def test_the_generic_wrapper_resumes_from_its_state_dict(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    torch.manual_seed(0)
+    with MockScheduler(Sampler(), cfg(dump, replay_rng=True)) as mock:
+        recorded = []
+        for i, data in enumerate(loader()):
+            recorded.append(mock.get_batch(data))
+            if i == 1:  # a checkpoint: the wrapper's position and the trainer's RNG
+                state, rng = mock.state_dict(), torch.get_rng_state()
+        after = torch.rand(3)  # what the training side draws next
+    torch.set_rng_state(rng)
+    with MockScheduler(None, cfg(dump, "mock", replay_rng=True), spec=Sampler) as mock:
+        mock.load_state_dict(state)
+        served = [mock.get_batch(data) for data in list(loader())[2:]]
+        assert torch.equal(torch.rand(3), after)
+    assert all(same(a, b) for a, b in zip(served, recorded[2:])) and len(served) == STEPS - 2
+    # a resume that forgot the wrapper's state: its counter says 0, its data is the third batch
+    with MockScheduler(None, cfg(dump, "mock"), spec=Sampler) as mock:
+        with pytest.raises(ReplayMismatchError) as info:
+            mock.get_batch(list(loader())[2])
+        assert info.value.step == 0 and info.value.nearest == 2 and "step_offset: 2 maps it" in str(info.value)
+        with pytest.raises(Exception, match="state is of stream 'val'"):
+            mock.load_state_dict({"rollout_mock": {**state["rollout_mock"], "stream": "val"}})
+
+
+def test_what_differs_between_faithful_runs_is_not_compared() -> None:
+    """The adapters' volatile fields (registered when rollout_mock is imported): random ids and
+    wall-clock times, verl's uid, ROLL's trace context."""
+    def request(stamp: float, ident: str, temperature: float = 1.0) -> dict[str, Any]:
+        return {"data": {"meta_info": {"timestamp": stamp, "temperature": temperature,
+                                       "_otel_ctx": {"traceparent": ident}},
+                         "non_tensor_batch": {"uid": np.array([ident], dtype=object)},
+                         "rows": [{"sample_uuid": ident, "prompt": "p"}]}}
+
+    first, second = digest_request(request(1.0, "a")), digest_request(request(2.0, "b"))
+    assert first.digest == second.digest
+    assert digest_request(request(2.0, "b", 0.7)).digest != first.digest

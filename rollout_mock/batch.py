@@ -46,7 +46,7 @@ from rollout_mock.errors import RolloutMockError
 __all__ = [
     "BatchType", "batch_class_names", "batch_columns", "batch_keys", "batch_meta", "batch_parts",
     "batch_type_of", "column_name", "concat", "count_samples", "dataproto_fields", "describe_keys",
-    "is_array", "is_batch_class", "is_tensor", "leading_dim", "rebuild", "register_batch_class",
+    "is_array", "is_batch_class", "is_tensor", "leading_dim", "meta_part_names", "rebuild", "register_batch_class",
     "register_batch_type", "register_step_name", "rejected_count", "select_keys", "step_names", "subset",
     "take_columns", "take_rows", "type_name",
 ]
@@ -211,6 +211,13 @@ def batch_class_names() -> frozenset[tuple[str, str]]:
 
 def is_batch_class(cls: type) -> bool:
     return (cls.__module__, cls.__qualname__) in batch_class_names()
+
+
+def meta_part_names() -> frozenset[str]:
+    """The names of the registered batch types' metadata parts (``BatchType.meta_key``, e.g. a
+    DataProto's ``meta_info``): where a call's step may sit, beside data that request matching
+    compares."""
+    return frozenset(t.meta_key for t in (*_REGISTERED, *_BUILTIN) if t.meta_key)
 
 
 def register_step_name(name: str) -> str:

@@ -65,7 +65,7 @@ def register_volatile_fields(owner: str, *patterns: str) -> None:
     again for the same ``owner`` replaces its patterns."""
     for pattern in patterns:
         if not isinstance(pattern, str) or not pattern.strip(".") or ".." in pattern:
-            raise ValueError(f"volatile field pattern {pattern!r}: expected a dotted path such as 'meta_info.uid'")
+            raise ValueError(f"volatile field pattern {pattern!r}: expected a dotted path such as 'batch.uid'")
     _VOLATILE[str(owner)] = tuple(patterns)
 
 

@@ -38,7 +38,7 @@ import msgpack
 import numpy as np
 import torch
 
-from rollout_mock.batch import batch_parts, batch_type_of
+from rollout_mock.batch import batch_parts, batch_type_of, meta_part_names
 from rollout_mock.crc import crc32
 from rollout_mock.text import json_float
 from rollout_mock.wrap.calls import step_names
@@ -248,9 +248,9 @@ class _Digester:
         keys = tuple(obj)
         flat = self._flat_keys.get((keys, path))
         if flat is None:  # once per key set and place: dicts of one column share their keys
-            flat = all(type(k) is str for k in keys) and not (
-                path is not None and (any(self.may_end(k) and self._ignored((*path, k)) for k in keys)
-                                      or (path[-1] == "meta_info" and not frozenset(step_names()).isdisjoint(keys))))
+            step_in_meta = path is not None and path[-1] in meta_part_names() and not set(step_names()).isdisjoint(keys)
+            flat = all(type(k) is str for k in keys) and not step_in_meta and not (
+                path is not None and any(self.may_end(k) and self._ignored((*path, k)) for k in keys))
             self._flat_keys[(keys, path)] = flat
         if not flat:
             return None
@@ -258,7 +258,8 @@ class _Digester:
 
     def _mapping(self, tag: bytes, obj: Mapping[Any, Any], path: tuple[str, ...] | None,
                  depth: int, keep: bool) -> tuple[int, dict[str, Any]]:
-        """The CRC of a mapping (items in key order, volatile and ``meta_info`` step keys left out);
+        """The CRC of a mapping (items in key order, volatile keys and the step keys of a batch's
+        metadata part left out);
         kept mappings also keep their fields as nodes."""
         flat = self._flat_items(obj, path)
         crc = crc32(tag)
@@ -269,7 +270,7 @@ class _Digester:
                 flat = None
         if flat is not None and not keep:
             return crc, {}
-        meta_info = path is not None and path[-1] == "meta_info"
+        meta_part = path is not None and path[-1] in meta_part_names()
         try:
             keys = sorted(obj.keys())
         except TypeError:  # keys of several types
@@ -278,7 +279,7 @@ class _Digester:
         for key in keys:
             text = str(key)
             child = None if path is None else (*path, text)
-            if (meta_info and text in step_names()) or (child is not None and self._ignored(child)):
+            if (meta_part and text in step_names()) or (child is not None and self._ignored(child)):
                 continue
             if len(shown) < 12:
                 shown.append(text[:40])

@@ -230,7 +230,7 @@ class LocalBackend:
         return written.size, written.checksum, written.hmac
 
     def open_source(self, rel: str, *, mapped: bool = False) -> Any:
-        from rollout_mock.codec.source import FileSource, MappedSource
+        from rollout_mock.codec import FileSource, MappedSource
 
         return (MappedSource if mapped else FileSource)(self.path(rel))
 

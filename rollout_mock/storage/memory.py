@@ -129,7 +129,7 @@ class MemoryBackend:
         return len(data), checksum, mac
 
     def open_source(self, rel: str, *, mapped: bool = False) -> Any:
-        from rollout_mock.codec.source import BytesSource
+        from rollout_mock.codec import BytesSource
 
         data = self.read(rel)
         if data is None:

@@ -72,14 +72,13 @@ def load_partial(store: Any, stream: StreamId, step: int, *, keys: Iterable[str]
                  rows: range | slice | None = None, trusted: bool = False, mapped: bool = False) -> Any:
     """``keys`` (top-level) and ``rows`` of a recorded step, reading as little as possible
     (``mapped``: local files are mapped, not read: see :func:`open_view`)."""
-    from rollout_mock.codec.decode import normalize_rows
-    from rollout_mock.codec.step import select
+    from rollout_mock.codec import select
 
     if store.hmac_key is not None and not mapped:  # authenticate the whole object, then select
         batch = store.load(stream, step, trusted=trusted)
         if keys is None and rows is None:
             return batch
-        return select(batch, None if keys is None else frozenset(keys), normalize_rows(rows))
+        return select(batch, keys, rows)
     if keys is None and rows is None and not mapped:
         return store.load(stream, step, trusted=trusted)
     return open_view(store, stream, step, trusted=trusted, mapped=mapped).load(keys=keys, rows=rows)
@@ -87,7 +86,7 @@ def load_partial(store: Any, stream: StreamId, step: int, *, keys: Iterable[str]
 
 def open_view(store: Any, stream: StreamId, step: int, *, trusted: bool = False, mapped: bool = True,
               verify: bool = True) -> Any:
-    """A recorded step opened lazily (:class:`~rollout_mock.codec.step.StepView`): only its
+    """A recorded step opened lazily (:class:`~rollout_mock.codec.StepView`): only its
     header is read. ``mapped`` (local dumps): its data is mapped, not read, and what ``load``
     returns *is* the file's pages (copy-on-write).
 
@@ -151,6 +150,6 @@ def _concat(parts: list[Any], split: str, step: int) -> Any:
 
 
 def _take(batch: Any, rows: range) -> Any:
-    from rollout_mock.codec.step import select
+    from rollout_mock.codec import select
 
     return select(batch, None, slice(rows.start, rows.stop))

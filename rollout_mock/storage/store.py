@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import rollout_mock.codec as codec
-from rollout_mock.codec.source import BytesSource, ReadAheadSource
+from rollout_mock.codec import BytesSource, ReadAheadSource
 from rollout_mock.errors import CorruptStepError, DumpNotFoundError, StepNotFoundError, dump_path_is_a_file
 from rollout_mock.storage.backend import ByteBackend
 from rollout_mock.storage.base import BatchInfo, exists_error, missing_step_error

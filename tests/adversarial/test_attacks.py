@@ -1,14 +1,12 @@
 """Standing adversarial suite (issue 10.6): malicious step files must be refused, without side
 effects, in bounded memory and time.
 
-Loads go through ``rollout_mock.codec.safe.load`` (the storage layer's entry point, present
-before and after format 2), so the same suite can be run against older code.
+Loads go through ``rollout_mock.codec.decode`` (the safe loader of every format) on the step's bytes.
 """
 
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import os
 import subprocess
@@ -22,8 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_mock import RolloutMockError
-from rollout_mock.codec import safe
+from rollout_mock import RolloutMockError, codec
 
 sys.path.insert(0, str(Path(__file__).parent))
 import adversarial_corpus as C  # noqa: E402
@@ -75,7 +72,7 @@ def _state() -> tuple[Any, ...]:
 
 
 def load(data: bytes) -> Any:
-    return safe.load(io.BytesIO(data), trusted=False, source="<adversarial>")
+    return codec.decode(codec.BytesSource(data, "<adversarial>"))
 
 
 def refused(data: bytes) -> RolloutMockError:
@@ -155,7 +152,7 @@ def test_corpus_under_an_address_space_limit(tmp_path: Path) -> None:
         "from pathlib import Path\n"
         "sys.path.insert(0, %r)\n"
         "import torch, numpy, tensordict\n"
-        "from rollout_mock.codec import safe\n"
+        "from rollout_mock import codec\n"
         "from rollout_mock.errors import RolloutMockError\n"
         "import adversarial_corpus as C\n"
         "cases = C.corpus(Path(%r))\n"
@@ -165,7 +162,7 @@ def test_corpus_under_an_address_space_limit(tmp_path: Path) -> None:
         "for name, data in cases:\n"
         "    t = time.perf_counter()\n"
         "    try:\n"
-        "        safe.load(io.BytesIO(data), trusted=False)\n"
+        "        codec.decode(data)\n"
         "        result = 'accepted'\n"
         "    except RolloutMockError as exc:\n"
         "        result, chain = 'refused', exc\n"

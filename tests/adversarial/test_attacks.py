@@ -385,3 +385,35 @@ def codec_decode(blob: bytes, rows: Any) -> Any:
     from rollout_mock.codec import decode
 
     return decode(blob, rows=rows)
+
+
+# --------------------------------------------------------------------------- the allocation bound
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "0", "-1", "lots", "1e999"])
+def test_the_allocation_bound_cannot_be_switched_off(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ROLLOUT_MOCK_MAX_EXPANSION=nan`` used to disable the bound (every comparison with NaN is
+    false): a setting that is not a finite number > 0 is an error naming the variable."""
+    from rollout_mock import ConfigError
+
+    data = codec.encode_bytes({"x": codec.Batch()})
+    monkeypatch.setenv("ROLLOUT_MOCK_MAX_EXPANSION", value)
+    with pytest.raises(ConfigError, match="ROLLOUT_MOCK_MAX_EXPANSION"):
+        codec.decode(data)
+    monkeypatch.delenv("ROLLOUT_MOCK_MAX_EXPANSION")
+    with pytest.raises(ConfigError, match="max_expansion="):
+        codec.decode(data, max_expansion=float(value) if value != "lots" else value)
+    monkeypatch.setenv("ROLLOUT_MOCK_MAX_EXPANSION", "128")
+    assert isinstance(codec.decode(data)["x"], codec.Batch)
+
+
+def test_a_compression_bomb_stays_refused_whatever_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    bomb = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(64 << 20))
+    data = C.forge(C.doc(C.tensor("uint8", [64 << 20]), [[0, len(bomb), 64 << 20, C.zlib.crc32(bomb), 1, 0]]),
+                   bomb + bytes(-len(bomb) % 64))
+    for value in ("nan", "inf"):
+        monkeypatch.setenv("ROLLOUT_MOCK_MAX_EXPANSION", value)
+        with pytest.raises(RolloutMockError, match="ROLLOUT_MOCK_MAX_EXPANSION"):
+            codec.decode(data)
+    monkeypatch.delenv("ROLLOUT_MOCK_MAX_EXPANSION")
+    with pytest.raises(RolloutMockError, match="refusing to allocate"):
+        codec.decode(data)

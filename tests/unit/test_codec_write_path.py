@@ -5,6 +5,7 @@ directly (the SHA-256 of each shape's step file, taken with the previous encoder
 from __future__ import annotations
 
 import hashlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -119,3 +120,82 @@ def test_the_capture_is_independent_of_the_batch_and_of_reused_buffers(tmp_path:
     first.release()
     second = codec.capture(areal(), pool=pool)  # reuses the first capture's buffers
     assert codec.encode_bytes(second) == expected
+
+
+# --------------------------------------------------------------------------- nothing vanishes
+def _nested() -> torch.Tensor:
+    return torch.nested.nested_tensor([torch.arange(6.0).reshape(2, 3), torch.ones(4, 3)])  # strided layout
+
+
+NESTED = {"root": _nested, "in a dict": lambda: {"x": _nested(), "y": torch.ones(2)},
+          "in a list": lambda: [_nested(), 1], "in a list of dicts": lambda: [{"x": _nested()}],
+          "in a TensorDict": lambda: __import__("tensordict").TensorDict({"x": _nested()}, batch_size=[2])}
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
+@pytest.mark.parametrize("where", list(NESTED))
+def test_strided_nested_tensors_are_recorded_on_both_write_paths(where: str, background: bool, tmp_path: Path) -> None:
+    """Issue 28: a strided nested tensor (no ``shape``) with ``background: false`` must be
+    recorded, or the call must fail; it is recorded, and replays equal."""
+    from rollout_mock import MockScheduler
+
+    class Rollout:
+        def get_batch(self, data: object, global_step: int) -> Any:
+            return NESTED[where]()
+
+    config = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path), "background": background}
+    with MockScheduler(Rollout(), config) as mock:
+        mock.get_batch(None, 0)
+    with MockScheduler(Rollout(), {**config, "mode": "mock"}) as mock:
+        replayed = mock.get_batch(None, 0)
+    assert codec.encode_bytes(replayed) == codec.encode_bytes(NESTED[where]())
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync", "background"])
+def test_a_step_that_cannot_be_recorded_fails_the_call(background: bool, tmp_path: Path) -> None:
+    """No ``except`` on the write path swallows a failure: a value that cannot be recorded at all
+    (not data, and not picklable) fails the dump-mode call, on either path, and no step is written."""
+    import threading
+
+    from rollout_mock import MockScheduler, open_dump
+
+    class Rollout:
+        def get_batch(self, data: object, global_step: int) -> Any:
+            return {"x": torch.ones(3), "meta": [{"lock": threading.Lock()}]}
+
+    config = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path), "background": background}
+    with MockScheduler(Rollout(), config) as mock:
+        with pytest.raises(TypeError, match="cannot record"):
+            mock.get_batch(None, 0)
+    assert open_dump(tmp_path).steps(STREAM) == []
+
+
+def test_tensors_that_require_grad_are_recorded_as_data(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 30: no PyTorch '.grad of a non-leaf tensor' warning from the codec; one warning of
+    ours; replay returns leaves with requires_grad=False."""
+    import warnings
+
+    from rollout_mock import MockScheduler
+
+    weights = torch.ones(4, requires_grad=True)
+    batch = {"logprobs": weights * 2, "values": [weights * 3], "leaf": weights}  # non-leaf tensors
+
+    class Rollout:
+        def get_batch(self, data: object, global_step: int) -> Any:
+            return batch
+
+    sys.modules["rollout_mock.codec.encode"]._warned.discard("grad")  # warned once per process
+    config = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path), "background": False}
+    with warnings.catch_warnings(record=True) as seen, MockScheduler(Rollout(), config) as mock:
+        warnings.simplefilter("always")
+        mock.get_batch(None, 0)
+        mock.get_batch(None, 1)
+    assert not [w for w in seen if ".grad" in str(w.message)], [str(w.message) for w in seen]
+    ours = [r for r in caplog.records if "requires grad" in r.getMessage()]
+    assert len(ours) == 1 and "requires_grad=False" in ours[0].getMessage()
+    with MockScheduler(Rollout(), {**config, "mode": "mock"}) as mock:
+        replayed = mock.get_batch(None, 1)
+    for tensor in (replayed["logprobs"], replayed["values"][0], replayed["leaf"]):
+        assert tensor.is_leaf and not tensor.requires_grad and tensor.grad_fn is None
+    assert torch.equal(replayed["logprobs"], batch["logprobs"].detach())

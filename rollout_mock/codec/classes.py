@@ -83,7 +83,8 @@ __all__ = [
 #: verl's DataProto, and the demo's own DataProto-like class.
 _BATCH_CLASSES: set[tuple[str, str]] = {
     ("verl.protocol", "DataProto"), ("rollout_mock.demo", "RolloutBatch"),
-    ("roll.distributed.scheduler.protocol", "DataProto"), ("rollout_mock.codec.batches", "Batch"),
+    ("roll.distributed.scheduler.protocol", "DataProto"), ("rollout_mock.codec", "Batch"),
+    ("rollout_mock.codec.batches", "Batch"),  # where it lived before 0.1 (older files name it)
 }
 _FIELDS = ("batch", "non_tensor_batch", "meta_info")
 _PRIVATE = ("_batch", "_non_tensor_batch", "meta_info")
@@ -153,6 +154,9 @@ class Batch:
     def __repr__(self) -> str:
         return (f"Batch(len={len(self)}, keys={self.keys()}, meta_info={sorted(map(str, self.meta_info))}, "
                 f"source_class={self.source_class!r})")
+
+
+Batch.__module__ = "rollout_mock.codec"  # its public home: what files record when it is written
 
 
 # batch classes: write side

@@ -102,7 +102,7 @@ OPT_IN = (
 Unpickle = Callable[[bytes], Any]
 
 
-def own(raw: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
+def _own(raw: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
     """Bytes ``[offset, offset + nbytes)`` of ``raw`` (a flat uint8 tensor) as a tensor with a
     storage of its own over the same memory (no copy): pickling it carries its bytes only."""
     view: Any = memoryview(raw.numpy())  # type: ignore[arg-type]  # numpy arrays are buffers
@@ -543,7 +543,7 @@ class BodyReader:
             chunk = self._shared.get(first)
             if chunk is None:
                 chunk = self._shared[first] = self.reader.whole([first, 1], None, defer=True)
-            return own(chunk, offset, nbytes)
+            return _own(chunk, offset, nbytes)
         if offset or first + count > len(self.raws) or sum(self.raws[first: first + count]) != nbytes:
             raise ValueError("tensor data does not match its chunks")
         self.used[0] += count
@@ -722,7 +722,7 @@ class NodeDecoder:
 
     def _json_items(self, node: dict[str, Any], count: int) -> list[Any]:
         """An object array's items stored as a JSON data chunk (header version 3): plain
-        scalars only, as many as its shape says (:mod:`~rollout_mock.codec.jsonitems`)."""
+        scalars only, as many as its shape says (:func:`parse_items`)."""
         return parse_items(self.reader.whole(node["c"], None).numpy().data, count)
 
     def tensordict(self, node: dict[str, Any], rows: slice | None = None,

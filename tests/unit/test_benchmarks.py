@@ -63,3 +63,16 @@ def test_bench_e2e_runs_every_mode(tmp_path: Path) -> None:
     padded = result["results"][1]["modes"]
     assert set(padded) == {"live", "dump", "dump_sync", "mock", "mock_no_prefetch"}
     assert padded["mock"]["batch_bytes"] == padded["live"]["batch_bytes"] >= 1_000_000
+
+
+def test_bench_capture_runs(tmp_path: Path) -> None:
+    bench_capture = pytest.importorskip("bench_capture")
+    out = tmp_path / "out.json"
+    assert bench_capture.main(["--shapes", "tensors", "--repeat", "1", "--trajectories", "8", "--work", str(tmp_path),
+                               "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    times = result["writer"][0]["times"]
+    assert set(times) == {"blocking", "writer", "direct"} and all(t["median"] > 0 for t in times.values())
+    assert result["replayed"]["torch_save"] == "works"
+    sizes = result["replayed"]["pickle_bytes"]
+    assert sizes["replayed"] < 1.1 * sizes["live"] + 4096

@@ -85,7 +85,7 @@ __all__ = [
     "EXT_SET", "EXT_TENSOR", "EXT_TUPLE", "FORMAT_VERSION", "HEADER_VERSIONS", "ITEM_OVERHEAD", "JSON_ITEMS_MIN",
     "MAX_CHUNK_RAW", "MAX_DEPTH", "MAX_NDIM", "PACK_ALIGN", "PARALLEL_BYTES", "PREFIX", "PREFIX_HEAD", "PREFIX_LEN",
     "PROTOCOL", "SMALL_BYTES", "SUFFIX", "TENSOR_HEAD", "TORCH_DTYPES", "TORCH_DTYPE_NAMES", "Layout",
-    "array_head", "check_tree", "codec_name", "compress", "crc32", "decompress", "max_expansion", "needs_class_version",
+    "array_head", "check_tree", "compress", "crc32", "decompress", "max_expansion", "needs_class_version",
     "numpy_dtype", "pool", "prefix_sums", "read_layout", "ref_raw",
 ]
 
@@ -223,9 +223,14 @@ def max_expansion(value: float | None = None) -> float:
 
 
 # --------------------------------------------------------------------------- chunk payloads
+# Every chunk carries the CRC-32 (zlib's polynomial; ISA-L when installed, else zlib) of its
+# *stored* bytes, so corruption is caught before a decompressor sees the data. Compression (zstd
+# or lz4, extra ``rollout_mock[compress]``) is per chunk; multi-byte dtypes are byte-shuffled first
+# (all first bytes, then all second bytes, ...) when that makes the chunk smaller. Decompression
+# never produces more than the chunk's declared raw size.
+
 #: Codec ids as stored in the chunk table.
 CODECS: dict[str, int] = {"none": 0, "zstd": 1, "lz4": 2}
-_CODEC_NAMES = {v: k for k, v in CODECS.items()}
 
 
 def crc32(data: Any, value: int = 0) -> int:
@@ -313,10 +318,6 @@ def decompress(stored: Any, codec_id: int, shuf: int, raw_size: int) -> Any:
             raise ValueError("bad shuffle item size")
         out = unshuffle(out, shuf)
     return out
-
-
-def codec_name(codec_id: int) -> str:
-    return _CODEC_NAMES.get(codec_id, f"unknown({codec_id})")
 
 
 # --------------------------------------------------------------------------- the container and its header

@@ -102,11 +102,16 @@ OPT_IN = (
 Unpickle = Callable[[bytes], Any]
 
 
-def _own(raw: torch.Tensor, offset: int, nbytes: int) -> torch.Tensor:
-    """Bytes ``[offset, offset + nbytes)`` of ``raw`` (a flat uint8 tensor) as a tensor with a
-    storage of its own over the same memory (no copy): pickling it carries its bytes only."""
+def _memory(raw: torch.Tensor) -> memoryview:
+    """A flat uint8 tensor's memory as a buffer (what :func:`_own` takes)."""
     view: Any = memoryview(raw.numpy())  # type: ignore[arg-type]  # numpy arrays are buffers
-    return torch.frombuffer(view[offset: offset + nbytes], dtype=torch.uint8)
+    return view
+
+
+def _own(memory: memoryview, offset: int, nbytes: int) -> torch.Tensor:
+    """Bytes ``[offset, offset + nbytes)`` of ``memory`` as a tensor with a storage of its own
+    over the same memory (no copy): pickling it carries its bytes only."""
+    return torch.frombuffer(memory[offset: offset + nbytes], dtype=torch.uint8)
 
 
 # --------------------------------------------------------------------------- hash flooding
@@ -459,7 +464,8 @@ class BodyReader:
         self.used = used
         self.errors = "surrogatepass" if surrogates else "strict"
         self._body: memoryview | None = None
-        self._shared: dict[int, torch.Tensor] = {}
+        #: shared chunks read so far: the chunk's tensor and its memory
+        self._shared: dict[int, tuple[torch.Tensor, memoryview]] = {}
         #: bool views of shared chunks: checked once per chunk, over the union of their ranges
         self._bools: dict[int, list[tuple[int, int]]] = {}
 
@@ -540,10 +546,11 @@ class BodyReader:
         if count == 1:
             if first >= len(self.raws) or offset + nbytes > self.raws[first]:
                 raise ValueError("tensor data outside its chunk")
-            chunk = self._shared.get(first)
-            if chunk is None:
-                chunk = self._shared[first] = self.reader.whole([first, 1], None, defer=True)
-            return _own(chunk, offset, nbytes)
+            shared = self._shared.get(first)
+            if shared is None:
+                chunk = self.reader.whole([first, 1], None, defer=True)
+                shared = self._shared[first] = (chunk, _memory(chunk))
+            return _own(shared[1], offset, nbytes)
         if offset or first + count > len(self.raws) or sum(self.raws[first: first + count]) != nbytes:
             raise ValueError("tensor data does not match its chunks")
         self.used[0] += count
@@ -593,7 +600,7 @@ class BodyReader:
         ranges.append((offset, offset + raw.numel()))
 
     def _check_shared_bools(self, first: int) -> None:
-        chunk, start, end = self._shared[first], 0, -1
+        chunk, start, end = self._shared[first][0], 0, -1
         for lo, hi in sorted(self._bools.pop(first)):
             if lo > end:
                 if end > start:

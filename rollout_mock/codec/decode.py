@@ -98,7 +98,7 @@ OPT_IN = (
     "trust_pickle: true in the rollout_mock config, trusted=True in rollout_mock.load_step / "
     "rollout_mock.codec.decode, or --trust on the command line"
 )
-#: What a trusted load hands the decoder to read opaque blobs (``pickle.loads``).
+#: What a trusted load hands the decoder to read opaque blobs with (codec/trusted.py provides it).
 Unpickle = Callable[[bytes], Any]
 
 

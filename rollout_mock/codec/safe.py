@@ -499,7 +499,7 @@ def decode(source: Any, *, unpickle: Unpickle | None = None, keys: Iterable[str]
 
 
 def _load_v2(data: bytes) -> Any:
-    """What ``pickle.load`` of a format-2 file calls (``rollout_mock.codec._load_v2``): the safe
+    """What unpickling a format-2 file calls (``rollout_mock.codec._load_v2``): the safe
     decoder over the container."""
     whole = io.BytesIO()
     whole.write(PREFIX(len(data)))

@@ -1,100 +1,102 @@
 """Encoding batches to step files and back.
 
-Format 2 (written since format_version 2 of the manifest)
-=========================================================
+The public API:
 
-A step file is a fixed prefix, a container and a fixed suffix::
+* **Writing.** :func:`encode` (a batch or a :class:`Capture` to a :class:`Sink`),
+  :func:`encode_bytes`; :func:`capture` encodes a batch in memory with one copy of its data (what
+  the dump-mode call blocks on), so that the writer thread writes it with no further encoding;
+  :class:`BufferPool` lends captures reusable memory.
+* **Reading.** :func:`open_step` (lazy: header first, then keys and rows on demand) and
+  :func:`decode` over a :class:`ByteSource` (:class:`BytesSource`, :class:`FileSource`,
+  :class:`MappedSource`, :class:`ReadAheadSource`), a path or bytes; :func:`sniff_version`. Safe
+  by default: nothing a file holds can run code, and every failure of a hostile file is a
+  :class:`~rollout_mock.errors.CorruptStepError`. ``trusted=True`` unpickles opaque blobs and
+  format-1 files (:mod:`~rollout_mock.codec.trusted`, never imported by the safe loader).
+* **Classes.** :class:`Batch` (the stand-in for a DataProto-like class that is not imported),
+  :func:`register_batch_class`.
 
-    prefix    b"\\x80\\x05" b"crollout_mock.codec\\n_load_v2\\n" b"\\x8e" <u64 LE container length>
-    container magic b"RMSTEP\\x00\\x02", u64 header length, u64 data offset, u64 data length,
-              u32 CRC-32 of the header, u32 reserved; the JSON header; zero padding; the data
-              section (chunks, each starting at a file offset that is a multiple of 64)
-    suffix    b"\\x85R."
+The modules, one idea each: :mod:`~rollout_mock.codec.format` (the byte layout, constants and
+the header's grammar: the format is specified in its docstring), :mod:`~rollout_mock.codec.encode`
+(the one write path), :mod:`~rollout_mock.codec.decode` (nodes, body, chunks back into objects),
+:mod:`~rollout_mock.codec.safe` (sources and the bounded read API),
+:mod:`~rollout_mock.codec.classes` (framework classes written and rebuilt as data),
+:mod:`~rollout_mock.codec.legacy` (format-1 files read as data) and
+:mod:`~rollout_mock.codec.trusted` (everything that runs pickle).
 
-The prefix and suffix make the file a valid pickle too (PROTO 5, GLOBAL, BINBYTES8 ... TUPLE1,
-REDUCE, STOP): ``pickle.load`` calls :func:`_load_v2` on the container, which runs the same safe
-decoder. The safe reader never runs pickle: it checks the prefix bytes, the length field against
-the file size, the suffix, the header CRC, then parses the container itself.
-
-The header is ``{"format": "rollout_mock.step", "version": 2, "root": NODE, "chunks": TABLE}``.
-``TABLE`` rows are ``[offset, stored, raw, crc32, codec, shuffle]``: offset/stored locate the chunk
-in the data section, ``raw`` is its decoded size (at most 64 MiB; writers use 4 MiB, aligned to
-whole rows), ``crc32`` is of the stored bytes, ``codec`` is 0 none / 1 zstd / 2 lz4 and
-``shuffle`` the itemsize the bytes were shuffled by (0: not shuffled). A ``NODE`` is a JSON value:
-``null``/bools/strings/finite floats/ints under 2**63 are themselves, JSON arrays are lists, JSON
-objects without a ``"$"`` key are str-keyed dicts; other values are tagged objects ``{"$": TAG,
-...}``: ``tuple``/``set``/``frozenset``/``deque`` (``v``), ``map``/``odict``/``counter``/
-``defaultdict`` (``items``: key/value node pairs), ``int`` (decimal string), ``float`` (IEEE bits
-in hex: non-finite values), ``complex``, ``bytes``/``bytearray`` (``hex`` inline or ``c``),
-``npscalar``, ``size``/``device``/``dtype``, ``slice``/``range``, ``datetime``/``date``/``time``/
-``timedelta``, ``tensor`` (``dtype``, ``shape``, ``c`` = ``[first chunk, count]``, ``grad``,
-``param``), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
-(``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3),
-``nested`` (a ``torch.nested`` tensor's components and layout),
-``tensordict`` (``batch_size``, ``names``, ``device``, ``items``), ``batch`` (a DataProto-like
-object: ``kind``, the writer's ``class`` as ``module:qualname`` (information only), ``layout``,
-``batch``/``non_tensor_batch``/``meta_info`` nodes, ``extra`` attributes; see
-:mod:`~rollout_mock.codec.batches`) and ``pickle`` (an opaque cloudpickle blob for anything that
-is not data; only ``trusted=True`` unpickles it).
-
-Header version 4 (written now; 2 and 3 keep loading) keeps only the batch's structure in the
-JSON header: plain Python values live in one msgpack *body* (``"body": [first, count]``, nodes
-``{"$": "mp", "o", "n"}``; :mod:`~rollout_mock.codec.bodyenc` lists its extension types),
-object arrays of strings are string columns (``{"$": "strs"}``, :mod:`~rollout_mock.codec.strcol`)
-and tensors under 1 MiB inside the body share 4 MiB chunks. Its bounds:
-:mod:`~rollout_mock.codec.bodydec`.
-
-Decoding bounds (hostile files): every offset and length inside the data section; tensors and
-arrays need ``prod(shape) * itemsize`` == the raw bytes they reference; dtypes from fixed
-allow-lists (no object/void/structured raw arrays); decompression never exceeds the declared raw
-size; the total declared raw bytes stay under ``max_expansion`` (default 64, env
-``ROLLOUT_MOCK_MAX_EXPANSION``) times the file size + 1 MiB; JSON nesting at most 96; no tensor is
-ever backed by uninitialised memory; the format has no shared references.
-
-Format 1 (older dumps) is a protocol-5 pickle (:mod:`~rollout_mock.codec.pickler`); the safe path
-reads it with a data-only opcode interpreter (:mod:`~rollout_mock.codec.legacy`). Format-1 files
-reference ``rollout_mock.codec._rebuild_*``: those names stay here.
+Step files name ``rollout_mock.codec._load_v2`` (format 2, for ``pickle.load``) and
+``rollout_mock.codec._rebuild_*`` (format 1): those names stay here; the ``_rebuild_*`` functions
+are resolved on first use, so importing the codec imports no unpickling code.
 """
 
-from rollout_mock.codec.batches import (
-    Batch,
-    batch_class_names,
-    is_batch_class,
-    register_batch_class,
-)
-from rollout_mock.codec.buffers import BufferPool
-from rollout_mock.codec.layout import FORMAT_VERSION
-from rollout_mock.codec.pickler import (
-    PROTOCOL,
-    _rebuild_ndarray,
-    _rebuild_np_scalar,
-    _rebuild_object,
-    _rebuild_object_array,
-    _rebuild_parameter,
-    _rebuild_tensor,
-    _rebuild_tensordict,
-    dtype_name,
-    dump_v1,
-    dumps_v1,
-    loads_unrestricted,
-    torch_dtype,
-)
-from rollout_mock.codec.snapshot import Snapshot, capture, encode, encode_bytes, encode_snapshot
-from rollout_mock.codec.source import ByteSource, BytesSource, FileSource, MappedSource
-from rollout_mock.codec.step import StepView, _load_v2, decode, open_step, sniff_version
+from __future__ import annotations
 
-#: Deprecated aliases: ``dump``/``dumps`` write format 2 now.
-dump = encode
-dumps = encode_bytes
+from collections.abc import Iterable
+from typing import Any
+
+from rollout_mock.codec import safe as _safe
+from rollout_mock.codec.classes import Batch, batch_class_names, is_batch_class, register_batch_class
+from rollout_mock.codec.decode import Unpickle
+from rollout_mock.codec.encode import BufferPool, Capture, FileSink, Sink, capture, encode, encode_bytes
+from rollout_mock.codec.format import FORMAT_VERSION, PROTOCOL
+from rollout_mock.codec.safe import (
+    ByteSource,
+    BytesSource,
+    FileSource,
+    MappedSource,
+    ReadAheadSource,
+    StepView,
+    _load_v2,
+    as_source,
+    sniff_version,
+)
 
 __all__ = [
-    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "FileSource", "MappedSource",
-    "Snapshot",
-    "StepView", "batch_class_names", "capture", "decode", "dtype_name", "dump", "dump_v1", "dumps",
-    "dumps_v1", "encode", "encode_bytes", "encode_snapshot", "is_batch_class", "loads_unrestricted",
-    "open_step", "register_batch_class", "sniff_version", "torch_dtype",
+    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "Capture", "FileSink",
+    "FileSource", "MappedSource", "ReadAheadSource", "Sink", "StepView", "as_source", "batch_class_names", "capture",
+    "decode", "encode", "encode_bytes", "is_batch_class", "open_step", "register_batch_class",
+    "sniff_version",
 ]
-# The _rebuild_* names and _load_v2 are deliberately not in __all__: they are format, not API.
-_FORMAT_NAMES = (_rebuild_ndarray, _rebuild_np_scalar, _rebuild_object, _rebuild_object_array,
-                 _rebuild_parameter, _rebuild_tensor, _rebuild_tensordict, _load_v2)
-_load_v2.__module__ = "rollout_mock.codec"
+
+_load_v2.__module__ = "rollout_mock.codec"  # the name format-2 files give pickle.load
+
+
+def _unpickler(trusted: bool) -> Unpickle | None:
+    if not trusted:
+        return None
+    from rollout_mock.codec.trusted import loads
+
+    return loads
+
+
+def open_step(source: Any, *, trusted: bool = False, batch_class: type | None = None,
+              max_expansion: float | None = None, mapped: bool = False, verify: bool = True) -> StepView:
+    """Open a step lazily (reads only the header of a format-2 file); ``mapped``/``verify``: see
+    :class:`StepView`; ``trusted``: unpickle opaque blobs and format-1 files."""
+    return _safe.open_step(source, unpickle=_unpickler(trusted), batch_class=batch_class,
+                           max_expansion=max_expansion, mapped=mapped, verify=verify)
+
+
+def decode(source: Any, *, trusted: bool = False, keys: Iterable[str] | None = None,
+           rows: slice | range | None = None, batch_class: type | None = None,
+           max_expansion: float | None = None) -> Any:
+    """Decode a step file of format 1 or 2 from a ByteSource, a path or bytes.
+
+    Safe by default: format 2 is decoded without pickle; format 1 by a data-only interpreter of
+    the pickle subset rollout_mock wrote. ``trusted=True`` unpickles opaque blobs (format 2) or
+    runs plain pickle (format 1). ``keys``/``rows``: only those (a partial load reads only their
+    chunks). ``max_expansion``: the allocation bound (default 64x the file size + 1 MiB).
+    """
+    return _safe.decode(source, unpickle=_unpickler(trusted), keys=keys, rows=rows, batch_class=batch_class,
+                        max_expansion=max_expansion)
+
+
+def __getattr__(name: str) -> Any:
+    """``_rebuild_*`` (what ``pickle.load`` of a format-1 file calls) and the format-1 writer
+    ``dump_v1``/``dumps_v1`` (tests of old files) come from the trusted module, on first use."""
+    if name.startswith("_rebuild_") or name in ("dump_v1", "dumps_v1"):
+        from rollout_mock.codec import trusted
+
+        value = trusted.REBUILD_FUNCTIONS.get(name) or getattr(trusted, name, None)
+        if value is not None:
+            return value
+    raise AttributeError(f"module 'rollout_mock.codec' has no attribute {name!r}")

@@ -1,39 +1,630 @@
-"""Decoding format-2 step files without any pickle machinery (opaque blobs need ``trusted``)."""
+"""Decoding step files of format 2: validated nodes, the msgpack body, string columns and chunk
+reads become the batch again, without any pickle machinery.
+
+The decoder only ever sees a header that :func:`~rollout_mock.codec.format.check_tree` accepted,
+and checks everything the header check cannot see as it reads it:
+
+* **Chunks** (:class:`ChunkReader`): every chunk is CRC-checked before a decompressor or the
+  batch sees it. During a load, tensor and array reads are *deferred*: each tensor gets its
+  (still empty) memory at once, and :meth:`ChunkReader.finish` fills every chunk of the step (on
+  two threads for large local steps: reads, page faults and CRCs release the GIL), checks each
+  CRC, and only then runs the checks that needed the data (bool tensors hold only 0 and 1).
+  Mapped sources are used in place.
+* **The body** (:class:`BodyReader`, header version 4): it is stored uncompressed and the
+  header check counts it 63 times against the file's allocation bound (the most memory a byte of
+  msgpack can become is ~72 bytes: an empty dict); msgpack's own limits refuse any length beyond
+  the buffer and nesting beyond its C stack; msgpack's timestamp extension (-1), which
+  rollout_mock never writes, decodes to a plain int (nanoseconds); maps decode with string keys
+  only (hashed with Python's per-process key), and any other key sends the value through a slow
+  path that checks hash collisions first (:func:`check_keys`), as do sets; extension payloads
+  are fixed-layout structs checked field by field; tensor data must lie inside its chunk, runs of
+  chunks are counted against the table once; version-2 nodes inside the body pass the same
+  ``check_tree`` as the header's.
+* **Shared chunks** (small tensors side by side): every view is checked to lie inside its chunk,
+  and bool views are checked once per chunk over the union of their ranges, so 4,000 views of
+  one 16 MiB chunk cost one pass over 16 MiB, not 4,000.
+* **String columns**: offsets, the array header's count and every item's string marker are
+  checked in one vectorised pass before msgpack decodes them (:func:`read_strings`).
+* **JSON item chunks** (header version 3): parsed item by item (:func:`parse_items`), never
+  beyond the declared count.
+* **Hash flooding** (:func:`check_keys`, :class:`KeyBudget`): ints, floats, tuples and frozensets
+  hash deterministically, so a file could hold thousands of distinct keys with one hash value
+  (``k * (2**61 - 1) + c``) and make building a set or dict cost n**2 comparisons. Every decoder
+  (format-1 interpreter, format-2 nodes, the body) builds sets and non-string-keyed maps through
+  these: more than :data:`MAX_COLLISIONS` keys sharing a hash with another key are refused
+  before anything is inserted.
+
+**Replayed tensors own their memory.** Every tensor the decoder returns has a storage of its own,
+exactly its size, even where many tensors are views of one chunk read (small tensors packed
+together, a mapped file): ``torch.save``, ``pickle`` and Ray see only each tensor's own bytes.
+This costs no copy: the storages are made over the chunk's memory (``torch.frombuffer``).
+
+A step holds data, not autograd state: every tensor is a leaf with ``requires_grad=False``
+(``grad`` flags written by older files are ignored); a recorded ``nn.Parameter`` keeps its
+class. Opaque pickle blobs are refused (:class:`~rollout_mock.errors.UnsafePickleError`) unless the
+caller hands the decoder an ``unpickle`` function (a trusted load, see
+:mod:`~rollout_mock.codec.trusted`): no unpickler is reachable from this module.
+"""
 
 from __future__ import annotations
 
+import bisect
 import collections
 import datetime
+import json.decoder
 import math
-import pickle
+import re
 import struct
+from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgpack
 import numpy as np
 import torch
 
 from rollout_mock.batch import subset
-from rollout_mock.codec import chunks as _chunks
-from rollout_mock.codec.batches import build_batch
-from rollout_mock.codec.bodydec import BodyReader
-from rollout_mock.codec.classes import CLASS_TAGS, decode_class, finish_tensordict
-from rollout_mock.codec.hashguard import check_keys
-from rollout_mock.codec.jsonitems import parse_items
-from rollout_mock.codec.layout import TORCH_DTYPES, numpy_dtype
-from rollout_mock.codec.strcol import read_strings
+from rollout_mock.codec.classes import build_batch, decode_class, finish_tensordict
+from rollout_mock.codec.format import (
+    CLASS_TAGS,
+    EXT_FROZENSET,
+    EXT_INT,
+    EXT_NDARRAY,
+    EXT_NODE,
+    EXT_OBJARRAY,
+    EXT_SET,
+    EXT_TENSOR,
+    EXT_TUPLE,
+    MAX_NDIM,
+    PARALLEL_BYTES,
+    TENSOR_HEAD,
+    TORCH_DTYPE_NAMES,
+    TORCH_DTYPES,
+    Layout,
+    array_head,
+    check_tree,
+    crc32,
+    decompress,
+    numpy_dtype,
+    pool,
+)
 from rollout_mock.errors import UnsafePickleError
 
-__all__ = ["NodeDecoder", "materialize_snapshot"]
+__all__ = [
+    "MAX_COLLISIONS", "BodyReader", "ChunkReader", "KeyBudget", "NodeDecoder", "check_keys", "normalize_rows",
+    "parse_items", "read_strings",
+]
 
+#: How to opt in to unpickling opaque blobs (named in every UnsafePickleError).
 OPT_IN = (
     "trust_pickle: true in the rollout_mock config, trusted=True in rollout_mock.load_step / "
     "rollout_mock.codec.decode, or --trust on the command line"
 )
+#: What a trusted load hands the decoder to read opaque blobs with (codec/trusted.py provides it).
+Unpickle = Callable[[bytes], Any]
+
+
+def _memory(raw: torch.Tensor) -> memoryview:
+    """A flat uint8 tensor's memory as a buffer (what :func:`_own` takes)."""
+    view: Any = memoryview(raw.numpy())  # type: ignore[arg-type]  # numpy arrays are buffers
+    return view
+
+
+def _own(memory: memoryview, offset: int, nbytes: int) -> torch.Tensor:
+    """Bytes ``[offset, offset + nbytes)`` of ``memory`` as a tensor with a storage of its own
+    over the same memory (no copy): pickling it carries its bytes only."""
+    return torch.frombuffer(memory[offset: offset + nbytes], dtype=torch.uint8)
+
+
+# --------------------------------------------------------------------------- hash flooding
+#: At most this many keys of one set/map may share their hash with an earlier key: the cost of
+#: building it stays under ~MAX_COLLISIONS**2 / 2 comparisons (well under a second).
+MAX_COLLISIONS = 1024
+_SMALL = 64
+
+
+def check_keys(keys: Any) -> None:
+    """Raise ValueError when ``keys`` (a sized collection) would flood a set or dict."""
+    n = len(keys)
+    if n <= _SMALL:
+        return
+    # hash(h) == h for every value hash() returns, so this set has no collisions of its own
+    distinct = len(set(map(hash, keys)))
+    if n - distinct > MAX_COLLISIONS:
+        raise ValueError(f"a set or map of {n} keys has {n - distinct} hash collisions "
+                         f"(more than {MAX_COLLISIONS}): refusing a hash-flooding file")
+
+
+class KeyBudget:
+    """Collision accounting across many insertions into the same containers (format 1 builds
+    sets and dicts item batch by item batch)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, collections.Counter[int]] = {}
+        self._total: dict[int, int] = {}
+
+    def add(self, container: Any, keys: Iterable[Any]) -> None:
+        counts = self._counts.setdefault(id(container), collections.Counter())
+        hashes = list(map(hash, keys))
+        counts.update(hashes)
+        total = self._total.get(id(container), 0) + len(hashes)
+        self._total[id(container)] = total
+        if total - len(counts) > MAX_COLLISIONS:
+            raise ValueError(f"a set or map of {total} keys has {total - len(counts)} hash collisions "
+                             f"(more than {MAX_COLLISIONS}): refusing a hash-flooding file")
+
+
+# --------------------------------------------------------------------------- JSON item chunks (header version 3)
+_SCALAR = re.compile(
+    r'[ \t\n\r]*(?:(")|(-?(?:0|[1-9][0-9]*))((?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)|(true)|(false)|(null))')
+_SEP = re.compile(r"[ \t\n\r]*([,\]])")
+_OPEN = re.compile(r"[ \t\n\r]*\[[ \t\n\r]*")
+_scanstring: Any = json.decoder.scanstring  # type: ignore[attr-defined]
+_LITERALS = {4: True, 5: False, 6: None}
+
+
+def parse_items(data: bytes | memoryview, count: int) -> list[Any]:
+    """The ``count`` items of a JSON array of plain scalars; ValueError for anything else."""
+    text = str(data, "utf-8")  # no copy of the bytes first
+    opened = _OPEN.match(text)
+    if opened is None:
+        raise ValueError("object array items are not a JSON array")
+    pos = opened.end()
+    items: list[Any] = []
+    if text.startswith("]", pos):
+        pos += 1
+    else:
+        while True:
+            if len(items) >= count:
+                raise ValueError("object array chunk holds more items than its shape")
+            match = _SCALAR.match(text, pos)
+            if match is None:
+                raise ValueError("object array chunk holds a value that is not a plain JSON scalar")
+            if match.group(1):
+                value, pos = _scanstring(text, match.end(), True)
+            elif match.group(2) is not None:
+                whole, rest = match.group(2), match.group(3)
+                if rest:
+                    value = float(whole + rest)
+                    if not math.isfinite(value):
+                        raise ValueError("object array chunk holds a non-finite number")
+                else:
+                    value = int(whole)  # ValueError beyond 4300 digits
+                pos = match.end()
+            else:
+                value = _LITERALS[match.lastindex or 0]
+                pos = match.end()
+            items.append(value)
+            sep = _SEP.match(text, pos)
+            if sep is None:
+                raise ValueError("object array chunk is not a JSON array")
+            pos = sep.end()
+            if sep.group(1) == "]":
+                break
+    if text[pos:].strip(" \t\n\r"):
+        raise ValueError("object array chunk has data after its JSON array")
+    if len(items) != count:
+        raise ValueError("object array items do not match its shape")
+    return items
+
+
+# --------------------------------------------------------------------------- string columns
+def _check_items(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None:
+    """Every item in ``data`` (offsets relative to it) is one msgpack string spanning exactly
+    ``[start, end)``."""
+    if not len(starts):
+        return
+    if int(starts[0]) < 0 or int(ends[-1]) > data.size or bool((ends < starts).any()) \
+            or bool((starts[1:] != ends[:-1]).any()):
+        raise ValueError("string column offsets are out of order or outside its bytes")
+    if bool((ends == starts).any()):
+        raise ValueError("string column item of no bytes")
+    last = data.size - 1  # starts < ends <= size: every start indexes the data
+    first, b1, b2, b3, b4 = (data[np.minimum(starts + k, last)].astype(np.int64) for k in range(5))
+    fix = (first >= 0xA0) & (first <= 0xBF)
+    length = np.where(fix, first & 0x1F, np.where(first == 0xD9, b1, np.where(
+        first == 0xDA, (b1 << 8) | b2, (b1 << 24) | (b2 << 16) | (b3 << 8) | b4)))
+    head = np.where(fix, 1, np.where(first == 0xD9, 2, np.where(first == 0xDA, 3, 5)))
+    valid = fix | (first == 0xD9) | (first == 0xDA) | (first == 0xDB)
+    if not bool(valid.all()) or bool((head + length != ends - starts).any()):
+        raise ValueError("string column item is not a string of its offsets' length")
+
+
+def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.ndarray:
+    """A string column; ``rows`` (a range over the first dimension): only those rows are read."""
+    shape = list(node["shape"])
+    per_row = math.prod(shape[1:]) if shape else 1
+    errors = "surrogatepass" if node.get("sp") else "strict"
+    if rows is not None and shape:
+        if not len(rows):
+            return np.empty([0, *shape[1:]], dtype=object)
+        lo, hi = min(rows) * per_row, (max(rows) + 1) * per_row
+        offsets = reader.span(node["o"], lo * 8, (hi + 1) * 8).numpy().view("<i8")
+        start, stop = int(offsets[0]), int(offsets[-1])
+        if not 0 <= start <= stop:
+            raise ValueError("string column offsets are out of order")
+        data = reader.span(node["c"], start, stop).numpy()
+        _check_items(data, offsets[:-1] - start, offsets[1:] - start)
+        unpacker = msgpack.Unpacker(raw=False, unicode_errors=errors, max_buffer_size=max(1, data.size))
+        unpacker.feed(memoryview(data))
+        items = [unpacker.unpack() for _ in range(hi - lo)]
+    else:
+        count = math.prod(shape)
+        offsets = reader.whole(node["o"], None).numpy().view("<i8")
+        data = reader.whole(node["c"], None).numpy()
+        head = array_head(count)
+        if int(offsets[0]) != len(head) or data[: len(head)].tobytes() != head or int(offsets[-1]) != data.size:
+            raise ValueError("string column header does not match its shape")
+        _check_items(data, offsets[:-1], offsets[1:])
+        items = msgpack.unpackb(memoryview(data), raw=False, unicode_errors=errors)
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    if rows is not None and shape:
+        first = min(rows)
+        array = array.reshape([-1, *shape[1:]])
+        if rows.step != 1 or len(rows) != max(rows) + 1 - first:
+            array = array[[i - first for i in rows]]
+        return array
+    return array.reshape(shape)
+
+
+# --------------------------------------------------------------------------- chunks
+def _crc_check(data: Any, expected: int, index: int) -> None:
+    if crc32(data) != expected:
+        raise ValueError(f"chunk {index} fails its CRC-32 check (the file is corrupt)")
+
+
+class ChunkReader:
+    """Reads and CRC-checks chunks of a format-2 file (see the module docstring).
+
+    ``verify``: check each chunk's CRC-32; ``parallel``: fill large steps on two threads (local
+    files: remote sources keep their own request pattern).
+    """
+
+    def __init__(self, source: Any, layout: Layout, *, verify: bool = True, parallel: bool = False) -> None:
+        self.source = source
+        self.layout = layout
+        self.table = layout.table
+        self.verify = verify
+        self.parallel = parallel
+        self.direct = hasattr(source, "readinto_range")
+        self.mapped = hasattr(source, "map_range")
+        self.pending: list[tuple[int, Any, bool]] | None = None
+        self.pending_bytes = 0
+        self.checks: list[Any] = []
+
+    def _chunk(self, index: int) -> Any:
+        offset, stored, raw, crc, codec, shuf = self.table[index]
+        data = self.source.read_range(self.layout.data_base + offset, stored)
+        if self.verify:
+            _crc_check(data, crc, index)
+        return decompress(data, codec, shuf, raw)
+
+    def _fill(self, job: tuple[int, Any, bool]) -> None:
+        """Job ``(chunk, memory, in_place)``: read the chunk into the memory, or (``in_place``:
+        the memory is the mapped file itself) only check it."""
+        i, part, in_place = job
+        offset, stored, raw, crc, codec, shuf = self.table[i]
+        if in_place:
+            if self.verify:
+                _crc_check(part, crc, i)
+        elif codec == 0 and self.direct:
+            self.source.readinto_range(self.layout.data_base + offset, part)
+            if self.verify:
+                _crc_check(part, crc, i)
+        else:
+            part[:] = memoryview(self._chunk(i)).cast("B")
+
+    def _run(self, jobs: list[tuple[int, Any, bool]], total: int) -> None:
+        if len(jobs) > 1 and total >= PARALLEL_BYTES and self.parallel:
+            # local reads (and page faults of the fresh memory) and CRCs release the GIL: two at
+            # once (remote sources keep their own request pattern)
+            list(pool().map(self._fill, jobs))
+        else:
+            for job in jobs:
+                self._fill(job)
+
+    def _mapped_run(self, first: int, count: int) -> int | None:
+        """File offset of chunks ``first..first+count-1`` when they can be used in place: mapped,
+        stored uncompressed and back to back; None otherwise."""
+        if not self.mapped or count == 0:
+            return None
+        expected = self.table[first][0]
+        for i in range(first, first + count):
+            offset, stored, _raw, _crc, codec, _shuf = self.table[i]
+            if codec != 0 or offset != expected:
+                return None
+            expected += stored
+        return self.layout.data_base + self.table[first][0]
+
+    def _schedule(self, jobs: list[tuple[int, Any, bool]], total: int, defer: bool) -> None:
+        if defer and self.pending is not None:
+            self.pending.extend(jobs)
+            self.pending_bytes += total
+        else:
+            self._run(jobs, total)
+
+    def whole(self, ref: list[int], nbytes: int | None, *, defer: bool = False) -> torch.Tensor:
+        """The bytes of a reference as a uint8 tensor: new memory (``defer``: filled by
+        :meth:`finish`), or the mapped file itself for a :class:`MappedSource`."""
+        first, count = ref
+        total = sum(self.table[i][2] for i in range(first, first + count))
+        if nbytes is not None and total != nbytes:
+            raise ValueError("data size mismatch")
+        start = self._mapped_run(first, count)
+        if start is not None and total:
+            view = self.source.map_range(start, total)
+            jobs, pos = [], 0
+            for i in range(first, first + count):
+                jobs.append((i, view[pos: pos + self.table[i][1]], True))
+                pos += self.table[i][1]
+            self._schedule(jobs, total, defer)
+            return torch.frombuffer(view, dtype=torch.uint8)
+        out = torch.empty(total, dtype=torch.uint8)
+        target = out.numpy()
+        jobs, pos = [], 0
+        for i in range(first, first + count):
+            jobs.append((i, target[pos: pos + self.table[i][2]], False))
+            pos += self.table[i][2]
+        self._schedule(jobs, total, defer)
+        return out
+
+    def after(self, check: Any) -> None:
+        """Run ``check`` once the deferred data is in (at once when nothing is deferred)."""
+        if self.pending is None:
+            check()
+        else:
+            self.checks.append(check)
+
+    def flush(self) -> None:
+        """Fill every chunk deferred so far (for decoders that copy data: nested tensors)."""
+        if self.pending:
+            jobs, self.pending = self.pending, []
+            self._run(jobs, self.pending_bytes)
+            self.pending_bytes = 0
+
+    def finish(self) -> None:
+        """Fill (and CRC-check) every deferred chunk, then run the checks that needed the data."""
+        self.flush()
+        self.pending = None
+        checks, self.checks = self.checks, []
+        for check in checks:
+            check()
+
+    def span(self, ref: list[int], lo: int, hi: int) -> torch.Tensor:
+        """Bytes [lo, hi) of a reference; reads (and checks) only the chunks covering them."""
+        first, count = ref
+        starts = [0]
+        for i in range(first, first + count):
+            starts.append(starts[-1] + self.table[i][2])
+        if not 0 <= lo <= hi <= starts[-1]:
+            raise ValueError("row range outside the data")
+        k = max(0, bisect.bisect_right(starts, lo) - 1)
+        last = k
+        while last < count and starts[last] < hi:
+            last += 1
+        start = self._mapped_run(first + k, last - k)
+        if start is not None and hi > lo:  # in place: check the covering chunks, copy nothing
+            view = self.source.map_range(start, starts[last] - starts[k])
+            for j in range(k, last):
+                self._fill((first + j, view[starts[j] - starts[k]: starts[j + 1] - starts[k]], True))
+            return torch.frombuffer(view[lo - starts[k]: hi - starts[k]], dtype=torch.uint8)
+        out = torch.empty(hi - lo, dtype=torch.uint8)
+        target = out.numpy()
+        while k < count and starts[k] < hi:
+            data = memoryview(self._chunk(first + k)).cast("B")
+            a, b = max(lo, starts[k]), min(hi, starts[k + 1])
+            target[a - lo: b - lo] = data[a - starts[k]: b - starts[k]]
+            k += 1
+        return out
+
+
+# --------------------------------------------------------------------------- the body
+_MAX_DIM = 1 << 48
+_MAX_INT_BYTES = 1 << 16
+
+
+class _Marker:
+    """What a marker extension decodes to until its array is rebuilt (never returned)."""
+
+    __slots__ = ("code",)
+
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def __repr__(self) -> str:
+        return f"<rollout_mock marker {self.code}>"
+
+
+_MARKERS = {code: _Marker(code) for code in (EXT_TUPLE, EXT_SET, EXT_FROZENSET, EXT_OBJARRAY)}
+
+
+def _dims(data: bytes, ndim: int, at: int) -> list[int]:
+    if ndim > MAX_NDIM or len(data) < at + 8 * ndim:
+        raise ValueError("bad tensor extension (dimensions)")
+    dims = list(struct.unpack_from(f"<{ndim}Q", data, at))
+    if any(d > _MAX_DIM for d in dims):
+        raise ValueError("bad tensor extension (dimension too large)")
+    return dims
+
+
+class BodyReader:
+    """Decodes ``mp`` nodes: msgpack from the body, tensors from (shared) chunks.
+
+    ``decoder``: the :class:`~rollout_mock.codec.decode.NodeDecoder` (its chunk reader, and its
+    :meth:`value` for version-2 nodes); ``raws``: each chunk's raw size; ``table``: the chunk
+    table for checks; ``used``: chunk references so far.
+    """
+
+    def __init__(self, decoder: Any, body: list[int] | None, raws: list[int], *, surrogates: bool,
+                 table: list[list[int]] | None, used: list[int]) -> None:
+        self.decoder = decoder
+        self.reader = decoder.reader
+        self.body_ref = body
+        self.raws = raws
+        self.table = table
+        self.used = used
+        self.errors = "surrogatepass" if surrogates else "strict"
+        self._body: memoryview | None = None
+        #: shared chunks read so far: the chunk's tensor and its memory
+        self._shared: dict[int, tuple[torch.Tensor, memoryview]] = {}
+        #: bool views of shared chunks: checked once per chunk, over the union of their ranges
+        self._bools: dict[int, list[tuple[int, int]]] = {}
+
+    def value(self, node: dict[str, Any]) -> Any:
+        if self._body is None:
+            if self.body_ref is None:
+                raise ValueError("body value in a step without a body")
+            self._body = memoryview(self.reader.whole(self.body_ref, None).numpy()).cast("B")
+        offset, length = node["o"], node["n"]
+        if offset + length > self._body.nbytes:
+            raise ValueError("body value outside the body")
+        data = self._body[offset: offset + length]
+        used = self.used[0]
+        try:
+            try:
+                return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=True,
+                                       unicode_errors=self.errors, raw=False, timestamp=2)
+            except ValueError as exc:
+                if "is not allowed for map key" not in str(exc):
+                    raise
+            self.used[0] = used  # the references of the first pass are counted again below
+            # non-string keys: every map goes through the hash-collision check
+            return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=False,
+                                   object_pairs_hook=self.pairs, unicode_errors=self.errors, raw=False, timestamp=2)
+        except msgpack.StackError:
+            raise ValueError("body value nested deeper than msgpack's limit") from None
+        except msgpack.FormatError:
+            raise ValueError("body value is not valid msgpack") from None
+
+    @staticmethod
+    def pairs(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+        check_keys([k for k, _ in pairs])
+        return dict(pairs)
+
+    @staticmethod
+    def lists(items: list[Any]) -> Any:
+        if not items or type(items[0]) is not _Marker:
+            return items
+        code = items[0].code
+        if code == EXT_TUPLE:
+            return tuple(items[1:])
+        if code == EXT_SET or code == EXT_FROZENSET:
+            members = items[1:]
+            check_keys(members)
+            return set(members) if code == EXT_SET else frozenset(members)
+        shape = items[1] if len(items) > 1 else None
+        if type(shape) is not list or len(shape) > MAX_NDIM or any(type(d) is not int or d < 0 for d in shape) \
+                or math.prod(shape) != len(items) - 2:
+            raise ValueError("object array shape does not match its items")
+        array = np.empty(len(items) - 2, dtype=object)
+        for i, x in enumerate(items[2:]):
+            array[i] = x
+        return array.reshape(shape)
+
+    def ext(self, code: int, data: bytes) -> Any:
+        if code in _MARKERS:
+            if data:
+                raise ValueError("marker extension with a payload")
+            return _MARKERS[code]
+        if code == EXT_INT:
+            if not data or len(data) > _MAX_INT_BYTES:
+                raise ValueError("bad integer extension")
+            return int.from_bytes(data, "little", signed=True)
+        if code == EXT_TENSOR or code == EXT_NDARRAY:
+            return self._tensor(data, code == EXT_NDARRAY)
+        if code == EXT_NODE:
+            try:
+                node = msgpack.unpackb(data, strict_map_key=True, unicode_errors="surrogatepass", raw=False,
+                                       timestamp=2)
+            except (msgpack.StackError, msgpack.FormatError):
+                raise ValueError("node extension is not valid msgpack") from None
+            if self.table is not None:
+                check_tree(node, self.table, used=self.used)
+            return self.decoder.value(node)
+        raise ValueError(f"unknown body extension {code}")
+
+    def _raw(self, first: int, count: int, offset: int, nbytes: int) -> torch.Tensor:
+        if count == 1:
+            if first >= len(self.raws) or offset + nbytes > self.raws[first]:
+                raise ValueError("tensor data outside its chunk")
+            shared = self._shared.get(first)
+            if shared is None:
+                chunk = self.reader.whole([first, 1], None, defer=True)
+                shared = self._shared[first] = (chunk, _memory(chunk))
+            return _own(shared[1], offset, nbytes)
+        if offset or first + count > len(self.raws) or sum(self.raws[first: first + count]) != nbytes:
+            raise ValueError("tensor data does not match its chunks")
+        self.used[0] += count
+        if self.table is not None and self.used[0] > len(self.table):
+            raise ValueError("chunks are referenced more than once")
+        return self.reader.whole([first, count], nbytes, defer=True)
+
+    def _tensor(self, data: bytes, numpy: bool) -> Any:
+        if len(data) < TENSOR_HEAD.size:
+            raise ValueError("bad tensor extension")
+        code, flags, ndim, _, first, count, offset = TENSOR_HEAD.unpack_from(data)
+        dims = _dims(data, ndim, TENSOR_HEAD.size)
+        if numpy:
+            dtype = numpy_dtype(data[TENSOR_HEAD.size + 8 * ndim:].decode("ascii"))
+            nbytes = math.prod(dims) * dtype.itemsize
+            raw = self._raw(first, count, offset, nbytes) if nbytes else torch.empty(0, dtype=torch.uint8)
+            array = raw.numpy().view(dtype).reshape(dims)
+            if flags & 4:
+                array.flags.writeable = False
+            return array
+        if code >= len(TORCH_DTYPE_NAMES) or TORCH_DTYPE_NAMES[code] not in TORCH_DTYPES \
+                or len(data) != TENSOR_HEAD.size + 8 * ndim:
+            raise ValueError("bad tensor extension (dtype)")
+        torch_dtype = TORCH_DTYPES[TORCH_DTYPE_NAMES[code]]
+        nbytes = math.prod(dims) * torch_dtype.itemsize
+        if offset % torch_dtype.itemsize:  # writers align to 64 bytes; torch needs whole items
+            raise ValueError("tensor data is not aligned to its item size")
+        if nbytes == 0:
+            out = torch.zeros(dims, dtype=torch_dtype)
+        else:
+            raw = self._raw(first, count, offset, nbytes)
+            if torch_dtype is torch.bool:
+                self._check_bools(first, count, offset, raw)
+            out = raw.view(torch_dtype).view(dims)
+        # flag 1 (requires_grad, written before 0.1) is ignored: a step holds data
+        return torch.nn.Parameter(out, requires_grad=False) if flags & 2 else out
+
+    def _check_bools(self, first: int, count: int, offset: int, raw: torch.Tensor) -> None:
+        """Check a bool tensor's bytes once the data is in: a run of chunks of its own at once,
+        a view of a shared chunk together with every other bool view of that chunk."""
+        if count != 1:  # chunks of its own (counted once against the table)
+            self.reader.after(lambda: _check_bool(raw))
+            return
+        ranges = self._bools.setdefault(first, [])
+        if not ranges:
+            self.reader.after(lambda: self._check_shared_bools(first))
+        ranges.append((offset, offset + raw.numel()))
+
+    def _check_shared_bools(self, first: int) -> None:
+        chunk, start, end = self._shared[first][0], 0, -1
+        for lo, hi in sorted(self._bools.pop(first)):
+            if lo > end:
+                if end > start:
+                    _check_bool(chunk[start:end])
+                start, end = lo, hi
+            else:
+                end = max(end, hi)
+        if end > start:
+            _check_bool(chunk[start:end])
+
+
+def _check_bool(raw: torch.Tensor) -> None:
+    if bool((raw > 1).any()):
+        raise ValueError("bool tensor holds bytes other than 0 and 1")
+
+
+# --------------------------------------------------------------------------- nodes
 _FACTORIES: dict[Any, Any] = {None: None, "list": list, "dict": dict, "set": set, "int": int,
                               "float": float, "str": str, "tuple": tuple}
 
 
 def normalize_rows(rows: Any) -> slice | None:
+    """``rows`` of a partial load as a slice (None: every row); TypeError for anything else."""
     if rows is None or isinstance(rows, slice):
         return rows
     if isinstance(rows, range):
@@ -46,16 +637,17 @@ def _rows_range(rows: slice, n: int) -> range:
 
 
 class NodeDecoder:
-    """Rebuilds objects from validated nodes; data comes from ``fetch`` (chunk reader)."""
+    """Rebuilds objects from validated nodes; data comes from ``reader`` (a :class:`ChunkReader`).
 
-    def __init__(self, reader: Any, *, trusted: bool, batch_class: type | None, name: str) -> None:
+    ``unpickle``: how opaque pickle blobs are read (a trusted load); None refuses them.
+    """
+
+    def __init__(self, reader: Any, *, unpickle: Unpickle | None, batch_class: type | None, name: str) -> None:
         self.reader = reader
-        self.trusted = trusted
+        self.unpickle = unpickle
         self.batch_class = batch_class
         self.name = name
         self.body: BodyReader | None = None
-        #: a capture's pickles (set by materialize_snapshot only: files never decode ``snap``)
-        self.pickled: list[Any] | None = None
 
     def use_body(self, body: list[int] | None, raws: list[int], *, surrogates: bool,
                  table: list[list[int]] | None, used: list[int]) -> None:
@@ -84,11 +676,8 @@ class NodeDecoder:
                 out = torch.zeros(shape, dtype=dtype)
             else:
                 out = self._view(self.reader.whole(node["c"], nbytes, defer=True), dtype, shape)
-        if node.get("param"):
-            return torch.nn.Parameter(out, requires_grad=bool(node.get("grad")))
-        if node.get("grad"):
-            out.requires_grad_(True)
-        return out
+        # "grad" (written before 0.1) is ignored: a step holds data, not autograd state
+        return torch.nn.Parameter(out, requires_grad=False) if node.get("param") else out
 
     def _view(self, raw: torch.Tensor, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         if math.prod(shape) == 0:
@@ -141,7 +730,7 @@ class NodeDecoder:
 
     def _json_items(self, node: dict[str, Any], count: int) -> list[Any]:
         """An object array's items stored as a JSON data chunk (header version 3): plain
-        scalars only, as many as its shape says (:mod:`~rollout_mock.codec.jsonitems`)."""
+        scalars only, as many as its shape says (:func:`parse_items`)."""
         return parse_items(self.reader.whole(node["c"], None).numpy().data, count)
 
     def tensordict(self, node: dict[str, Any], rows: slice | None = None,
@@ -158,14 +747,14 @@ class NodeDecoder:
         return finish_tensordict(td, node, self.reader.flush)  # classes.py: lock and consolidation state
 
     def blob(self, node: dict[str, Any]) -> Any:
-        if not self.trusted:
+        if self.unpickle is None:
             raise UnsafePickleError(
                 f"{self.name}: {node.get('path') or 'the root object'} holds {node.get('what')}, stored "
                 f"as an opaque pickle; the safe loader never unpickles. If you trust this dump, load "
                 f"it with {OPT_IN}.",
                 path=self.name,
             )
-        return pickle.loads(self.reader.whole(node["c"], None).numpy().tobytes())
+        return self.unpickle(self.reader.whole(node["c"], None).numpy().tobytes())
 
     def raw_bytes(self, node: dict[str, Any]) -> bytes:
         if "hex" in node:
@@ -190,10 +779,6 @@ class NodeDecoder:
                 raise ValueError("body value outside a version-4 step")
             value = self.body.value(node)
             return value if rows is None else subset(value, None, rows)
-        if tag == "snap":  # a capture's in-memory pickle: only Snapshot.materialize has these
-            if self.body is None or self.pickled is None:
-                raise ValueError("snapshot value outside a snapshot")
-            return self.body.snapshot_value(self.pickled, node)
         if tag == "strs":
             return read_strings(self.reader, node, None if rows is None or not node["shape"]
                                 else _rows_range(rows, node["shape"][0]))
@@ -287,47 +872,3 @@ class NodeDecoder:
         if type(node) is dict and node.get("$") == "tensordict":
             return self.tensordict(node, rows, keys)
         return self.value(node, rows)
-
-
-class _MemoryReader:
-    """Chunk reader over a snapshot's in-memory chunks (shares memory where it can)."""
-
-    def __init__(self, chunks: list[tuple[memoryview, int]], spans: dict[int, Any]) -> None:
-        self.chunks = chunks
-        self.spans = spans
-
-    def whole(self, ref: list[int], nbytes: int | None, *, defer: bool = False) -> torch.Tensor:
-        first, count = ref
-        span = self.spans.get(first)
-        if span is not None and span.nbytes == 0:
-            return torch.empty(0, dtype=torch.uint8)
-        if span is not None and (nbytes is None or span.nbytes == nbytes) and count:
-            if span.readonly:
-                return torch.from_numpy(np.frombuffer(span, np.uint8).copy())
-            return torch.frombuffer(span, dtype=torch.uint8)
-        parts = [np.frombuffer(self.chunks[i][0], np.uint8) for i in range(first, first + count)]
-        return torch.from_numpy(np.concatenate(parts) if parts else np.empty(0, np.uint8))
-
-    def span(self, ref: list[int], lo: int, hi: int) -> torch.Tensor:
-        return self.whole(ref, None)[lo:hi]
-
-    @staticmethod
-    def after(check: Any) -> None:
-        check()  # the data is in memory already
-
-    def flush(self) -> None:
-        """Nothing is deferred."""
-
-
-def materialize_snapshot(snapshot: Any, *, batch_class: type | None = None) -> Any:
-    reader = _MemoryReader(snapshot.chunks, getattr(snapshot, "spans", {}))
-    decoder = NodeDecoder(reader, trusted=True, batch_class=batch_class, name="<snapshot>")
-    decoder.use_body(getattr(snapshot, "body", None), [view.nbytes for view, _ in snapshot.chunks],
-                     surrogates=getattr(snapshot, "surrogates", False), table=None, used=[0])
-    decoder.pickled = getattr(snapshot, "pickled", None)
-    return decoder.value(snapshot.root)
-
-
-def crc_check(data: Any, expected: int, index: int) -> None:
-    if _chunks.crc32(data) != expected:
-        raise ValueError(f"chunk {index} fails its CRC-32 check (the file is corrupt)")

@@ -1,48 +1,206 @@
-"""Writing format-2 step files: a batch becomes a JSON node tree plus raw data chunks.
+"""Writing step files: a batch becomes a JSON node tree, a msgpack body and raw data chunks.
 
-Normalisations (each exact or documented; see the package docstring):
+There is one write path. :func:`capture` (what the dump-mode call blocks on) runs the whole
+encoder over the batch, copying tensor and array data once into reusable buffers
+(:class:`BufferPool`); the result, a :class:`Capture`, is the step already encoded: the writer
+thread hands it to :func:`encode`, which writes the container (header, CRC-32s, chunks) and
+nothing else. A batch given to :func:`encode` directly runs the same encoder without the copies;
+both produce the same bytes. The only work a capture leaves to the writer is packing the strings
+of string columns (strings are immutable: the capture keeps a copy of the array's pointers and
+the columns' exact byte offsets, so the layout is fixed at capture time).
 
+Normalisations (each exact or documented in docs/file-format.md):
+
+* a step holds data, not autograd state: tensors load as leaves with ``requires_grad=False``;
+  ``.grad`` and the graph are not recorded (a tensor that requires grad is warned about once per
+  process); ``nn.Parameter`` keeps its class; CUDA tensors load on the CPU;
 * tensors are stored by value, C-contiguous: strides, storage offsets and storage sharing between
   tensors are not kept (two tensors that share memory load as two independent tensors);
-  conjugate/negative bits are resolved; ``requires_grad`` and ``nn.Parameter`` are kept;
-  ``.grad`` is dropped (warned once per process); CUDA tensors load on the CPU;
+  conjugate/negative bits are resolved;
 * nested (``torch.nested``) tensors are stored as their components and rebuilt with the same
   layout; sparse/quantized/other exotic tensors, tensor subclasses, cycles, open files and any
   other object that is not plain data go into an opaque pickle blob (warned once per type): only
   a trusted load unpickles it;
 * numpy arrays keep dtype (byte order included), shape and the read-only flag;
 * an object that appears twice is stored twice (the format has no shared references).
+
+The body (header version 4) holds every value below the header's structural nodes (a root
+dict's values, a batch's fields, a TensorDict's items) that is not a tensor, a numeric array or a
+string column, packed by msgpack's C encoder; what msgpack lacks becomes one of the ``EXT_*``
+extension types of :mod:`~rollout_mock.codec.format`. ``bytearray`` and ``memoryview`` values
+inside the body load as ``bytes``; at a structural position they keep their type. Tensors under
+:data:`~rollout_mock.codec.format.SMALL_BYTES` inside the body are copied side by side (64-byte
+aligned, zero padding) into shared 4 MiB chunks.
+
+Where the bytes go: a :class:`Sink` (``write``), or a :class:`FileSink` (a local file that
+checksums what it writes and writes at offsets: small steps go in one vectored call with each
+chunk's CRC-32 computed once; large uncompressed steps are written body first and head last,
+overlapping the CRCs with the writes).
 """
 
 from __future__ import annotations
 
 import collections
 import datetime
+import io
+import json
 import math
 import struct
-from typing import Any
+import threading
+from collections.abc import Callable
+from concurrent.futures import wait
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import cloudpickle
+import msgpack
 import numpy as np
 import torch
 
-from rollout_mock.codec.batches import Batch, class_path, split_batch
-from rollout_mock.codec.bodyenc import BodyWriter
-from rollout_mock.codec.buffers import BufferPool
-from rollout_mock.codec.classes import encode_class, encode_scalar, keeps_structure, tensordict_state
-from rollout_mock.codec.layout import (
-    CHUNK_BYTES,
-    TORCH_DTYPES,
+from rollout_mock.codec.classes import (
+    Batch,
+    class_path,
+    encode_class,
+    encode_scalar,
+    keeps_structure,
+    split_batch,
+    tensordict_state,
 )
-from rollout_mock.codec.strcol import string_column
+from rollout_mock.codec.format import (
+    ALIGN,
+    BODY_VERSION,
+    CHUNK_BYTES,
+    CLASS_VERSION,
+    CONTAINER_HEAD,
+    DATA_MAGIC,
+    EXT_FROZENSET,
+    EXT_INT,
+    EXT_NDARRAY,
+    EXT_NODE,
+    EXT_OBJARRAY,
+    EXT_SET,
+    EXT_TENSOR,
+    EXT_TUPLE,
+    FORMAT_VERSION,
+    JSON_ITEMS_MIN,
+    PACK_ALIGN,
+    PARALLEL_BYTES,
+    PREFIX,
+    PREFIX_LEN,
+    SMALL_BYTES,
+    SUFFIX,
+    TENSOR_HEAD,
+    TORCH_DTYPE_NAMES,
+    TORCH_DTYPES,
+    array_head,
+    compress,
+    crc32,
+    needs_class_version,
+    pool,
+)
 from rollout_mock.text import logger
 
-__all__ = ["tensor_bytes"]
+__all__ = ["BufferPool", "Capture", "FileSink", "Sink", "capture", "encode", "encode_bytes"]
 
+
+# --------------------------------------------------------------------------- sinks
+@runtime_checkable
+class Sink(Protocol):
+    """Takes the step's bytes in order; returns how many it took (or None: all of them)."""
+
+    def write(self, data: Any) -> int | None: ...
+
+
+@runtime_checkable
+class FileSink(Protocol):
+    """A checksumming sink with ranged writes (a local file:
+    :class:`~rollout_mock.storage.digest.HashingWriter`); see the module docstring."""
+
+    #: the running checksum (``update``, ``update_known``) the body's chunk CRCs are fed to
+    #: when written head last
+    digest: Any
+
+    def write(self, data: Any) -> int: ...
+
+    def write_vector(self, pieces: list[tuple[Any, int | None]]) -> int:
+        """Write ``(data, crc or None)`` pieces in order in one call; a given CRC is trusted."""
+        ...
+
+    def write_known(self, data: Any, crc: int) -> int:
+        """Write ``data`` whose CRC-32 the caller computed already."""
+        ...
+
+    def reserve_head(self, length: int) -> bool:
+        """Leave ``length`` bytes for a head written last; False if the sink cannot."""
+        ...
+
+    def write_unhashed(self, data: Any) -> int:
+        """Write body bytes whose CRCs the caller will hand to :meth:`write_head`'s digest."""
+        ...
+
+    def write_head(self, data: Any) -> None:
+        """Write the reserved head (after the body)."""
+        ...
+
+
+# --------------------------------------------------------------------------- capture buffers
+class BufferPool:
+    """Byte buffers for captures, reused across steps (thread-safe): the dump-mode call copies a
+    batch into memory that is already mapped, instead of fresh memory whose first touch costs a
+    page fault per 4 KiB.
+
+    :meth:`take` hands out byte tensors (best fit, at most twice the size asked for);
+    :meth:`Capture.release` gives them back once the writer has written the step. The pool keeps
+    at most ``keep`` captures' worth of bytes (``max_pending`` of the writer): the memory a dump
+    run holds anyway while steps wait to be written.
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = max(1, keep)
+        self._free: list[torch.Tensor] = []
+        self._lock = threading.Lock()
+        self._largest_set = 0
+
+    def __repr__(self) -> str:
+        return f"BufferPool(keep={self.keep}, free={len(self._free)} buffers, {self.free_bytes} bytes)"
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(buffer.numel() for buffer in self._free)
+
+    def take(self, nbytes: int) -> torch.Tensor:
+        """A uint8 buffer of at least ``nbytes`` (callers use its first ``nbytes``)."""
+        with self._lock:
+            best = None
+            for index, buffer in enumerate(self._free):
+                size = buffer.numel()
+                if nbytes <= size <= 2 * nbytes and (best is None or size < self._free[best].numel()):
+                    best = index
+            if best is not None:
+                return self._free.pop(best)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, buffers: list[torch.Tensor]) -> None:
+        """Take back the buffers of one capture; beyond ``keep`` captures' worth, drop the oldest."""
+        if not buffers:
+            return
+        with self._lock:
+            self._largest_set = max(self._largest_set, sum(b.numel() for b in buffers))
+            self._free.extend(buffers)
+            limit = self.keep * self._largest_set
+            while self._free and sum(b.numel() for b in self._free) > limit:
+                self._free.pop(0)
+
+
+# --------------------------------------------------------------------------- raw data
 _INLINE_BYTES = 4096
 _warned: set[str] = set()
 _DEFAULT_FACTORIES = {list: "list", dict: "dict", set: "set", int: "int", float: "float", str: "str",
                       tuple: "tuple", None: None}
+_CODES = {name: i for i, name in enumerate(TORCH_DTYPE_NAMES)}
+_MARKS: dict[type, msgpack.ExtType] = {tuple: msgpack.ExtType(EXT_TUPLE, b""), set: msgpack.ExtType(EXT_SET, b""),
+                                       frozenset: msgpack.ExtType(EXT_FROZENSET, b"")}
+_OBJARRAY = msgpack.ExtType(EXT_OBJARRAY, b"")
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -51,7 +209,17 @@ def _warn_once(key: str, message: str) -> None:
         logger.warning("[RolloutMock] %s", message)
 
 
+def _autograd(tensor: torch.Tensor, path: str) -> None:
+    """Say once that autograd state is not recorded (``requires_grad`` only: reading ``.grad``
+    of a non-leaf tensor makes torch warn)."""
+    if tensor.requires_grad:
+        _warn_once("grad", f"{path or 'a tensor'} requires grad: a step records data, not autograd state, "
+                   f"so replay returns it as a leaf tensor with requires_grad=False (no graph, no .grad); "
+                   f"call .requires_grad_() on the replayed tensor if training needs it")
+
+
 def tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """A flat, C-contiguous CPU copy or view of ``tensor``'s values, and whether it is a fresh copy."""
     source, fresh = tensor.detach(), False
     if source.device.type != "cpu":
         source, fresh = source.cpu(), True
@@ -67,18 +235,29 @@ def tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     return flat, fresh
 
 
+def _plain_tensor(obj: torch.Tensor) -> bool:
+    """A dense tensor whose bytes a step can hold."""
+    return obj.layout is torch.strided and not obj.is_quantized and obj.device.type != "meta" \
+        and not getattr(obj, "is_nested", False) and str(obj.dtype)[6:] in TORCH_DTYPES
+
+
+def _msgpack(default: Any, surrogates: bool) -> msgpack.Packer:
+    return msgpack.Packer(use_bin_type=True, strict_types=True, default=default, datetime=False,
+                          unicode_errors="surrogatepass" if surrogates else None)
+
+
+# --------------------------------------------------------------------------- the encoder
 class _Encoder:
     """Turns one object into a node tree; raw data goes to ``self.chunks``.
 
-    With ``snapshot=True`` every chunk is an owned copy (the caller may mutate the batch next).
+    ``snapshot``: every chunk is an owned copy (a capture: the caller may mutate the batch next),
+    in ``pool``'s buffers when given. ``body``: header version 4 (a msgpack body); False writes
+    version-2 nodes only (what files written before version 4 held).
     """
 
-    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None, body: bool = True,
-                 pickled: bool = False) -> None:
+    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None, body: bool = True) -> None:
         self.snapshot = snapshot
-        #: header version 4: plain values go to a msgpack body (None: version-2 nodes only);
-        #: ``pickled``: a capture's in-memory pickles instead (see :mod:`.snapshot`)
-        self.body: BodyWriter | None = BodyWriter(self, pickled=pickled) if body else None
+        self.body: _Body | None = _Body(self) if body else None
         self._slab: torch.Tensor | None = None  # pooled memory of small structural tensors
         self._slab_used = 0
         #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
@@ -87,20 +266,18 @@ class _Encoder:
         #: this many levels: the root and batch fields, and dicts directly inside them
         self._structural = 2
         self.pool = pool
-        #: buffers taken from ``pool`` (given back by Snapshot.release)
+        #: buffers taken from ``pool`` (given back by Capture.release)
         self.pooled: list[torch.Tensor] = []
         #: (raw uint8 memoryview, itemsize for shuffling)
         self.chunks: list[tuple[memoryview, int]] = []
-        self._owners: list[Any] = []
-        #: first chunk index -> the whole raw view of one tensor/array (for materialize)
-        self.spans: dict[int, memoryview] = {}
+        self.owners: list[Any] = []
+        #: string columns whose strings are packed when the capture is written
+        self.pending: list[Callable[[], None]] = []
         self._active: set[int] = set()
 
     # ------------------------------------------------------------------ raw data
     def tensor_raw(self, tensor: torch.Tensor) -> tuple[np.ndarray, bool]:
         """A tensor's bytes as a flat uint8 array, and whether they are a fresh copy."""
-        if tensor.grad is not None:
-            _warn_once("grad", "tensor .grad is not recorded (only values and requires_grad are)")
         flat, fresh = tensor_bytes(tensor)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         return raw.numpy(), fresh
@@ -121,13 +298,17 @@ class _Encoder:
         return len(self.chunks) - 1
 
     def fill_chunk(self, index: int, raw: np.ndarray) -> None:
-        self._owners.append(raw)
-        view = raw.data.cast("B")
-        self.chunks[index] = (view, 1)
-        self.spans[index] = view
+        self.owners.append(raw)
+        self.chunks[index] = (raw.data.cast("B"), 1)
 
     def add_raw(self, raw: np.ndarray, itemsize: int, row_bytes: int) -> list[int]:
-        return self._add_raw(raw, itemsize, row_bytes)
+        """Split a flat uint8 array into chunks (whole rows each); returns ``[first, count]``."""
+        self.owners.append(raw)
+        view = raw.data.cast("B")
+        first, step = len(self.chunks), _chunk_step(row_bytes)
+        for start in range(0, view.nbytes, step):
+            self.chunks.append((view[start: start + step], itemsize))
+        return [first, len(self.chunks) - first]
 
     def plain_node(self, obj: Any) -> Any:
         """``obj`` as version-2 nodes only (what a body's node extension holds)."""
@@ -141,24 +322,14 @@ class _Encoder:
         """The body reference (None: no body) and whether it needs surrogate-pass decoding."""
         if self.body is None:
             return None, False
-        return self.body.finish(), self.body.surrogates
-
-    def _add_raw(self, raw: np.ndarray, itemsize: int, row_bytes: int) -> list[int]:
-        """Split a flat uint8 array into chunks; returns ``[first_chunk, count]``."""
-        self._owners.append(raw)
-        view = raw.data.cast("B")
-        step = CHUNK_BYTES
-        if 0 < row_bytes <= CHUNK_BYTES:
-            step = (CHUNK_BYTES // row_bytes) * row_bytes
-        first = len(self.chunks)
-        self.spans[first] = view
-        for start in range(0, view.nbytes, step):
-            self.chunks.append((view[start: start + step], itemsize))
-        return [first, len(self.chunks) - first]
+        body, self.body = self.body, None  # no more values; and no encoder <-> body cycle left
+        return body.finish(), body.surrogates
 
     def _copy(self, raw: torch.Tensor) -> torch.Tensor:
         """An owned copy of a flat uint8 tensor: into a pooled buffer when there is a pool (small
-        ones side by side, 64-byte aligned, in pooled 4 MiB slabs: no allocation per tensor)."""
+        ones side by side, 64-byte aligned, in pooled 4 MiB slabs: no allocation per tensor).
+        torch's copy: multi-threaded, and plain 4 KiB pages (numpy's asks for transparent huge
+        pages, which stalls for direct compaction when the page cache is full, as in a dump run)."""
         n = raw.numel()
         if self.pool is None:
             return raw.clone()
@@ -178,12 +349,12 @@ class _Encoder:
         copy.copy_(raw)
         return copy
 
+    # ------------------------------------------------------------------ data nodes
     def _tensor(self, tensor: torch.Tensor, path: str) -> Any:
         name = str(tensor.dtype).removeprefix("torch.")
         if name not in TORCH_DTYPES:
             return self._blob(tensor, path, f"tensor dtype {name}")
-        if tensor.grad is not None:
-            _warn_once("grad", f"{path}: tensor .grad is not recorded (only values and requires_grad are)")
+        _autograd(tensor, path)
         flat, fresh = tensor_bytes(tensor)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         if self.snapshot and not fresh:
@@ -191,9 +362,7 @@ class _Encoder:
         shape = list(tensor.shape)
         row = raw.numel() // shape[0] if shape and shape[0] else 0
         node: dict[str, Any] = {"$": "tensor", "dtype": name, "shape": shape,
-                                "c": self._add_raw(raw.numpy(), tensor.element_size(), row)}
-        if tensor.requires_grad:
-            node["grad"] = True
+                                "c": self.add_raw(raw.numpy(), tensor.element_size(), row)}
         if type(tensor) is torch.nn.Parameter:
             node["param"] = True
         return node
@@ -210,10 +379,10 @@ class _Encoder:
             array, fresh = np.ascontiguousarray(array), True
         raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
         if self.snapshot and not fresh:
-            raw = self._copy(torch.from_numpy(raw)).numpy() if self.pool is not None else raw.copy()
+            raw = self.copy_raw(raw)
         row = raw.size // array.shape[0] if array.ndim and array.shape[0] else 0
         node: dict[str, Any] = {"$": "ndarray", "dtype": array.dtype.str, "shape": list(array.shape),
-                "c": self._add_raw(raw, array.dtype.itemsize, row)}
+                                "c": self.add_raw(raw, array.dtype.itemsize, row)}
         if not array.flags.writeable:
             node["ro"] = True
         return node
@@ -222,7 +391,7 @@ class _Encoder:
         if len(data) <= _INLINE_BYTES:
             return {"$": tag, "hex": bytes(data).hex()}
         raw = np.frombuffer(bytes(data) if self.snapshot and tag == "bytearray" else data, np.uint8)
-        return {"$": tag, "c": self._add_raw(raw, 1, 0)}
+        return {"$": tag, "c": self.add_raw(raw, 1, 0)}
 
     def _blob(self, obj: Any, path: str, what: str) -> Any:
         _warn_once(f"blob:{what}", f"{path}: {what} is not plain data; it is stored as an opaque "
@@ -232,7 +401,60 @@ class _Encoder:
         except Exception as exc:
             raise TypeError(f"{path}: cannot record {what}: {exc!r}") from exc
         raw = np.frombuffer(data, np.uint8)
-        return {"$": "pickle", "what": what, "path": path, "c": self._add_raw(raw, 1, 0)}
+        return {"$": "pickle", "what": what, "path": path, "c": self.add_raw(raw, 1, 0)}
+
+    def _strings(self, array: np.ndarray) -> dict[str, Any] | None:
+        """The string column of an object array of ``str`` (None: not all items are ``str``):
+        ``{"$": "strs", "shape", "c": a msgpack array of the strings, "o": n + 1 int64 byte
+        offsets of its items, "sp": true with lone surrogates}``. A capture computes the offsets
+        (and so the chunk layout) at once and packs the strings when it is written."""
+        flat = array.reshape(-1).tolist()
+        if not flat or set(map(type, flat)) != {str}:
+            return None
+        n, surrogates = len(flat), False
+        if all(map(str.isascii, flat)):
+            lengths = np.fromiter(map(len, flat), dtype=np.int64, count=n)
+        else:
+            try:
+                lengths = np.fromiter((len(s.encode("utf-8")) for s in flat), dtype=np.int64, count=n)
+            except UnicodeEncodeError:  # lone surrogates: UTF-8 with surrogatepass
+                surrogates = True
+                lengths = np.fromiter((len(s.encode("utf-8", "surrogatepass")) for s in flat), dtype=np.int64,
+                                      count=n)
+        heads = np.where(lengths < 32, 1, np.where(lengths < 256, 2, np.where(lengths < 1 << 16, 3, 5)))
+        offsets = np.empty(n + 1, dtype="<i8")
+        offsets[0] = len(array_head(n))
+        np.cumsum(heads + lengths, out=offsets[1:])
+        offsets[1:] += offsets[0]
+        total = int(offsets[-1])
+        errors = "surrogatepass" if surrogates else None
+
+        def pack() -> np.ndarray:
+            data = msgpack.packb(flat, use_bin_type=True, unicode_errors=errors)
+            if len(data) != total:  # msgpack's str8/16/32 and array headers are what offsets assume
+                raise RuntimeError(f"string column packed to {len(data)} bytes, its offsets say {total}")
+            return np.frombuffer(data, np.uint8)
+
+        node: dict[str, Any] = {"$": "strs", "shape": list(array.shape)}
+        if self.snapshot:  # the capture keeps the strings; packed by Capture.finish on the writer
+            chunks, owners, first = self.chunks, self.owners, len(self.chunks)
+            chunks.extend((memoryview(b""), 1) for _ in range(0, total, CHUNK_BYTES))
+            node["c"] = [first, len(chunks) - first]
+
+            def fill() -> None:  # (refers to the capture's lists, not to the encoder)
+                data = pack()
+                owners.append(data)
+                view = data.data.cast("B")
+                for i, start in enumerate(range(0, total, CHUNK_BYTES)):
+                    chunks[first + i] = (view[start: start + CHUNK_BYTES], 1)
+
+            self.pending.append(fill)
+        else:
+            node["c"] = self.add_raw(pack(), 1, 0)
+        node["o"] = self.add_raw(offsets.view(np.uint8), 8, 8)
+        if surrogates:
+            node["sp"] = True
+        return node
 
     @staticmethod
     def _float(value: float) -> Any:
@@ -257,16 +479,7 @@ class _Encoder:
         if cls is float:
             return self._float(obj)
         if isinstance(obj, torch.Tensor) and getattr(obj, "is_nested", False):
-            jagged = encode_class(self, obj, cls, path)  # classes.py: jagged tensors by their buffers
-            if jagged is not None:
-                return jagged
-            try:
-                parts = obj.unbind()
-            except Exception:  # an exotic nested layout: keep the step, trusted loads only
-                return self._blob(obj, path, "a nested tensor that cannot be unbound")
-            layout = "jagged" if obj.layout is torch.jagged else "strided"
-            return {"$": "nested", "layout": layout,
-                    "items": [self.node(t, f"{path}[{i}]") for i, t in enumerate(parts)]}
+            return self._nested(obj, cls, path)
         if cls is torch.Tensor or cls is torch.nn.Parameter:
             if obj.layout is torch.strided and not obj.is_quantized and obj.device.type != "meta":
                 return self._tensor(obj, path)
@@ -291,8 +504,21 @@ class _Encoder:
         finally:
             self._active.discard(key)
 
+    def _nested(self, obj: torch.Tensor, cls: type, path: str) -> Any:
+        """A nested tensor: jagged ones by their buffers (classes.py), strided ones (the default
+        layout, which has no ``shape``) by their components."""
+        jagged = encode_class(self, obj, cls, path)
+        if jagged is not None:
+            return jagged
+        try:
+            parts = obj.unbind()
+        except RuntimeError:  # an exotic nested layout: keep the step, trusted loads only
+            return self._blob(obj, path, "a nested tensor that cannot be unbound")
+        layout = "jagged" if obj.layout is torch.jagged else "strided"
+        return {"$": "nested", "layout": layout, "items": [self.node(t, f"{path}[{i}]") for i, t in enumerate(parts)]}
+
     def _route(self, obj: Any, cls: type, path: str) -> Any:
-        """Header version 4: where a value goes (None: the version-2 node path below)."""
+        """Header version 4: where a value goes (None: the version-2 node path)."""
         levels, self._structural = self._structural, 0
         if cls is int:
             return obj if -(1 << 63) <= obj < (1 << 63) else {"$": "int", "v": str(obj)}
@@ -306,10 +532,7 @@ class _Encoder:
             self._structural = 0
             return out
         if cls is np.ndarray and obj.dtype.kind == "O":
-            if self.body is not None and self.body.pickled is not None:  # a capture: strings are immutable
-                if obj.size and set(map(type, obj.reshape(-1).tolist())) == {str}:
-                    return self.body.keep(obj.copy())
-            column = string_column(obj, self._add_raw)
+            column = self._strings(obj)
             if column is not None:
                 return column
         elif cls in (torch.Tensor, torch.nn.Parameter, np.ndarray, bytes, bytearray) \
@@ -317,7 +540,7 @@ class _Encoder:
                 or split_batch(obj) is not None or keeps_structure(obj):
             return None
         assert self.body is not None
-        node = self.body.node(obj)
+        node = self.body.node(obj, path)
         if node is None:  # cycles, nesting msgpack refuses: version-2 nodes (cycles become blobs)
             return self.plain_node(obj)
         return node
@@ -383,19 +606,21 @@ class _Encoder:
 
     @staticmethod
     def _reduced_to_data(obj: Any) -> tuple[Any] | None:
-        """An object whose ``__reduce__`` says "I am this str/int/float/... value" becomes it."""
+        """An object whose ``__reduce__`` says "I am this str/int/float/... value" becomes it
+        (None: anything else, including a ``__reduce__`` that raises: the object is then
+        stored as an opaque blob, or its recording fails with the pickler's error)."""
         reduce = getattr(type(obj), "__reduce__", None)
         if reduce is None or reduce is object.__reduce__:
             return None
         try:
             rv = obj.__reduce__()
-        except Exception:
+        except Exception:  # noqa: BLE001 - not data: the blob path decides (and raises if it must)
             return None
         if type(rv) is tuple and len(rv) == 2 and rv[0] in (str, int, float, bool, bytes, complex) \
                 and type(rv[1]) is tuple and all(type(a) in (str, int, float, bool, bytes) for a in rv[1]):
             try:
                 return (rv[0](*rv[1]),)
-            except Exception:
+            except Exception:  # noqa: BLE001 - as above
                 return None
         return None
 
@@ -405,3 +630,378 @@ class _Encoder:
         return {"$": "tensordict", "batch_size": list(td.batch_size), "names": names,
                 "device": "cpu" if device is not None and device.type == "cpu" else None,
                 "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()], **tensordict_state(td, path)}
+
+
+def _chunk_step(row_bytes: int) -> int:
+    """Chunk size for data of ``row_bytes``-byte rows: whole rows, about CHUNK_BYTES."""
+    return (CHUNK_BYTES // row_bytes) * row_bytes if 0 < row_bytes <= CHUNK_BYTES else CHUNK_BYTES
+
+
+class _Body:
+    """The msgpack body and the shared small-tensor chunks of one step being encoded; ``enc``
+    (the node encoder) provides the chunk list, the copies and what msgpack cannot take."""
+
+    def __init__(self, encoder: _Encoder) -> None:
+        self.enc = encoder
+        self.parts: list[bytes] = []
+        self.size = 0
+        self.surrogates = False
+        self._packer: msgpack.Packer | None = _msgpack(self.default, False)
+        self._pack: np.ndarray | None = None
+        self._pack_index = -1
+        self._pack_used = 0
+        self._path = ""
+
+    def node(self, obj: Any, path: str = "") -> dict[str, Any] | None:
+        """``{"$": "mp", "o": offset, "n": length}`` for ``obj``; None when msgpack cannot take
+        it (reference cycles, nesting beyond msgpack's limit): the caller encodes it as nodes.
+        Errors of our own (a value that cannot be recorded at all) propagate."""
+        self._path = path
+        assert self._packer is not None, "the body is finished"
+        try:
+            data = self._packer.pack(obj)
+        except UnicodeEncodeError:  # lone surrogates: the whole body is written surrogate-pass
+            self.surrogates = True
+            self._packer = _msgpack(self.default, True)
+            return self.node(obj, path)
+        except (ValueError, OverflowError, TypeError, RecursionError):
+            # msgpack's own refusals; the packer's buffer may hold a partial value: a new one
+            self._packer = _msgpack(self.default, self.surrogates)
+            return None
+        node = {"$": "mp", "o": self.size, "n": len(data)}
+        self.parts.append(data)
+        self.size += len(data)
+        return node
+
+    def default(self, obj: Any) -> Any:
+        cls = type(obj)
+        mark = _MARKS.get(cls)
+        if mark is not None:
+            return [mark, *obj]
+        if cls is int:
+            return msgpack.ExtType(EXT_INT, obj.to_bytes((obj.bit_length() + 8) // 8, "little", signed=True))
+        if cls is torch.Tensor or cls is torch.nn.Parameter:
+            if _plain_tensor(obj):
+                return msgpack.ExtType(EXT_TENSOR, self._tensor(obj))
+        elif cls is np.ndarray:
+            if obj.dtype.kind == "O":
+                return [_OBJARRAY, list(obj.shape), *obj.reshape(-1).tolist()]
+            if obj.dtype.fields is None and obj.dtype.kind in "biufcmMSU" and obj.dtype.itemsize:
+                return self._array(obj)
+        node = self.enc.plain_node(obj)
+        return msgpack.ExtType(EXT_NODE, msgpack.packb(node, use_bin_type=True, unicode_errors="surrogatepass"))
+
+    # ------------------------------------------------------------------ tensors and arrays
+    def _tensor(self, tensor: torch.Tensor) -> bytes:
+        shape = tensor.shape
+        _autograd(tensor, self._path)
+        flat = tensor.detach().reshape(-1) if tensor.device.type == "cpu" and tensor.is_contiguous() \
+            and not tensor.is_conj() and not tensor.is_neg() else None
+        if flat is not None and flat.numel() and flat.stride(0) == 1:
+            # the common case (a plain CPU tensor), without the general path's checks and copies
+            raw, fresh = flat.view(torch.uint8).numpy(), False
+        else:
+            raw, fresh = self.enc.tensor_raw(tensor)
+        flags = 2 if type(tensor) is torch.nn.Parameter else 0
+        where = self._place(raw, fresh, tensor.element_size(), shape)
+        return TENSOR_HEAD.pack(_CODES[str(tensor.dtype)[6:]], flags, len(shape), 0, *where) \
+            + struct.pack(f"<{len(shape)}Q", *shape)
+
+    def _array(self, array: np.ndarray) -> msgpack.ExtType:
+        fresh = False
+        if not array.flags.c_contiguous:
+            array, fresh = np.ascontiguousarray(array), True
+        raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
+        where = self._place(raw, fresh, array.dtype.itemsize, list(array.shape))
+        flags = 0 if array.flags.writeable else 4
+        head = TENSOR_HEAD.pack(0, flags, array.ndim, 0, *where)
+        return msgpack.ExtType(EXT_NDARRAY, head + struct.pack(f"<{array.ndim}Q", *array.shape)
+                               + array.dtype.str.encode("ascii"))
+
+    def _place(self, raw: np.ndarray, fresh: bool, itemsize: int, shape: Any) -> tuple[int, int, int]:
+        """(first chunk, count, offset) of the bytes: in a shared chunk, or chunks of their own."""
+        n = raw.nbytes
+        if n == 0:
+            return 0, 0, 0
+        if n >= SMALL_BYTES:
+            if self.enc.snapshot and not fresh:
+                raw = self.enc.copy_raw(raw)
+            row = n // shape[0] if shape and shape[0] else 0
+            first, count = self.enc.add_raw(raw, itemsize, row)
+            return first, count, 0
+        start = -(-self._pack_used // PACK_ALIGN) * PACK_ALIGN
+        if self._pack is None or start + n > CHUNK_BYTES:
+            self._close_pack()
+            self._pack = self.enc.pack_buffer(CHUNK_BYTES)
+            self._pack_index = self.enc.reserve_chunk()
+            start = 0
+        assert self._pack is not None
+        self._pack[self._pack_used: start] = 0  # the padding: never stale memory in a file
+        self._pack[start: start + n] = raw
+        self._pack_used = start + n
+        return self._pack_index, 1, start
+
+    def _close_pack(self) -> None:
+        if self._pack is not None:
+            self.enc.fill_chunk(self._pack_index, self._pack[: self._pack_used])
+            self._pack = None
+
+    def finish(self) -> list[int] | None:
+        """Close the last shared chunk and add the body's chunks; returns the body reference."""
+        self._close_pack()
+        self._packer = None  # (it refers back to this object: no cycle left to collect)
+        if not self.parts:
+            return None
+        body = np.frombuffer(self.parts[0] if len(self.parts) == 1 else b"".join(self.parts), np.uint8)
+        self.parts = []
+        return self.enc.add_raw(body, 0, 0)
+
+
+# --------------------------------------------------------------------------- captures
+@dataclass
+class Capture:
+    """A batch encoded in memory, with owned copies of its data: what the dump-mode call takes
+    and the writer thread writes (:func:`encode`). Independent of the original batch: mutating
+    the batch after :func:`capture` returns does not change it."""
+
+    root: Any
+    chunks: list[tuple[memoryview, int]] = field(default_factory=list)
+    #: header version 4: the chunks of the msgpack body, and whether it holds lone surrogates
+    body: list[int] | None = None
+    surrogates: bool = False
+    #: 4, or 2/3 (decided from the nodes) for the version-2 writer of older files
+    header_version: int = BODY_VERSION
+    owners: list[Any] = field(default_factory=list, repr=False)
+    pool: BufferPool | None = field(default=None, repr=False)
+    pooled: list[Any] = field(default_factory=list, repr=False)
+    #: work left for the writer (string columns to pack); run once by :meth:`finish`
+    pending: list[Callable[[], None]] = field(default_factory=list, repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the capture holds (its chunks; string columns count once packed)."""
+        return sum(view.nbytes for view, _ in self.chunks)
+
+    def finish(self) -> None:
+        """Do the capture's pending work (pack its string columns): the writer thread's part."""
+        pending = list(self.pending)
+        self.pending.clear()
+        for fill in pending:
+            fill()
+
+    def release(self) -> None:
+        """Give pooled buffers back (after the capture was written); it is emptied (its memory
+        freed at once) and must not be written again."""
+        for held in (self.chunks, self.owners, self.pending):
+            held.clear()
+        if self.pool is not None:
+            self.pool.give(self.pooled)
+        self.pooled = []
+
+
+def _captured(encoder: _Encoder, obj: Any) -> Capture:
+    version = BODY_VERSION if encoder.body is not None else 0  # 0: decided by the version-2 writer
+    root = encoder.node(obj)
+    body, surrogates = encoder.finish()
+    return Capture(root, encoder.chunks, body, surrogates, version, encoder.owners, encoder.pool, encoder.pooled,
+                   encoder.pending)
+
+
+def capture(obj: Any, *, pool: BufferPool | None = None) -> Capture:
+    """Encode ``obj`` in memory with one copy of its tensor/array data (into ``pool``'s buffers,
+    if given: call :meth:`Capture.release` once it is written). ``encode(capture, file)`` then
+    writes the same bytes as ``encode(obj, file)`` would have."""
+    return _captured(_Encoder(snapshot=True, pool=pool), obj)
+
+
+def encode(obj: Any, file: Sink | Any, *, compression: str = "none") -> int:
+    """Write ``obj`` to ``file`` (anything with ``.write``; see :class:`Sink`) as a step file;
+    returns the bytes written. ``obj`` is a batch, or a :class:`Capture` of one, written as it
+    was captured (nothing is encoded again)."""
+    if isinstance(obj, Capture):
+        obj.finish()
+        return _write(obj, file, compression)
+    return _write(_captured(_Encoder(snapshot=False), obj), file, compression)
+
+
+def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:
+    """:func:`encode` into memory."""
+    buffer = io.BytesIO()
+    encode(obj, buffer, compression=compression)
+    return buffer.getvalue()
+
+
+def _encode_v2(obj: Any) -> bytes:
+    """``obj`` as rollout_mock wrote it before header version 4 (version-2 nodes; object arrays
+    of plain scalars as JSON item chunks: header version 3): old files, for tests."""
+    encoder = _Encoder(snapshot=False, body=False)
+    buffer = io.BytesIO()
+    _write(_captured(encoder, obj), buffer, "none")
+    return buffer.getvalue()
+
+
+# --------------------------------------------------------------------------- the container
+_WIDEST_CRC = 0xFFFFFFFF  # ten digits: the header's room for any CRC-32
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _header(root_json: bytes, table: list[list[int]], version: int, extra: bytes) -> bytes:
+    """The JSON header (``root_json``: the root serialised once, even when the header is built
+    twice: it can hold megabytes of strings for large version-2 batches)."""
+    return b'{"format":"rollout_mock.step","version":%d,"root":%s,"chunks":%s%s}' % (
+        version, root_json, _dumps(table), extra)
+
+
+def _plain_json(node: Any) -> bool:
+    """A JSON scalar the header could hold as is: no tagged node, no container."""
+    return node is None or type(node) in (str, bool, int) or (type(node) is float and math.isfinite(node))
+
+
+def _move_items(root: Any, chunks: list[tuple[Any, int]]) -> tuple[Any, int]:
+    """Version-2 writer: ``root`` with every object array of at least JSON_ITEMS_MIN plain items
+    turned into a reference to a JSON data chunk (appended to ``chunks``), and the header version
+    that needs. Nodes are copied, never changed in place."""
+    moved = 0
+    classes = False
+
+    def walk(node: Any) -> Any:
+        nonlocal moved, classes
+        if type(node) is list:
+            return [walk(x) for x in node]
+        if type(node) is not dict:
+            return node
+        if node.get("$") == "objarray" and "items" in node:
+            items = node["items"]
+            if len(items) >= JSON_ITEMS_MIN and all(_plain_json(x) for x in items):
+                # ASCII with \u escapes: json's C encoder is ~2.5x faster, and it escapes lone
+                # surrogates, which UTF-8 cannot encode
+                text, first = memoryview(json.dumps(items, separators=(",", ":")).encode("ascii")), len(chunks)
+                chunks.extend((text[i: i + CHUNK_BYTES], 1) for i in range(0, len(text), CHUNK_BYTES))
+                moved += 1
+                return {"$": "objarray", "shape": node["shape"], "c": [first, len(chunks) - first]}
+        if node.get("$") in ("tensor", "ndarray", "bytes", "bytearray", "pickle"):
+            return node
+        classes = classes or needs_class_version(node)
+        return {k: walk(v) for k, v in node.items()}
+
+    new_root = walk(root)
+    return new_root, (CLASS_VERSION if classes else 3 if moved else FORMAT_VERSION)
+
+
+def _pad(n: int) -> int:
+    return (-n) % ALIGN
+
+
+def _write(cap: Capture, file: Any, compression: str) -> int:
+    """Write a capture as a step file; returns the number of bytes written."""
+    chunks = list(cap.chunks)
+    root = cap.root
+    if cap.header_version == BODY_VERSION:
+        version = BODY_VERSION
+        extra = b',"body":%s' % _dumps(cap.body) if cap.body is not None else b""
+        if cap.surrogates:
+            extra += b',"sp":true'
+    else:
+        root, version = _move_items(root, chunks)
+        extra = b""
+    root_json = _dumps(root)
+    if compression == "none":
+        written = _write_head_last(root_json, chunks, version, extra, file)
+        if written is not None:
+            return written
+
+    def prepare(chunk: tuple[Any, int]) -> tuple[Any, int, int, int]:
+        raw, itemsize = chunk
+        data, codec_id, shuf = compress(raw, compression, itemsize)
+        return data, codec_id, shuf, crc32(data)
+
+    # compression and CRC-32 release the GIL: large steps use both cores
+    if len(chunks) > 1 and sum(raw.nbytes for raw, _ in chunks) >= PARALLEL_BYTES:
+        prepared = list(pool().map(prepare, chunks))
+    else:
+        prepared = [prepare(chunk) for chunk in chunks]
+    table: list[list[int]] = []
+    stored: list[Any] = []
+    offset = 0
+    for (raw, _itemsize), (data, codec_id, shuf, crc) in zip(chunks, prepared, strict=True):
+        size = len(memoryview(data).cast("B")) if not isinstance(data, bytes) else len(data)
+        table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
+        stored.append(data)
+        offset += size + _pad(size)
+    header = _header(root_json, table, version, extra)
+    data_offset = CONTAINER_HEAD.size + len(header)
+    data_offset += _pad(PREFIX_LEN + data_offset)
+    container_len = data_offset + offset
+    head = CONTAINER_HEAD.pack(DATA_MAGIC, len(header), data_offset, offset, crc32(header), 0)
+    lead = PREFIX(container_len) + head + header + bytes(data_offset - CONTAINER_HEAD.size - len(header))
+    sink: FileSink | None = file if isinstance(file, FileSink) else None
+    if sink is not None and len(stored) < 500:
+        # one system call for the whole file (small steps are bound by per-call costs); the
+        # writer takes each chunk's CRC as computed above instead of hashing it again
+        pieces: list[tuple[Any, int | None]] = [(lead, None)]
+        for data, row in zip(stored, table, strict=True):
+            pieces.append((data, row[3]))
+            if _pad(row[1]):
+                pieces.append((bytes(_pad(row[1])), None))
+        pieces.append((SUFFIX, None))
+        return int(sink.write_vector(pieces))
+    written = _put(file, lead)
+    for data, row in zip(stored, table, strict=True):
+        written += sink.write_known(data, row[3]) if sink is not None else _put(file, data)
+        if _pad(row[1]):
+            written += _put(file, bytes(_pad(row[1])))
+    return written + _put(file, SUFFIX)
+
+
+def _put(file: Any, data: Any) -> int:
+    """``file.write`` until all of ``data`` is taken (a sink may take part of it)."""
+    view, written = memoryview(data).cast("B"), 0
+    while view.nbytes:
+        n = file.write(view)
+        n = view.nbytes if n is None else n
+        written += n
+        view = view[n:]
+    return written
+
+
+def _write_head_last(root_json: bytes, chunks: list[tuple[Any, int]], version: int, extra: bytes,
+                     file: Any) -> int | None:
+    """A large uncompressed step to a :class:`FileSink`: the header's room is reserved (its CRCs
+    written at their widest, the rest padded with JSON whitespace), the chunks are written while
+    the two codec threads compute their CRCs, and the head goes to offset 0 before the file is
+    fsync-ed, so the checksum no longer delays the first byte written. None when it does not apply."""
+    total = sum(raw.nbytes for raw, _ in chunks)
+    if len(chunks) < 2 or total < PARALLEL_BYTES or not isinstance(file, FileSink):
+        return None
+    table, offset = [], 0
+    for raw, _itemsize in chunks:
+        table.append([offset, raw.nbytes, raw.nbytes, _WIDEST_CRC, 0, 0])
+        offset += raw.nbytes + _pad(raw.nbytes)
+    room = len(_header(root_json, table, version, extra))
+    data_offset = CONTAINER_HEAD.size + room
+    data_offset += _pad(PREFIX_LEN + data_offset)
+    if not file.reserve_head(PREFIX_LEN + data_offset):
+        return None
+    futures = [pool().submit(crc32, raw) for raw, _ in chunks]
+    written = PREFIX_LEN + data_offset
+    try:
+        for raw, _itemsize in chunks:
+            written += file.write_unhashed(raw)
+            if _pad(raw.nbytes):
+                written += file.write_unhashed(bytes(_pad(raw.nbytes)))
+    finally:
+        wait(futures)  # never leave a thread reading a buffer the caller may reuse
+    for row, future, (raw, _itemsize) in zip(table, futures, chunks, strict=True):
+        row[3] = future.result()
+        file.digest.update_known(row[3], raw.nbytes)
+        if _pad(raw.nbytes):
+            file.digest.update(bytes(_pad(raw.nbytes)))
+    written += file.write(SUFFIX)
+    header = _header(root_json, table, version, extra)
+    header += b" " * (room - len(header))  # JSON whitespace: the header keeps its reserved size
+    head = CONTAINER_HEAD.pack(DATA_MAGIC, room, data_offset, offset, crc32(header), 0)
+    file.write_head(PREFIX(data_offset + offset) + head + header + bytes(data_offset - CONTAINER_HEAD.size - room))
+    return written

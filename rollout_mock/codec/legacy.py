@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.codec.batches import batch_class_names, build_batch
-from rollout_mock.codec.hashguard import KeyBudget, check_keys
-from rollout_mock.codec.layout import MAX_NDIM, TORCH_DTYPES, numpy_dtype
+from rollout_mock.codec.classes import batch_class_names, build_batch
+from rollout_mock.codec.decode import OPT_IN, KeyBudget, check_keys
+from rollout_mock.codec.format import MAX_NDIM, TORCH_DTYPES, numpy_dtype
 from rollout_mock.errors import UnsafePickleError
 
 __all__ = ["MAX_NESTING", "load_v1"]
@@ -36,8 +36,6 @@ __all__ = ["MAX_NESTING", "load_v1"]
 MAX_NESTING = 200
 _REFUSED = {"BUILD", "NEWOBJ", "NEWOBJ_EX", "INST", "OBJ", "EXT1", "EXT2", "EXT4", "PERSID",
             "BINPERSID", "NEXT_BUFFER", "READONLY_BUFFER"}
-_OPT_IN = ("trust_pickle: true in the rollout_mock config, trusted=True in rollout_mock.load_step, "
-           "or --trust on the command line")
 
 
 class _Global:
@@ -114,7 +112,7 @@ class _Machine:
         return UnsafePickleError(
             f"{self.name}: refusing {what}: the safe loader only reads what rollout_mock writes "
             f"(tensors, arrays, plain containers, batch classes). If you trust this dump, load it "
-            f"with {_OPT_IN}.",
+            f"with {OPT_IN}.",
             path=self.name,
         )
 
@@ -210,12 +208,12 @@ class _Machine:
             if target is torch.bool and bool((flat > 1).any()):
                 raise _fail("bool tensor holds bytes other than 0 and 1")
             tensor = flat.view(target).reshape(dims)
-        return tensor.requires_grad_(True) if requires_grad else tensor
+        return tensor  # requires_grad is ignored: a step holds data, not autograd state
 
     def _rebuild_parameter(self, buffer: Any, dtype: Any, shape: Any, requires_grad: Any = True) -> Any:
         if type(requires_grad) is not bool:
             raise _fail("bad requires_grad")
-        return torch.nn.Parameter(self._rebuild_tensor(buffer, dtype, shape), requires_grad=requires_grad)
+        return torch.nn.Parameter(self._rebuild_tensor(buffer, dtype, shape), requires_grad=False)
 
     def _rebuild_ndarray(self, buffer: Any, dtype: Any, shape: Any) -> np.ndarray:
         np_dtype, dims = numpy_dtype(dtype), _shape(shape)

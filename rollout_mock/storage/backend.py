@@ -118,7 +118,7 @@ class _BufferedUpload:
 
 class BackendSource:
     """An object read with ranged ``read`` calls (the default ``open_source``): what the step
-    decoder reads from (a :class:`~rollout_mock.codec.source.ByteSource`)."""
+    decoder reads from (a :class:`~rollout_mock.codec.safe.ByteSource`)."""
 
     def __init__(self, backend: ByteBackend, rel: str, name: str, size: int) -> None:
         self.backend, self.rel, self.name, self._size = backend, rel, name, size
@@ -308,7 +308,7 @@ class BackendDefaults:
         return _BufferedUpload(self, rel)
 
     def open_source(self, rel: str, *, mapped: bool = False) -> Any:
-        """A :class:`~rollout_mock.codec.source.ByteSource` over ``rel`` (ranged reads);
+        """A :class:`~rollout_mock.codec.safe.ByteSource` over ``rel`` (ranged reads);
         ``mapped``: a memory-mapped local file where the backend has one. FileNotFoundError if
         absent."""
         size = self.size(rel)

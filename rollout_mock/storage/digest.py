@@ -146,7 +146,7 @@ class Digest:
 
 
 class HashingWriter:
-    """The sink a step is encoded into (a :class:`~rollout_mock.codec.sink.FileSink`): it hashes
+    """The sink a step is encoded into (a :class:`~rollout_mock.codec.encode.FileSink`): it hashes
     and counts what goes through to a backend's upload (``write``; ``writev`` and
     ``reserve``/``write_at`` when the upload has them).
 

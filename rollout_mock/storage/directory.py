@@ -326,7 +326,7 @@ class LocalBackend(BackendDefaults):
         return TempFile(self.path(rel))
 
     def open_source(self, rel: str, *, mapped: bool = False) -> Any:
-        from rollout_mock.codec.source import FileSource, MappedSource
+        from rollout_mock.codec import FileSource, MappedSource
 
         return (MappedSource if mapped else FileSource)(self.path(rel))
 

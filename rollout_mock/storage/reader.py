@@ -164,7 +164,7 @@ class Dump:
 
     def open(self, step: int, stream: StreamId | str = "train", *, trusted: bool = False, mapped: bool = True,
              verify: bool = True) -> Any:
-        """Open one step lazily: a :class:`~rollout_mock.codec.step.StepView` whose ``keys()``,
+        """Open one step lazily: a :class:`~rollout_mock.codec.safe.StepView` whose ``keys()``,
         ``nbytes`` and ``load(keys=, rows=)`` read only the header, then only what is asked for.
 
         Local dumps are mapped (``mapped=True``): a few keys or rows of a multi-GB step take
@@ -213,7 +213,7 @@ def load_partial(store: Any, stream: StreamId, step: int, *, keys: Iterable[str]
 
 def open_view(store: Any, stream: StreamId, step: int, *, trusted: bool = False, mapped: bool = True,
               verify: bool = True) -> Any:
-    """A recorded step opened lazily (:class:`~rollout_mock.codec.step.StepView`): only its
+    """A recorded step opened lazily (:class:`~rollout_mock.codec.safe.StepView`): only its
     header is read. ``mapped`` (local dumps): its data is mapped, not read, and what ``load``
     returns *is* the file's pages (copy-on-write).
 

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import rollout_mock.codec as codec
 from rollout_mock.batch import count_samples, describe_keys, rejected_count, type_name
-from rollout_mock.codec.source import BytesSource, ReadAheadSource
+from rollout_mock.codec import BytesSource, ReadAheadSource
 from rollout_mock.errors import (
     CorruptStepError,
     DiskFullError,
@@ -217,7 +217,7 @@ class Store:
         return path
 
     def open_source(self, rel: str, *, mapped: bool = False) -> Any:
-        """A ranged-read :class:`~rollout_mock.codec.source.ByteSource` over ``rel``."""
+        """A ranged-read :class:`~rollout_mock.codec.safe.ByteSource` over ``rel``."""
         return self.backend.open_source(rel, mapped=mapped)
 
     def another(self) -> Store:

@@ -14,7 +14,7 @@ import io
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.codec import safe
+import rollout_mock.codec as codec
 from rollout_mock.errors import CorruptStepError, UnsafePickleError
 from rollout_mock.storage.digest import MAC_ALGORITHM, Digest, file_digest, mac_context, read_hashed, source_digest
 from rollout_mock.storage.manifest import StepEntry, StreamId
@@ -65,7 +65,7 @@ def _check(path: Path | str, entry: StepEntry, stream: StreamId | None, step: in
 
 def _decode(file: Any, *, trusted: bool, source: str, stream: StreamId | None, step: int | None) -> Any:
     try:
-        return safe.load(file, trusted=trusted, source=source)
+        return codec.decode(codec.BytesSource(file.read(), source), trusted=trusted)
     except UnsafePickleError as exc:
         exc.step, exc.split = step, None if stream is None else stream.split
         raise
@@ -89,7 +89,7 @@ def load_verified(
     never gets to run code. A configured ``hmac_key`` is checked even when ``verify`` is off, and
     even without an entry (then the file is refused: it cannot be authenticated).
     """
-    from rollout_mock.codec.source import FileSource
+    from rollout_mock.codec import FileSource
 
     source = str(path)
     if hmac_key is not None:
@@ -153,7 +153,7 @@ def _authenticated(source: Any, entry: StepEntry | None, *, stream: StreamId | N
     """The step's bytes read ONCE into private memory and authenticated there; what is decoded
     and handed out afterwards is exactly these bytes (a file or object changed after this read
     cannot show through, as it could through a second read or a mapping)."""
-    from rollout_mock.codec.source import BytesSource
+    from rollout_mock.codec import BytesSource
 
     context = _require_signature(source.name, entry, stream, step)
     assert entry is not None  # _require_signature refuses a step without an entry
@@ -173,7 +173,7 @@ def _authenticated(source: Any, entry: StepEntry | None, *, stream: StreamId | N
 
 def open_verified(source: Any, entry: StepEntry | None, *, stream: StreamId | None, step: int | None,
                   trusted: bool, verify: bool, hmac_key: bytes | None) -> Any:
-    """A format-2 step opened lazily (:class:`~rollout_mock.codec.step.StepView`) and checked:
+    """A format-2 step opened lazily (:class:`~rollout_mock.codec.StepView`) and checked:
     the one read path of full, partial and lazy (mapped or not) loads, on every backend.
 
     Without a key, ``verify`` checks the size and the whole-file CRC-32 against the index (from

@@ -85,7 +85,7 @@ class Recorder:
 
             def run() -> None:
                 try:
-                    self._save(step, snap.materialize(), info, method, seconds, call)
+                    self._save(step, snap, info, method, seconds, call)  # written as captured
                 finally:
                     snap.release()  # written (or failed): its buffers serve the next step
 

@@ -367,6 +367,26 @@ def body_zstd_lies() -> Iterator[tuple[str, bytes]]:
     yield "body: compressed body (a memory bomb)", v4({"$": "mp", "o": 0, "n": 100_000}, packed, codec=1)
 
 
+def round4_codec() -> Iterator[tuple[str, bytes]]:
+    """Round 4 (issue 28): decode work must be bounded by the file, not by what it references."""
+    import msgpack
+
+    head = struct.Struct("<BBBBIIQ")
+    size = 16 << 20
+    chunk = bytes(size - 64) + b"\x07" * 64  # the last bytes are not bools: refused, once checked
+
+    def bool_view(offset: int, n: int) -> msgpack.ExtType:
+        return msgpack.ExtType(5, head.pack(0, 0, 1, 0, 1, 1, offset) + struct.pack("<Q", n))
+
+    # 4,000 bool views of one shared 16 MiB chunk (each once checked on its own: 4,000 passes
+    # over 16 MiB, minutes of work), then the one that fails
+    views = [bool_view(0, size - 64)] * 4000 + [bool_view(size - 64, 64)]
+    body = msgpack.packb(views)
+    yield f"shared chunk: {len(views)} bool views of one 16 MiB chunk (CPU bomb)", v4(mp(body), body, [chunk])
+    body = msgpack.packb([bool_view(64 * (i % 1024), size - 64 * 1024) for i in range(4000)] + [bool_view(size - 64, 64)])
+    yield "shared chunk: 4,000 overlapping bool views at different offsets (CPU bomb)", v4(mp(body), body, [chunk])
+
+
 def corpus(marker: Path) -> list[tuple[str, bytes]]:
     return [*call_programs(marker), *named_attacks(marker), *format2_lies(),
-            *optional("round-3 denials of service", round3_denials), *body_lies()]
+            *optional("round-3 denials of service", round3_denials), *body_lies(), *round4_codec()]

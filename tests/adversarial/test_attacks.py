@@ -1,14 +1,12 @@
 """Standing adversarial suite (issue 10.6): malicious step files must be refused, without side
 effects, in bounded memory and time.
 
-Loads go through ``rollout_mock.codec.safe.load`` (the storage layer's entry point, present
-before and after format 2), so the same suite can be run against older code.
+Loads go through ``rollout_mock.codec.decode`` (the safe loader of every format) on the step's bytes.
 """
 
 from __future__ import annotations
 
 import importlib
-import io
 import json
 import os
 import subprocess
@@ -22,8 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rollout_mock import RolloutMockError
-from rollout_mock.codec import safe
+from rollout_mock import RolloutMockError, codec
 
 sys.path.insert(0, str(Path(__file__).parent))
 import adversarial_corpus as C  # noqa: E402
@@ -75,7 +72,7 @@ def _state() -> tuple[Any, ...]:
 
 
 def load(data: bytes) -> Any:
-    return safe.load(io.BytesIO(data), trusted=False, source="<adversarial>")
+    return codec.decode(codec.BytesSource(data, "<adversarial>"))
 
 
 def refused(data: bytes) -> RolloutMockError:
@@ -155,7 +152,7 @@ def test_corpus_under_an_address_space_limit(tmp_path: Path) -> None:
         "from pathlib import Path\n"
         "sys.path.insert(0, %r)\n"
         "import torch, numpy, tensordict\n"
-        "from rollout_mock.codec import safe\n"
+        "from rollout_mock import codec\n"
         "from rollout_mock.errors import RolloutMockError\n"
         "import adversarial_corpus as C\n"
         "cases = C.corpus(Path(%r))\n"
@@ -165,7 +162,7 @@ def test_corpus_under_an_address_space_limit(tmp_path: Path) -> None:
         "for name, data in cases:\n"
         "    t = time.perf_counter()\n"
         "    try:\n"
-        "        safe.load(io.BytesIO(data), trusted=False)\n"
+        "        codec.decode(data)\n"
         "        result = 'accepted'\n"
         "    except RolloutMockError as exc:\n"
         "        result, chain = 'refused', exc\n"
@@ -388,3 +385,35 @@ def codec_decode(blob: bytes, rows: Any) -> Any:
     from rollout_mock.codec import decode
 
     return decode(blob, rows=rows)
+
+
+# --------------------------------------------------------------------------- the allocation bound
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf", "0", "-1", "lots", "1e999"])
+def test_the_allocation_bound_cannot_be_switched_off(value: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ROLLOUT_MOCK_MAX_EXPANSION=nan`` used to disable the bound (every comparison with NaN is
+    false): a setting that is not a finite number > 0 is an error naming the variable."""
+    from rollout_mock import ConfigError
+
+    data = codec.encode_bytes({"x": codec.Batch()})
+    monkeypatch.setenv("ROLLOUT_MOCK_MAX_EXPANSION", value)
+    with pytest.raises(ConfigError, match="ROLLOUT_MOCK_MAX_EXPANSION"):
+        codec.decode(data)
+    monkeypatch.delenv("ROLLOUT_MOCK_MAX_EXPANSION")
+    with pytest.raises(ConfigError, match="max_expansion="):
+        codec.decode(data, max_expansion=float(value) if value != "lots" else value)
+    monkeypatch.setenv("ROLLOUT_MOCK_MAX_EXPANSION", "128")
+    assert isinstance(codec.decode(data)["x"], codec.Batch)
+
+
+def test_a_compression_bomb_stays_refused_whatever_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    zstandard = pytest.importorskip("zstandard")
+    bomb = zstandard.ZstdCompressor(write_content_size=True).compress(bytes(64 << 20))
+    data = C.forge(C.doc(C.tensor("uint8", [64 << 20]), [[0, len(bomb), 64 << 20, C.zlib.crc32(bomb), 1, 0]]),
+                   bomb + bytes(-len(bomb) % 64))
+    for value in ("nan", "inf"):
+        monkeypatch.setenv("ROLLOUT_MOCK_MAX_EXPANSION", value)
+        with pytest.raises(RolloutMockError, match="ROLLOUT_MOCK_MAX_EXPANSION"):
+            codec.decode(data)
+    monkeypatch.delenv("ROLLOUT_MOCK_MAX_EXPANSION")
+    with pytest.raises(RolloutMockError, match="refusing to allocate"):
+        codec.decode(data)

@@ -21,8 +21,7 @@ import torch
 from storage_conformance import s3_server  # noqa: F401  (the moto S3 server fixture)
 
 from rollout_mock import CorruptStepError, MockScheduler, RolloutMockConfig, open_dump
-from rollout_mock.codec import open_step
-from rollout_mock.codec.source import BytesSource
+from rollout_mock.codec import BytesSource, open_step
 from rollout_mock.storage import BatchInfo, DirectoryStore, FsspecStore
 from rollout_mock.storage import digest as digest_module
 from rollout_mock.storage.manifest import StreamId

@@ -80,7 +80,7 @@ def test_identical_dumps_fast_path_loads_nothing(
         raise AssertionError("the fast path must not unpickle anything")
 
     monkeypatch.setattr("rollout_mock.storage.reader.Dump.load", refuse)
-    monkeypatch.setattr("rollout_mock.codec.safe.load", refuse)
+    monkeypatch.setattr("rollout_mock.codec.safe.StepView.load", refuse)
     code, out, err = run_diff([str(base), str(other)], capsys)
     assert code == 0, out + err
     assert "rollout-mock diff: IDENTICAL" in out

@@ -52,10 +52,6 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 @pytest.mark.parametrize("name", list(cases.CASES))
 def test_case_replays_bit_for_bit(replayed: dict[str, Any], name: str) -> None:
     error = replayed["dump_errors"].get(name)
-    if error is not None and name.startswith("nested-strided") and "doesn't support sizes" in error:
-        # the codec round-trips them (test_strided_nested_codec); dump mode's sample count
-        # (rollout_mock.batch.count_samples) crashes on them: fixed on the core branch
-        pytest.xfail("strided nested tensors crash count_samples in dump mode (core branch fix)")
     assert error is None, error
     assert replayed["results"][name] == "ok", replayed["results"][name]
 

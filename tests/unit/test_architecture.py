@@ -311,6 +311,55 @@ def test_no_module_is_several_concepts_by_its_length() -> None:
     assert long == {}, f"split these modules by concept: {long}"
 
 
+def _closure(start: str, modules: dict[str, Path]) -> set[str]:
+    """Every package module ``start`` reaches through run-time imports (function level too)."""
+    seen, todo = {start}, [start]
+    while todo:
+        current = todo.pop()
+        for target, _, _ in _runtime_imports(modules[current], current, modules):
+            if target not in seen:
+                seen.add(target)
+                todo.append(target)
+    return seen
+
+
+def _third_party(path: Path) -> set[str]:
+    """Top-level names of the modules ``path`` imports (anywhere in it)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_codec_is_a_handful_of_modules_by_concept() -> None:
+    """format, encode, decode, safe loading, classes, legacy, trusted (issue 27)."""
+    codec = sorted(p.stem for p in (PACKAGE / "codec").glob("*.py"))
+    assert codec == ["__init__", "classes", "decode", "encode", "format", "legacy", "safe", "trusted"]
+
+
+def test_the_safe_loader_reaches_no_unpickler() -> None:
+    """Trusted unpickling lives in codec/trusted.py, which nothing on the safe read path imports
+    (counting function-level imports), and no module on that path imports pickle."""
+    modules = _modules()
+    reached = _closure("rollout_mock.codec.safe", modules)
+    assert {"rollout_mock.codec.decode", "rollout_mock.codec.legacy"} <= reached
+    assert "rollout_mock.codec.trusted" not in reached and "rollout_mock.codec.encode" not in reached
+    pickling = {name: sorted(_third_party(modules[name]) & {"pickle", "_pickle", "cloudpickle", "dill"})
+                for name in reached}
+    assert {name: found for name, found in pickling.items() if found} == {}
+
+
+def test_the_write_path_never_imports_the_decoder() -> None:
+    """One write path: encoding a batch (or a capture) never decodes it again."""
+    modules = _modules()
+    reached = _closure("rollout_mock.codec.encode", modules)
+    assert not reached & {"rollout_mock.codec.decode", "rollout_mock.codec.safe", "rollout_mock.codec.legacy",
+                          "rollout_mock.codec.trusted"}, reached
+
+
 def test_no_import_cycles() -> None:
     modules = _modules()
     graph = {name: _top_level_imports(path, name, modules) for name, path in modules.items()}

@@ -162,3 +162,16 @@ def test_bench_digest_small_shapes_run(tmp_path: Path) -> None:
     assert all(r["dump digest"] > 0 and r["mock digest + compare"] > 0 for r in result["results"])
     assert "| verl |" in result["table"]
     assert not any(tmp_path.glob("bench_digest_*"))  # scratch removed
+
+
+def test_bench_capture_runs(tmp_path: Path) -> None:
+    bench_capture = pytest.importorskip("bench_capture")
+    out = tmp_path / "out.json"
+    assert bench_capture.main(["--shapes", "tensors", "--repeat", "1", "--trajectories", "8", "--work", str(tmp_path),
+                               "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    times = result["writer"][0]["times"]
+    assert set(times) == {"blocking", "writer", "direct"} and all(t["median"] > 0 for t in times.values())
+    assert result["replayed"]["torch_save"] == "works"
+    sizes = result["replayed"]["pickle_bytes"]
+    assert sizes["replayed"] < 1.1 * sizes["live"] + 4096

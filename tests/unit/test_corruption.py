@@ -271,7 +271,7 @@ def test_memory_store_detects_corruption() -> None:
     assert torch.equal(good["ids"], batch_for(0)["ids"])
     import rollout_mock.codec as codec
 
-    data = bytearray(codec.dumps(batch_for(0)))
+    data = bytearray(codec.encode_bytes(batch_for(0)))
     data[-20] ^= 0x10
     store.backend.replace(STREAM.relpath(0), bytes(data))
     with pytest.raises(CorruptStepError, match="step 0 of train"):

@@ -5,6 +5,7 @@ refused where it is read, and ``verify=False`` marked as unchecked."""
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from rollout_mock import CorruptStepError, DirectoryStore, open_dump
-from rollout_mock.codec import MappedSource, chunkread, open_step
+from rollout_mock.codec import MappedSource, open_step
 from rollout_mock.storage import BatchInfo
 from rollout_mock.storage.manifest import StreamId
 
@@ -109,7 +110,7 @@ def test_mapped_open_refuses_a_changed_header_or_size(tmp_path: Path) -> None:
 
 
 def test_deferred_two_thread_reads_refuse_a_corrupt_chunk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chunkread, "PARALLEL_BYTES", 1)  # every load takes the threaded path
+    monkeypatch.setattr(importlib.import_module("rollout_mock.codec.decode"), "PARALLEL_BYTES", 1)  # every load takes the threaded path
     data = batch()
     root, path = dump_one(tmp_path, data)
     loaded = open_dump(root).load(0)
@@ -173,12 +174,12 @@ def test_entries_are_synced_on_close_and_in_batches(tmp_path: Path, monkeypatch:
 def test_large_steps_write_their_head_last_and_checksum_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step of 8 MB and more is written body first (CRCs computed while writing), head last:
     the file, its index checksum and a plain full-file CRC agree, and every reader reads it."""
-    from rollout_mock.codec import container
+    codec_encode = importlib.import_module("rollout_mock.codec.encode")
     from rollout_mock.storage.digest import file_digest
 
     used: list[int | None] = []
-    real = container._write_head_last
-    monkeypatch.setattr(container, "_write_head_last", lambda s, f: used.append(real(s, f)) or used[-1])
+    real = codec_encode._write_head_last
+    monkeypatch.setattr(codec_encode, "_write_head_last", lambda *a: used.append(real(*a)) or used[-1])
     data = batch(rows=512, width=2048)  # 16 MB of tensors
     root, path = dump_one(tmp_path, data)
     assert used and used[-1] == path.stat().st_size

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from rollout_mock.codec.source import BytesSource, ReadAheadSource
+from rollout_mock.codec import BytesSource, ReadAheadSource
 
 
 class Counting:

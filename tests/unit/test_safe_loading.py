@@ -19,7 +19,6 @@ import pytest
 import torch
 
 from rollout_mock import CorruptStepError, MockScheduler, UnsafePickleError, codec, load_step
-from rollout_mock.codec import safe
 from rollout_mock.storage import file_digest
 from rollout_mock.storage.manifest import read_manifest
 
@@ -192,11 +191,15 @@ def test_plain_pickle_load_still_works(tmp_path: Path) -> None:
         assert torch.equal(pickle.load(file)["x"], torch.arange(4) + 1)
 
 
-def test_every_codec_rebuild_function_is_allowed() -> None:
-    rebuilders = {name for name, value in vars(codec).items() if name.startswith("_rebuild_") and inspect.isfunction(value)}
-    assert rebuilders <= safe.REBUILD_FUNCTIONS
+def test_every_codec_rebuild_function_is_known_to_the_format1_interpreter() -> None:
+    """Format-1 files name ``rollout_mock.codec._rebuild_*``: each resolves (for a trusted
+    ``pickle.load``), and the safe interpreter has a validating factory for each."""
+    from rollout_mock.codec import legacy, trusted
+
+    rebuilders = {name for name, value in vars(trusted).items() if name.startswith("_rebuild_") and inspect.isfunction(value)}
+    assert rebuilders == set(trusted.REBUILD_FUNCTIONS) == legacy._FACTORIES
     for name in rebuilders:
-        assert safe.is_allowed("rollout_mock.codec", name)
+        assert getattr(codec, name) is trusted.REBUILD_FUNCTIONS[name]
 
 
 @pytest.mark.parametrize(
@@ -211,12 +214,10 @@ def test_every_codec_rebuild_function_is_allowed() -> None:
     ],
 )
 def test_dangerous_globals_are_not_allowed(module: str, name: str) -> None:
-    import io
-
     data = b"\x80\x05\x95\x00\x00\x00\x00\x00\x00\x00\x00\x8c" + bytes([len(module)]) + module.encode()
     data += b"\x8c" + bytes([len(name)]) + name.encode() + b"\x93."
     with pytest.raises(UnsafePickleError, match=rf"{module}\.{name}"):
-        safe.load(io.BytesIO(data), trusted=False, source="test")
+        codec.decode(data)
 
 
 def test_safe_loader_keeps_what_rollout_mock_writes(tmp_path: Path) -> None:
@@ -232,9 +233,7 @@ def test_safe_loader_keeps_what_rollout_mock_writes(tmp_path: Path) -> None:
         "when": datetime.datetime(2024, 1, 2, tzinfo=datetime.timezone.utc), "big": 2**80, "cx": 1 + 2j,
         "param": torch.nn.Parameter(torch.ones(2)),
     }
-    import io
-
-    loaded = safe.load(io.BytesIO(codec.dumps(batch)), trusted=False)
+    loaded = codec.decode(codec.encode_bytes(batch))
     assert loaded.keys() == batch.keys()
     assert loaded["dd"]["missing"] == [] and loaded["dtype"] is torch.float16
     assert isinstance(loaded["param"], torch.nn.Parameter)
@@ -242,14 +241,13 @@ def test_safe_loader_keeps_what_rollout_mock_writes(tmp_path: Path) -> None:
 
 def test_safe_loader_keeps_verl_dataproto() -> None:
     verl = pytest.importorskip("verl")
-    import io
 
     proto = verl.DataProto.from_dict(
         tensors={"ids": torch.arange(6).reshape(2, 3)},
         non_tensors={"uid": np.array(["a", "b"], dtype=object)},
         meta_info={"global_step": 3},
     )
-    loaded = safe.load(io.BytesIO(codec.dumps(proto)), trusted=False)
+    loaded = codec.decode(codec.encode_bytes(proto))
     assert torch.equal(loaded.batch["ids"], proto.batch["ids"]) and loaded.meta_info == {"global_step": 3}
 
 

@@ -1,31 +1,38 @@
-"""Snapshot buffers are reused across steps, and a reused buffer never changes a written step."""
+"""Capture buffers are reused across steps, and a reused buffer never changes a written step."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 
 from rollout_mock import MockScheduler, load_step, open_dump
-from rollout_mock.codec import BufferPool, capture
+from rollout_mock.codec import BufferPool, Capture, capture, decode, encode_bytes
+
+
+def written(cap: Capture) -> Any:
+    """What the writer thread writes of a capture, loaded back."""
+    return decode(encode_bytes(cap))
 
 
 def test_pool_reuses_released_buffers_and_stays_bounded() -> None:
     pool = BufferPool(keep=1)
     batch = {"x": torch.randn(256, 1024), "y": torch.arange(100_000)}
     first = capture(batch, pool=pool)
-    assert torch.equal(first.materialize()["x"], batch["x"])
+    assert torch.equal(written(first)["x"], batch["x"])
     first.release()
     held = pool.free_bytes
     assert held >= batch["x"].numel() * 4
     second = capture(batch, pool=pool)
     assert pool.free_bytes == 0  # the released buffers were taken again
-    batch["x"].add_(1)  # mutating the batch after capture does not change the snapshot
-    assert not torch.equal(second.materialize()["x"], batch["x"])
+    batch["x"].add_(1)  # mutating the batch after capture does not change the capture
+    assert not torch.equal(written(second)["x"], batch["x"])
     second.release()
     third = capture({"x": torch.randn(256, 1024), "y": torch.arange(100_000)}, pool=pool)
     third.release()
-    assert pool.free_bytes <= held  # keep=1: one snapshot's worth
+    assert pool.free_bytes <= held  # keep=1: one capture's worth
 
 
 def test_background_dump_with_reused_buffers_writes_every_step_exactly(tmp_path: Path) -> None:
@@ -51,8 +58,8 @@ def test_background_dump_with_reused_buffers_writes_every_step_exactly(tmp_path:
         assert batch["step"] == step and torch.all(batch["x"] == float(step))
 
 
-def _inside(tensor: torch.Tensor, buffers: list[torch.Tensor]) -> bool:
-    start = tensor.untyped_storage().data_ptr()
+def _inside(view: memoryview, buffers: list[torch.Tensor]) -> bool:
+    start = np.frombuffer(view, np.uint8).ctypes.data
     return any(b.data_ptr() <= start < b.data_ptr() + b.numel() for b in buffers)
 
 
@@ -63,15 +70,17 @@ def test_small_tensors_are_copied_into_the_reused_buffers_not_cloned() -> None:
     trajectories = [{"ids": torch.arange(100) + i, "mask": torch.ones(100, dtype=torch.bool)} for i in range(300)]
     batch = {"small": torch.arange(50), "trajectories": trajectories}
     for _ in range(2):  # the second capture reuses the first one's buffers
-        snapshot = capture(batch, pool=pool)
-        assert 0 < len(snapshot.pooled) <= 3  # a few 4 MiB slabs, not one buffer per tensor
-        loaded = snapshot.materialize()
-        assert torch.equal(loaded["small"], batch["small"]) and _inside(loaded["small"], snapshot.pooled)
+        cap = capture(batch, pool=pool)
+        assert 0 < len(cap.pooled) <= 3  # a few 4 MiB slabs, not one buffer per tensor
+        assert cap.body is not None
+        data_chunks = [view for i, (view, _) in enumerate(cap.chunks) if not cap.body[0] <= i < sum(cap.body)]
+        assert data_chunks and all(_inside(view, cap.pooled) for view in data_chunks)
+        loaded = written(cap)
+        assert torch.equal(loaded["small"], batch["small"])
         for got, want in zip(loaded["trajectories"], trajectories):
             assert torch.equal(got["ids"], want["ids"]) and got["mask"].dtype == torch.bool
-            assert _inside(got["ids"], snapshot.pooled)
-        trajectories[0]["ids"].add_(1000)  # the caller mutates: the snapshot does not change
-        assert int(snapshot.materialize()["trajectories"][0]["ids"][0]) < 1000
+        trajectories[0]["ids"].add_(1000)  # the caller mutates: the capture does not change
+        assert int(written(cap)["trajectories"][0]["ids"][0]) < 1000
         trajectories[0]["ids"].sub_(1000)
-        snapshot.release()
+        cap.release()
     assert pool.free_bytes > 0

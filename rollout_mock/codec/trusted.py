@@ -1,12 +1,16 @@
-"""FORMAT 1 (legacy): batches as standard protocol-5 pickles.
+"""The trusted path: everything that runs pickle, kept apart from the safe loader (which never
+imports this module).
 
-New dumps use format 2 (:mod:`rollout_mock.codec.encode`); this writer is kept so that tests can
-produce format-1 files exactly as older releases did (``dump_v1``), and its ``_rebuild_*``
-functions are what ``pickle.load`` of a format-1 file calls (trusted loads only; the safe path
-interprets format-1 files without them, see :mod:`rollout_mock.codec.legacy`).
+* :func:`loads` is what a trusted load (``trust_pickle: true``, ``trusted=True``, ``--trust``)
+  hands the decoder to read opaque pickle blobs of format 2 and whole format-1 files.
+* FORMAT 1 (legacy): batches as standard protocol-5 pickles. New dumps use format 2; this writer
+  is kept so that tests can produce format-1 files exactly as older releases did
+  (:func:`dump_v1`), and its ``_rebuild_*`` functions are what ``pickle.load`` of a format-1 file
+  calls (the safe path interprets format-1 files without them, see
+  :mod:`rollout_mock.codec.legacy`). They are reached as ``rollout_mock.codec._rebuild_*``.
 
 A format-1 step file is an ordinary pickle (protocol 5): ``pickle.load(open(path, "rb"))`` returns the
-batch as long as ``rollout_mock`` is importable. What makes it fast:
+batch as long as ``rollout_mock`` is importable. What made it fast:
 
 * tensors and numpy arrays are reduced to a small rebuild call whose argument is a
   :class:`pickle.PickleBuffer` over their raw bytes. The C pickler streams such a buffer straight
@@ -16,26 +20,27 @@ batch as long as ``rollout_mock`` is importable. What makes it fast:
 * verl's ``DataProto`` (and other registered batch classes) are reduced to their attributes, so
   its own ``__getstate__`` (which ``torch.save``-s the TensorDict into a bytes object) is skipped;
 * ``cloudpickle`` is the base pickler, so lambdas and classes defined in ``__main__`` or inside
-  functions still pickle (they need ``trusted=True`` to load; see :mod:`rollout_mock.codec.safe`).
+  functions still pickle (they need a trusted load).
 
-:func:`capture` snapshots a batch in one pass (one copy of the tensor data) so that the
-caller may mutate the batch while a background thread writes the snapshot.
+As everywhere, a step holds data: ``requires_grad`` in a format-1 file is ignored on load.
 """
 
 from __future__ import annotations
 
 import io
 import pickle
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 import cloudpickle
 import numpy as np
 import torch
 
-#: The pickle protocol of every step file. Fixed, so files do not depend on the writer's Python.
-PROTOCOL = 5
+from rollout_mock.batch import is_batch_class
+from rollout_mock.codec.encode import tensor_bytes
+from rollout_mock.codec.format import PROTOCOL
+
+__all__ = ["REBUILD_FUNCTIONS", "dtype_name", "dump_v1", "dumps_v1", "loads", "torch_dtype"]
+
 
 _TORCH_DTYPES: dict[str, torch.dtype] = {
     str(dtype).removeprefix("torch."): dtype
@@ -73,22 +78,18 @@ def _as_uint8(buffer: Any) -> torch.Tensor:
 def _rebuild_tensor(
     buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool = False
 ) -> torch.Tensor:
-    """Rebuild a CPU tensor from its raw bytes without copying them."""
+    """Rebuild a CPU tensor from its raw bytes without copying them (``requires_grad`` is ignored)."""
     flat = _as_uint8(buffer)
     target = torch_dtype(dtype)
     if flat.numel() == 0:
-        tensor = torch.empty(shape, dtype=target)
-    else:
-        tensor = flat.view(target).reshape(shape)
-    if requires_grad:
-        tensor.requires_grad_(True)
-    return tensor
+        return torch.empty(shape, dtype=target)
+    return flat.view(target).reshape(shape)
 
 
 def _rebuild_parameter(
     buffer: Any, dtype: str, shape: tuple[int, ...], requires_grad: bool = True
 ) -> torch.nn.Parameter:
-    return torch.nn.Parameter(_rebuild_tensor(buffer, dtype, shape), requires_grad=requires_grad)
+    return torch.nn.Parameter(_rebuild_tensor(buffer, dtype, shape), requires_grad=False)
 
 
 def _rebuild_ndarray(buffer: Any, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
@@ -133,41 +134,12 @@ for _rebuild in (_rebuild_tensor, _rebuild_parameter, _rebuild_ndarray, _rebuild
 del _rebuild
 
 
-# --------------------------------------------------------------------------- batch classes
-from rollout_mock.batch import is_batch_class  # noqa: E402  (the one registry of batch classes)
-
-__all__ = [
-    "PROTOCOL",
-    "SnapshotV1",
-    "capture_v1",
-    "dtype_name",
-    "dump_v1",
-    "dumps_v1",
-    "loads_unrestricted",
-    "torch_dtype",
-]
+REBUILD_FUNCTIONS = {f.__name__: f for f in (_rebuild_tensor, _rebuild_parameter, _rebuild_ndarray,
+                                                _rebuild_object_array, _rebuild_np_scalar, _rebuild_tensordict,
+                                                _rebuild_object)}
 
 
 # --------------------------------------------------------------------------- reduction
-def _tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """A contiguous CPU tensor holding ``tensor``'s values, and whether it is a fresh copy."""
-    source = tensor.detach()
-    fresh = False
-    if source.device.type != "cpu":
-        source = source.cpu()
-        fresh = True
-    if source.is_conj():
-        source = source.resolve_conj()
-        fresh = True
-    if source.is_neg():
-        source = source.resolve_neg()
-        fresh = True
-    if not source.is_contiguous():
-        source = source.contiguous()
-        fresh = True
-    return source, fresh
-
-
 def _plain_dense(tensor: torch.Tensor) -> bool:
     return (
         tensor.layout is torch.strided
@@ -178,32 +150,15 @@ def _plain_dense(tensor: torch.Tensor) -> bool:
 
 
 class _BatchPickler(cloudpickle.Pickler):
-    """cloudpickle with fast reductions for tensors, arrays and registered batch classes.
+    """cloudpickle with fast reductions for tensors, arrays and registered batch classes."""
 
-    With ``snapshot=True`` every buffer handed to the pickler is an owned copy: views of the
-    caller's memory are copied once, tensors that had to be copied anyway (non-contiguous,
-    CUDA) are not copied again.
-    """
-
-    def __init__(
-        self,
-        file: BinaryIO,
-        *,
-        snapshot: bool = False,
-        buffer_callback: Callable[[pickle.PickleBuffer], Any] | None = None,
-    ) -> None:
-        super().__init__(file, protocol=PROTOCOL, buffer_callback=buffer_callback)
-        self._snapshot = snapshot
+    def __init__(self, file: BinaryIO) -> None:
+        super().__init__(file, protocol=PROTOCOL)
         self._keep_alive: list[Any] = []
-        #: ids of the PickleBuffers this pickler made over memory it owns (snapshot mode).
-        self.owned: set[int] = set()
 
-    def _buffer_of(self, array: np.ndarray, fresh: bool) -> pickle.PickleBuffer:
-        if self._snapshot and not fresh:
-            array = array.copy()
+    def _buffer_of(self, array: np.ndarray) -> pickle.PickleBuffer:
         buffer = pickle.PickleBuffer(memoryview(array))  # type: ignore[arg-type]
         self._keep_alive.append(buffer)
-        self.owned.add(id(buffer))
         return buffer
 
     def reducer_override(self, obj: Any) -> Any:
@@ -234,19 +189,9 @@ class _BatchPickler(cloudpickle.Pickler):
         return _rebuild_tensordict, (items, list(td.batch_size), keep_device, names)
 
     def _reduce_tensor(self, tensor: torch.Tensor) -> Any:
-        source, fresh = _tensor_bytes(tensor)
-        flat = source.reshape(-1)
-        if flat.numel() and flat.stride(0) != 1:
-            # "contiguous" by torch's rules (size-1 dims ignore strides, e.g. x[::2] of 2
-            # elements) but not viewable as bytes: copy once.
-            flat, fresh = flat.clone(memory_format=torch.contiguous_format), True
+        flat, _ = tensor_bytes(tensor)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
-        if self._snapshot and not fresh:
-            # torch's copy: multi-threaded, and plain 4 KiB pages. numpy's copy asks for
-            # transparent huge pages, which is faster on an idle machine but stalls for direct
-            # compaction (measured: 4x one copy) when the page cache is full, as in a dump run.
-            raw, fresh = raw.clone(), True
-        buffer = self._buffer_of(raw.numpy(), fresh)
+        buffer = self._buffer_of(raw.numpy())
         args = (buffer, dtype_name(tensor.dtype), tuple(tensor.shape), tensor.requires_grad)
         if type(tensor) is torch.nn.Parameter:
             return _rebuild_parameter, args
@@ -259,12 +204,10 @@ class _BatchPickler(cloudpickle.Pickler):
             return _rebuild_object_array, (array.reshape(-1).tolist(), array.shape)
         if array.dtype.fields is not None or array.dtype.kind == "V":
             return None
-        fresh = False
         if not array.flags.c_contiguous:
             array = np.ascontiguousarray(array)
-            fresh = True
         raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
-        return _rebuild_ndarray, (self._buffer_of(raw, fresh), array.dtype.str, array.shape)
+        return _rebuild_ndarray, (self._buffer_of(raw), array.dtype.str, array.shape)
 
 
 # --------------------------------------------------------------------------- public functions
@@ -283,48 +226,7 @@ def dumps_v1(obj: Any) -> bytes:
     return buffer.getvalue()
 
 
-def loads_unrestricted(data: bytes) -> Any:
-    """Plain ``pickle.loads``: only for data you produced yourself."""
+def loads(data: bytes) -> Any:
+    """Plain ``pickle.loads``: what a trusted load reads opaque blobs and format-1 files with.
+    Only for dumps you trust: unpickling can run any code the file names."""
     return pickle.loads(data)
-
-
-@dataclass
-class SnapshotV1:
-    """A batch captured in memory: a small pickle stream plus owned copies of its buffers.
-
-    Independent of the original batch: mutating the batch after :func:`capture` returns does not
-    change the snapshot. :meth:`materialize` rebuilds an equal batch that shares the copied
-    buffers (no further copy).
-    """
-
-    stream: bytes
-    buffers: list[pickle.PickleBuffer] = field(default_factory=list)
-
-    @property
-    def nbytes(self) -> int:
-        return len(self.stream) + sum(memoryview(b).nbytes for b in self.buffers)
-
-    def materialize(self) -> Any:
-        return pickle.loads(self.stream, buffers=self.buffers)
-
-
-def capture_v1(obj: Any) -> SnapshotV1:
-    """Snapshot ``obj`` with one copy of its tensor/array data (the time of one memcpy)."""
-    buffers: list[pickle.PickleBuffer] = []
-
-    def keep(buffer: pickle.PickleBuffer) -> None:
-        # Buffers from other protocol-5 reducers may alias the caller's memory: copy those.
-        if pickler is None or id(buffer) not in pickler.owned:
-            buffer = pickle.PickleBuffer(bytearray(buffer.raw()))
-        buffers.append(buffer)
-
-    stream = io.BytesIO()
-    pickler: _BatchPickler | None = _BatchPickler(stream, snapshot=True, buffer_callback=keep)
-    assert pickler is not None
-    pickler.dump(obj)
-    # ``keep`` and the pickler reference each other: break the cycle now, or the pickler (its
-    # memo holds the original batch, its _keep_alive the copies) lives until the next gc run.
-    pickler.clear_memo()
-    pickler._keep_alive.clear()
-    pickler = None
-    return SnapshotV1(stream.getvalue(), buffers)

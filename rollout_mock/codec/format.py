@@ -1,0 +1,708 @@
+"""The step-file format: its byte layout, constants, chunk payloads and the grammar of its header.
+
+Format 2 (written since format_version 2 of the manifest)
+=========================================================
+
+A step file is a fixed prefix, a container and a fixed suffix::
+
+    prefix    b"\\x80\\x05" b"crollout_mock.codec\\n_load_v2\\n" b"\\x8e" <u64 LE container length>
+    container magic b"RMSTEP\\x00\\x02", u64 header length, u64 data offset, u64 data length,
+              u32 CRC-32 of the header, u32 reserved; the JSON header; zero padding; the data
+              section (chunks, each starting at a file offset that is a multiple of 64)
+    suffix    b"\\x85R."
+
+The prefix and suffix make the file a valid pickle too (PROTO 5, GLOBAL, BINBYTES8 ... TUPLE1,
+REDUCE, STOP): ``pickle.load`` calls ``rollout_mock.codec._load_v2`` on the container, which runs
+the same safe decoder. The safe reader never runs pickle: it checks the prefix bytes, the length
+field against the file size, the suffix, the header CRC, then parses the container itself.
+
+The header is ``{"format": "rollout_mock.step", "version": 2, "root": NODE, "chunks": TABLE}``.
+``TABLE`` rows are ``[offset, stored, raw, crc32, codec, shuffle]``: offset/stored locate the chunk
+in the data section, ``raw`` is its decoded size (at most 64 MiB; writers use 4 MiB, aligned to
+whole rows), ``crc32`` is of the stored bytes, ``codec`` is 0 none / 1 zstd / 2 lz4 and
+``shuffle`` the itemsize the bytes were shuffled by (0: not shuffled). A ``NODE`` is a JSON value:
+``null``/bools/strings/finite floats/ints under 2**63 are themselves, JSON arrays are lists, JSON
+objects without a ``"$"`` key are str-keyed dicts; other values are tagged objects ``{"$": TAG,
+...}``: ``tuple``/``set``/``frozenset``/``deque`` (``v``), ``map``/``odict``/``counter``/
+``defaultdict`` (``items``: key/value node pairs), ``int`` (decimal string), ``float`` (IEEE bits
+in hex: non-finite values), ``complex``, ``bytes``/``bytearray`` (``hex`` inline or ``c``),
+``npscalar``, ``size``/``device``/``dtype``, ``slice``/``range``, ``datetime``/``date``/``time``/
+``timedelta``, ``tensor`` (``dtype``, ``shape``, ``c`` = ``[first chunk, count]``, ``param``;
+files written before 0.1 may say ``grad``, which is ignored: a step holds data, not autograd
+state), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
+(``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3),
+``nested`` (a ``torch.nested`` tensor's components and layout), ``tensordict`` (``batch_size``,
+``names``, ``device``, ``items``), ``batch`` (a DataProto-like object: ``kind``, the writer's
+``class`` as ``module:qualname`` (information only), ``layout``, ``batch``/``non_tensor_batch``/
+``meta_info`` nodes, ``extra`` attributes; see :mod:`~rollout_mock.codec.classes`) and ``pickle``
+(an opaque cloudpickle blob for anything that is not data; only a trusted load unpickles it).
+
+Header version 4 (written now; 2 and 3 keep loading) keeps only the batch's structure in the
+JSON header: plain Python values live in one msgpack *body* (``"body": [first, count]``, nodes
+``{"$": "mp", "o", "n"}``; the extension types are the ``EXT_*`` constants below), object arrays
+of strings are string columns (``{"$": "strs"}``), tensors under 1 MiB inside the body share
+4 MiB chunks, and the structural-class tags of :data:`CLASS_TAGS` (numpy string scalars,
+tensordict's non-tensor and stacked classes, jagged nested tensors) may appear.
+
+Decoding bounds (hostile files): every offset and length inside the data section; tensors and
+arrays need ``prod(shape) * itemsize`` == the raw bytes they reference; dtypes from fixed
+allow-lists (no object/void/structured raw arrays); decompression never exceeds the declared raw
+size; the total declared raw bytes stay under ``max_expansion`` (default 64, env
+``ROLLOUT_MOCK_MAX_EXPANSION``) times the file size + 1 MiB; JSON nesting at most 96; no tensor is
+ever backed by uninitialised memory; the format has no shared references.
+
+Format 1 (older dumps) is a protocol-5 pickle (:data:`PROTOCOL`); the safe path reads it with a
+data-only opcode interpreter (:mod:`~rollout_mock.codec.legacy`). Format-1 files reference
+``rollout_mock.codec._rebuild_*``: those names stay (:mod:`~rollout_mock.codec.trusted`).
+
+Everything here treats a file as hostile: :func:`read_layout` checks every length against the
+file size before anything is read or allocated, the JSON parser's nesting is bounded, and
+:func:`check_tree` validates every node (required fields, types, dtypes from the allow-list,
+``prod(shape) * itemsize == bytes referenced``, chunk references inside the table) and totals the
+raw bytes the file declares.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+import rollout_mock.crc as _crc
+from rollout_mock.errors import ConfigError, MissingExtraError
+
+__all__ = [
+    "ALIGN", "BODY_VERSION", "CHUNK_BYTES", "CLASS_TAGS", "CLASS_VERSION", "CODECS", "CONTAINER_HEAD",
+    "DATA_MAGIC", "DEFAULT_MAX_EXPANSION", "EXT_FROZENSET", "EXT_INT", "EXT_NDARRAY", "EXT_NODE", "EXT_OBJARRAY",
+    "EXT_SET", "EXT_TENSOR", "EXT_TUPLE", "FORMAT_VERSION", "HEADER_VERSIONS", "ITEM_OVERHEAD", "JSON_ITEMS_MIN",
+    "MAX_CHUNK_RAW", "MAX_DEPTH", "MAX_NDIM", "PACK_ALIGN", "PARALLEL_BYTES", "PREFIX", "PREFIX_HEAD", "PREFIX_LEN",
+    "PROTOCOL", "SMALL_BYTES", "SUFFIX", "TENSOR_HEAD", "TORCH_DTYPES", "TORCH_DTYPE_NAMES", "Layout",
+    "array_head", "check_tree", "compress", "crc32", "decompress", "max_expansion", "needs_class_version",
+    "numpy_dtype", "pool", "prefix_sums", "read_layout", "ref_raw",
+]
+
+# --------------------------------------------------------------------------- constants
+FORMAT_VERSION = 2
+#: The pickle protocol of format-1 step files (fixed, so files do not depend on the writer's Python).
+PROTOCOL = 5
+#: The header's ``version``: 2, 3 (an object array's items as a JSON data chunk,
+#: ``{"$": "objarray", "shape": [...], "c": [first, count]}``) or 4 (the msgpack body).
+HEADER_VERSIONS = (2, 3, 4)
+BODY_VERSION = 4
+#: Header version of files that use the structural-class tags (:data:`CLASS_TAGS`) and the
+#: TensorDict ``locked``/``consolidated`` keys: an older reader refuses such a file with
+#: "written by a newer rollout_mock" instead of silently losing the state.
+CLASS_VERSION = 4
+CLASS_TAGS = frozenset({"npstr", "npbytes", "nontensor", "tdstack", "njt"})
+#: Header version 3: object arrays of at least this many plain JSON items (strings, numbers,
+#: booleans, None) keep their items in a data chunk.
+JSON_ITEMS_MIN = 32
+#: PROTO 5, GLOBAL rollout_mock.codec._load_v2, BINBYTES8 <u64 little-endian container length>.
+PREFIX_HEAD = b"\x80\x05crollout_mock.codec\n_load_v2\n\x8e"
+PREFIX_LEN = len(PREFIX_HEAD) + 8
+#: TUPLE1, REDUCE, STOP: ``pickle.load`` calls ``_load_v2(container_bytes)``.
+SUFFIX = b"\x85R."
+#: Container: magic, u64 header length, u64 data offset (from the container start), u64 data
+#: length, u32 CRC-32 of the header JSON, u32 reserved (0).
+DATA_MAGIC = b"RMSTEP\x00\x02"
+CONTAINER_HEAD = struct.Struct("<8sQQQII")
+ALIGN = 64
+#: Writer's chunk size (raw bytes); the reader accepts chunks up to MAX_CHUNK_RAW.
+CHUNK_BYTES = 4 << 20
+MAX_CHUNK_RAW = 64 << 20
+#: Maximum JSON nesting of the header (each tagged node adds one or two levels).
+MAX_DEPTH = 96
+MAX_NDIM = 32
+_MAX_DIM = 1 << 48
+
+#: Body extension types (header version 4): marked arrays (tuple, set, frozenset, numpy object
+#: array: ``[ExtType(k, b""), ...]``), an int beyond 64 bits (signed little-endian bytes), a
+#: tensor and a numeric numpy array (:data:`TENSOR_HEAD` + dims [+ numpy dtype string]), and a
+#: version-2 node (msgpack of the node) for anything else.
+EXT_TUPLE, EXT_INT, EXT_SET, EXT_FROZENSET, EXT_TENSOR, EXT_OBJARRAY, EXT_NDARRAY, EXT_NODE = 1, 2, 3, 4, 5, 6, 7, 8
+#: dtype code (index in :data:`TORCH_DTYPE_NAMES`), flags (2 Parameter, 4 read-only array; 1 was
+#: requires_grad, ignored), ndim, 0, first chunk, chunk count, byte offset.
+TENSOR_HEAD = struct.Struct("<BBBBIIQ")
+#: Tensors and arrays smaller than this share chunks with their neighbours (64-byte aligned).
+SMALL_BYTES = 1 << 20
+PACK_ALIGN = 64
+
+
+def PREFIX(container_length: int) -> bytes:  # noqa: N802 - reads like a constant
+    return PREFIX_HEAD + struct.pack("<Q", container_length)
+
+
+def array_head(n: int) -> bytes:
+    """msgpack's array header for ``n`` items (a string column's data starts with it)."""
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
+
+
+#: Append-only: a tensor's dtype code in a version-4 body is its index here.
+TORCH_DTYPE_NAMES = (
+    "bool", "uint8", "int8", "int16", "int32", "int64", "uint16", "uint32", "uint64",
+    "float16", "bfloat16", "float32", "float64", "complex32", "complex64", "complex128",
+    "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu",
+)
+#: The torch dtypes a step file may hold (plain numeric types; no quantized or bit types).
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name) for name in TORCH_DTYPE_NAMES if isinstance(getattr(torch, name, None), torch.dtype)
+}
+
+_NUMPY_DTYPE = re.compile(
+    r"[<>|=]?(b1|[iu][1248]|f(2|4|8|16)|c(8|16|32)|[mM]8(\[[0-9]*[a-zA-Z]{1,2}\])?|[SU][0-9]{1,6})")
+
+
+def numpy_dtype(text: object) -> np.dtype:
+    """A numpy dtype from the allow-list (no object, void or structured dtypes); ValueError else."""
+    if not isinstance(text, str) or not _NUMPY_DTYPE.fullmatch(text):
+        raise ValueError(f"numpy dtype {text!r} is not allowed in step files")
+    dtype = np.dtype(text)
+    if dtype.hasobject or dtype.fields is not None or dtype.itemsize == 0:
+        raise ValueError(f"numpy dtype {text!r} is not allowed in step files")
+    return dtype
+
+
+# --------------------------------------------------------------------------- the codec's threads
+#: Steps (or tensors) at least this large are processed chunk by chunk on two threads: chunk
+#: reads, compression and CRC-32 release the GIL, so large steps use both cores of a small
+#: machine (and two of a big one, leaving the rest to training).
+PARALLEL_BYTES = 8 << 20
+_POOL: ThreadPoolExecutor | None = None
+
+
+def pool() -> ThreadPoolExecutor:
+    """The codec's shared two-thread pool (created on first use)."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollout-mock-codec")
+    return _POOL
+
+
+# --------------------------------------------------------------------------- the allocation bound
+#: Declared raw bytes may be at most this multiple of the file size (+1 MiB): the bound on what a
+#: (compressed) file can make the reader allocate. Raise it with ``max_expansion=`` or the
+#: environment variable ROLLOUT_MOCK_MAX_EXPANSION for legitimately very compressible data.
+DEFAULT_MAX_EXPANSION = 64
+EXPANSION_ENV = "ROLLOUT_MOCK_MAX_EXPANSION"
+
+
+def max_expansion(value: float | None = None) -> float:
+    """The allocation bound to apply: ``value`` if given, else ``$ROLLOUT_MOCK_MAX_EXPANSION``,
+    else :data:`DEFAULT_MAX_EXPANSION`. Either must be a finite number > 0: anything else (``nan``,
+    ``inf``, ``0``, ``-1``, ``"lots"``) would switch the bound off or refuse every file, so it is a
+    :class:`~rollout_mock.errors.ConfigError` naming where it came from."""
+    text: object
+    if value is not None:
+        where, text = "max_expansion=", value
+    else:
+        raw = os.environ.get(EXPANSION_ENV)
+        if raw is None or raw.strip() == "":
+            return DEFAULT_MAX_EXPANSION
+        where, text = f"the environment variable {EXPANSION_ENV}", raw
+    try:
+        number = float(text) if isinstance(text, (int, float, str)) and not isinstance(text, bool) else math.nan
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or number <= 0:
+        raise ConfigError(f"[RolloutMock] {where} is {text!r:.40}: it must be a finite number greater "
+                          f"than 0 (the default is {DEFAULT_MAX_EXPANSION}: a step may declare at most that "
+                          f"many times its file size + 1 MiB of data)")
+    return number
+
+
+# --------------------------------------------------------------------------- chunk payloads
+# Every chunk carries the CRC-32 (zlib's polynomial; ISA-L when installed, else zlib) of its
+# *stored* bytes, so corruption is caught before a decompressor sees the data. Compression (zstd
+# or lz4, extra ``rollout_mock[compress]``) is per chunk; multi-byte dtypes are byte-shuffled first
+# (all first bytes, then all second bytes, ...) when that makes the chunk smaller. Decompression
+# never produces more than the chunk's declared raw size.
+
+#: Codec ids as stored in the chunk table.
+CODECS: dict[str, int] = {"none": 0, "zstd": 1, "lz4": 2}
+
+
+def crc32(data: Any, value: int = 0) -> int:
+    """CRC-32 of a chunk (:func:`rollout_mock.crc.crc32`: ISA-L when installed, else zlib)."""
+    return _crc.crc32(data, value) & 0xFFFFFFFF
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise MissingExtraError(
+            "zstd compression needs the zstandard package: pip install 'rollout_mock[compress]'"
+        ) from None
+    return zstandard
+
+
+def _lz4() -> Any:
+    try:
+        import lz4.block
+    except ImportError:
+        raise MissingExtraError(
+            "lz4 compression needs the lz4 package: pip install 'rollout_mock[compress]'"
+        ) from None
+    return lz4.block
+
+
+def shuffle(raw: memoryview, itemsize: int) -> bytes:
+    array = np.frombuffer(raw, dtype=np.uint8)
+    return array.reshape(-1, itemsize).T.tobytes()
+
+
+def unshuffle(data: Any, itemsize: int) -> bytes:
+    array = np.frombuffer(data, dtype=np.uint8)
+    return array.reshape(itemsize, -1).T.tobytes()
+
+
+def compress(raw: memoryview, codec: str, itemsize: int) -> tuple[Any, int, int]:
+    """Compress one chunk. Returns (stored bytes, codec id, shuffle itemsize or 0).
+
+    Falls back to storing the raw bytes when compression does not pay. ``itemsize`` 0 marks a
+    chunk that is never compressed (a version-4 body: its decoded size bounds the decoder's work).
+    """
+    if codec == "none" or raw.nbytes < 256 or itemsize == 0:
+        return raw, 0, 0
+    if codec not in CODECS:
+        raise ValueError(f"unknown compression {codec!r}; choose one of {sorted(CODECS)}")
+    candidates = [(raw, 0)]
+    if itemsize > 1 and raw.nbytes % itemsize == 0:
+        candidates.append((memoryview(shuffle(raw, itemsize)), itemsize))
+    best: tuple[Any, int, int] = (raw, 0, 0)
+    best_len = raw.nbytes * 0.9  # compress only when it saves at least 10%
+    for data, shuf in candidates:
+        if codec == "zstd":
+            packed = _zstd().ZstdCompressor(level=3, write_content_size=True).compress(data)
+        else:
+            packed = _lz4().compress(data, store_size=False)
+        if len(packed) < best_len:
+            best, best_len = (packed, CODECS[codec], shuf), len(packed)
+    return best
+
+
+def decompress(stored: Any, codec_id: int, shuf: int, raw_size: int) -> Any:
+    """Inverse of :func:`compress`; raises ValueError when the data does not fit ``raw_size``."""
+    if codec_id == 0:
+        if shuf:
+            raise ValueError("shuffled chunk stored without compression")
+        if len(memoryview(stored)) != raw_size:
+            raise ValueError("stored size differs from raw size")
+        return stored
+    if codec_id == 1:
+        zstandard = _zstd()
+        declared = zstandard.frame_content_size(bytes(stored[:18]) if len(stored) > 18 else bytes(stored))
+        if declared != raw_size:
+            raise ValueError(f"zstd frame declares {declared} bytes, chunk table says {raw_size}")
+        out = zstandard.ZstdDecompressor().decompress(stored, max_output_size=raw_size)
+    elif codec_id == 2:
+        out = _lz4().decompress(stored, uncompressed_size=raw_size)
+    else:
+        raise ValueError(f"unknown codec id {codec_id}")
+    if len(out) != raw_size:
+        raise ValueError(f"chunk decompressed to {len(out)} bytes, expected {raw_size}")
+    if shuf:
+        if shuf < 2 or raw_size % shuf:
+            raise ValueError("bad shuffle item size")
+        out = unshuffle(out, shuf)
+    return out
+
+
+# --------------------------------------------------------------------------- the container and its header
+_TAGS_WITH_DATA = {"tensor", "ndarray", "bytes", "bytearray", "pickle"}
+_DEVICE = re.compile(r"(cpu|cuda|meta|mps|xpu|npu|hpu)(:[0-9]{1,4})?")
+_MAX_STACK_DIM = 32
+
+
+@dataclass
+class Layout:
+    size: int
+    data_base: int  # file offset of the data section
+    data_len: int
+    root: Any
+    table: list[list[int]]
+    declared_raw: int = 0
+    version: int = 2
+    #: header version 4: the chunks of the msgpack body, and whether it decodes surrogate-pass
+    body: list[int] | None = None
+    surrogates: bool = False
+
+
+def _parse_header(header: bytes | str) -> Any:
+    """``json.loads`` of a hostile header, with its nesting bounded.
+
+    The C scanner guards its own recursion (``RecursionError`` near the interpreter's limit, so
+    a million ``[`` cost microseconds and no memory), and :func:`check_tree` then enforces
+    :data:`MAX_DEPTH` on the parsed tree before anything recurses over it.
+    """
+    try:
+        # decoded here, strictly: json.loads would guess UTF-16/32 for bytes that look like it
+        # (and import those codecs)
+        return json.loads(header.decode("utf-8") if isinstance(header, (bytes, bytearray)) else header)
+    except RecursionError:
+        raise ValueError(f"header nesting depth exceeds {MAX_DEPTH}") from None
+
+
+def read_layout(source: Any) -> Layout:
+    """Read and check prefix, container head, suffix and header; raises ValueError when bad."""
+    size = source.size()
+    head_end = PREFIX_LEN + CONTAINER_HEAD.size
+    if size < head_end + len(SUFFIX):
+        raise ValueError(f"file of {size} bytes is too short for a format-2 step")
+    head = bytes(source.read_range(0, head_end))
+    if head[: len(PREFIX_HEAD)] != PREFIX_HEAD:
+        raise ValueError("format-2 prefix does not match")
+    (container_len,) = struct.unpack_from("<Q", head, len(PREFIX_HEAD))
+    if container_len != size - PREFIX_LEN - len(SUFFIX):
+        raise ValueError(f"container length field {container_len} does not match the file size {size}")
+    if bytes(source.read_range(size - len(SUFFIX), len(SUFFIX))) != SUFFIX:
+        raise ValueError("format-2 suffix does not match (truncated file?)")
+    magic, header_len, data_offset, data_len, header_crc, _ = CONTAINER_HEAD.unpack_from(head, PREFIX_LEN)
+    if magic != DATA_MAGIC:
+        raise ValueError(f"bad container magic {magic!r}")
+    if not (CONTAINER_HEAD.size + header_len <= data_offset and data_offset + data_len == container_len):
+        raise ValueError("container head offsets are inconsistent with the file size")
+    header = bytes(source.read_range(head_end, header_len))
+    if crc32(header) != header_crc:
+        raise ValueError("header CRC-32 mismatch")
+    doc = _parse_header(header)
+    if not isinstance(doc, dict) or doc.get("format") != "rollout_mock.step":
+        raise ValueError("header is not a rollout_mock format-2 header")
+    if doc.get("version") not in HEADER_VERSIONS:
+        version = doc.get("version")
+        if type(version) is int and version > max(HEADER_VERSIONS):
+            raise ValueError(f"the step header has version {version}: it was written by a newer "
+                             f"rollout_mock (this one reads {list(HEADER_VERSIONS)}); upgrade rollout_mock")
+        raise ValueError(f"the step header has an unknown version {version!r:.20}")
+    table = doc.get("chunks")
+    if not isinstance(table, list):
+        raise ValueError("header has no chunk table")
+    for entry in table:
+        _check_chunk(entry, data_len)
+    body = doc.get("body")
+    if body is not None:
+        if doc["version"] < 4:
+            raise ValueError("a body in a header older than version 4")
+        ref_raw(table, body)
+        if any(table[i][4] != 0 for i in range(body[0], body[0] + body[1])):
+            raise ValueError("the body is stored compressed")
+    if doc.get("sp", False) is not True and "sp" in doc:
+        raise ValueError("bad sp flag")
+    return Layout(size, PREFIX_LEN + data_offset, data_len, doc.get("root"), table, version=doc["version"],
+                  body=body, surrogates=bool(doc.get("sp")))
+
+
+def _int(value: Any, lo: int = 0, hi: int = 1 << 62) -> int:
+    if type(value) is not int or not lo <= value <= hi:
+        raise ValueError(f"expected an integer in [{lo}, {hi}], got {value!r:.80}")
+    return value
+
+
+def _check_chunk(entry: Any, data_len: int) -> None:
+    if type(entry) is not list or len(entry) != 6:
+        raise ValueError("bad chunk table entry")
+    offset, stored, raw, _crc, codec, shuf = entry
+    _int(offset), _int(stored), _int(raw, 0, MAX_CHUNK_RAW), _int(_crc, 0, 0xFFFFFFFF)
+    if offset + stored > data_len:
+        raise ValueError(f"chunk [{offset}, +{stored}) lies outside the data section ({data_len} bytes)")
+    _int(codec, 0, 2)
+    _int(shuf, 0, 16)
+    if codec == 0 and (stored != raw or shuf):
+        raise ValueError("uncompressed chunk whose stored size differs from its raw size")
+    if shuf and (shuf < 2 or raw % shuf):
+        raise ValueError("bad shuffle item size")
+
+
+def _shape(value: Any) -> list[int]:
+    if type(value) is not list or len(value) > MAX_NDIM:
+        raise ValueError(f"bad shape {value!r:.80}")
+    return [_int(d, 0, _MAX_DIM) for d in value]
+
+
+def prefix_sums(table: list[list[int]]) -> list[int]:
+    """``sums[i]`` = raw bytes of chunks ``0..i-1``: any reference's size in O(1) (a header
+    with many references to long chunk runs costs linear time, not references x run length)."""
+    sums = [0]
+    for row in table:
+        sums.append(sums[-1] + row[2])
+    return sums
+
+
+def ref_raw(table: list[list[int]] | list[int], ref: Any, sums: list[int] | None = None) -> int:
+    """Raw bytes a ``[first, count]`` reference covers (``sums``: :func:`prefix_sums` of the table)."""
+    if type(ref) is not list or len(ref) != 2:
+        raise ValueError("bad chunk reference")
+    first, count = _int(ref[0]), _int(ref[1])
+    size = len(table) if sums is None else len(sums) - 1
+    if first + count > size:
+        raise ValueError(f"chunk reference [{first}, +{count}) outside the table ({size} chunks)")
+    if sums is None:
+        sums = prefix_sums(table)  # type: ignore[arg-type]
+    return sums[first + count] - sums[first]
+
+
+#: Memory a decoded JSON item may take beyond its text (a str object's head and the list slot):
+#: object arrays whose items live in a JSON chunk count this per item against the bound.
+ITEM_OVERHEAD = 64
+
+
+def _node_list(node: dict[str, Any], name: str) -> list[Any]:
+    value = node.get(name)
+    if type(value) is not list:
+        raise ValueError(f"{node.get('$')} node without a {name} list")
+    return value
+
+
+def _pairs(node: dict[str, Any], name: str) -> list[Any]:
+    items = _node_list(node, name)
+    for pair in items:
+        if type(pair) is not list or len(pair) != 2:
+            raise ValueError(f"{node.get('$')} node with a bad item")
+    return items
+
+
+def check_tree(root: Any, table: list[list[int]], *, used: list[int] | None = None, body: int = -1) -> int:
+    """Validate every node; returns the raw bytes the tree references (plus the memory its string
+    columns and JSON items may take). ``used``: chunk references counted so far (updated; a
+    step references each chunk once); ``body``: the body's size (version 4; -1: ``mp`` nodes
+    are refused, as inside a body's own node extensions)."""
+    total = 0
+    refs = used[0] if used else 0
+    body_used = 0
+    sums = prefix_sums(table)
+    stack: list[tuple[Any, int]] = [(root, 0)]
+    while stack:
+        node, depth = stack.pop()
+        kind = type(node)
+        if node is None or kind in (bool, int, str):
+            continue
+        if kind is float:
+            if not math.isfinite(node):
+                raise ValueError("non-finite float outside a float node")
+            continue
+        if depth >= MAX_DEPTH:  # the (MAX_DEPTH + 1)-th nested list or object
+            raise ValueError(f"node nesting deeper than {MAX_DEPTH}")
+        if kind is list:
+            stack.extend((x, depth + 1) for x in node)
+            continue
+        if kind is not dict:
+            raise ValueError(f"unexpected JSON value {node!r:.40}")
+        tag = node.get("$")
+        if tag is None:
+            stack.extend((x, depth + 1) for x in node.values())
+            continue
+        if tag == "mp":
+            if body < 0:
+                raise ValueError("body value outside a version-4 header")
+            body_used += _int(node.get("n"))
+            if _int(node.get("o")) + node["n"] > body or body_used > body:
+                raise ValueError("body values overlap or lie outside the body")
+            continue
+        if tag == "strs":
+            count = math.prod(_shape(node.get("shape")))
+            if ref_raw(sums, node.get("o"), sums) != 8 * (count + 1) or count == 0:
+                raise ValueError("string column offsets do not match its shape")
+            total += ref_raw(sums, node.get("c"), sums) + 8 * (count + 1) + ITEM_OVERHEAD * count
+            refs += node["c"][1] + node["o"][1]
+            if refs > len(table):
+                raise ValueError("chunks are referenced more than once")
+            continue
+        children = _check_tagged(node, tag, sums)
+        if (tag in _TAGS_WITH_DATA or tag == "objarray") and "c" in node:
+            total += ref_raw(sums, node["c"], sums)
+            if tag == "objarray":  # the Python objects its JSON items become
+                total += ITEM_OVERHEAD * math.prod(node["shape"])
+            refs += node["c"][1]
+            if refs > len(table):  # writers reference every chunk once: decoding stays linear
+                raise ValueError("chunks are referenced more than once (the header references "
+                                 f"more than the {len(table)} chunks of its table)")
+        stack.extend((x, depth + 1) for x in children)
+    if used is not None:
+        used[0] = refs
+    return total
+
+
+def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
+    if tag in ("tuple", "set", "frozenset", "deque", "slice", "size"):
+        values = _node_list(node, "v")
+        if tag == "size":
+            [_int(d, 0, _MAX_DIM) for d in values]
+        if tag == "slice" and len(values) != 3:
+            raise ValueError("bad slice node")
+        if tag == "deque" and node.get("maxlen") is not None:
+            _int(node["maxlen"])
+        return values
+    if tag in ("map", "odict", "counter", "defaultdict"):
+        if tag == "defaultdict" and node.get("factory") not in (
+                None, "list", "dict", "set", "int", "float", "str", "tuple"):
+            raise ValueError("bad defaultdict factory")
+        return [x for pair in _pairs(node, "items") for x in pair]
+    if tag == "tensor":
+        dtype = node.get("dtype")
+        if dtype not in TORCH_DTYPES:
+            raise ValueError(f"torch dtype {dtype!r:.40} is not allowed")
+        shape = _shape(node.get("shape"))
+        itemsize = TORCH_DTYPES[dtype].itemsize
+        if math.prod(shape) * itemsize != ref_raw(sums, node.get("c"), sums):
+            raise ValueError(f"tensor of shape {shape} and dtype {dtype} does not match its data size")
+        return []
+    if tag == "ndarray":
+        dtype = numpy_dtype(node.get("dtype"))
+        shape = _shape(node.get("shape"))
+        if math.prod(shape) * dtype.itemsize != ref_raw(sums, node.get("c"), sums):
+            raise ValueError(f"array of shape {shape} and dtype {dtype} does not match its data size")
+        return []
+    if tag == "objarray":
+        shape = _shape(node.get("shape"))
+        if "c" in node and "items" not in node:  # items in a JSON data chunk (header version 3)
+            ref_raw(sums, node["c"], sums)
+            return []
+        items = _node_list(node, "items")
+        if math.prod(shape) != len(items):
+            raise ValueError("object array shape does not match its item count")
+        return items
+    if tag in ("bytes", "bytearray", "pickle"):
+        if "c" in node:
+            ref_raw(sums, node["c"], sums)
+        elif tag == "pickle" or type(node.get("hex")) is not str:
+            raise ValueError(f"{tag} node without data")
+        return []
+    if tag == "tensordict":
+        _shape(node.get("batch_size"))
+        names = node.get("names")
+        if names is not None and (type(names) is not list or any(n is not None and type(n) is not str for n in names)):
+            raise ValueError("bad tensordict names")
+        if node.get("device") not in (None, "cpu"):
+            raise ValueError("bad tensordict device")
+        if any(type(node.get(k, False)) is not bool for k in ("locked", "consolidated")):
+            raise ValueError("bad tensordict state")
+        pairs = _pairs(node, "items")
+        if any(type(k) is not str for k, _ in pairs):
+            raise ValueError("tensordict keys must be strings")
+        return [v for _, v in pairs]
+    if tag == "batch":
+        if node.get("kind") not in ("dataproto", "object") or type(node.get("class")) is not str \
+                or node.get("layout") not in ("public", "private", "dict"):
+            raise ValueError("bad batch node")
+        extra = _pairs(node, "extra")
+        if any(type(k) is not str for k, _ in extra):
+            raise ValueError("batch attribute names must be strings")
+        names = ("batch", "non_tensor_batch", "meta_info") if node["kind"] == "dataproto" else ()
+        fields = [node.get(n) for n in names]
+        return fields + [v for _, v in extra]
+    if tag == "nested":
+        if node.get("layout") not in ("strided", "jagged"):
+            raise ValueError("bad nested layout")
+        return _node_list(node, "items")
+    if tag in CLASS_TAGS:  # classes.py
+        return _check_class_node(node, tag)
+    if tag in ("int", "float", "npscalar", "complex", "device", "dtype", "range", "datetime", "date",
+               "time", "timedelta"):
+        return _check_scalar(node, tag)
+    raise ValueError(f"unknown node tag {tag!r:.40}")
+
+
+def _check_scalar(node: dict[str, Any], tag: str) -> list[Any]:
+    if tag == "int":
+        if type(node.get("v")) is not str or len(node["v"]) > 4300:
+            raise ValueError("bad int node")
+    elif tag == "float" or tag == "npscalar":
+        text = node.get("hex")
+        if type(text) is not str or len(text) > 64:
+            raise ValueError(f"bad {tag} node")
+        if tag == "float" and len(text) != 16:
+            raise ValueError("bad float node")
+        if tag == "npscalar" and numpy_dtype(node.get("dtype")).itemsize * 2 != len(text):
+            raise ValueError("numpy scalar size mismatch")
+    elif tag == "complex":
+        return [node.get("re"), node.get("im")]
+    elif tag == "device":
+        if type(node.get("v")) is not str or not _DEVICE.fullmatch(node["v"]):
+            raise ValueError("bad device")
+    elif tag == "dtype":
+        if node.get("v") not in TORCH_DTYPES:
+            raise ValueError("bad dtype")
+    elif tag in ("range", "timedelta"):
+        values = node.get("v")
+        if type(values) is not list or len(values) != 3 or any(type(v) is not int for v in values):
+            raise ValueError(f"bad {tag} node")
+    elif type(node.get("iso")) is not str or len(node["iso"]) > 64:
+        raise ValueError(f"bad {tag} node")
+    return []
+
+
+# --------------------------------------------------------------------------- structural classes
+def _bool(node: dict[str, Any], key: str) -> None:
+    if type(node.get(key, False)) is not bool:
+        raise ValueError(f"bad {node.get('$')} node: {key} must be a boolean")
+
+
+def _opt_int(value: Any) -> None:
+    if value is not None and (type(value) is not int or not 0 <= value < 1 << 62):
+        raise ValueError("bad njt node: min/max must be null or a non-negative integer")
+
+
+def _check_class_node(node: dict[str, Any], tag: str) -> list[Any]:
+    """Validate a structural-class node (:data:`CLASS_TAGS`); returns its child nodes."""
+    if tag == "npstr":
+        if type(node.get("v")) is not str:
+            raise ValueError("bad npstr node")
+        return []
+    if tag == "npbytes":
+        text = node.get("hex")
+        if type(text) is not str or len(text) % 2:
+            raise ValueError("bad npbytes node")
+        return []
+    if tag == "nontensor":
+        _shape(node.get("batch_size"))
+        if node.get("device") not in (None, "cpu"):
+            raise ValueError("bad nontensor device")
+        _bool(node, "locked")
+        return [node.get("data")]
+    if tag == "tdstack":
+        if node.get("cls") not in ("nontensor", "lazy"):
+            raise ValueError("bad tdstack class")
+        dim = node.get("stack_dim")
+        if type(dim) is not int or not 0 <= dim <= _MAX_STACK_DIM:
+            raise ValueError("bad tdstack stack_dim")
+        _bool(node, "locked")
+        items = node.get("items")
+        if type(items) is not list:
+            raise ValueError("tdstack node without items")
+        return items
+    if tag == "njt":
+        for key in ("ragged", "sym"):
+            if type(node.get(key)) is not int or not 1 <= node[key] <= 32:
+                raise ValueError(f"bad njt {key}")
+        order = node.get("order")
+        if order is not None and (type(order) is not list or sorted(order) != list(range(len(order)))
+                                  or any(type(d) is not int for d in order)):
+            raise ValueError("bad njt order")
+        _opt_int(node.get("min"))
+        _opt_int(node.get("max"))
+        for key in ("values", "offsets", "lengths"):
+            child = node.get(key)
+            if not (key == "lengths" and child is None) and (type(child) is not dict or child.get("$") != "tensor"):
+                raise ValueError(f"njt {key} must be a tensor node")
+        return [node["values"], node["offsets"], node.get("lengths")]
+    raise ValueError(f"unknown node tag {tag!r:.40}")
+
+
+
+
+def needs_class_version(node: dict[str, Any]) -> bool:
+    """Whether a (tagged) node needs header version :data:`CLASS_VERSION`."""
+    tag = node.get("$")
+    return tag in CLASS_TAGS or (tag == "tensordict" and ("locked" in node or "consolidated" in node))

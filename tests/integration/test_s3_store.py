@@ -60,14 +60,15 @@ def test_conditional_put_is_real(url: str, s3_server: dict[str, Any]) -> None:
 
 def test_expired_lease_is_taken_over_and_the_old_writer_stops(url: str, s3_server: dict[str, Any]) -> None:
     options = s3_server["storage_options"]
-    dead = FsspecStore(url, storage_options=options, lease_ttl=4.0)  # room for a slow local S3 server
+    ttl = 10.0  # room for a slow local S3 server on a busy machine (4 s was seen to expire too soon)
+    dead = FsspecStore(url, storage_options=options, lease_ttl=ttl)
     save(dead, TRAIN, 0)
     handle = dead._owned[TRAIN.key].handle
     handle._stop.set()  # the writer hangs: no more heartbeats
     handle._thread.join(timeout=5)
     with pytest.raises(LockedError, match="expires in"):
         FsspecStore(url, storage_options=options).open_writer(TRAIN)
-    time.sleep(4.2)
+    time.sleep(ttl + 0.2)
     successor = FsspecStore(url, storage_options=options, lease_ttl=30)
     save(successor, TRAIN, 1)
     current = json.loads(dead.backend.read(f"{TRAIN.directory}/.writer.lock") or b"{}")

@@ -132,7 +132,6 @@ def test_a_saved_step_reports_the_checksum_of_its_bytes(tmp_path) -> None:  # ty
 
     from rollout_mock import DirectoryStore
     from rollout_mock.codec import FileSource, open_step
-    from rollout_mock.storage.store import BatchInfo
     from rollout_mock.storage.manifest import StreamId
     from rollout_mock.storage.store import BatchInfo
 

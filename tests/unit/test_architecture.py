@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[2] / "rollout_mock"
 #: Not a design rule (modules are cut by concept, in review: see docs/contributing.md), only a
 #: backstop against a module that has clearly become several.
-MAX_LINES = 800
+MAX_LINES = 1200
 
 #: Which top-level packages may import which at module level (data flows wrap -> codec ->
 #: storage -> disk; compare/cli/debug sit on top). Function-local imports are not edges.

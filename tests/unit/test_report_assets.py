@@ -3,7 +3,6 @@ as package data, safe to inline (nothing that ends a <script>, evaluates text or
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import re
 from pathlib import Path
@@ -27,12 +26,22 @@ def test_uplot_is_the_version_and_bytes_the_readme_states() -> None:
 
 
 def test_every_asset_is_package_data() -> None:
-    pyproject = (ASSETS.parents[2] / "pyproject.toml").read_text()
-    section = pyproject.split("[tool.setuptools.package-data]", 1)[1]
-    patterns = re.findall(r'"([^"]+)"', re.search(r"^rollout_mock = \[(.*)\]$", section, re.M).group(1))
-    for path in ASSETS.iterdir():
-        rel = str(path.relative_to(ASSETS.parents[1]))
-        assert any(fnmatch.fnmatch(rel, p) for p in patterns), rel
+    """The wheel takes the whole package folder (hatchling: ``packages = ["rollout_mock"]``) less
+    what git ignores: every asset must be inside it and not ignored."""
+    import shutil
+    import subprocess
+
+    import tomllib
+
+    root = ASSETS.parents[2]
+    wheel = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["hatch"]["build"]["targets"]["wheel"]
+    assert wheel["packages"] == ["rollout_mock"] and not wheel.get("exclude")
+    assets = [str(path.relative_to(root)) for path in ASSETS.iterdir()]
+    assert all(rel.startswith("rollout_mock/") for rel in assets)
+    if shutil.which("git") is None or not (root / ".git").exists():
+        pytest.skip("not a git checkout: .gitignore cannot be checked")
+    ignored = subprocess.run(["git", "check-ignore", *assets], cwd=root, capture_output=True, text=True)
+    assert ignored.stdout.split() == [], f"assets the wheel would leave out (.gitignore): {ignored.stdout.split()}"
 
 
 @pytest.mark.parametrize("name", ["uPlot.iife.min.js", "report.js", "uPlot.min.css", "report.css"])

@@ -352,7 +352,12 @@ def read_csv(path: str | Path) -> MetricsTable:
     """
     path = Path(path)
     text = _read_text(path)
-    rows = list(csv.reader(io.StringIO(text, newline="")))
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as exc:  # a cell over csv's field limit (128 KiB), a NUL byte...
+        raise MetricsFormatError(f"{path}:{reader.line_num}: malformed CSV: {exc}", path=path,
+                                 line=reader.line_num) from None
     if not rows or not any(cell.strip() for cell in rows[0]):
         raise MetricsFormatError(f"{path}: empty CSV file (no header row)", path=path, line=1)
     header = [cell.strip() for cell in rows[0]]

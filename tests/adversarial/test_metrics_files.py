@@ -98,3 +98,15 @@ def test_bisect_reference_file_nested_deep(tmp_path: Path, capsys: pytest.Captur
     code, out, err = run("bisect", "--good", "HEAD~1", "--bad", "HEAD", "--dump", dump, "--repo", repo,
                          "--reference", reference, "--", "true", capsys=capsys)
     _refused(code, out, err, where="ref.jsonl")
+
+
+def test_a_csv_cell_past_csvs_field_limit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """csv raised its own ``_csv.Error`` (not a ValueError) through ``verify``: a traceback."""
+    hostile = tmp_path / "run.csv"
+    hostile.write_text("step,pg_loss\n0,1.0\n1," + "x" * 200_000 + "\n")
+    good = tmp_path / "good.jsonl"
+    good.write_text(GOOD)
+    for argv in (["verify", good, hostile], ["verify", hostile, good]):
+        code, out, err = run(*argv, capsys=capsys)
+        bounded(code, out, err)
+        assert code == 2 and "run.csv:3: malformed CSV" in err, err

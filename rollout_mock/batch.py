@@ -114,8 +114,10 @@ def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
     """``(layout, instance state)`` of a DataProto-like object, read from its ``__dict__`` only
     (no property, ``__getattr__`` or method of ``obj`` runs): ``layout`` is ``"public"``
     (``batch``, ``non_tensor_batch``, ``meta_info``) or ``"private"`` (ROLL >= 0.3:
-    ``_batch``, ``_non_tensor_batch``, ``meta_info``). ``meta_info`` must be a dict and
-    ``non_tensor_batch`` ``None`` or mapping-like. ``None`` for anything else (classes too)."""
+    ``_batch``, ``_non_tensor_batch``, ``meta_info``). ``meta_info`` must be a dict, ``batch`` and
+    ``non_tensor_batch`` ``None`` or mapping-like (a dict, a TensorDict). ``None`` for anything
+    else (classes too, and an object whose parts are strings, lists or numbers: every command then
+    treats it as an opaque value instead of failing on ``.items()``)."""
     if isinstance(obj, type) or type(obj).__module__ == "builtins":
         return None
     try:
@@ -125,11 +127,20 @@ def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
     if not isinstance(state, dict):
         return None
     for layout, names in _DATAPROTO_LAYOUTS:
-        if all(name in state for name in names) and isinstance(state[names[2]], dict):
-            non_tensor = state[names[1]]
-            if non_tensor is None or (hasattr(non_tensor, "keys") and hasattr(non_tensor, "__getitem__")):
-                return layout, state
+        if all(name in state for name in names) and isinstance(state[names[2]], dict) \
+                and _mapping_like_or_none(state[names[0]]) and _mapping_like_or_none(state[names[1]]):
+            return layout, state
     return None
+
+
+def _mapping_like_or_none(value: Any) -> bool:
+    """``None``, or an object whose class has ``keys`` and ``__getitem__`` (a dict, a TensorDict,
+    ROLL's ``BatchProxy``): what a DataProto's ``batch`` and ``non_tensor_batch`` may be. A string
+    or a list there (a hostile or damaged step) makes the object not DataProto-like, so no command
+    calls ``.items()`` on it."""
+    cls = type(value)
+    return value is None or (callable(getattr(cls, "keys", None)) and callable(getattr(cls, "__getitem__", None))
+                             and not isinstance(value, (str, bytes, type)))
 
 
 # --------------------------------------------------------------------------- batch types

@@ -19,13 +19,15 @@ a finiteness check, integers through a length check only when a byte scan finds 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from rollout_mock.errors import ManifestError, RolloutMockError
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_DIGITS", "loads_bounded"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_DIGITS", "loads_bounded", "parse_bounded"]
 
 #: Deepest nesting of arrays and objects accepted (an index document nests about 8 deep).
 MAX_DEPTH = 100
@@ -42,6 +44,8 @@ _BRACKETS = bytes.maketrans(b"{}", b"[]")
 #: Digits as ``0``, anything else as a space (the scan for long digit runs).
 _DIGITS = bytes(ord("0") if 48 <= c <= 57 else ord(" ") for c in range(256))
 _LONG_RUN = b"0" * (MAX_DIGITS + 1)
+#: Python's default limit on the digits of an int read from text.
+_INT_STR_LIMIT = 4300
 
 
 def _structure(data: bytes) -> bytes:
@@ -73,10 +77,13 @@ def _deeper_than(brackets: bytes, limit: int) -> bool:
     return False
 
 
-def _int(text: str) -> int:
-    if len(text.lstrip("-")) > MAX_DIGITS:
-        raise ValueError(f"a number of {len(text)} digits (more than {MAX_DIGITS})")
-    return int(text)
+def _int_of(max_digits: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if len(text.lstrip("-")) > max_digits:
+            raise ValueError(f"a number of {len(text)} digits (more than {max_digits})")
+        return int(text)
+
+    return parse
 
 
 def _float(text: str) -> float:
@@ -88,8 +95,62 @@ def _float(text: str) -> float:
     return value
 
 
+def _float_or_inf(text: str) -> float:
+    if len(text) > 4 * MAX_DIGITS:
+        raise ValueError(f"a number of {len(text)} characters")
+    return float(text)
+
+
 def _constant(text: str) -> Any:
     raise ValueError(f"{text} is not a JSON number")
+
+
+@functools.lru_cache(maxsize=32)
+def _decoder(allow_nan: bool, max_digits: int | None,
+             object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None) -> json.JSONDecoder:
+    """A decoder with the number hooks (made once: ``json.loads`` with hooks builds one per call).
+    ``max_digits``: check integers (only when a long digit run was seen). Floats are always
+    checked without ``allow_nan`` (cheap; floats are rare in index documents); with it, only
+    their length (``1e999`` is ``inf``, as ``Infinity`` would be)."""
+    hooks: dict[str, Any] = {"parse_float": _float_or_inf if allow_nan and max_digits is not None else
+                             None if allow_nan else _float}
+    if max_digits is not None:
+        hooks["parse_int"] = _int_of(max_digits)
+    return json.JSONDecoder(parse_constant=float if allow_nan else _constant,
+                            object_pairs_hook=object_pairs_hook, **hooks)
+
+
+def parse_bounded(data: bytes | bytearray | memoryview | str, *, max_bytes: int = MAX_BYTES,
+                  max_depth: int = MAX_DEPTH, allow_nan: bool = False, max_digits: int = MAX_DIGITS,
+                  object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
+    """``json.loads`` of a hostile document, within bounds (see the module docstring); raises a
+    plain :class:`ValueError` saying why (for callers that add their own context: a metrics
+    line's file and line number). :func:`loads_bounded` is the same with a rollout_mock error.
+
+    ``allow_nan``: accept ``NaN``, ``Infinity``, ``-Infinity`` and numbers that overflow a float
+    (as ``±inf``; metrics files write them). ``max_digits``: most digits of an integer (at most
+    Python's int-string limit, 4,300). ``object_pairs_hook`` as for ``json.loads`` (e.g. a
+    check for repeated keys).
+    """
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    if len(raw) > max_bytes:
+        raise ValueError(f"{len(raw):,} bytes, more than the {max_bytes:,} accepted")
+    try:
+        text = data if isinstance(data, str) else raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    if _deeper_than(_structure(raw), max_depth):
+        raise ValueError(f"nested more than {max_depth} levels deep")
+    max_digits = min(max_digits, _INT_STR_LIMIT)
+    long_run = (_LONG_RUN if max_digits == MAX_DIGITS else b"0" * (max_digits + 1)) in raw.translate(_DIGITS)
+    try:
+        return _decoder(allow_nan, max_digits if long_run else None, object_pairs_hook).decode(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+    except ValueError as exc:  # a hook's refusal, or the int-string limit
+        raise ValueError(str(exc)[:200]) from None
+    except RecursionError:
+        raise ValueError(f"nested more than {max_depth} levels deep") from None
 
 
 def loads_bounded(data: bytes | bytearray | memoryview | str, *, where: str | os.PathLike[str],
@@ -98,29 +159,9 @@ def loads_bounded(data: bytes | bytearray | memoryview | str, *, where: str | os
     """``json.loads`` of a hostile document, within bounds (see the module docstring).
 
     ``data`` must be UTF-8. Raises ``error(message, path=where)`` where ``message`` is
-    ``"{where}: unreadable {what} ({why}); {fix}"``. ``allow_nan``: accept ``NaN``,
-    ``Infinity`` and ``-Infinity`` (metrics files write them).
+    ``"{where}: unreadable {what} ({why}); {fix}"``. ``allow_nan``: as for :func:`parse_bounded`.
     """
-    def refuse(why: str) -> RolloutMockError:
-        return error(f"{where}: unreadable {what} ({why}); {fix}", path=os.fspath(where))
-
-    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
-    if len(raw) > max_bytes:
-        raise refuse(f"{len(raw):,} bytes, more than the {max_bytes:,} accepted")
     try:
-        text = data if isinstance(data, str) else raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise refuse(f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    if _deeper_than(_structure(raw), max_depth):
-        raise refuse(f"nested more than {max_depth} levels deep")
-    hooks: dict[str, Any] = {"parse_float": _float}
-    if _LONG_RUN in raw.translate(_DIGITS):
-        hooks["parse_int"] = _int
-    try:
-        return json.loads(text, parse_constant=float if allow_nan else _constant, **hooks)
-    except json.JSONDecodeError as exc:
-        raise refuse(f"{exc.msg} at line {exc.lineno}, column {exc.colno}") from None
-    except ValueError as exc:  # a hook's refusal, or the int-string limit
-        raise refuse(str(exc)[:200]) from None
-    except RecursionError:
-        raise refuse(f"nested more than {max_depth} levels deep") from None
+        return parse_bounded(data, max_bytes=max_bytes, max_depth=max_depth, allow_nan=allow_nan)
+    except ValueError as exc:
+        raise error(f"{where}: unreadable {what} ({exc}); {fix}", path=os.fspath(where)) from None

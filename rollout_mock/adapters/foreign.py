@@ -17,7 +17,6 @@ of (tensors, arrays, plain containers, registered batch classes) and replays in 
 
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import re
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock.errors import DumpNotFoundError, ForeignDumpError, RolloutMockError, UnsafePickleError
+from rollout_mock.jsonio import parse_bounded
 from rollout_mock.progress import progress_bar
 from rollout_mock.storage.manifest import MANIFEST_NAME, StreamId
 from rollout_mock.storage.paths import open_regular, read_fd
@@ -196,7 +196,7 @@ def _verl_meta_step(path: Path, step: int) -> int:
     try:
         if len(data) > _VERL_META_LIMIT:
             raise ValueError(f"larger than {_VERL_META_LIMIT} bytes")
-        meta = json.loads(data.decode("utf-8"))
+        meta = parse_bounded(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise ForeignDumpError(f"{path}: not a verl meta.json ({short_repr(str(exc), 120)})", path=path) from None
     recorded = meta.get("global_steps", step) if isinstance(meta, dict) else step

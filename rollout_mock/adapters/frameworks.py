@@ -220,10 +220,28 @@ def _tensordict_concat(parts: list[Any]) -> Any:
     return torch.cat(parts)
 
 
+def _tensordict_parts(obj: Any) -> dict[str, Any]:
+    """Its entries as structural walks see them: ``NonTensorData`` as its value and
+    ``NonTensorStack`` as a list (what ``td[key]`` gives), so that ``--redact`` and ``diff`` see
+    the text a TensorDict holds."""
+    return {str(k): obj[k] for k in obj.keys()}
+
+
+def _tensordict_rebuild(obj: Any, parts: dict[str, Any]) -> Any:
+    """A shallow copy with ``parts`` set (a string or a list becomes non-tensor data again)."""
+    out = obj.clone(recurse=False)
+    if out.is_locked:
+        out.unlock_()
+    for key, value in parts.items():
+        out[key] = value
+    return out
+
+
 TENSORDICT = BatchType(
     "tensordict", _is_tensordict, _tensordict_rows, _tensordict_take, _tensordict_concat,
     columns=lambda b: {str(k): v for k, v in b.items()},
     select=lambda b, keys: b.select(*[k for k in b.keys() if k in keys]),
+    parts=_tensordict_parts, rebuild=_tensordict_rebuild,
 )
 
 

@@ -91,6 +91,18 @@ def _is_mapping_like(obj: Any) -> bool:
     return callable(getattr(type(obj), "keys", None)) and callable(getattr(type(obj), "__getitem__", None))
 
 
+def _keys_readable(obj: Any) -> bool:
+    """Whether a mapping-like object lists its keys (a stand-in of a damaged step, whose parts
+    are not mappings, cannot: it is then compared as a value)."""
+    if isinstance(obj, Mapping):
+        return True
+    try:
+        obj.keys()
+    except Exception:  # noqa: BLE001 - whatever a damaged object raises
+        return False
+    return True
+
+
 def _mapping_children(obj: Any) -> dict[str, Any]:
     if isinstance(obj, Mapping):
         return {str(k): v for k, v in obj.items()}
@@ -128,7 +140,7 @@ def _node_kind(obj: Any) -> str:
     kind = batch_type_of(obj)
     if kind is not None and kind.name != "mapping" and _parts_of(obj) is not None:
         return f"batch:{kind.name}"  # a registered batch type, walked through its parts
-    if _is_mapping_like(obj):
+    if _is_mapping_like(obj) and _keys_readable(obj):
         return "mapping"
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return "dataclass"

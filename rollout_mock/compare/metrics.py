@@ -23,7 +23,7 @@ import struct
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rollout_mock.errors import (
     InvalidMetricError,
@@ -32,12 +32,14 @@ from rollout_mock.errors import (
     MetricsWarning,
     MissingExtraError,
 )
+from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.paths import read_inside
-from rollout_mock.text import logger
+from rollout_mock.text import fmt_number, logger, short_repr
 
 __all__ = [
-    "DEFAULT_METRICS_FILE", "MAX_EXACT_INT", "MetricsTable", "decode_value", "encode_value", "identical",
-    "read_csv", "read_jsonl", "read_metrics", "read_tensorboard", "resolve_metrics_path", "within_tolerance",
+    "DEFAULT_METRICS_FILE", "MAX_EXACT_INT", "JsonlRecord", "MetricsTable", "decode_value", "encode_value",
+    "identical", "jsonl_records", "read_csv", "read_jsonl", "read_metrics", "read_tensorboard",
+    "resolve_metrics_path", "within_tolerance",
 ]
 
 
@@ -49,6 +51,8 @@ MAX_EXACT_INT = 2**53
 _NONFINITE_ENCODE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _JSONL_SUFFIXES = (".jsonl", ".ndjson")
 _TFEVENTS_MARK = "tfevents"
+#: Longest line of a JSONL metrics file (a real line is well under a kilobyte).
+MAX_LINE_BYTES = 1 << 20
 
 
 
@@ -109,18 +113,29 @@ def decode_value(raw: object) -> float:
     booleans and other strings.
     """
     if isinstance(raw, bool) or raw is None:
-        raise ValueError(f"expected a number, got {json.dumps(raw)}")
+        raise ValueError(f"expected a number, got {_shown(raw)}")
     if isinstance(raw, int):
         if abs(raw) > MAX_EXACT_INT:
-            raise ValueError(f"integer {raw} is beyond 2**53 and cannot be read exactly")
+            raise ValueError(f"integer {_shown(raw)} is beyond 2**53 and cannot be read exactly")
         return float(raw)
     if isinstance(raw, float):
         return raw
     if isinstance(raw, str) and raw in _NONFINITE_ENCODE:
         return _NONFINITE_ENCODE[raw]
     raise ValueError(
-        f"expected a number or one of \"NaN\", \"Infinity\", \"-Infinity\", got {json.dumps(raw)}"
+        f"expected a number or one of \"NaN\", \"Infinity\", \"-Infinity\", got {_shown(raw)}"
     )
+
+
+def _shown(raw: object, limit: int = 80) -> str:
+    """A stored value as JSON, for an error message: bounded, whatever the value."""
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw.bit_length() > 200:
+        return fmt_number(raw)
+    try:
+        text = json.dumps(raw)
+    except (TypeError, ValueError, RecursionError):
+        text = short_repr(raw, limit)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_step(step: object) -> int:
@@ -267,6 +282,28 @@ def read_jsonl(path: str | Path, *, data: bytes | None = None) -> MetricsTable:
     """Read a JSONL metrics file (format in the module docstring); ``data``: its bytes, read
     by the caller (files under a dump are opened with ``storage.paths.open_inside``)."""
     path = Path(path)
+    builder = _TableBuilder(path)
+    for record in jsonl_records(path, data=data):
+        for key, value in record.values:
+            builder.add(key, record.step, value, f"line {record.lineno}")
+    return builder.build("jsonl")
+
+
+class JsonlRecord(NamedTuple):
+    """One line of a JSONL metrics file: its number, text (newline kept), step and values."""
+
+    lineno: int
+    line: str
+    step: int
+    values: list[tuple[str, float]]
+
+
+def jsonl_records(path: str | Path, *, data: bytes | None = None) -> Iterator[JsonlRecord]:
+    """The records of a JSONL metrics file, in order (blank lines skipped): every line parsed
+    with the bounded JSON reader (:func:`~rollout_mock.jsonio.parse_bounded`: nesting, number
+    size, line size), so a hostile file is a :class:`MetricsFormatError` naming the file and the
+    line, never a ``RecursionError``. An incomplete last line is skipped with a warning."""
+    path = Path(path)
     if data is None:
         text = _read_text(path)
     else:
@@ -276,27 +313,27 @@ def read_jsonl(path: str | Path, *, data: bytes | None = None) -> MetricsTable:
             raise MetricsFormatError(f"{path}: not UTF-8 text ({exc.reason})", path=path) from None
     lines = text.split("\n")
     torn_possible = not text.endswith("\n")
-    builder = _TableBuilder(path)
     for index, line in enumerate(lines):
         lineno = index + 1
         if not line.strip():
             continue
         is_last = index == len(lines) - 1
         try:
-            obj = json.loads(line, object_pairs_hook=_no_duplicate_keys)
+            obj = parse_bounded(line, max_bytes=MAX_LINE_BYTES, max_depth=2, allow_nan=True,
+                                object_pairs_hook=_no_duplicate_keys)
             if not isinstance(obj, dict):
                 raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
             if "step" not in obj:
                 raise ValueError('missing "step"')
             raw_step = obj.pop("step")
             if isinstance(raw_step, bool) or not isinstance(raw_step, int) or raw_step < 0:
-                raise ValueError(f'"step" must be a non-negative integer, got {json.dumps(raw_step)}')
+                raise ValueError(f'"step" must be a non-negative integer, got {_shown(raw_step)}')
             values: list[tuple[str, float]] = []
             for key, raw in obj.items():
                 try:
                     values.append((key, decode_value(raw)))
                 except ValueError as exc:
-                    raise ValueError(f"metric {key!r}: {exc}") from None
+                    raise ValueError(f"metric {short_repr(key, 80)}: {exc}") from None
         except ValueError as exc:
             if is_last and torn_possible:
                 _warn_torn(path, lineno, line)
@@ -304,9 +341,7 @@ def read_jsonl(path: str | Path, *, data: bytes | None = None) -> MetricsTable:
             raise MetricsFormatError(
                 f"{path}:{lineno}: malformed metrics line: {exc}", path=path, line=lineno
             ) from None
-        for key, value in values:
-            builder.add(key, raw_step, value, f"line {lineno}")
-    return builder.build("jsonl")
+        yield JsonlRecord(lineno, line + ("" if is_last else "\n"), raw_step, values)
 
 
 def read_csv(path: str | Path) -> MetricsTable:
@@ -317,7 +352,12 @@ def read_csv(path: str | Path) -> MetricsTable:
     """
     path = Path(path)
     text = _read_text(path)
-    rows = list(csv.reader(io.StringIO(text, newline="")))
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as exc:  # a cell over csv's field limit (128 KiB), a NUL byte...
+        raise MetricsFormatError(f"{path}:{reader.line_num}: malformed CSV: {exc}", path=path,
+                                 line=reader.line_num) from None
     if not rows or not any(cell.strip() for cell in rows[0]):
         raise MetricsFormatError(f"{path}: empty CSV file (no header row)", path=path, line=1)
     header = [cell.strip() for cell in rows[0]]

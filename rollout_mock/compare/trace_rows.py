@@ -55,8 +55,14 @@ def _ndim(value: Any) -> int:
 def _rows_of(value: Any, n: int) -> list[Any]:
     """The first ``n`` rows of a column as Python values, in one device->host transfer.
 
-    A 0-d tensor/array (one value for the whole batch) is repeated ``n`` times.
+    A 0-d tensor/array (one value for the whole batch) is repeated ``n`` times; a column shorter
+    than the batch (a damaged step) is padded with ``None``.
     """
+    rows = _first_rows(value, n)
+    return rows + [None] * (n - len(rows)) if len(rows) < n else rows
+
+
+def _first_rows(value: Any, n: int) -> list[Any]:
     if isinstance(value, torch.Tensor):
         value = value.detach()
         if value.ndim == 0:
@@ -170,6 +176,10 @@ def _text_columns(others: Mapping[str, Any], n: int) -> tuple[list[Any] | None, 
 
 
 # --------------------------------------------------------------------------- chat messages and roles
+#: Token ids at or past this are never handed to a tokenizer (its native code overflows on them).
+_MAX_TOKEN_ID = 1 << 31
+
+
 class _Renderer:
     """Token ids -> message content: decoded text with a tokenizer, a compact id list without."""
 
@@ -177,9 +187,12 @@ class _Renderer:
         self.tokenizer = tokenizer
 
     def content(self, ids: Sequence[int]) -> str:
-        if self.tokenizer is not None:
-            return str(self.tokenizer.decode(list(ids)))
-        shown = " ".join(fmt_number(int(i)) for i in ids[:MAX_IDS_SHOWN])  # never str() of a huge int
+        if self.tokenizer is not None and all(type(i) is int and 0 <= i < _MAX_TOKEN_ID for i in ids):
+            try:
+                return str(self.tokenizer.decode(list(ids)))
+            except Exception:  # noqa: BLE001 - tokenizers raise assorted errors on ids outside their vocabulary
+                pass  # shown as ids, as without a tokenizer
+        shown = " ".join(fmt_number(i) for i in ids[:MAX_IDS_SHOWN])  # never str() of a huge int
         more = len(ids) - MAX_IDS_SHOWN
         return f"[{shown} ... +{more} more]" if more > 0 else f"[{shown}]"
 
@@ -282,8 +295,13 @@ class _Columns:
         return cls({k: _rows_of(tensors[k], n) for k in _TOKEN_KEYS if tensors.get(k) is not None})
 
     def get(self, key: str, row: int) -> list[Any] | None:
+        """Row ``row`` of a token column: a flat list of real numbers, else ``None`` (a column of
+        another shape — 1-D, 3-D, complex — in a damaged step is not read as tokens)."""
         column = self.rows.get(key)
-        return None if column is None else column[row]
+        value = None if column is None else column[row]
+        if not isinstance(value, list) or not all(type(v) in (int, float, bool) for v in value):
+            return None
+        return value
 
 
 def _aligned(mask: list[Any] | None, length: int) -> list[int] | None:

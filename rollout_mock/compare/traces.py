@@ -115,10 +115,17 @@ def _structured_traces(
     tensors, others = _split_mapping(item)
     rewards = _reward_column(tensors, others, n)
     return [
-        Trace(start + row, "ok", rewards[row], [_structured_message(m, renderer) for m in conversations[row]],
-              {**base, "row": row})
+        Trace(start + row, "ok", rewards[row],
+              [_structured_message(m, renderer) for m in _messages(conversations[row])], {**base, "row": row})
         for row in range(n)
     ]
+
+
+def _messages(conversation: Any) -> list[Any]:
+    """One row's messages: a list (an array), or one message (a damaged row: a string, a number)."""
+    if isinstance(conversation, np.ndarray):
+        return conversation.reshape(-1).tolist()
+    return list(conversation) if isinstance(conversation, list | tuple) else [conversation]
 
 
 _SLIME_FIELDS = frozenset({"tokens", "response_length"})

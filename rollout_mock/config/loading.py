@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -16,22 +17,193 @@ from rollout_mock.errors import ConfigError
 from rollout_mock.text import short_repr
 from rollout_mock.yamlio import load_yaml_file
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_YAML_NODES", "load_config"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_INTERPOLATION_DEPTH", "MAX_INTERPOLATION_SIZE", "MAX_YAML_NODES", "load_config"]
 
 #: Largest YAML config file read (a training config is a few kB).
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 #: Most nodes a YAML document may have once its aliases are expanded.
 MAX_YAML_NODES = 200_000
+#: Longest chain of ``${...}`` references (``a: ${b}``, ``b: ${c}``...) plus the nesting of the
+#: values they reach, and most characters (a container or a scalar counts :data:`_NODE_COST`)
+#: that resolving them may produce: interpolations are bounded as YAML aliases are.
+MAX_INTERPOLATION_DEPTH = 64
+MAX_INTERPOLATION_SIZE = 4 * 1024 * 1024
+_NODE_COST = 16
+#: A ``${...}`` body's names: ``a.b``, ``.sibling``, ``..up.x``, ``list[0]`` (resolver names and
+#: arguments match too: what is not a key of the config is ignored, so the count can only be high).
+_REFERENCE = re.compile(r"(\.*)([\w\-]+(?:\.[\w\-]+|\[[\w\-]+\])*)")
 
 
 def _to_plain(source: Any) -> Any:
-    """OmegaConf containers and dataclasses to plain Python containers."""
+    """OmegaConf containers and dataclasses to plain Python containers (interpolations checked by
+    :func:`check_interpolations` before OmegaConf resolves them)."""
     if dataclasses.is_dataclass(source) and not isinstance(source, type):
         return dataclasses.asdict(source)
     omegaconf = sys.modules.get("omegaconf")  # a DictConfig exists only once omegaconf is imported
     if omegaconf is not None and isinstance(source, omegaconf.DictConfig):
+        check_interpolations(omegaconf.OmegaConf.to_container(source, resolve=False), [()])
         return omegaconf.OmegaConf.to_container(source, resolve=True)
     return source
+
+
+def check_interpolations(root: Any, starts: list[tuple[Any, ...]]) -> None:
+    """Refuse, before OmegaConf resolves anything, ``${...}`` interpolations whose resolution
+    from the values at ``starts`` (paths of keys and indices in ``root``) would be too large or
+    too deep: a few hundred bytes of ``b: ${a}${a}``, ``c: ${b}${b}``... expand exponentially.
+
+    Every ``${...}`` is followed to the values it names (absolute ``a.b``, relative ``.x`` and
+    ``..x``, indices; names inside resolver calls too, so the estimate is never low) and the size
+    of each value, references expanded, is computed once. :class:`ConfigError` names the key, the
+    chain and the fix when the size passes :data:`MAX_INTERPOLATION_SIZE`, the chain (plus the
+    nesting it reaches) passes :data:`MAX_INTERPOLATION_DEPTH`, or a value refers to itself."""
+    sizes: dict[tuple[Any, ...], int] = {}
+    on_path: list[tuple[Any, ...]] = []
+
+    def name(path: tuple[Any, ...]) -> str:
+        return ".".join(str(p)[:40] for p in path) or "<the config>"
+
+    def chain() -> str:
+        shown = [name(p) for p in on_path if isinstance(_lookup(root, p), str)]
+        return " -> ".join(shown[:4] + (["..."] if len(shown) > 6 else []) + shown[max(4, len(shown) - 2):])
+
+    def size(path: tuple[Any, ...]) -> int:
+        known = sizes.get(path)
+        if known is not None:
+            return known
+        if path in on_path:
+            raise ConfigError(f"{name(on_path[0])}: a ${{...}} interpolation refers to itself ({chain()} -> "
+                              f"{name(path)}); write the value out")
+        if len(on_path) >= MAX_INTERPOLATION_DEPTH:
+            raise ConfigError(f"{name(on_path[0])}: ${{...}} interpolations nest deeper than "
+                              f"{MAX_INTERPOLATION_DEPTH} levels ({chain()}); write the value out or "
+                              f"reference it directly")
+        on_path.append(path)
+        value = _lookup(root, path)
+        total = _NODE_COST
+        if isinstance(value, str):
+            total += len(value)
+            for target in _references(root, value, path):
+                total += size(target)
+                if total > MAX_INTERPOLATION_SIZE:
+                    break
+        elif isinstance(value, Mapping):
+            for key in value:
+                total += size((*path, key))
+                if total > MAX_INTERPOLATION_SIZE:
+                    break
+        elif isinstance(value, list):
+            for index in range(len(value)):
+                total += size((*path, index))
+                if total > MAX_INTERPOLATION_SIZE:
+                    break
+        if total > MAX_INTERPOLATION_SIZE:
+            raise ConfigError(f"{name(on_path[0])}: its ${{...}} interpolations expand to more than "
+                              f"{MAX_INTERPOLATION_SIZE:,} characters ({chain()}); an interpolation bomb? "
+                              f"Write the value out, or reference each value once")
+        on_path.pop()
+        sizes[path] = total
+        return total
+
+    for start in starts:
+        size(start)
+
+
+_MISSING = object()
+
+
+def _lookup(root: Any, path: tuple[Any, ...]) -> Any:
+    node = root
+    for part in path:
+        if isinstance(node, Mapping) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        else:
+            return _MISSING
+    return node
+
+
+def _references(root: Any, text: str, path: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    """The paths of the values of ``root`` that the ``${...}`` of ``text`` (the value at
+    ``path``) may name, as OmegaConf resolves them: absolute from the root, relative (``.x``)
+    from the mapping holding the value, one level up per further dot."""
+    found: list[tuple[Any, ...]] = []
+    start = text.find("${")
+    while start >= 0:
+        body, end = _body(text, start)
+        names = _REFERENCE.findall(body)
+        if "${" in body:  # ${a.${b}}: the name is made by the inner value; follow that too
+            static = _static_body(root, body, path)
+            if static is None:
+                raise ConfigError(f"{'.'.join(map(str, path))}: the nested interpolation ${{{body[:60]}}} names "
+                                  f"a value made by another resolver, which cannot be checked for its size; "
+                                  f"write the value out")
+            names += _REFERENCE.findall(static)
+        for dots, dotted in names:
+            target = _resolve(root, _base(path, dots), dotted)
+            if target is not None:
+                found.append(target)
+        start = text.find("${", end)
+    return found
+
+
+def _base(path: tuple[Any, ...], dots: str) -> tuple[Any, ...]:
+    """Where a reference with ``dots`` leading dots starts: the root, or the mapping holding the
+    value at ``path`` and one level up per further dot."""
+    return () if not dots else path[: max(len(path) - len(dots), 0)]
+
+
+_INNERMOST = re.compile(r"\$\{([^${}]*)\}")
+
+
+def _static_body(root: Any, body: str, path: tuple[Any, ...]) -> str | None:
+    """``body`` with each nested ``${name}`` replaced by the plain value it names, innermost
+    first; ``None`` when one names no plain value of the config (a resolver's output)."""
+    for _ in range(MAX_INTERPOLATION_DEPTH):
+        match = _INNERMOST.search(body)
+        if match is None:
+            return body
+        reference = _REFERENCE.fullmatch(match.group(1).strip())
+        target = None if reference is None else _resolve(root, _base(path, reference.group(1)), reference.group(2))
+        value = None if target is None else _lookup(root, target)
+        if not isinstance(value, (str, int, float)) or len(str(value)) > 200 or "${" in str(value):
+            return None
+        body = body[: match.start()] + str(value) + body[match.end():]
+    return None
+
+
+def _body(text: str, start: int) -> tuple[str, int]:
+    """The text of the ``${...}`` at ``start``, nested ``${...}`` included, and the index after
+    its closing brace (the end of ``text`` when it has none)."""
+    level, index = 0, start
+    while index < len(text):
+        if text.startswith("${", index):
+            level += 1
+            index += 2
+            continue
+        if text[index] == "}":
+            level -= 1
+            if level == 0:
+                return text[start + 2:index], index + 1
+        index += 1
+    return text[start + 2:], len(text)
+
+
+def _resolve(root: Any, base: tuple[Any, ...], dotted: str) -> tuple[Any, ...] | None:
+    """The path of ``dotted`` (``a.b[0].c``) under ``base`` in ``root``, if it names a value."""
+    path = base
+    node = _lookup(root, base)
+    for part in re.findall(r"[^.\[\]]+", dotted):
+        if isinstance(node, Mapping):
+            key: Any = part if part in node else int(part) if part.isdigit() and int(part) in node else None
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            key = int(part)
+        else:
+            return None
+        if key is None:
+            return None
+        path, node = (*path, key), node[key]
+    return path if path != base else None
 
 
 def _has_interpolation(value: Any, seen: set[int] | None = None) -> bool:
@@ -72,6 +244,7 @@ def _resolve_interpolations(root: Mapping[Any, Any]) -> Mapping[Any, Any]:
             f"installed to resolve it; `pip install omegaconf` (or the verl extra), or write the "
             f"value out"
         ) from None
+    check_interpolations(root, [(BLOCK_KEY, key) if whole else (key,) for key in keys])
     try:
         config = OmegaConf.create(dict(root))
     except Exception:  # e.g. a value type OmegaConf does not support elsewhere in the file

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock import batch as batch_model
+from rollout_mock.compare.metrics import jsonl_records
 from rollout_mock.debug.redact import redact as redact_batch
 from rollout_mock.debug.redact import redact_call
 from rollout_mock.errors import DebugInputError, RolloutMockError, UnsafePathError, UnsafePickleError
@@ -137,18 +138,11 @@ def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
         data = read_inside(src, f"expected/{name}")
         if data is None:
             continue
-        kept: list[str] = []
-        for number, line in enumerate(data.decode("utf-8", "replace").splitlines(keepends=True), 1):
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
-                continue  # a torn last line of a crashed run
-            except ValueError as exc:  # a number past Python's int-string limit: not a metrics line we wrote
-                raise DebugInputError(f"{source / name}:{number}: malformed metrics line: {str(exc)[:120]}") from None
-            step = record.get("step") if isinstance(record, dict) else None
-            if step in steps:
-                kept.append(line if line.endswith("\n") else line + "\n")
-        write_inside(dst, f"expected/{name}", "".join(kept).encode("utf-8"))
+        # the metrics reader's own parse: a line it refuses (nested, a number past every limit)
+        # ends the cut with its error, as report and verify do; a torn last line is skipped
+        kept = "".join(record.line if record.line.endswith("\n") else record.line + "\n"
+                       for record in jsonl_records(source / name, data=data) if record.step in steps)
+        write_inside(dst, f"expected/{name}", kept.encode("utf-8"))
     return True
 
 

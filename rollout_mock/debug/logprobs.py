@@ -147,11 +147,14 @@ def token_logprobs(fn: ModelFn, sequences: list[torch.Tensor], *, device: str = 
     for row, tokens in enumerate(sequences):
         ids[row, : len(tokens)] = tokens
         attention[row, : len(tokens)] = 1
+    vocab = getattr(getattr(fn, "config", None), "vocab_size", None)
+    _check_ids(ids, vocab if isinstance(vocab, int) else None)  # before the model's embedding sees them
     ids, attention = ids.to(device), attention.to(device)
     output = fn(input_ids=ids, attention_mask=attention) if _is_hf(fn) else fn(ids, attention)
     out = _output_tensor(output)
     if out.shape[:2] != ids.shape:
         raise DebugInputError(f"the model returned shape {tuple(out.shape)} for input {tuple(ids.shape)}")
+    _check_ids(ids, int(out.shape[-1]))
     out = out.float()
     lse = torch.logsumexp(out, dim=-1)
     is_logprob = bool((lse[attention != 0].abs() < 1e-4).all())
@@ -160,6 +163,18 @@ def token_logprobs(fn: ModelFn, sequences: list[torch.Tensor], *, device: str = 
     picked = logp[:, :-1].gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
     picked = torch.nn.functional.pad(picked, (1, 0)).double().cpu()
     return [picked[row, : len(tokens)] for row, tokens in enumerate(sequences)]
+
+
+def _check_ids(ids: torch.Tensor, vocab: int | None) -> None:
+    """Recorded token ids must be in the model's vocabulary ``[0, vocab)`` (a damaged step holds
+    negative or huge ids, which would index past the logits)."""
+    if ids.numel() == 0:
+        return
+    low, high = int(ids.min()), int(ids.max())
+    if low < 0 or (vocab is not None and high >= vocab):
+        raise DebugInputError(f"recorded token ids span [{low}, {high}], outside the model's vocabulary "
+                              f"[0, {vocab if vocab is not None else '...'}): the step is damaged, or --keys "
+                              f"tokens=... names the wrong column, or the model is not the rollout's")
 
 
 # --------------------------------------------------------------------------- the report

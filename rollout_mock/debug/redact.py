@@ -2,10 +2,20 @@
 
 Only fields named as text are touched (token ids are not: they encode the text too, so a dump
 with ``--redact`` is safe to share only with people who do not hold the tokenizer, or after
-``--keys`` drops the token columns). Names: :data:`TEXT_KEYS`. A string becomes
-``"<redacted>"``; chat messages keep their ``role`` and lose their ``content``; lists, tuples,
-dicts and object arrays keep their shape. Id-like fields (``uid``, ``index``...) are kept, since
-training groups samples by them.
+``--keys`` drops the token columns). Names: :data:`TEXT_KEYS`. Under a text key, a string becomes
+``"<redacted>"``, a string used as a mapping key ``"<redacted>N"``; chat messages keep their
+structure (``role``, ``content``... as keys, the ``role`` and ``type`` values of
+:data:`KEPT_VALUES`) and lose their text; lists, tuples, dicts and object arrays keep their shape.
+Id-like fields (``uid``, ``index``...) are kept, since training groups samples by them.
+
+One walk (:func:`_Walk`) covers every holder of a value: mappings, lists, tuples (named ones
+too), numpy arrays, the parts of every batch type of the batch model (a DataProto's
+``non_tensor_batch`` and ``meta_info``, a TensorDict's entries with their ``NonTensorData`` and
+``NonTensorStack`` values) and the attribute dict of other objects (registered batch classes,
+slime's ``Sample``). It has no depth escape: a container nested deeper than :data:`MAX_DEPTH`
+is replaced whole by the placeholder (named ``(nested deeper than 64 levels)`` among the redacted
+fields), so nothing is kept for being deep. Each object is visited once (shared references do not
+multiply the work).
 """
 
 from __future__ import annotations
@@ -15,9 +25,9 @@ from typing import Any, cast
 
 import numpy as np
 
-from rollout_mock.batch import batch_parts, batch_type_of, rebuild
+from rollout_mock.batch import batch_parts, batch_type_of, is_array, is_tensor, rebuild
 
-__all__ = ["PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch", "redact_call"]
+__all__ = ["KEPT_VALUES", "MAX_DEPTH", "PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch", "redact_call"]
 
 PLACEHOLDER = "<redacted>"
 #: Field names holding prompt/response text: verl/ROLL non-tensor keys, slime Sample fields.
@@ -26,36 +36,135 @@ TEXT_KEYS: frozenset[str] = frozenset({
     "responses_text", "response_text", "raw_response", "completion", "text", "label", "ground_truth",
     "multi_modal_data", "tools_kwargs", "extra_info",
 })
-_KEEP_IN_MESSAGES = frozenset({"role", "name", "type", "tool_call_id"})
+#: Under a text key, the mapping keys kept as they are (the structure of chat messages and their
+#: content parts); every other string key is text and is replaced.
+_STRUCTURE_KEYS = frozenset({
+    "role", "content", "name", "type", "tool_call_id", "tool_calls", "function", "arguments", "id", "text",
+    "image", "image_url", "url", "audio", "input_audio", "video", "reasoning_content", "refusal",
+})
+#: The values kept under a text key: chat roles and content-part types, nothing else.
+KEPT_VALUES: Mapping[str, frozenset[str]] = {
+    "role": frozenset({"system", "developer", "user", "assistant", "tool", "function", "ipython"}),
+    "type": frozenset({"text", "image", "image_url", "audio", "input_audio", "video", "file", "function",
+                       "tool_call", "tool_result", "thinking"}),
+}
+#: Containers nested deeper than this are replaced whole by the placeholder.
+MAX_DEPTH = 64
+_TOO_DEEP = f"(nested deeper than {MAX_DEPTH} levels)"
 
 
-def _scrub(value: Any) -> Any:
-    """``value`` with every string replaced, containers rebuilt with the same type."""
-    if isinstance(value, str):
-        return PLACEHOLDER
-    if isinstance(value, bytes):
-        return PLACEHOLDER.encode()
-    if isinstance(value, Mapping):
-        return _rebuild(value, {k: v if k in _KEEP_IN_MESSAGES else _scrub(v) for k, v in value.items()})
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        out = np.empty(value.shape, dtype=object)
-        for idx, item in np.ndenumerate(value):
-            out[idx] = _scrub(item)
+class _Walk:
+    """One redaction pass over a value (see the module docstring).
+
+    ``scrub`` (below a text key): every string goes. ``all_keys``: string mapping keys go too,
+    structural ones included (a recorded call's arguments). ``hits``: the text keys met."""
+
+    def __init__(self, names: frozenset[str], *, all_keys: bool = False) -> None:
+        self.names = names
+        self.all_keys = all_keys
+        self.hits: set[str] = set()
+        self._done: dict[tuple[int, bool], Any] = {}
+        self._alive: list[Any] = []  # keeps every visited value alive, so that no id is reused
+
+    def value(self, value: Any, scrub: bool, depth: int = 0) -> Any:
+        if isinstance(value, str):
+            return PLACEHOLDER if scrub else value
+        if isinstance(value, (bytes, bytearray)):
+            return PLACEHOLDER.encode() if scrub else value
+        if value is None or isinstance(value, (bool, int, float, complex)) or is_tensor(value):
+            return value
+        if is_array(value) and value.dtype != object:
+            if not scrub or value.dtype.kind in "biufcmM":
+                return value
+            if value.dtype.kind in "US":
+                size = max(len(PLACEHOLDER), value.itemsize)
+                return np.full(value.shape, PLACEHOLDER, dtype=f"{value.dtype.kind}{size}")
+            return PLACEHOLDER  # records (structured dtypes) and raw bytes: their text cannot be told apart
+        if depth > MAX_DEPTH:  # no depth escape: the whole container goes
+            self.hits.add(_TOO_DEEP)
+            return PLACEHOLDER
+        memo = (id(value), scrub)
+        if memo in self._done:
+            return self._done[memo]
+        self._alive.append(value)
+        self._done[memo] = PLACEHOLDER  # a cycle back to a value being walked: cut there
+        out = self._container(value, scrub, depth + 1)
+        self._done[memo] = out
         return out
-    if isinstance(value, np.ndarray) and value.dtype.kind in "US":
-        return np.full(value.shape, PLACEHOLDER, dtype=value.dtype.kind + str(max(len(PLACEHOLDER), value.itemsize)))
-    if isinstance(value, list):
-        return [_scrub(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_scrub(v) for v in value)
-    return value
+
+    def _container(self, value: Any, scrub: bool, depth: int) -> Any:
+        if isinstance(value, np.ndarray):  # an object array
+            array = np.empty(value.shape, dtype=object)
+            for idx, item in np.ndenumerate(value):
+                array[idx] = self.value(item, scrub, depth)
+            return array if _changed(value.reshape(-1), array.reshape(-1)) else value
+        kind = batch_type_of(value)
+        if kind is not None and kind.name not in ("mapping", "list", "tuple", "tensor") and kind.rebuild is not None:
+            parts = batch_parts(value) or {}
+            walked = {name: self._field(name, part, scrub, depth) for name, part in parts.items()}
+            changed = {name: part for name, part in walked.items() if part is not parts[name]}
+            return rebuild(value, changed) if changed else value
+        if isinstance(value, Mapping):
+            return self._mapping(value, scrub, depth)
+        if isinstance(value, list):
+            out = [self.value(v, scrub, depth) for v in value]
+            return out if _changed(value, out) else value
+        if isinstance(value, tuple):
+            items = [self.value(v, scrub, depth) for v in value]
+            if not _changed(value, items):
+                return value
+            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+        return self._object(value, scrub, depth)
+
+    def _field(self, name: Any, value: Any, scrub: bool, depth: int) -> Any:
+        """The value of a mapping key or attribute ``name``."""
+        if scrub:
+            kept = KEPT_VALUES.get(name) if isinstance(name, str) and not self.all_keys else None
+            return value if kept is not None and isinstance(value, str) and value in kept else \
+                self.value(value, True, depth)
+        if isinstance(name, str) and name in self.names:
+            self.hits.add(name)
+            return self.value(value, True, depth)
+        return self.value(value, False, depth)
+
+    def _key(self, key: Any, index: int, scrub: bool) -> Any:
+        """A mapping key under a text key: text (a string, bytes, a tuple) is replaced."""
+        if not scrub or isinstance(key, (bool, int, float, type(None))):
+            return key
+        if isinstance(key, str) and key in _STRUCTURE_KEYS and not self.all_keys:
+            return key
+        return f"{PLACEHOLDER}{index}"
+
+    def _mapping(self, value: Mapping[Any, Any], scrub: bool, depth: int) -> Any:
+        items = {self._key(key, i, scrub): self._field(key, item, scrub, depth)
+                 for i, (key, item) in enumerate(value.items())}
+        if list(items) == list(value.keys()) and not _changed(value.values(), items.values()):
+            return value
+        return _remake(value, items)
+
+    def _object(self, value: Any, scrub: bool, depth: int) -> Any:
+        """An object of another class: its attribute dict, walked like a mapping (no code of the
+        object runs; rebuilt with ``object.__new__``). Anything else is returned as it is."""
+        if isinstance(value, type) or type(value).__module__ == "builtins":
+            return value
+        try:
+            state = object.__getattribute__(value, "__dict__")
+        except AttributeError:
+            return value
+        if not isinstance(state, dict) or not state:
+            return value
+        walked = {name: self._field(name, item, scrub, depth) for name, item in state.items()}
+        if not _changed(state.values(), walked.values()):
+            return value
+        try:
+            out = object.__new__(type(value))
+            object.__getattribute__(out, "__dict__").update(walked)
+        except (TypeError, AttributeError):  # a class object.__new__ cannot make: nothing of it is kept
+            return PLACEHOLDER
+        return out
 
 
-#: Containers nested deeper than this are left as they are (a decoded batch is bounded anyway).
-_MAX_DEPTH = 64
-
-
-def _rebuild(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
+def _remake(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
     if type(value) is dict:
         return items
     try:
@@ -64,47 +173,8 @@ def _rebuild(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
         return items
 
 
-def _walk(value: Any, names: frozenset[str], hits: set[str], depth: int) -> Any:
-    """``value`` with every value under a text key scrubbed, at any depth of dicts, lists,
-    tuples, object arrays and the parts of a batch type that can be rebuilt (a DataProto's
-    ``non_tensor_batch`` and ``meta_info``: :func:`rollout_mock.batch.batch_parts`); slime
-    records nest samples in groups. What holds no text key is returned as it is (not copied)."""
-    if depth > _MAX_DEPTH:
-        return value
-    if isinstance(value, Mapping):
-        items = {}
-        for key, item in value.items():
-            if isinstance(key, str) and key in names:
-                hits.add(key)
-                items[key] = _scrub(item)
-            else:
-                items[key] = _walk(item, names, hits, depth + 1)
-        return _rebuild(value, items) if _changed(value.values(), items.values(), value, names) else value
-    if isinstance(value, list):
-        out = [_walk(v, names, hits, depth + 1) for v in value]
-        return out if _changed(value, out) else value
-    if isinstance(value, tuple) and not hasattr(value, "_fields"):
-        items_ = tuple(_walk(v, names, hits, depth + 1) for v in value)
-        return items_ if _changed(value, items_) else value
-    if isinstance(value, np.ndarray) and value.dtype == object:
-        array = np.empty(value.shape, dtype=object)
-        for idx, item in np.ndenumerate(value):
-            array[idx] = _walk(item, names, hits, depth + 1)
-        return array if _changed(value.reshape(-1), array.reshape(-1)) else value
-    kind = batch_type_of(value)
-    if kind is not None and kind.rebuild is not None:
-        parts = batch_parts(value) or {}
-        new_parts = {name: _walk(part, names, hits, depth + 1) for name, part in parts.items()}
-        changed = {name: part for name, part in new_parts.items() if part is not parts[name]}
-        return rebuild(value, changed) if changed else value
-    return value
-
-
-def _changed(before: Iterable[Any], after: Iterable[Any], mapping: Any = None,
-             names: frozenset[str] = frozenset()) -> bool:
-    """Whether any item was replaced (a scrubbed text key always counts)."""
-    if mapping is not None and any(isinstance(k, str) and k in names for k in mapping.keys()):
-        return True
+def _changed(before: Iterable[Any], after: Iterable[Any]) -> bool:
+    """Whether any item was replaced."""
     return any(a is not b for a, b in zip(before, after))
 
 
@@ -113,34 +183,23 @@ def redact(batch: Any, *, keys: Iterable[str] = TEXT_KEYS) -> tuple[Any, list[st
     no text is shared, not copied).
 
     Fields named in ``keys`` are scrubbed wherever they are: at the top of a dict batch, in the
-    non-tensor columns and ``meta_info`` of a DataProto, in the items of an AReaL list, inside
-    slime records (samples grouped in lists, evaluation data per dataset), at any depth."""
-    hits: set[str] = set()
-    return _walk(batch, frozenset(keys), hits, 0), sorted(hits)
+    columns, non-tensor columns and ``meta_info`` of a DataProto, in a TensorDict (its non-tensor
+    values too), in the items of an AReaL list, inside slime records (samples grouped in lists,
+    evaluation data per dataset) and in the attributes of other objects, at any depth (see the
+    module docstring for what is deeper than :data:`MAX_DEPTH`)."""
+    walk = _Walk(frozenset(keys))
+    return walk.value(batch, False), sorted(walk.hits)
 
 
 def redact_call(call: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     """A recorded call summary (``{"args": [...], "kwargs": {...}}``, stored in manifest.json and
-    the index) with **every** string replaced: positional arguments have no name to tell a
-    prompt from a mode, and a call summary only serves a warning in mock mode."""
+    the index) with **every** string replaced, mapping keys below the top level included:
+    positional arguments have no name to tell a prompt from a mode, and a call summary only
+    serves a warning in mock mode."""
     if call is None:
         return None
-    return {name: _strings(value, 0) for name, value in call.items()}
-
-
-def _strings(value: Any, depth: int) -> Any:
-    """JSON-like ``value`` with every string (mapping keys below the top level included) replaced."""
-    if isinstance(value, str):
-        return PLACEHOLDER
-    if depth > _MAX_DEPTH:
-        return None
-    if isinstance(value, Mapping):
-        # top-level keys are parameter names (kept); deeper string keys may be text themselves
-        return {k if depth == 0 or not isinstance(k, str) else f"{PLACEHOLDER}{i}": _strings(v, depth + 1)
-                for i, (k, v) in enumerate(value.items())}
-    if isinstance(value, list | tuple):
-        return [_strings(v, depth + 1) for v in value]
-    return value
+    walk = _Walk(frozenset(), all_keys=True)
+    return {name: walk.value(value, True) for name, value in call.items()}
 
 
 #: The package-level name (``rollout_mock.debug.redact`` is this module).

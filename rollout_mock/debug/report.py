@@ -38,6 +38,7 @@ from typing import Any
 from rollout_mock.debug.charts import COLORS, Band, Chart, charts_html
 from rollout_mock.debug.report_data import DEFAULT_MAX_SAMPLES, STATS_ROWS, StepSummary, summarize_step
 from rollout_mock.errors import CorruptStepError, DebugInputError, StepNotFoundError
+from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage import format_ranges
 from rollout_mock.text import fmt_number, jsonable, to_float, write_text_atomic
 
@@ -108,7 +109,7 @@ def _load_logprobs(path: str | os.PathLike[str] | None) -> dict[int, float | Non
     if path is None:
         return {}
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
+        data = parse_bounded(Path(path).read_bytes(), allow_nan=True, max_digits=1000)
         return {int(s["step"]): to_float(s["token_mult_prob_error"]) for s in data.get("steps", [])}
     except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise DebugInputError(f"--logprobs-json {path}: not the output of `rollout-mock logprobs --json` "

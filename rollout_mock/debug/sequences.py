@@ -35,7 +35,7 @@ import torch
 
 from rollout_mock.batch import batch_columns, column_name, type_name
 from rollout_mock.errors import DebugInputError
-from rollout_mock.text import logger
+from rollout_mock.text import logger, short_repr
 
 __all__ = ["LogprobKeys", "RecordedSequence", "Extraction", "extract_sequences"]
 
@@ -209,14 +209,24 @@ def _slime(samples: Sequence[Any], keys: LogprobKeys, out: Extraction) -> None:
     for index, sample in enumerate(samples):
         tokens = _sample_field(sample, tok_name)
         logprobs = _sample_field(sample, lp_name)
-        n = int(_sample_field(sample, "response_length") or 0)
+        n = _sample_field(sample, "response_length") or 0
         if tokens is None or logprobs is None or n == 0:
             missing += logprobs is None
             continue
-        tokens = torch.as_tensor(list(tokens), dtype=torch.long)
-        logprobs = torch.as_tensor(list(logprobs), dtype=torch.float64)[-n:]
         loss_mask = _sample_field(sample, mask_name)
-        mask = torch.ones(n, dtype=torch.bool) if loss_mask is None else torch.as_tensor(list(loss_mask))[-n:] != 0
+        try:  # a damaged sample: text, nesting or numbers past int64 where ids are
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(tokens):
+                raise ValueError(f"response_length {short_repr(n, 40)} is not in [1, {len(tokens)}]")
+            tokens = torch.as_tensor(list(tokens), dtype=torch.long)
+            logprobs = torch.as_tensor(list(logprobs), dtype=torch.float64)[-n:]
+            mask = torch.ones(n, dtype=torch.bool) if loss_mask is None else torch.as_tensor(list(loss_mask))[-n:] != 0
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+            raise DebugInputError(
+                f"slime sample {index}: {tok_name}, {lp_name}, {mask_name} and response_length are not token ids, "
+                f"log-probs, a mask and a length ({short_repr(str(exc), 160)}); name other fields with --keys"
+            ) from None
+        if tokens.ndim != 1 or logprobs.ndim != 1 or mask.ndim != 1:
+            raise DebugInputError(f"slime sample {index}: {tok_name}, {lp_name} and {mask_name} must be flat lists")
         positions = torch.arange(len(tokens) - n, len(tokens))[: len(logprobs)]
         mask = mask[: len(positions)] & (positions >= 1)
         out.sequences.append(RecordedSequence(index, tokens, positions[mask], logprobs[: len(positions)][mask]))

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollout_mock.errors import ManifestError, MetricsFormatError
-from rollout_mock.jsonio import MAX_DEPTH, loads_bounded
+from rollout_mock.jsonio import MAX_DEPTH, loads_bounded, parse_bounded
 
 BOMBS = {
     "deep array": "[" * 5000 + "]" * 5000,
@@ -80,3 +80,33 @@ _JSON = st.recursive(
 def test_same_value_as_json_loads(value: Any) -> None:
     for text in (json.dumps(value), json.dumps(value, ensure_ascii=False)):
         assert loads_bounded(text, where="x") == json.loads(text)
+
+
+def test_parse_bounded_is_the_same_reader_with_a_plain_value_error() -> None:
+    """The face for callers that add their own context (a metrics line's file and line)."""
+    for text in BOMBS.values():
+        with pytest.raises(ValueError) as info:
+            parse_bounded(text)
+        assert not isinstance(info.value, ManifestError) and len(str(info.value)) < 300
+
+
+def test_parse_bounded_options() -> None:
+    # allow_nan: NaN, Infinity and a float that overflows (inf, as a metrics writer means it)
+    assert parse_bounded('[NaN, Infinity, 1e999, -1e999]', allow_nan=True)[1:] == [float("inf"), float("inf"),
+                                                                                   -float("inf")]
+    with pytest.raises(ValueError, match="more than 100"):
+        parse_bounded("[" + "9" * 401 + "]")
+    assert parse_bounded("[" + "9" * 401 + "]", max_digits=1000) == [10**401 - 1]
+    with pytest.raises(ValueError, match="digits"):
+        parse_bounded("[" + "9" * 5000 + "]", max_digits=10**6)  # never past Python's int-string limit
+    with pytest.raises(ValueError, match="float"):
+        parse_bounded("[1e999]", max_digits=1000)
+
+    def no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        if len({k for k, _ in pairs}) != len(pairs):
+            raise ValueError("repeated key")
+        return dict(pairs)
+
+    with pytest.raises(ValueError, match="repeated key"):
+        parse_bounded('{"a": 1, "a": 2}', object_pairs_hook=no_repeats)
+    assert parse_bounded('{"a": 1}', object_pairs_hook=no_repeats) == {"a": 1}

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rollout_mock import MockScheduler, open_dump
+from rollout_mock.errors import CorruptStepError
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.wrap.rng import capture_rng, changed, restore_rng
 
@@ -53,7 +54,7 @@ def test_capture_restore_round_trip() -> None:
     restore_rng(state)
     assert training_side() == first
     assert not changed(capture_rng(), capture_rng())
-    with pytest.raises(ValueError):
+    with pytest.raises(CorruptStepError, match="format is 'other'"):
         restore_rng({"format": "other"})
 
 

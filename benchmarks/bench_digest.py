@@ -15,7 +15,9 @@ trajectory list (1,024 dicts of 6 tensors) — timed interleaved (medians of ``-
   request matching on and off (``match_on: [step]``); the difference is what the digest adds.
   A real call also waits for the rollout (seconds to minutes), which this leaves out: the table
   says from which rollout time on the digest adds under 5% to the call. The writer is flushed
-  after each timed call, outside the timing, so that it does not compete with the next.
+  after each timed call, outside the timing, and given 0.1 s for what it releases after its last
+  job, so that it does not compete with the next timing; the two dump calls alternate which of
+  them goes first.
 
 Every timing starts after a ``gc.collect()``. "recorded per step" is the request's JSON as the
 store writes it (compact), and the whole step entry it is part of.
@@ -33,6 +35,7 @@ import pickle
 import shutil
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -152,24 +155,29 @@ def measure(name: str, request: Any, output: Any, repeat: int, work: Path) -> di
     runs: dict[str, Callable[[], Any]] = {
         "dump digest": dump_digest, "mock digest + compare": mock_digest,
         "copy.deepcopy": lambda: copy.deepcopy(request), "tensor bytes copy": floor_copy(request),
-        "dump call, matching on": on, "dump call, matching off": off,
     }
     if not tensors_of(request):  # a list of Python objects: its floor is pickle's pass over them
         runs["pickle.dumps"] = lambda: pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+    runs.update({"dump call, matching on": on, "dump call, matching off": off})  # last: they alternate
     times: dict[str, list[float]] = {key: [] for key in runs}
     for key, run in runs.items():  # warm up
         if key != "copy.deepcopy":
             run()
             if hasattr(run, "flush"):
                 run.flush()
-    for _ in range(repeat):
-        for key, run in runs.items():
+    keys = list(runs)
+    for index in range(repeat):
+        # the two dump calls alternate which goes first (neither always follows the same run)
+        order = keys if index % 2 == 0 else [*keys[:-2], keys[-1], keys[-2]]
+        for key in order:
+            run = runs[key]
             if key == "copy.deepcopy" and len(times[key]) >= 2:
                 continue  # seconds each for Python objects: two are enough
             times[key].append(clock(run))  # after a gc.collect(): no other run's garbage is timed
             flush = getattr(run, "flush", None)
-            if flush is not None:  # the background writer must not compete with the next timing
-                flush()
+            if flush is not None:  # the background writer must not compete with the next timing:
+                flush()  # its queue drained, then a pause for what it releases after the last job
+                time.sleep(0.1)
     entry_on, entry_off = on.entry_bytes(), off.entry_bytes()  # type: ignore[attr-defined]
     on.close()  # type: ignore[attr-defined]
     off.close()  # type: ignore[attr-defined]

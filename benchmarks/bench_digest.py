@@ -6,15 +6,21 @@ trajectory list (1,024 dicts of 6 tensors) — timed interleaved (medians of ``-
 
 * dump mode: the digest of the call (``RequestMatcher.request``) and its JSON, what is recorded;
 * mock mode: the digest, the recorded request read back and the comparison (``differences``);
-* a plain copy of the same arguments (``copy.deepcopy``), and a copy of their tensor bytes into
-  preallocated memory (the floor of any copy);
+* a plain copy of the same arguments (``copy.deepcopy``), a copy of their tensor bytes into
+  preallocated memory (the floor of any copy: what the digest of verl and AReaL requests is
+  measured against) and, for slime (no tensors), ``pickle.dumps`` of the list (the floor of any
+  pass that turns its Python objects into bytes);
 * the dump-mode call: ``MockScheduler.get_batch`` of a scheduler that returns at once (so the
   call is all rollout_mock: digest, batch summary, snapshot for the background writer), with
   request matching on and off (``match_on: [step]``); the difference is what the digest adds.
-  A real call also waits for the rollout (seconds to minutes), which this leaves out. The writer
-  is flushed after each timed call, outside the timing, so that it does not compete with the next.
+  A real call also waits for the rollout (seconds to minutes), which this leaves out: the table
+  says from which rollout time on the digest adds under 5% to the call. The writer is flushed
+  after each timed call, outside the timing, and given 0.1 s for what it releases after its last
+  job, so that it does not compete with the next timing; the two dump calls alternate which of
+  them goes first.
 
-Every timing starts after a ``gc.collect()``.
+Every timing starts after a ``gc.collect()``. "recorded per step" is the request's JSON as the
+store writes it (compact), and the whole step entry it is part of.
 
 Run: ``python benchmarks/bench_digest.py [--repeat 5]``; ``--update-readme`` rewrites the
 ``bench_digest`` section of benchmarks/README.md.
@@ -25,9 +31,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import pickle
 import shutil
 import statistics
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -110,23 +118,32 @@ def dump_call(request: Any, output: Any, work: Path, *, matching: bool, calls: i
     block = {"enable": True, "mode": "dump", "dump_dir": str(work), "max_pending": calls + 2, "overwrite": True}
     if not matching:
         block["match_on"] = ["step"]
-    mock = MockScheduler(Echo(output), block, store=MemoryStore())
+    store = MemoryStore()
+    mock = MockScheduler(Echo(output), block, store=store)
     counter = iter(range(10**9))
 
     def run() -> None:
         mock.get_batch(request, global_step=next(counter))
 
+    def entry_bytes() -> int:
+        """The compact JSON of the first recorded step's entry."""
+        entry = store.entry(StreamId("train"), 0)
+        return 0 if entry is None else len(json.dumps(entry.to_json(), separators=(",", ":")))
+
     run.close = mock.close  # type: ignore[attr-defined]
     run.flush = mock.flush  # type: ignore[attr-defined]
+    run.entry_bytes = entry_bytes  # type: ignore[attr-defined]
     return run
 
 
 def measure(name: str, request: Any, output: Any, repeat: int, work: Path) -> dict[str, Any]:
     matcher = RequestMatcher(MatchSettings(None, MismatchPolicy.ERROR), MemoryStore(), StreamId("train"))
-    recorded = json.dumps(matcher.request("get_batch", (request,), {}, ["data"], None).to_json())
+    first = matcher.request("get_batch", (request,), {}, ["data"], None)
+    assert first is not None
+    recorded = json.dumps(first.to_json(), separators=(",", ":"))
 
     def dump_digest() -> None:
-        json.dumps(matcher.request("get_batch", (request,), {}, ["data"], None).to_json())
+        json.dumps(matcher.request("get_batch", (request,), {}, ["data"], None).to_json(), separators=(",", ":"))
 
     def mock_digest() -> None:
         live = matcher.request("get_batch", (request,), {}, ["data"], None)
@@ -138,41 +155,55 @@ def measure(name: str, request: Any, output: Any, repeat: int, work: Path) -> di
     runs: dict[str, Callable[[], Any]] = {
         "dump digest": dump_digest, "mock digest + compare": mock_digest,
         "copy.deepcopy": lambda: copy.deepcopy(request), "tensor bytes copy": floor_copy(request),
-        "dump call, matching on": on, "dump call, matching off": off,
     }
+    if not tensors_of(request):  # a list of Python objects: its floor is pickle's pass over them
+        runs["pickle.dumps"] = lambda: pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+    runs.update({"dump call, matching on": on, "dump call, matching off": off})  # last: they alternate
     times: dict[str, list[float]] = {key: [] for key in runs}
     for key, run in runs.items():  # warm up
         if key != "copy.deepcopy":
             run()
             if hasattr(run, "flush"):
                 run.flush()
-    for _ in range(repeat):
-        for key, run in runs.items():
+    keys = list(runs)
+    for index in range(repeat):
+        # the two dump calls alternate which goes first (neither always follows the same run)
+        order = keys if index % 2 == 0 else [*keys[:-2], keys[-1], keys[-2]]
+        for key in order:
+            run = runs[key]
             if key == "copy.deepcopy" and len(times[key]) >= 2:
                 continue  # seconds each for Python objects: two are enough
             times[key].append(clock(run))  # after a gc.collect(): no other run's garbage is timed
             flush = getattr(run, "flush", None)
-            if flush is not None:  # the background writer must not compete with the next timing
-                flush()
+            if flush is not None:  # the background writer must not compete with the next timing:
+                flush()  # its queue drained, then a pause for what it releases after the last job
+                time.sleep(0.1)
+    entry_on, entry_off = on.entry_bytes(), off.entry_bytes()  # type: ignore[attr-defined]
     on.close()  # type: ignore[attr-defined]
     off.close()  # type: ignore[attr-defined]
     return {"shape": name, "bytes": sum(t.numel() * t.element_size() for t in tensors_of(request)),
-            "request_json_bytes": len(recorded), **{k: statistics.median(v) for k, v in times.items()}}
+            "request_json_bytes": len(recorded), "entry_bytes": entry_on, "entry_bytes_unmatched": entry_off,
+            **{k: statistics.median(v) for k, v in times.items()}}
 
 
 def report(results: list[dict[str, Any]]) -> str:
-    lines = ["| request | tensor bytes | dump: digest | mock: digest + compare | copy.deepcopy | tensor bytes copy "
-             "| digest / deepcopy | dump call, off → on | digest adds | recorded per step |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| request | tensor bytes | dump: digest | mock: digest + compare | floor: copy of the tensor bytes "
+             "(pickle.dumps) | digest / floor | copy.deepcopy | dump call, off → on (instant rollout) | digest adds "
+             "| adds < 5% once the rollout takes | recorded per step (step entry) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         ms = {k: r[k] * 1e3 for k in r if isinstance(r[k], float)}
-        added = (r["dump call, matching on"] - r["dump call, matching off"]) / r["dump call, matching off"]
+        floor_key = "pickle.dumps" if "pickle.dumps" in r else "tensor bytes copy"
+        floor = f"{ms[floor_key]:.1f} ms" + (" (pickle)" if floor_key == "pickle.dumps" else "")
+        added_s = r["dump call, matching on"] - r["dump call, matching off"]
+        added = added_s / r["dump call, matching off"]
+        rollout = max(20 * added_s - r["dump call, matching off"], 0.0)  # added / (off + rollout) < 5%
         lines.append(
             f"| {r['shape']} | {r['bytes'] / 1e6:.0f} MB | {ms['dump digest']:.1f} ms "
-            f"| {ms['mock digest + compare']:.1f} ms "
-            f"| {ms['copy.deepcopy']:.0f} ms | {ms['tensor bytes copy']:.1f} ms "
-            f"| {r['dump digest'] / r['copy.deepcopy']:.3f}x | {ms['dump call, matching off']:.1f} → "
-            f"{ms['dump call, matching on']:.1f} ms | {added:+.0%} | {r['request_json_bytes'] / 1e3:.1f} KB |")
+            f"| {ms['mock digest + compare']:.1f} ms | {floor} | {r['dump digest'] / r[floor_key]:.2f}x "
+            f"| {ms['copy.deepcopy']:.0f} ms | {ms['dump call, matching off']:.1f} → "
+            f"{ms['dump call, matching on']:.1f} ms | {added_s * 1e3:+.1f} ms ({added:+.0%}) | {rollout:.2f} s "
+            f"| {r['request_json_bytes'] / 1e3:.1f} KB ({r['entry_bytes'] / 1e3:.1f} KB) |")
     return "\n".join(lines)
 
 

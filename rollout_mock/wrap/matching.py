@@ -4,21 +4,39 @@ Dump mode records, with every step, a digest of the call that produced it (every
 the step); mock and check mode digest each call the same way and compare it with the recorded
 one *before* serving the recorded batch (:mod:`rollout_mock.wrap.mismatch` acts on a difference).
 
-How a value is digested (CRC-32, ISA-L's, ~10-20 GB/s; 32 bits per node): tensors and arrays by
-dtype, shape and raw bytes (a GPU tensor is copied to the host; meta, sparse and nested tensors by
-dtype and shape only); ``DataProto`` by its ``batch``, ``non_tensor_batch`` and ``meta_info``;
-``TensorDict`` by batch size and items; mappings by their items in key order (a dict built in
-another order is the same request); dataclasses and namespaces by their fields; lists of plain
-scalars (and of flat dicts of them) in one C call, other lists item by item, object arrays as
-lists; scalars, strings and bytes by value (NaN equal to NaN); enums by value; functions and
-classes by qualified name; any other object by its type name only (not compared). Left out: the
-step (a keyword or parameter named like it, those keys of a ``meta_info``) and the volatile
-fields adapters declare (:func:`rollout_mock.wrap.hooks.register_volatile_fields`). A digest
-does not depend on which nodes are kept.
+A digest is a CRC-32 (ISA-L's, ~25 GB/s, 32 bits per node) of a canonical encoding, computed at
+memory speed: the Python work of a call is per container along the arguments' paths and per
+list block, not per item, wherever the items allow it.
+
+* Tensors and arrays: dtype, shape and raw bytes, CRC'd in place (a C-contiguous CPU tensor is
+  not copied; a GPU, non-contiguous or bfloat16 tensor goes through a contiguous host copy);
+  meta, sparse and nested tensors by dtype and shape only.
+* Lists and tuples: their length, then their items in :func:`block_bounds` blocks, each block in
+  one or two C calls where its items allow it: numbers (every one an int within int64, else a
+  float) as one int64 or float64 array; plain scalars (str, bytes, int, float, bool, None) with
+  one msgpack call; tensors (or arrays) by their bytes in a tight loop, their dtypes and shapes
+  in one msgpack call; dicts with one key set *by column* (each key's values as one list, so a
+  block of 1,024 dicts of two strings is two msgpack calls); anything else item by item.
+  Numbers in a list compare as int64 or float64 values (``[1, True]`` equals ``[1, 1]``, as in
+  Python; ``[0.5, 1]`` equals ``[0.5, 1.0]``).
+* Mappings by their items in key order (a dict built in another order is the same request; a
+  dict of plain scalars in one msgpack call); registered batch types (``DataProto``,
+  ``TensorDict``) by their parts, type name and batch size; dataclasses and namespaces by their
+  fields; object arrays as lists.
+* Scalars, strings and bytes by value (NaN equal to NaN); enums by value; functions and classes
+  by qualified name; any other object by its type name only (not compared).
+
+Left out: the step (a keyword or parameter named like it, those keys of a ``meta_info``) and the
+volatile fields adapters declare (:func:`rollout_mock.wrap.hooks.register_volatile_fields`).
+Equal values (up to dict order and volatile fields) always take the same path, so they always
+digest alike; a digest does not depend on which nodes are kept.
 
 Besides the digest of the whole request, at most :data:`MAX_NODES` *nodes* (the arguments, then
-their fields breadth first) are kept with a short summary (kind, dtype, shape, the first values,
-CRCs of block prefixes), so that a mismatch can be explained.
+their fields breadth first, down to :data:`NODE_DEPTH`, never inside a list) are kept with a
+short summary (kind, dtype, shape, the first values, CRCs of block prefixes), so that a mismatch
+can be explained; the summary is computed for those nodes only, so a recorded request stays a
+few KB (:data:`REQUEST_FORMAT` versions the encoding: a request of another format is not
+compared, see :mod:`rollout_mock.wrap.mismatch`).
 """
 
 from __future__ import annotations
@@ -28,9 +46,11 @@ import dataclasses
 import enum
 import fnmatch
 import functools
+import itertools
+import operator
 import struct
 import types
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,26 +64,38 @@ from rollout_mock.text import json_float
 from rollout_mock.wrap.calls import step_names
 from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_fields
 
-__all__ = ["BLOCKS", "HEAD", "MAX_NODES", "REQUEST_FORMAT", "Node", "Request", "block_bounds", "digest_request"]
+__all__ = [
+    "BLOCKS", "HEAD", "MAX_NODES", "NODE_DEPTH", "REQUEST_FORMAT", "Node", "Request", "block_bounds", "digest_request",
+]
 
-#: ``v`` of a recorded request; a reader refuses another.
-REQUEST_FORMAT = 1
+#: ``v`` of a recorded request: the encoding digests are computed with (2: by blocks and
+#: columns). A request of another format cannot be compared with this one's digests.
+REQUEST_FORMAT = 2
 #: Nodes kept per request (arguments first, then breadth first), besides ``match_on`` paths.
 MAX_NODES = 24
 #: Nodes are taken from this depth at most (``data.batch.input_ids`` is depth 3).
 NODE_DEPTH = 4
-#: Blocks whose prefix CRCs are kept for tensors, arrays and lists of at least 2 * BLOCKS rows
-#: (or, with fewer rows, elements).
+#: Blocks a list is digested in (its items, or a tensor's rows, when there are at least
+#: 2 * BLOCKS of them); the CRCs of their prefixes locate a difference.
 BLOCKS = 8
 #: Leading values kept per tensor, array and list; all of them up to SMALL values.
 HEAD = 4
 SMALL = 64
+#: Lists of lists (or tuples) at most this long on average are digested one level flatter.
+FLATTEN = 64
 #: Deeper values are digested by type name only (a self-referencing structure terminates).
 MAX_DEPTH = 64
 _STR_SHOWN = 48
 _SCALARS = (int, float, str, bytes, bool, type(None))
 #: Exactly these types (not subclasses: an IntEnum packs otherwise) go through msgpack in one call.
-_PLAIN = frozenset({int, float, str, bool, type(None)})
+_PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
+#: Lists of exactly these types are tried as one int64, else float64, array.
+_NUMBERS = frozenset({int, float})
+#: What converting a tensor to a host buffer raises (GPU, bfloat16, requires_grad, conj...) and
+#: what a CRC of a non-contiguous array raises.
+_BUFFER_ERRORS = (TypeError, RuntimeError, ValueError, BufferError)
+_DTYPE = operator.attrgetter("dtype")
+_SHAPE = operator.attrgetter("shape")
 
 
 def _u32(value: int) -> bytes:
@@ -97,9 +129,15 @@ class Request:
         return {"v": REQUEST_FORMAT, "d": self.digest, "a": self.arguments,
                 "n": [[n.path, n.digest, n.info] for n in self.nodes]}
 
+    @staticmethod
+    def format_of(data: Any) -> Any:
+        """The ``v`` of a recorded request (``None`` when ``data`` is not a mapping)."""
+        return data.get("v") if isinstance(data, dict) else None
+
     @classmethod
     def from_json(cls, data: Any) -> Request | None:
-        """A recorded request, or ``None`` when ``data`` is not one (a damaged or foreign entry)."""
+        """A recorded request, or ``None`` when ``data`` is not one of this format (a damaged or
+        foreign entry, or another :data:`REQUEST_FORMAT`: :meth:`format_of` tells them apart)."""
         if not isinstance(data, dict) or data.get("v") != REQUEST_FORMAT or type(data.get("d")) is not int:
             return None
         nodes: list[Node] = []
@@ -114,12 +152,6 @@ class Request:
         names = [a[:200] for a in raw_names[: 4 * MAX_NODES] if isinstance(a, str)] \
             if isinstance(raw_names, list) else []
         return cls(data["d"], names, nodes)
-
-
-#: How a list of plain scalars is turned into bytes in one C call, tried in order.
-_PACKERS: tuple[tuple[bytes, Callable[[Sequence[Any]], Any]], ...] = (
-    (b"q", functools.partial(array.array, "q")), (b"d", functools.partial(array.array, "d")), (b"m", msgpack.packb),
-)
 
 
 def _scalar_bytes(value: Any) -> bytes:
@@ -151,6 +183,136 @@ def _head(values: Any, n: int) -> list[Any]:
             for item in values[: SMALL if n <= SMALL else HEAD]]
 
 
+def _numbers(items: Sequence[Any], first: type) -> tuple[bytes, array.array[Any]] | None:
+    """``items`` (the first of type ``first``) as one array, with a tag saying which: of uint64
+    (every one a non-negative int: the fastest conversion), else of int64, else of float64;
+    ``None`` when they are not all numbers, or when an int beyond int64 is among them (item by
+    item then, rather than rounded to a float)."""
+    if first is int:
+        try:
+            return b"Q", array.array("Q", items)
+        except OverflowError:  # a negative int (or one beyond uint64)
+            try:
+                return b"q", array.array("q", items)
+            except OverflowError:
+                return None
+            except TypeError:
+                pass
+        except TypeError:  # a float (or no number) among them
+            pass
+    try:
+        return b"d", array.array("d", items)
+    except (TypeError, ValueError, OverflowError):
+        return None
+
+
+def _number_lists(lists: Sequence[Sequence[Any]], crc: int) -> int | None:
+    """The CRC of lists of numbers, each as one array (:func:`_numbers`), continuing ``crc``;
+    ``None`` when one of them is not all numbers."""
+    codes = bytearray()
+    for values in lists:
+        if values:
+            first = type(values[0])
+            packed = _numbers(values, first) if first in _NUMBERS else None
+            if packed is None:
+                return None
+            codes += packed[0]
+            crc = crc32(packed[1], crc)
+    return crc32(codes, crc)
+
+
+def _sorted_keys(obj: Mapping[Any, Any]) -> list[Any]:
+    try:
+        return sorted(obj.keys())
+    except TypeError:  # keys of several types
+        return sorted(obj.keys(), key=lambda k: (type(k).__name__, str(k)))
+
+
+def _host_buffer(tensor: torch.Tensor) -> np.ndarray[Any, Any] | None:
+    """A C-contiguous host array holding ``tensor``'s bytes (its own memory where it can:
+    a contiguous CPU tensor is not copied), or ``None`` for a meta, sparse or nested tensor."""
+    try:
+        buffer = tensor.numpy()
+        if buffer.flags.c_contiguous:
+            return buffer
+    except _BUFFER_ERRORS:
+        pass
+    if tensor.is_nested or tensor.layout != torch.strided or tensor.device.type == "meta":
+        return None
+    tensor = tensor.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.resolve_conj().resolve_neg().contiguous()
+    try:
+        return tensor.numpy()
+    except TypeError:  # bfloat16, float8...: their bytes
+        return tensor.reshape(-1).view(torch.uint8).numpy()
+
+
+def _tensor_head(tensor: torch.Tensor) -> list[Any]:
+    """The first :data:`SMALL` values of ``tensor`` in row-major order, copying only the rows
+    that hold them."""
+    flat = tensor.detach()
+    if flat.dim() and not flat.is_contiguous():
+        per_row = max(flat[0].numel(), 1)
+        flat = flat[: -(-SMALL // per_row)]
+    values: list[Any] = flat.reshape(-1)[:SMALL].tolist()
+    return values
+
+
+def _tensor_chain(tensors: Sequence[torch.Tensor], crc: int) -> int | None:
+    """The CRC of a block of tensors: their dtypes and shapes in one msgpack call, then the
+    CRC of each one's bytes (C-level maps over the block, no copy where none is needed).
+    ``None`` when one cannot be compared by its bytes (meta, sparse, nested: digested item by
+    item)."""
+    try:
+        buffers = list(map(torch.Tensor.numpy, tensors))
+        crcs = array.array("I", map(crc32, buffers))
+        shapes = list(map(_SHAPE, buffers))
+    except _BUFFER_ERRORS:  # on a GPU, bfloat16, requires_grad, not contiguous...: one by one
+        crcs = array.array("I")
+        for tensor in tensors:
+            buffer = _host_buffer(tensor)
+            if buffer is None:
+                return None
+            crcs.append(crc32(buffer))
+        shapes = [tuple(tensor.shape) for tensor in tensors]
+    dtypes = set(map(_DTYPE, tensors))
+    names = [str(d) for d in dtypes] if len(dtypes) == 1 else [str(d) for d in map(_DTYPE, tensors)]
+    return crc32(crcs, crc32(msgpack.packb([names, shapes]), crc32(b"t", crc)))
+
+
+def _array_chain(arrays: Sequence[np.ndarray[Any, Any]], crc: int) -> int | None:
+    """As :func:`_tensor_chain`, for numpy arrays (``None`` for an object array among them)."""
+    dtypes = set(map(_DTYPE, arrays))
+    if any(d.hasobject for d in dtypes):
+        return None
+    try:
+        crcs = array.array("I", map(crc32, map(np.ascontiguousarray, arrays)))
+    except _BUFFER_ERRORS:  # a dtype without a plain buffer: one by one
+        return None
+    meta = [[d.str for d in map(_DTYPE, arrays)], list(map(_SHAPE, arrays))]
+    return crc32(crcs, crc32(msgpack.packb(meta), crc32(b"a", crc)))
+
+
+def _block_crcs(buffer: Any, rows: int, crc: int) -> tuple[int, list[int]]:
+    """The CRC of a contiguous ``buffer`` (``rows`` rows of equal size) continuing ``crc``, and
+    the CRCs of its :func:`block_bounds` prefixes (``[]`` when there are no blocks)."""
+    bounds = block_bounds(rows)
+    if not bounds:
+        return crc32(buffer, crc), []
+    view = np.frombuffer(buffer, dtype=np.uint8)
+    if view.size % rows:
+        return crc32(view, crc), []
+    size = view.size // rows
+    prefixes, start = [], 0
+    for end in bounds:
+        crc = crc32(view[start * size:end * size], crc)
+        prefixes.append(crc)
+        start = end
+    return crc, prefixes
+
+
 class _Digester:
     """One request's walk (see the module docstring); :meth:`run` returns the :class:`Request`."""
 
@@ -173,9 +335,9 @@ class _Digester:
         rest = [n for depth, _, n in self.candidates if depth > 1 and n.path not in self.forced]
         return Request(total, sorted(arguments), nodes + rest[: max(MAX_NODES - len(nodes), 0)])
 
-    def _keep(self, path: tuple[str, ...], depth: int, digest: int, info: dict[str, Any]) -> None:
-        if depth <= NODE_DEPTH or ".".join(path) in self.forced:
-            self.candidates.append((depth, len(self.candidates), Node(".".join(path), digest, info)))
+    def _is_node(self, path: tuple[str, ...], depth: int) -> bool:
+        """Whether the value at ``path`` (on an argument's path, not inside a list) is kept."""
+        return depth <= NODE_DEPTH or (bool(self.forced) and ".".join(path) in self.forced)
 
     def may_end(self, name: str) -> bool:
         """Whether ``name`` matches the last component of a volatile pattern (memoised)."""
@@ -189,25 +351,28 @@ class _Digester:
     # ------------------------------------------------------------------ values
     def value(self, obj: Any, path: tuple[str, ...] | None, depth: int, keep: bool = True) -> int:
         """The CRC of ``obj`` at ``path`` (``None``: where no volatile field can be, e.g. a mapping
-        key); a node is kept for it with ``keep`` (not for list items and what is inside them)."""
-        keep = keep and path is not None
+        key); ``keep``: on an argument's path (not inside a list), where nodes are kept."""
+        node = keep and path is not None and self._is_node(path, depth)
         info: dict[str, Any] | None = None
-        if isinstance(obj, _SCALARS):
+        cls = type(obj)
+        if (cls is list or cls is tuple) and depth <= MAX_DEPTH:  # the commonest inside lists: first
+            digest, info = self._sequence(obj, path, depth, node)
+        elif isinstance(obj, _SCALARS):
             digest = crc32(_scalar_bytes(obj))
-            if keep:
+            if node:
                 info = _scalar_info(obj)
         elif depth > MAX_DEPTH:
             digest, info = crc32(b"?deep"), {"k": "object", "t": "too deep"}
         elif isinstance(obj, torch.Tensor):
-            digest, info = self._tensor(obj, keep)
+            digest, info = self._tensor(obj, node)
         elif isinstance(obj, np.ndarray):
-            digest, info = self._array(obj, path, depth, keep)
+            digest, info = self._array(obj, path, depth, node)
         elif isinstance(obj, np.generic):
             return self.value(obj.item(), path, depth, keep)
         elif isinstance(obj, enum.Enum):
             digest, info = self.value(obj.value, None, depth + 1), {"k": "enum", "v": str(obj)[:_STR_SHOWN]}
         elif isinstance(obj, list | tuple):
-            digest, info = self._sequence(obj, path, depth, keep)
+            digest, info = self._sequence(obj, path, depth, node)
         elif isinstance(obj, Mapping):
             digest, info = self._mapping(b"D", obj, path, depth, keep)
         elif (batch_type := batch_type_of(obj)) is not None and (parts := batch_parts(obj)) is not None:
@@ -236,14 +401,14 @@ class _Digester:
         else:
             name = type(obj).__qualname__
             digest, info = crc32(b"?" + name.encode()), {"k": "object", "t": name}
-        if keep and path is not None and info is not None:
-            self._keep(path, depth, digest, info)
+        if node and path is not None and info is not None:
+            self.candidates.append((depth, len(self.candidates), Node(".".join(path), digest, info)))
         return digest
 
     def _flat_items(self, obj: Any, path: tuple[str, ...] | None) -> list[tuple[str, Any]] | None:
         """The sorted items of a dict of plain scalars under string keys (digested in one
         msgpack call), or ``None`` (another mapping, a volatile or step key among its keys)."""
-        if type(obj) is not dict or not all(map(_PLAIN.__contains__, map(type, obj.values()))):
+        if type(obj) is not dict or not _PLAIN.issuperset(map(type, obj.values())):
             return None
         keys = tuple(obj)
         flat = self._flat_keys.get((keys, path))
@@ -259,8 +424,7 @@ class _Digester:
     def _mapping(self, tag: bytes, obj: Mapping[Any, Any], path: tuple[str, ...] | None,
                  depth: int, keep: bool) -> tuple[int, dict[str, Any]]:
         """The CRC of a mapping (items in key order, volatile keys and the step keys of a batch's
-        metadata part left out);
-        kept mappings also keep their fields as nodes."""
+        metadata part left out); kept mappings also keep their fields as nodes."""
         flat = self._flat_items(obj, path)
         crc = crc32(tag)
         if flat is not None:
@@ -268,13 +432,12 @@ class _Digester:
                 crc = crc32(msgpack.packb(flat), crc32(b"f", crc))
             except (OverflowError, ValueError):  # an int beyond 64 bits: field by field
                 flat = None
+        # the fields are kept where one of them can be a node
+        keep = keep and path is not None and (depth < NODE_DEPTH or bool(self.forced))
         if flat is not None and not keep:
             return crc, {}
         meta_part = path is not None and path[-1] in meta_part_names()
-        try:
-            keys = sorted(obj.keys())
-        except TypeError:  # keys of several types
-            keys = sorted(obj.keys(), key=lambda k: (type(k).__name__, str(k)))
+        keys = _sorted_keys(obj)
         shown: list[str] = []
         for key in keys:
             text = str(key)
@@ -291,121 +454,154 @@ class _Digester:
         return crc, {"k": "dict", "len": len(keys), "keys": shown}
 
     def _sequence(self, obj: Sequence[Any], path: tuple[str, ...] | None, depth: int,
-                  keep: bool = True) -> tuple[int, dict[str, Any]]:
-        """The CRC of a list or tuple (plain scalars, or dicts of them, in one C pass; other items
-        one by one); a kept one also gets its first values and block-prefix CRCs."""
+                  node: bool) -> tuple[int, dict[str, Any]]:
+        """The CRC of a list or tuple: its length, then a list of numbers as one array, else its
+        items block by block (:meth:`_items`); a kept one also gets its first values and the
+        CRCs of its block prefixes."""
         n = len(obj)
-        tag = b"L" if isinstance(obj, list) else b"U"
-        # msgpack's encoding of a block is not a slice of the whole list's: those are always cut
-        # into the same blocks; the array packers and item CRCs chain alike however they are cut
-        blocked = block_bounds(n) or [n]
-        bounds = blocked if keep else [n]
-        crc, head = crc32(tag + str(n).encode()), None
+        is_list = isinstance(obj, list)
+        head = (b"L%d" if is_list else b"U%d") % n
         prefixes: list[int] = []
-        if n and isinstance(obj[0], _SCALARS):
-            for packer_tag, pack in _PACKERS:
-                try:
-                    running, prefixes, start = crc32(packer_tag, crc), [], 0
-                    for end in (blocked if packer_tag == b"m" else bounds):
-                        running = crc32(pack(obj[start:end]), running)
-                        prefixes.append(running)
-                        start = end
-                except Exception:  # noqa: BLE001 - not all of one packable type: the next packer, else item by item
-                    continue
-                crc, head = running, _head(obj, n) if keep else []
-                break
-        item_path = None if path is None else (*path, "[]")
-        if head is None and n and type(obj[0]) is dict:
-            running, prefixes, start = crc32(b"f", crc), [], 0
-            for end in blocked:
-                rows = [self._flat_items(item, item_path) for item in obj[start:end]]
-                if any(row is None for row in rows):
-                    prefixes = []
-                    break
-                try:
-                    running = crc32(msgpack.packb(rows), running)
-                except (OverflowError, ValueError):
-                    prefixes = []
-                    break
-                prefixes.append(running)
+        first = type(obj[0]) if n else None
+        packed = _numbers(obj, first) if first in _NUMBERS else None
+        if packed is not None:
+            code, values = packed
+            crc = crc32(head + code)
+            if node:
+                crc, prefixes = _block_crcs(values, n, crc)
+            else:
+                crc = crc32(values, crc)
+        else:
+            crc = crc32(head)
+            item_path = None if path is None else (*path, "[]")
+            start = 0
+            for end in block_bounds(n) or [n]:
+                crc = self._items(obj[start:end], item_path, depth + 1, crc)
+                prefixes.append(crc)
                 start = end
-            if prefixes:
-                crc, head = running, []
-        if head is None:
-            running, prefixes, start = crc, [], 0
-            for end in bounds:
-                for item in obj[start:end]:
-                    running = crc32(_u32(self.value(item, item_path, depth + 1, False)), running)
-                prefixes.append(running)
-                start = end
-            crc = running
-            if n and keep and isinstance(obj[0], _SCALARS):
-                head = _head(obj, n)
-        info: dict[str, Any] = {"k": "list" if tag == b"L" else "tuple", "len": n}
-        if head:
-            info["head"] = head
-        if keep and len(prefixes) > 1:
+        if not node:
+            return crc, {}
+        info: dict[str, Any] = {"k": "list" if is_list else "tuple", "len": n}
+        shown = obj[: SMALL if n <= SMALL else HEAD]
+        if n and all(isinstance(item, _SCALARS) for item in shown):
+            info["head"] = _head(shown, n)
+        if len(prefixes) > 1:
             info["b"] = prefixes
         return crc, info
 
-    def _tensor(self, obj: torch.Tensor, keep: bool) -> tuple[int, dict[str, Any]]:
+    def _items(self, items: Sequence[Any], item_path: tuple[str, ...] | None, depth: int, crc: int) -> int:
+        """The CRC of a block of list items at ``depth`` (or of one dict key's values, a column),
+        continuing ``crc``: in one or two C calls where the items allow it (see the module
+        docstring), else item by item."""
+        if not items:
+            return crc
+        first = type(items[0])
+        if first in _NUMBERS and (packed := _numbers(items, first)) is not None:
+            return crc32(packed[1], crc32(packed[0], crc))
+        kinds = set(map(type, items))
+        if kinds <= _PLAIN:
+            try:
+                return crc32(msgpack.packb(items), crc32(b"m", crc))
+            except (OverflowError, ValueError):  # an int beyond 64 bits, a lone surrogate: one by one
+                pass
+        if len(kinds) == 1 and depth <= MAX_DEPTH:
+            found = self._uniform(first, items, item_path, depth, crc)
+            if found is not None:
+                return found
+        for item in items:
+            crc = crc32(_u32(self.value(item, item_path, depth, False)), crc)
+        return crc
+
+    def _uniform(self, kind: type, items: Sequence[Any], item_path: tuple[str, ...] | None, depth: int,
+                 crc: int) -> int | None:
+        """The CRC of a block of items all of type ``kind`` in a few C calls: dicts by column,
+        tensors and arrays by their bytes, lists (tuples) by their lengths, then, when they are
+        short (a column of chat messages), their items one level flatter, else, when they hold
+        numbers (token ids, log-probs), one array each; ``None`` where none of that applies."""
+        if kind is dict:
+            return self._columns(items, item_path, depth, crc)
+        if kind is torch.Tensor:
+            return _tensor_chain(items, crc)
+        if kind is np.ndarray:
+            return _array_chain(items, crc)
+        if kind is list or kind is tuple:
+            lengths = array.array("Q", map(len, items))
+            tag = b"l" if kind is list else b"u"
+            if sum(lengths) > FLATTEN * len(items):
+                return _number_lists(items, crc32(lengths, crc32(tag + b"n", crc)))
+            flat = list(itertools.chain.from_iterable(items))
+            inner = None if item_path is None else (*item_path, "[]")
+            return self._items(flat, inner, depth + 1, crc32(lengths, crc32(tag, crc)))
+        return None
+
+    def _columns(self, rows: Sequence[dict[Any, Any]], item_path: tuple[str, ...] | None, depth: int,
+                 crc: int) -> int | None:
+        """The CRC of a block of dicts sharing one key set, column by column: the sorted keys
+        (volatile ones left out), then each key's values as one list (:meth:`_items`).
+        ``None`` when the dicts do not share their keys."""
+        width = len(rows[0])
+        if set(map(len, rows)) != {width}:
+            return None
+        keys = _sorted_keys(rows[0])
+        if item_path is not None and self.ignore:
+            keys = [k for k in keys if not self._ignored((*item_path, str(k)))]
+        try:
+            columns = [list(map(operator.itemgetter(key), rows)) for key in keys]
+        except KeyError:  # the same number of keys, other ones
+            return None
+        try:
+            crc = crc32(msgpack.packb(keys), crc32(b"c", crc))
+        except (TypeError, OverflowError, ValueError):  # keys msgpack does not take
+            crc = crc32(b"".join(_u32(self.value(k, None, depth + 1)) for k in keys), crc32(b"C", crc))
+        for key, column in zip(keys, columns):
+            crc = self._items(column, None if item_path is None else (*item_path, str(key)), depth + 1, crc)
+        return crc
+
+    def _tensor(self, obj: torch.Tensor, node: bool) -> tuple[int, dict[str, Any]]:
         dtype = str(obj.dtype)
-        if obj.is_nested or obj.layout != torch.strided or obj.device.type == "meta":
+        buffer = _host_buffer(obj)
+        if buffer is None:
             shape = [] if obj.is_nested else [int(s) for s in obj.shape]
             info = {"k": "tensor", "dtype": dtype[6:], "shape": shape,
                     "t": f"{obj.layout}/{obj.device.type}: not compared"}
             return crc32(f"T?{dtype}{shape}".encode()), info
-        tensor = obj.detach()
-        if tensor.device.type != "cpu":
-            tensor = tensor.cpu()
-        if not tensor.is_contiguous():
-            tensor = tensor.contiguous()
-        try:
-            buffer = tensor.numpy()
-        except (TypeError, RuntimeError):  # bfloat16, float8...: their bytes
-            buffer = tensor.reshape(-1).view(torch.uint8).numpy()
-        meta = crc32(f"T{dtype}{tuple(tensor.shape)}".encode())
-        if not keep:
-            return crc32(_u32(crc32(buffer.reshape(-1))), meta), {}
+        meta = crc32(f"T{dtype}{tuple(obj.shape)}".encode())
+        if not node:
+            return crc32(_u32(crc32(buffer)), meta), {}
         shape = [int(s) for s in obj.shape]
-        flat = tensor.reshape(-1)
-        crc, prefixes, unit = self._bytes(buffer, shape[0] if shape else 1, flat.numel())
+        numel = obj.numel()
+        crc, prefixes, unit = self._bytes(buffer, shape[0] if shape else 1, numel)
         kept: dict[str, Any] = {"k": "tensor", "dtype": dtype[6:], "shape": shape,
-                                "head": _head(flat[:SMALL].tolist(), flat.numel())}
+                                "head": _head(_tensor_head(obj), numel)}
         if len(prefixes) > 1:
             kept["b"], kept["bu"] = prefixes, unit
         return crc32(_u32(crc), meta), kept
 
-    def _array(self, obj: np.ndarray, path: tuple[str, ...] | None, depth: int,
-               keep: bool) -> tuple[int, dict[str, Any]]:
+    def _array(self, obj: np.ndarray[Any, Any], path: tuple[str, ...] | None, depth: int,
+               node: bool) -> tuple[int, dict[str, Any]]:
         shape = [int(s) for s in obj.shape]
         if obj.dtype.hasobject:
-            crc, info = self._sequence(obj.reshape(-1).tolist(), path, depth, keep)
-            info.update(k="array", dtype="object", shape=shape)
+            crc, info = self._sequence(obj.reshape(-1).tolist(), path, depth, node)
+            if node:
+                info.update(k="array", dtype="object", shape=shape)
             return crc32(_u32(crc), crc32(f"O{shape}".encode())), info
         flat = np.ascontiguousarray(obj).reshape(-1)
+        meta = crc32(f"A{obj.dtype.str}{shape}".encode())
+        if not node:
+            return crc32(_u32(crc32(flat)), meta), {}
         crc, prefixes, unit = self._bytes(flat, shape[0] if shape else 1, flat.size)
         info = {"k": "array", "dtype": obj.dtype.str, "shape": shape, "head": _head(flat[:SMALL].tolist(), flat.size)}
         if len(prefixes) > 1:
             info["b"], info["bu"] = prefixes, unit
-        return crc32(_u32(crc), crc32(f"A{obj.dtype.str}{shape}".encode())), info
+        return crc32(_u32(crc), meta), info
 
     @staticmethod
     def _bytes(buffer: Any, rows: int, count: int) -> tuple[int, list[int], str]:
         """CRC of a contiguous buffer of ``count`` values in ``rows`` rows, the CRCs of its block
         prefixes and what a block is made of (``rows``, or ``elements`` when rows are few)."""
-        view = memoryview(buffer).cast("B")
         units, unit = (rows, "rows") if rows >= 2 * BLOCKS or count <= SMALL else (count, "elements")
-        bounds = block_bounds(units)
-        if not bounds or view.nbytes % units:
-            return crc32(view), [], unit
-        size = view.nbytes // units
-        running, prefixes, start = 0, [], 0
-        for end in bounds:
-            running = crc32(view[start * size:end * size], running)
-            prefixes.append(running)
-            start = end
-        return running, prefixes, unit
+        crc, prefixes = _block_crcs(buffer, units, 0)
+        return crc, prefixes, unit
 
 
 def digest_request(arguments: Mapping[str, Any], *, volatile: Sequence[str] | None = None,

@@ -11,6 +11,10 @@ recorded call of a *nearby* step (a shifted data loader), and the fixes. ``on_mi
 raises :class:`~rollout_mock.errors.ReplayMismatchError`; ``warn`` logs it (once per method).
 
 Dumps recorded before request matching replay as before; one warning says they cannot be matched.
+A call recorded with another digest format (:data:`~rollout_mock.wrap.matching.REQUEST_FORMAT`)
+is never compared (equal calls would differ): ``on_mismatch: error`` raises
+:class:`~rollout_mock.errors.FormatVersionError` ("recorded with another digest format; re-dump
+or match_on: [step]"), ``warn`` says so once.
 
 Rollout settings (:func:`check_settings`): a flat mapping of the rollout side's settings (TRL's
 ``num_generations``, sampling parameters...), recorded with the stream's methods in dump mode
@@ -27,12 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_mock.config import MatchSettings, MismatchPolicy, RolloutMockConfig, config_parts
-from rollout_mock.errors import ConfigError, ReplayMismatchError, RolloutSettingsMismatchError
+from rollout_mock.errors import ConfigError, FormatVersionError, ReplayMismatchError, RolloutSettingsMismatchError
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.store import StepStore, open_store
 from rollout_mock.text import jsonable, logger, short_repr
 from rollout_mock.wrap.calls import step_names
-from rollout_mock.wrap.matching import Node, Request, block_bounds, digest_request
+from rollout_mock.wrap.matching import REQUEST_FORMAT, Node, Request, block_bounds, digest_request
 
 __all__ = [
     "MAX_SETTINGS", "Difference", "KeyFunction", "RequestMatcher", "bind_arguments", "check_dump_settings",
@@ -140,8 +144,9 @@ def _describe(path: str, rec: Node | None, live: Node | None) -> Difference:
         for i, (x, y) in enumerate(zip(blocks_a, blocks_b)):
             if x != y and i < len(bounds):
                 start = 0 if i == 0 else bounds[i - 1]
-                return Difference(path, f"first difference in {unit[:24]} {start}-{bounds[i] - 1} of {rows} (past "
-                                        f"the first values, which are equal: the recorded values there are not kept)",
+                why = "past the first values, which are equal: the recorded values there are not kept" \
+                    if head_a else f"the recorded {unit[:24]} are not kept"
+                return Difference(path, f"first difference in {unit[:24]} {start}-{bounds[i] - 1} of {rows} ({why})",
                                   recorded, now)
     if "keys" in a and a.get("keys") != b.get("keys"):
         only_a = [k for k in a["keys"] if k not in b.get("keys", [])]
@@ -257,7 +262,11 @@ class RequestMatcher:
             return
         entry = self.store.entry(self.stream, dump_step)
         context = self.context
-        recorded = Request.from_json(((None if entry is None else entry.call) or {}).get("request"))
+        raw = ((None if entry is None else entry.call) or {}).get("request")
+        recorded = Request.from_json(raw)
+        if recorded is None and Request.format_of(raw) not in (None, REQUEST_FORMAT):
+            self._other_format(Request.format_of(raw), step=step, dump_step=dump_step, method=method)
+            return
         if recorded is None:
             if not self._warned_unmatched:
                 self._warned_unmatched = True
@@ -291,6 +300,26 @@ class RequestMatcher:
             message, method=method, argument=first.path, dump_step=dump_step, recorded=first.recorded,
             live=first.live, nearest=nearest, mode=context.get("mode"), split=context.get("split"), step=step,
             path=context.get("path"))
+
+    def _other_format(self, version: Any, *, step: int, dump_step: int, method: str) -> None:
+        """A call recorded with another digest format: its digest cannot be compared with this
+        run's (equal calls would differ), so nothing is compared; ``on_mismatch: error`` says so
+        with a FormatVersionError, ``warn`` once and serves."""
+        context = self.context
+        mapped = "" if dump_step == step else f" (dump step {dump_step})"
+        message = (
+            f"[RolloutMock] mode={context.get('mode')}, {context.get('stream')} step {step}{mapped}: {method}'s "
+            f"call was recorded with another digest format (v{short_repr(version, 20)}; this rollout_mock "
+            f"digests calls with v{REQUEST_FORMAT}), so it cannot be compared with this run's call. Fixes: "
+            f"re-dump with this version (mode: dump), or match_on: [step] to pick each recorded batch by its "
+            f"step alone; on_mismatch: warn replays without comparing.")
+        if self.settings.policy is MismatchPolicy.WARN:
+            if not self._warned_unmatched:
+                self._warned_unmatched = True
+                logger.warning("%s\n(on_mismatch: warn: the recorded batches are served unmatched)", message)
+            return
+        raise FormatVersionError(message, mode=context.get("mode"), split=context.get("split"), step=step,
+                                 path=context.get("path"))
 
     @staticmethod
     def _nearest(live: Request, nearby: list[tuple[int, Mapping[str, Any] | None]], dump_step: int) -> int | None:

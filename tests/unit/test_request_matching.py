@@ -9,6 +9,7 @@ step. The control (same inputs) replays bit-identically with no error.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -21,6 +22,8 @@ import torch
 from conftest import cfg
 
 from rollout_mock import MockScheduler, ReplayMismatchError, RolloutSettingsMismatchError
+from rollout_mock.errors import FormatVersionError
+from rollout_mock.wrap import matching, mismatch
 from rollout_mock.wrap.matching import digest_request
 from rollout_mock.wrap.mismatch import differences
 
@@ -238,11 +241,13 @@ def test_a_digest_does_not_depend_on_which_nodes_are_kept(tmp_path: Path) -> Non
     value = {"a": torch.arange(100).reshape(20, 5), "b": [f"s{i}" for i in range(40)],
              "c": [{"x": i, "y": "s"} for i in range(40)], "d": np.array([{"k": 1}] * 20, dtype=object),
              "e": {"f": list(range(30)), "g": {"h": [0.5] * 50}}}
+    value["t"] = [torch.full((3, i + 1), float(i)) for i in range(20)]  # digested by blocks, kept or not
+    value["n"] = [0.5 * i for i in range(40)]
     plain = digest_request({"v": value})
-    forced = digest_request({"v": value}, forced=["v.e.g.h", "v.c"])
+    forced = digest_request({"v": value}, forced=["v.e.g.h", "v.c", "v.t", "v.n"])
     nested = digest_request({"v": [value]})  # inside a list: nothing kept below
     assert plain.digest == forced.digest
-    assert {n.path for n in forced.nodes} >= {"v.e.g.h", "v.c"}
+    assert {n.path for n in forced.nodes} >= {"v.e.g.h", "v.c", "v.t", "v.n"}
     assert nested.nodes[0].info["len"] == 1 and len(nested.nodes) == 1
     dump = tmp_path / "dump"
     with MockScheduler(Scheduler(), cfg(dump, match_on=["data.input_ids"])) as mock:
@@ -295,3 +300,124 @@ def test_what_differs_between_faithful_runs_is_not_compared() -> None:
     first, second = digest_request(request(1.0, "a")), digest_request(request(2.0, "b"))
     assert first.digest == second.digest
     assert digest_request(request(2.0, "b", 0.7)).digest != first.digest
+
+
+# ------------------------------------------------------------------------------ fast paths
+def _d(value: Any) -> int:
+    return digest_request({"v": value}, volatile=["rows.[].sample_uuid"]).digest
+
+
+def _samples(n: int = 40) -> list[dict[str, Any]]:
+    """slime-like samples: token and log-prob lists, strings, a nested dict, a volatile id."""
+    return [{"tokens": list(range(i, i + 300)), "logprobs": [-0.25 * j for j in range(300)], "prompt": f"p{i}",
+             "reward": float(i), "meta": {"source": "math", "tags": ["a", "b"]}, "sample_uuid": str(uuid.uuid4())}
+            for i in range(n)]
+
+
+def test_equal_values_digest_alike_whichever_path_they_take() -> None:
+    """Lists are digested by blocks, dicts in lists by column, tensors in lists by their bytes in
+    place: a value built otherwise (dict order, a tensor that is not contiguous, requires grad,
+    is bfloat16, a random id) digests alike."""
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    samples = _samples()
+    reordered = [dict(reversed(list(s.items())), sample_uuid="other") for s in samples]
+    for one, other in [
+        ({"rows": samples}, {"rows": reordered}),
+        ([t, t.clone()], [t.clone().requires_grad_(), t.t().contiguous().t()]),
+        ([t.t()] * 20, [t.t().contiguous()] * 20),
+        ([t.to(torch.bfloat16)] * 3, [t.to(torch.bfloat16).clone() for _ in range(3)]),
+        ([{"a": 1, "b": [1, 2]}] * 20, [{"b": [1, 2], "a": 1}] * 20),
+        ([[{"role": "user", "content": "x"}]] * 30, [[{"content": "x", "role": "user"}]] * 30),
+        (np.array([{"k": 1, "j": "s"}] * 20, dtype=object), np.array([{"j": "s", "k": 1}] * 20, dtype=object)),
+    ]:
+        assert _d(one) == _d(other)
+    loop: list[Any] = []
+    loop.append(loop)  # a list holding itself terminates
+    assert _d(loop) == _d(loop)
+
+
+def test_every_difference_changes_the_digest() -> None:
+    """The paths that digest many items in one call see every item: one changed value, dtype,
+    shape or key anywhere changes the digest."""
+    t = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    base = _samples()
+    changes = []
+    for key, index, value in [("tokens", 150, -1), ("logprobs", 299, 0.5), ("prompt", None, "q"), ("reward", None, 7.5)]:
+        other = [dict(s) for s in base]
+        row = other[33]
+        row[key] = value if index is None else [*row[key][:index], value, *row[key][index + 1:]]
+        changes.append(({"rows": base}, {"rows": other}))
+    extra_key = [dict(s) for s in base]
+    extra_key[5]["extra"] = 1
+    changes += [
+        ({"rows": base}, {"rows": extra_key}),
+        ([t] * 20, [t] * 19 + [t.reshape(6, 4)]),  # same bytes, other shape
+        ([t] * 3, [t, t, t.view(torch.int32)]),  # same bytes, other dtype
+        ([t] * 3, [t, t, t + 1e-6]),
+        ([np.arange(3)] * 20, [np.arange(3)] * 19 + [np.arange(3, dtype=np.int32)]),
+        ([2**70], [2**70 + 1]),  # beyond int64: exact
+        ([1.5, 2.0, -3], [1.5, 2.0, -4]),
+        (["\ud800", "x"], ["\ud801", "x"]),
+        ([[1, 2]] * 10, [[1, 2]] * 9 + [[1, 3]]),
+        ([list(range(100))] * 10, [list(range(100))] * 9 + [[*range(99), -1]]),
+    ]
+    for one, other in changes:
+        assert _d(one) != _d(other), (one, other)
+
+
+def test_a_list_mixing_scalars_and_dicts_ignores_dict_order() -> None:
+    """Fails on the first digest, which packed a list whose first item is a scalar in one
+    msgpack call, dicts inside in insertion order: a dict built in another order was another
+    request."""
+    assert _d(["a", {"x": 1, "y": 2}]) == _d(["a", {"y": 2, "x": 1}])
+    assert _d([1, {"x": [1, {"p": 0, "q": 1}]}]) == _d([1, {"x": [1, {"q": 1, "p": 0}]}])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_tensors_digest_as_their_host_copies() -> None:
+    t = torch.randn(64, 32)
+    for value in (t, [t] * 20, [{"x": t, "y": t[:, 0]}] * 20):
+        on_gpu = value.cuda() if isinstance(value, torch.Tensor) else \
+            [v.cuda() if isinstance(v, torch.Tensor) else {k: x.cuda() for k, x in v.items()} for v in value]
+        assert _d(value) == _d(on_gpu)
+
+
+def test_a_difference_deep_in_a_list_of_samples_names_its_block() -> None:
+    samples = _samples(64)
+    other = [dict(s) for s in samples]
+    other[50] = {**other[50], "tokens": [*other[50]["tokens"][:-1], -1]}
+    found = differences(digest_request({"data": samples}), digest_request({"data": other}))
+    assert found[0].path == "data" and "first difference in items 48-55 of 64" in found[0].what
+    trajectories = [{"input_ids": torch.arange(i, i + 50).reshape(1, 50), "rewards": torch.ones(1)} for i in range(32)]
+    changed = [dict(t) for t in trajectories]
+    changed[3] = {**changed[3], "rewards": torch.zeros(1)}
+    found = differences(digest_request({"data": trajectories}), digest_request({"data": changed}))
+    assert found[0].what == "first difference in items 0-3 of 32 (the recorded items are not kept)"
+
+
+def test_the_recorded_request_stays_small() -> None:
+    """At most MAX_NODES nodes of a few short fields each, whatever the request holds."""
+    big = {f"column_{i}": torch.randn(256, 64) for i in range(200)}
+    request = digest_request({"data": {"batch": big, "rows": _samples(512), "meta": {"temperature": 1.0}}})
+    assert len(json.dumps(request.to_json(), separators=(",", ":"))) < 8_000
+    assert len(request.nodes) == matching.MAX_NODES
+
+
+def test_a_call_recorded_with_another_digest_format_is_not_compared(
+        recorded: tuple[Path, list[Any]], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Fails on the first digest, which took another format's call for one recorded without
+    digests: it served the batches with a warning that did not say why."""
+    dump, batches = recorded
+    monkeypatch.setattr(matching, "REQUEST_FORMAT", matching.REQUEST_FORMAT + 1)
+    monkeypatch.setattr(mismatch, "REQUEST_FORMAT", matching.REQUEST_FORMAT, raising=False)
+    with pytest.raises(FormatVersionError) as info:
+        replay(dump, ((d, 8, {"temperature": 1.0}) for d in loader()))
+    assert "recorded with another digest format" in str(info.value) and "match_on: [step]" in str(info.value)
+    assert info.value.step == 0
+    # the fixes it names: the step alone picks the batches; warn serves them, said once
+    served = replay(dump, ((d, 8, {"temperature": 1.0}) for d in loader()), match_on=["step"])
+    assert all(same(a, b) for a, b in zip(served, batches))
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    served = replay(dump, ((d, 8, {"temperature": 1.0}) for d in loader()), on_mismatch="warn")
+    assert all(same(a, b) for a, b in zip(served, batches)) and len(served) == STEPS
+    assert caplog.text.count("recorded with another digest format") == 1

@@ -31,6 +31,7 @@ from typing import Any
 from rollout_mock.codec import BufferPool
 from rollout_mock.config import RankPolicy, RolloutMockConfig
 from rollout_mock.errors import ConfigError, dump_path_is_a_file
+from rollout_mock.storage.bundle import is_bundle
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.store import StepStore, open_store
@@ -79,7 +80,8 @@ class Interceptor:
         self.writes = self.mode.records and (
             per_rank or self.rank is None or self.rank == config.dump_rank
         )
-        if store is None and not is_url(config.dump_dir) and Path(config.dump_dir).is_file():
+        bundled = is_bundle(config.dump_dir)  # a .rmb file: replayed in place, read-only
+        if store is None and not bundled and not is_url(config.dump_dir) and Path(config.dump_dir).is_file():
             raise dump_path_is_a_file(config.dump_dir, mode=self.mode.value)
         self.store = store or open_store(
             config.dump_dir, storage_options=config.storage_options, hmac_key=_hmac_key(config),
@@ -96,7 +98,7 @@ class Interceptor:
         self.replayer: Replayer | None = None
         #: stall reports go to {dump_dir}/stalls/ (not from dump ranks that never touch the dump)
         self.watchdog = None if not config.watchdog.enable else StallWatchdog(
-            config.watchdog, directory=config.dump_dir if self.writes or self.mode.replays else None,
+            config.watchdog, directory=config.dump_dir if (self.writes or self.mode.replays) and not bundled else None,
             label=str(self.stream))
         if self.mode.records:
             self.recorder = Recorder(config, self.store, self.stream, writes=self.writes)

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "BisectError",
+    "BundleError",
     "ConfigError",
     "CheckFailedError",
     "CorruptStepError",
@@ -116,6 +117,12 @@ class ManifestError(RolloutMockError):
 
 class FormatVersionError(ManifestError):
     """The dump was written by a newer (or unknown) on-disk format version."""
+
+
+class BundleError(ManifestError):
+    """A bundle file (``.rmb``, written by ``rollout-mock pack``) is not one, is truncated, forged
+    (a table of contents with impossible offsets, sizes or names) or damaged (a member that fails
+    its SHA-256), or of a newer bundle format version; the message names the file and the member."""
 
 
 class UnsafePickleError(RolloutMockError):

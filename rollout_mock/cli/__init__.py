@@ -2,7 +2,8 @@
 
 Each subcommand lives in its own module under :mod:`rollout_mock.cli` and exposes two
 functions: ``add_parser(subparsers)`` which registers its ``argparse`` parser, and
-``run(args) -> int`` which returns the process exit code. Expected failures (bad input files,
+``run(args) -> int`` which returns the process exit code (a module of several commands,
+:mod:`rollout_mock.cli.bundle`, has ``COMMANDS``: name -> the two functions). Expected failures (bad input files,
 tolerances exceeded, ...) are reported as one clear message and a non-zero exit code, never as a
 traceback.
 """
@@ -34,6 +35,9 @@ COMMANDS: dict[str, str] = {
     "cut": "cut",
     "report": "report",
     "bisect": "bisect",
+    "pack": "bundle",
+    "unpack": "bundle",
+    "pull": "bundle",
 }
 
 
@@ -81,10 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_loudness(parser, default=False)
     parser.add_argument("--version", action="version", version=f"rollout-mock {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module_name in COMMANDS.values():
+    for command, module_name in COMMANDS.items():
         module = importlib.import_module(f"rollout_mock.cli.{module_name}")
-        sub_parser = module.add_parser(sub)
-        sub_parser.set_defaults(_run=module.run)
+        several = getattr(module, "COMMANDS", None)
+        add, run = several[command] if several is not None else (module.add_parser, module.run)
+        sub_parser = add(sub)
+        sub_parser.set_defaults(_run=run)
         # -q / -v after the command too (`rollout-mock ls -q DUMP`); SUPPRESS keeps a value given
         # before the command when none is given after it
         _add_loudness(sub_parser, default=argparse.SUPPRESS)

@@ -30,13 +30,14 @@ def find_dumps(root: Path, depth: int = 2) -> list[Path]:
 
 
 def resolve_dump(location: str | Path, command: str, rest: str = "") -> Any:
-    """``location`` when it holds a dump (an fsspec URL is passed through as is: its store says);
-    otherwise a DumpNotFoundError that says where dumps are (one or two levels down), or what kind
-    of folder it is, with the command to run instead."""
+    """``location`` when it holds a dump (an fsspec URL or a bundle is passed through as is: its
+    store says); otherwise a DumpNotFoundError that says where dumps are (one or two levels down),
+    or what kind of folder it is, with the command to run instead."""
+    from rollout_mock.storage.bundle import is_bundle
     from rollout_mock.storage.paths import is_url
     from rollout_mock.storage.store import open_store
 
-    if is_url(str(location)):
+    if is_url(str(location)) or is_bundle(location):
         return str(location)
     path = Path(location)
     if (path / MANIFEST_NAME).is_file() or (path.is_dir() and open_store(path).has_dump()):

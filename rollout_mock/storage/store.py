@@ -6,8 +6,9 @@ overwrite protection, retention deletes, the codec, the CRC-32 and the bound HMA
 (:mod:`rollout_mock.storage.digest`), and verified loads. A backend only stores and returns bytes.
 
 :func:`open_store` picks the backend for a ``dump_dir`` (a local path: :class:`LocalBackend`; an
-fsspec URL: :class:`FsspecBackend`); :func:`DirectoryStore`, :func:`FsspecStore` and
-:func:`MemoryStore` build the store over one backend each.
+fsspec URL: :class:`FsspecBackend`; a ``.rmb`` bundle: the read-only :class:`BundleBackend`);
+:func:`DirectoryStore`, :func:`FsspecStore` and :func:`MemoryStore` build the store over one
+backend each.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from rollout_mock.errors import (
     dump_path_is_a_file,
 )
 from rollout_mock.storage.backend import BackendDefaults, ByteBackend, MemoryBackend, with_defaults
+from rollout_mock.storage.bundle import BundleBackend, is_bundle, open_bundle
 from rollout_mock.storage.digest import Digest, HashingWriter, mac_context
 from rollout_mock.storage.directory import LocalBackend, disk_full_error, free_bytes
 from rollout_mock.storage.index import (
@@ -594,8 +596,13 @@ def open_store(location: str | os.PathLike[str], *, storage_options: dict[str, A
     """The store for ``location``: a local path (or ``file://``) gets the
     :class:`~rollout_mock.storage.directory.LocalBackend` (atomic rename, fsync, flock: fastest),
     any other fsspec URL (``s3://bucket/prefix``) the
-    :class:`~rollout_mock.storage.objectstore.FsspecBackend`."""
+    :class:`~rollout_mock.storage.objectstore.FsspecBackend`, and a bundle (a ``.rmb`` file or
+    URL, :func:`~rollout_mock.storage.bundle.is_bundle`) the read-only
+    :class:`~rollout_mock.storage.bundle.BundleBackend`, read in place."""
     text = os.fspath(location)
+    if is_bundle(text):
+        return Store(BundleBackend(open_bundle(text, storage_options=storage_options)), hmac_key=hmac_key,
+                     verify=verify)
     if is_url(text) and not text.startswith("file://"):
         return FsspecStore(text, storage_options=storage_options, hmac_key=hmac_key, verify=verify)
     return DirectoryStore(text.removeprefix("file://"), hmac_key=hmac_key, verify=verify)

@@ -39,6 +39,7 @@ from typing import Any
 from rollout_mock.codec import BufferPool
 from rollout_mock.config import RankPolicy, RolloutMockConfig, config_parts
 from rollout_mock.errors import ConfigError, dump_path_is_a_file
+from rollout_mock.storage.bundle import is_bundle
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.store import StepStore, open_store
@@ -94,7 +95,8 @@ class Interceptor:
         self.writes = self.mode.records and (
             per_rank or self.rank is None or self.rank == config.dump_rank
         )
-        if store is None and not is_url(config.dump_dir) and Path(config.dump_dir).is_file():
+        bundled = is_bundle(config.dump_dir)  # a .rmb file: replayed in place, read-only
+        if store is None and not bundled and not is_url(config.dump_dir) and Path(config.dump_dir).is_file():
             raise dump_path_is_a_file(config.dump_dir, mode=self.mode.value)
         self.store = store or open_store(
             parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
@@ -116,7 +118,8 @@ class Interceptor:
             "mode": self.mode.value, "split": split, "path": config.dump_dir})
         #: stall reports go to {dump_dir}/stalls/ (not from dump ranks that never touch the dump)
         self.watchdog = None if not parts.watchdog.enable else StallWatchdog(
-            parts.watchdog, directory=config.dump_dir if self.writes or self.mode.replays else None,
+            parts.watchdog,
+            directory=config.dump_dir if (self.writes or self.mode.replays) and not bundled else None,
             label=str(self.stream))
         if self.mode.records:
             self.recorder = Recorder(parts.record, self.store, self.stream, writes=self.writes)

@@ -175,3 +175,15 @@ def test_bench_capture_runs(tmp_path: Path) -> None:
     assert result["replayed"]["torch_save"] == "works"
     sizes = result["replayed"]["pickle_bytes"]
     assert sizes["replayed"] < 1.1 * sizes["live"] + 4096
+
+
+def test_bench_bundle_runs(tmp_path: Path) -> None:
+    bench_bundle = pytest.importorskip("bench_bundle")
+    out = tmp_path / "out.json"
+    assert bench_bundle.main(["--skip-demo", "--mb", "1", "--steps", "2", "--pack", "1", "--repeat", "1",
+                              "--dir", str(tmp_path), "--json", str(out)]) == 0
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["steps"] == [1] and result["bundle_bytes"] > result["files_bytes"] > 1 << 20
+    assert set(result["load_s"]) == {"bundle in place", "unpacked directory", "original dump"}
+    assert all(result[k] > 0 for k in ("pack_s", "unpack_s", "tar_c_s", "tar_x_s"))
+    assert not any(tmp_path.glob("bench_bundle_*"))  # scratch removed

@@ -1,0 +1,96 @@
+"""The bundle container (rollout_mock.storage.bundle): layout, ranged reads, checks, the read-only
+backend and the store over it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+import pytest
+
+from rollout_mock import BundleError, DumpNotWritableError
+from rollout_mock.errors import DebugInputError, UnsafePathError
+from rollout_mock.storage.bundle import ALIGNMENT, MAGIC, Bundle, BundleBackend, BundleWriter, is_bundle
+from rollout_mock.storage.store import Store, open_store
+
+
+def write(path: Path, members: dict[str, bytes], **kwargs: object) -> Path:
+    with BundleWriter(path, **kwargs) as writer:  # type: ignore[arg-type]
+        for name, data in members.items():
+            writer.add(name, [data[:3], data[3:]])
+        writer.commit({"note": "test"})
+    return path
+
+
+def test_layout_is_the_documented_one(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.rmb", {"manifest.json": b"{}", "train/step_000001.pkl": b"x" * 5000, "e/m.jsonl": b""})
+    data = path.read_bytes()
+    magic, version, flags, alignment, reserved = struct.unpack_from("<8sHHI16s", data)
+    assert (magic, version, flags, alignment, reserved) == (MAGIC, 1, 0, ALIGNMENT, bytes(16))
+    toc_offset, toc_size, toc_sha, zeros, end = struct.unpack_from("<QQ32s8s8s", data, len(data) - 64)
+    assert end == b"RMB-END\n" and zeros == bytes(8) and toc_offset + toc_size + 64 == len(data)
+    toc = data[toc_offset:toc_offset + toc_size]
+    assert hashlib.sha256(toc).digest() == toc_sha
+    doc = json.loads(toc)
+    assert doc["format"] == "rollout_mock.bundle" and doc["version"] == 1 and doc["meta"] == {"note": "test"}
+    for member in doc["members"]:
+        assert member["offset"] % ALIGNMENT == 0
+        body = data[member["offset"]:member["offset"] + member["size"]]
+        assert hashlib.sha256(body).hexdigest() == member["sha256"]
+    assert [m["size"] for m in doc["members"]] == [2, 5000, 0]
+    bundle = Bundle.open(path)
+    assert bundle.digest == "sha256:" + toc_sha.hex()
+    bundle.verify()
+
+
+def test_reads_listing_and_slices(tmp_path: Path) -> None:
+    bundle = Bundle.open(write(tmp_path / "a.rmb", {"manifest.json": b"0123456789", "train/math/s.pkl": b"abc",
+                                                    "train/t.pkl": b"zz"}))
+    assert bundle.read("manifest.json") == b"0123456789"
+    assert bundle.read("manifest.json", 2, 5) == b"234" and bundle.read("manifest.json", 8, 100) == b"89"
+    assert bundle.read("manifest.json", 20, 30) == b"" and bundle.read("nope") is None
+    assert bundle.listdir("") == ["manifest.json", "train"] and bundle.listdir("train") == ["math", "t.pkl"]
+    assert bundle.listdir("train/math") == ["s.pkl"] and bundle.listdir("other") == []
+
+
+def test_backend_is_read_only(tmp_path: Path) -> None:
+    backend = BundleBackend(write(tmp_path / "a.rmb", {"manifest.json": b"{}"}))
+    store = Store(backend)
+    assert store.dump_dir == str(tmp_path / "a.rmb") and backend.where("x/y") == f"{tmp_path / 'a.rmb'}:x/y"
+    assert backend.size("manifest.json") == 2 and backend.signature("nope") is None
+    for attempt in (lambda: backend.create("a", b""), lambda: backend.replace("a", b""), lambda: backend.remove(["a"]),
+                    lambda: backend.lock("a", "me")):
+        with pytest.raises(DumpNotWritableError, match="is a bundle, read-only.*rollout-mock unpack"):
+            attempt()
+    with pytest.raises(UnsafePathError, match="not a plain relative path"):
+        backend.read("../x")
+
+
+def test_writer_refuses_and_leaves_nothing(tmp_path: Path) -> None:
+    path = write(tmp_path / "a.rmb", {"m": b"1"})
+    with pytest.raises(DebugInputError, match="exists; pick another name, or pass --overwrite"):
+        BundleWriter(path)
+    with pytest.raises(DebugInputError, match="is a directory"):
+        BundleWriter(tmp_path)
+    with pytest.raises(RuntimeError), BundleWriter(tmp_path / "b.rmb") as writer:
+        writer.add("m", [b"partial"])
+        raise RuntimeError("interrupted")
+    with pytest.raises(BundleError, match="member name"), BundleWriter(tmp_path / "c.rmb") as writer:
+        writer.add("../m", [b""])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.rmb"]
+    write(path, {"m": b"2"}, overwrite=True)
+    assert Bundle.open(path).read("m") == b"2"
+
+
+def test_is_bundle_and_open_store(tmp_path: Path) -> None:
+    path = write(tmp_path / "shared.bin", {"manifest.json": b"{}"})  # any name: the magic says
+    assert is_bundle(path) and is_bundle(tmp_path / "shared.bin") and not is_bundle(tmp_path)
+    assert is_bundle("s3://bucket/x.rmb") and not is_bundle("s3://bucket/dump")
+    assert isinstance(open_store(path).backend, BundleBackend)
+    (tmp_path / "text.rmb").write_text("not a bundle, but long enough to hold a header and a footer " * 2)
+    with pytest.raises(BundleError, match="not a rollout_mock bundle"):
+        open_store(tmp_path / "text.rmb")
+    (tmp_path / "notes.txt").write_text("hello")
+    assert not is_bundle(tmp_path / "notes.txt")

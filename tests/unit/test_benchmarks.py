@@ -162,3 +162,14 @@ def test_bench_digest_small_shapes_run(tmp_path: Path) -> None:
     assert all(r["dump digest"] > 0 and r["mock digest + compare"] > 0 for r in result["results"])
     assert "| verl |" in result["table"]
     assert not any(tmp_path.glob("bench_digest_*"))  # scratch removed
+
+
+def test_bench_keep_small_batches_run(tmp_path: Path) -> None:
+    bench_keep = pytest.importorskip("bench_keep")
+    out = tmp_path / "out.json"
+    assert bench_keep.main(["--size", "4M", "--repeat", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["batch"] for r in result["results"]] == ["verl rollout (int64 + float32 + bf16)", "float32 only",
+                                                       "bfloat16 only"]
+    assert all(r["scan"] > 0 and r["memcpy"] > 0 for r in result["results"])
+    assert "| float32 only |" in result["table"]

@@ -65,6 +65,7 @@ class Recorder:
         self._doomed: list[int] = []  # deletions decided, not sent yet (object stores)
         self._deleted_count = 0
         self._capped_said = False
+        self._scan_failed_said = False
         self.closed = False
         if not writes:
             return
@@ -187,9 +188,22 @@ class Recorder:
         if step in self._doomed:
             self._doomed.remove(step)  # rewritten before its deletion was sent
         keep = self.settings.keep
-        if keep is not None and keep.nonfinite and (places := nonfinite_values(batch)):
+        if keep is not None and keep.nonfinite and (places := self._scan(step, batch)):
             self._carry_out(self._anomaly(step, "NaN/inf in the batch: " + ", ".join(places), detected=True))
         self._carry_out(self.retention.written(step, size))
+
+    def _scan(self, step: int, batch: Any) -> list[str]:
+        """:func:`nonfinite_values` of a written step; a batch it cannot look into is said once
+        and recording goes on (the step is written: only the scan is missing)."""
+        try:
+            return nonfinite_values(batch)
+        except Exception as exc:  # noqa: BLE001 - an odd tensor subclass must not stop the dump
+            if not self._scan_failed_said:
+                self._scan_failed_said = True
+                logger.warning("[RolloutMock] keep: could not scan step %d of %s for NaN/inf (%s: %s); such steps "
+                               "are kept only by the ring, metrics and pins", step, self.stream,
+                               type(exc).__name__, str(exc)[:200])
+            return []
 
     def observe(self, step: int, metrics: Mapping[str, Any]) -> list[str]:
         """Check a step's metrics (``keep.metrics``; NaN/inf in any metric by default): each
@@ -209,11 +223,12 @@ class Recorder:
         it, when the anomaly limit is reached (``detected``), on a rank that does not write."""
         if self.retention is None or self.writer is None:
             return False
+        step = int(step)
         if self.closed:
             logger.warning("[RolloutMock] pin(%d, %r): the recorder of %s is closed; pin steps before "
                            "closing the scheduler", step, reason, self.stream)
             return False
-        plan = self._anomaly(int(step), reason, detected=detected)
+        plan = self._anomaly(step, reason, detected=detected)
         if plan:
             self.writer.submit(WriteJob(lambda: self._carry_out(plan), f"pinning step {step} of {self.stream}"))
         return not plan.capped and step not in plan.lost

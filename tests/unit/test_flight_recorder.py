@@ -366,3 +366,18 @@ def test_ls_refuses_a_forged_pin(tmp_path: Path, capsys: pytest.CaptureFixture[s
     manifest.write_text(json.dumps(data))
     assert cli_main(["ls", str(tmp_path / "d")]) == 2
     assert "pin" in capsys.readouterr().err
+
+
+def test_a_batch_the_scan_cannot_read_is_recorded_anyway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    import rollout_mock.wrap.recording as recording
+
+    def broken(batch: Any) -> list[str]:
+        raise RuntimeError("odd tensor subclass")
+
+    monkeypatch.setattr(recording, "nonfinite_values", broken)
+    with caplog.at_level(logging.WARNING, logger="rollout_mock"):
+        record(tmp_path / "d", range(4), keep={"last": 2})
+    assert kept(tmp_path / "d") == {2: None, 3: None}
+    said = [r.getMessage() for r in caplog.records if "could not scan" in r.getMessage()]
+    assert len(said) == 1 and "step 0 of train for NaN/inf (RuntimeError: odd tensor subclass)" in said[0]

@@ -9,7 +9,12 @@ of ``--repeat``; ms per GB of the whole batch, integer tensors included):
 * ``scan``: ``nonfinite_values(batch)`` on a clean batch (the common case: nothing found);
 * ``memcpy``: a copy of the same tensors into preallocated tensors (``Tensor.copy_``), the floor of
   the snapshot the recorder already takes of every step;
-* ``isfinite().all()``: the plain check per floating-point tensor, for comparison.
+* ``isfinite().all()``: the plain check per floating-point tensor, for comparison;
+* ``scan of the capture``: what the writer thread does in background mode, where it holds the
+  codec's capture of the batch rather than the batch: a batch rebuilt from the capture
+  (:func:`rollout_mock.wrap.recording.scannable`), then the scan. Its cost depends on what the
+  codec's capture offers (``materialize()`` shares the capture's memory; without it the capture
+  is encoded and decoded: copies).
 
 The batches: a verl-like rollout (int64 ``input_ids``/``attention_mask``/``responses``, float32
 ``old_log_probs``/``ref_log_prob``/``values``/``advantages``, bfloat16 ``rewards`` per token), all
@@ -36,6 +41,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, clock, describe_machine, machine, parse_size, update_readme
 
+import rollout_mock.codec as codec
+from rollout_mock.wrap.recording import scannable
 from rollout_mock.wrap.retention import nonfinite_values
 
 TAG = "bench_keep"
@@ -85,23 +92,30 @@ def measure(batch: dict[str, torch.Tensor], repeat: int) -> dict[str, float]:
     def isfinite_all() -> None:
         assert all(bool(torch.isfinite(t).all()) for t in floats)
 
-    runs: dict[str, Callable[[], None]] = {"scan": scan, "memcpy": memcpy, "isfinite().all()": isfinite_all}
+    captured = codec.capture(batch)
+
+    def scan_capture() -> None:
+        assert nonfinite_values(scannable(captured)) == []
+
+    runs: dict[str, Callable[[], None]] = {"scan": scan, "memcpy": memcpy, "isfinite().all()": isfinite_all,
+                                           "scan of the capture": scan_capture}
     samples: dict[str, list[float]] = {name: [] for name in runs}
     for run in runs.values():  # warm-up (page faults of the targets, kernels)
         on_worker(run)
     for _ in range(repeat):  # interleaved
         for name, run in runs.items():
             samples[name].append(on_worker(run))
+    captured.release()
     gigabytes = nbytes(batch) / 1e9
     return {name: statistics.median(times) * 1000 / gigabytes for name, times in samples.items()}
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| batch | bytes | scan (ms/GB) | memcpy (ms/GB) | scan / memcpy | isfinite().all() (ms/GB) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| batch | bytes | scan (ms/GB) | memcpy (ms/GB) | scan / memcpy | isfinite().all() (ms/GB) "
+             "| scan of the capture (ms/GB) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(f"| {r['batch']} | {r['bytes'] / 1e9:.2f} GB | {r['scan']:.0f} | {r['memcpy']:.0f} | "
-                     f"{r['scan'] / r['memcpy']:.2f} | {r['isfinite().all()']:.0f} |")
+                     f"{r['scan'] / r['memcpy']:.2f} | {r['isfinite().all()']:.0f} | {r['scan of the capture']:.0f} |")
     return "\n".join(lines)
 
 

@@ -32,11 +32,24 @@ from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed
 from rollout_mock.wrap.retention import MetricWatch, Plan, Retention, nonfinite_values, register, unregister
 
-__all__ = ["DELETE_BATCH", "Recorder"]
+__all__ = ["DELETE_BATCH", "Recorder", "scannable"]
 
 #: On an object store, the ring's deletions are sent once this many steps are due (two batched
 #: requests: entries, then data) and at close; on a local disk at once.
 DELETE_BATCH = 16
+
+
+def scannable(written: Any) -> Any:
+    """The batch to scan for NaN/inf of what the writer thread wrote: the batch itself, or, for
+    the codec's in-memory capture of one (:func:`rollout_mock.codec.capture`), a batch rebuilt
+    from it — with ``materialize()`` where the capture offers it (no copy: the batch shares the
+    capture's memory), else decoded from its encoded bytes (a copy: what the codec offers)."""
+    materialize = getattr(written, "materialize", None)
+    if callable(materialize):
+        return materialize()
+    if all(hasattr(written, name) for name in ("root", "chunks", "release")):  # a capture without materialize
+        return codec.decode(codec.encode_bytes(written))
+    return written
 
 
 class Recorder:
@@ -193,10 +206,11 @@ class Recorder:
         self._carry_out(self.retention.written(step, size))
 
     def _scan(self, step: int, batch: Any) -> list[str]:
-        """:func:`nonfinite_values` of a written step; a batch it cannot look into is said once
-        and recording goes on (the step is written: only the scan is missing)."""
+        """:func:`nonfinite_values` of a written step (a batch, or the codec's capture of one:
+        :func:`scannable`); a batch it cannot look into is said once and recording goes on (the
+        step is written: only the scan is missing)."""
         try:
-            return nonfinite_values(batch)
+            return nonfinite_values(scannable(batch))
         except Exception as exc:  # noqa: BLE001 - an odd tensor subclass must not stop the dump
             if not self._scan_failed_said:
                 self._scan_failed_said = True

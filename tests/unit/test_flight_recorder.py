@@ -381,3 +381,18 @@ def test_a_batch_the_scan_cannot_read_is_recorded_anyway(tmp_path: Path, monkeyp
     assert kept(tmp_path / "d") == {2: None, 3: None}
     said = [r.getMessage() for r in caplog.records if "could not scan" in r.getMessage()]
     assert len(said) == 1 and "step 0 of train for NaN/inf (RuntimeError: odd tensor subclass)" in said[0]
+
+
+def test_the_writer_thread_scans_what_the_codec_captured() -> None:
+    """The background writer hands the recorder the codec's capture of a batch, not the batch:
+    its NaN/inf are found all the same (whatever the codec's capture offers)."""
+    import rollout_mock.codec as codec
+    from rollout_mock.wrap.recording import scannable
+
+    batch = {"logprobs": torch.tensor([[0.5, math.nan]]), "ids": torch.arange(2), "meta": {"t": [1.0, math.inf]}}
+    captured = codec.capture(batch)
+    try:
+        assert nonfinite_values(scannable(captured)) == ["logprobs (1 NaN)", "meta.t[1] (inf)"]
+    finally:
+        captured.release()
+    assert scannable(batch) is batch

@@ -9,8 +9,9 @@ they ask for, on its writer thread:
 * :func:`nonfinite_values` — where a recorded batch holds NaN or ±inf: a walk of the batch model
   (:func:`rollout_mock.batch.batch_parts`), one ``torch.aminmax`` per floating-point tensor or
   array (NaN and ±inf propagate to the minimum or the maximum: exact, no temporary the size of
-  the tensor), Python floats one by one. It runs on the writer thread, on the copy the recorder
-  took, so the training thread never pays for it.
+  the tensor), Python floats one by one. It runs on the writer thread, on what the recorder
+  captured (:func:`rollout_mock.wrap.recording.scannable`), so the training thread never pays for
+  it.
 * :class:`MetricWatch` — a metric that is NaN/inf, or more than ``z`` robust deviations from the
   median of its recent window (``keep.metrics``): fed by :meth:`MockScheduler.observe
   <rollout_mock.MockScheduler.observe>`, by ``MetricsWriter(..., expected=scheduler)`` and by

@@ -14,6 +14,8 @@ The public API, all importable from here::
   :func:`compare_batches`, :func:`batch_traces` (``rollout_mock.compare``); check mode's verdicts:
   :func:`read_check_verdicts` / :class:`CheckVerdict`; request matching:
   :func:`register_volatile_fields`;
+* the flight recorder (``keep:``): :func:`observe` and :func:`pin` reach every dump-mode
+  scheduler of this process (``MockScheduler.observe`` / ``.pin`` reach one);
 * determinism: the ``rollout_mock.determinism`` package;
 * every error: defined in ``rollout_mock.errors`` and importable from here too (all subclass
   :class:`RolloutMockError`; :class:`MetricsWarning` is a warning).
@@ -64,6 +66,8 @@ _EXPORTS: dict[str, str] = {
     "read_check_verdicts": "rollout_mock.wrap.check",
     "CheckVerdict": "rollout_mock.wrap.check",
     "register_volatile_fields": "rollout_mock.wrap.hooks",
+    "observe": "rollout_mock.wrap.retention",
+    "pin": "rollout_mock.wrap.retention",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
@@ -85,6 +89,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.check import CheckVerdict, read_check_verdicts
     from rollout_mock.wrap.hooks import register_volatile_fields
+    from rollout_mock.wrap.retention import observe, pin
     from rollout_mock.wrap.scheduler import MockScheduler, wrap_scheduler
 
 

@@ -4,6 +4,10 @@
 the environment fingerprint). ``--keys`` lists each stream's keys (shapes and dtypes) once per
 distinct key set, naming the steps that share it, instead of repeating the list for every step.
 
+Steps kept by the flight recorder (``keep:``, ``pin_steps``, ``MockScheduler.pin``) are marked
+``PINNED`` with their reasons, after a per-stream count; ``--json`` adds ``"pinned": {stream:
+{step: [reasons]}}``.
+
 Each step file of a local dump is also checked against its index entry for what costs nothing
 to read: that it is there and has the recorded size (a truncated or missing file is marked
 DAMAGED). ``--verify`` reads every step file and checks its checksum too (object stores as
@@ -107,6 +111,18 @@ def _verdict(damaged: dict[str, dict[int, str]], where: str, args: argparse.Name
     return 1
 
 
+def _pinned(dump: Any) -> dict[str, dict[str, list[str]]]:
+    """``{stream key: {step: reasons}}`` of the pinned steps (the entries of every step are read:
+    a long stream's entries live in index segments, outside the manifest ``--json`` prints)."""
+    pinned: dict[str, dict[str, list[str]]] = {}
+    for stream in dump.streams():
+        for step in dump.steps(stream):
+            entry = dump.entry(stream, step)
+            if entry is not None and entry.pin:
+                pinned.setdefault(stream.key, {})[str(step)] = list(entry.pin)
+    return pinned
+
+
 def _key_set(keys: dict[str, Any]) -> str:
     return json.dumps(keys, sort_keys=True)
 
@@ -126,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         manifest = dump.manifest.to_json()
         if not args.all:
             manifest.pop("fingerprint", None)
+        manifest["pinned"] = _pinned(dump)
         print(json.dumps(manifest, indent=1))
         return _verdict(damaged, where, args)
     writer = dump.manifest.writer
@@ -136,14 +153,17 @@ def run(args: argparse.Namespace) -> int:
         entries = [dump.entry(stream, s) for s in steps]
         total = sum(e.size for e in entries if e is not None)
         methods = ", ".join(f"{m} ({info.get('convention')})" for m, info in dump.manifest.methods(stream).items())
+        pinned = [step for step, entry in zip(steps, entries) if entry is not None and entry.pin]
         print(f"\n{stream}: steps {format_ranges(steps)} ({len(steps)} files, {total / 1e6:.2f} MB)"
-              + (f"; methods: {methods}" if methods else ""))
+              + (f"; methods: {methods}" if methods else "")
+              + (f"; pinned: {format_ranges(pinned)}" if pinned else ""))
         groups: dict[str, list[int]] = {}
         for step, entry in zip(steps, entries):
             assert entry is not None
             what = damaged.get(stream.key, {}).get(step)
             print(f"  step {step:>6}  {entry.file}  {entry.size / 1e6:9.2f} MB  samples={entry.samples}  "
-                  f"{entry.type}  {entry.checksum}" + ("" if what is None else f"  DAMAGED: {what}"))
+                  f"{entry.type}  {entry.checksum}" + ("" if what is None else f"  DAMAGED: {what}")
+                  + ("" if not entry.pin else f"  PINNED: {'; '.join(entry.pin)}"))
             groups.setdefault(_key_set(entry.keys), []).append(step)
         if args.keys:
             for signature, members in groups.items():

@@ -12,7 +12,9 @@ Attach to the :class:`MetricsWriter` you already use::
 
 * dump mode: each logged line is also appended to ``{dump_dir}/expected/metrics.jsonl``
   (``metrics_rank{R}.jsonl`` for ranks other than the writing one when ``ranks: all``), so the
-  dump carries the values a faithful replay must reproduce;
+  dump carries the values a faithful replay must reproduce; with ``keep`` (the flight recorder)
+  each line also goes to the scheduler's :meth:`~rollout_mock.MockScheduler.observe`, so a NaN or
+  a spike in a logged metric keeps the steps around it;
 * mock mode: each logged metric is compared with the dump run's value of that step as it is
   logged (config ``verdict``: bitwise by default, per-metric ``rtol``/``atol``); the first
   divergence is reported at the step it happens — a warning with ``verdict: warn`` (default),
@@ -30,7 +32,7 @@ import math
 import os
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -53,7 +55,7 @@ from rollout_mock.errors import (
     MetricsWarning,
     UnsafePathError,
 )
-from rollout_mock.storage.paths import open_inside, read_inside
+from rollout_mock.storage.paths import is_url, open_inside, read_inside
 from rollout_mock.text import logger
 from rollout_mock.wrap.replay import EXPECTED_DIR, describe_expected, expected_path, expected_relpath
 
@@ -227,8 +229,11 @@ def _number(key: str, value: object) -> float:
 class ExpectedMetrics:
     """Records (dump mode) or checks (mock mode) the metrics of one MetricsWriter."""
 
-    def __init__(self, config: RolloutMockConfig, *, rank: int | None = None, writes: bool = True) -> None:
+    def __init__(self, config: RolloutMockConfig, *, rank: int | None = None, writes: bool = True,
+                 watch: Callable[[int, Mapping[str, object]], object] | None = None) -> None:
         self.config = config
+        #: dump mode: the recorder's ``observe`` (the flight recorder's metric anomalies)
+        self.watch = watch
         self.verdict = config.verdict
         self.path = expected_path(config.dump_dir, rank)
         self.rank = rank
@@ -240,7 +245,12 @@ class ExpectedMetrics:
         self.first: tuple[int, str, float, float] | None = None
         self._steps: set[int] = set()
         if self.records:
-            if writes:
+            if writes and is_url(config.dump_dir):
+                logger.warning(
+                    "[RolloutMock] %s is an object store: the logged metrics are not stored in the dump (expected "
+                    "values are kept for local dumps only), so a replay's metrics cannot be checked against them "
+                    "on-line; the flight recorder (keep:) still sees them", config.dump_dir)
+            elif writes:
                 # Checked open first (no link below dump_dir, a regular file), then the writer
                 # opens the same name: it must be the very file checked, or nothing is written.
                 checked = _open_for_append(config.dump_dir, rank)
@@ -279,6 +289,9 @@ class ExpectedMetrics:
         """Record (dump) or compare (mock) one logged line; may raise MetricsDivergenceError."""
         if self._writer is not None:
             self._writer.log(step, metrics)
+        if self.watch is not None:
+            self.watch(step, metrics)
+        if self.records:
             return
         if self._table is None:
             return
@@ -353,8 +366,10 @@ def attach_expected(source: Any) -> ExpectedMetrics | None:
     if not config.enable:
         return None
     rank = writes = None
+    recorder = getattr(interceptor, "recorder", None)
     if interceptor is not None:
         stream_rank = interceptor.stream.rank
         rank = stream_rank if stream_rank not in (None, config.dump_rank) else None
         writes = interceptor.writes
-    return ExpectedMetrics(config, rank=rank, writes=True if writes is None else bool(writes))
+    return ExpectedMetrics(config, rank=rank, writes=True if writes is None else bool(writes),
+                           watch=None if recorder is None else recorder.observe)

@@ -5,12 +5,13 @@ ROLL's block (``enable``, ``mode``, ``dump_dir``) loads unchanged; see
 YAML files, mappings and OmegaConf objects are read.
 """
 
-from rollout_mock.config.debug_settings import VerdictAction, VerdictConfig, WatchdogConfig
+from rollout_mock.config.debug_settings import KeepConfig, MetricRule, VerdictAction, VerdictConfig, WatchdogConfig
 from rollout_mock.config.loading import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_config
 from rollout_mock.config.model import BLOCK_KEY, MAX_ERROR_LINES, RolloutMockConfig, build_config
 from rollout_mock.config.parts import (
     CheckSettings,
     ConfigParts,
+    KeepSettings,
     MatchSettings,
     RecordSettings,
     ReplaySettings,
@@ -30,8 +31,8 @@ from rollout_mock.config.policies import (
 
 __all__ = [
     "BLOCK_KEY", "MAX_CONFIG_BYTES", "MAX_ERROR_LINES", "MAX_YAML_NODES", "CheckServes", "CheckSettings",
-    "ConfigParts", "DiskFullPolicy", "FingerprintPolicy", "MatchSettings", "MismatchPolicy", "MissingStepPolicy",
-    "RankPolicy", "RecordSettings", "ReplayRows", "ReplaySettings", "RolloutMockConfig", "StoreSettings",
-    "Tolerance", "VerdictAction", "VerdictConfig", "WatchdogConfig", "build_config", "config_parts",
-    "load_config",
+    "ConfigParts", "DiskFullPolicy", "FingerprintPolicy", "KeepConfig", "KeepSettings", "MatchSettings",
+    "MetricRule", "MismatchPolicy", "MissingStepPolicy", "RankPolicy", "RecordSettings", "ReplayRows",
+    "ReplaySettings", "RolloutMockConfig", "StoreSettings", "Tolerance", "VerdictAction", "VerdictConfig",
+    "WatchdogConfig", "build_config", "config_parts", "load_config",
 ]

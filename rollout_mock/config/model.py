@@ -24,9 +24,9 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
+from rollout_mock.config.debug_settings import KeepConfig, VerdictConfig, WatchdogConfig
 from rollout_mock.config.policies import (
     CheckServes,
     DiskFullPolicy,
@@ -83,11 +83,20 @@ class RolloutMockConfig(BaseModel):
 
     max_keep: int | None = Field(default=None, ge=1)
     """Dump mode: keep only the newest ``max_keep`` recorded steps of each stream (older ones are
-    deleted after each new step), except ``pin_steps``. ``None`` keeps everything."""
+    deleted after each new step), except ``pin_steps``. ``None`` keeps everything. Shorthand for
+    ``keep: {last: max_keep}`` (both may be given only with the same value)."""
 
     pin_steps: list[int] | None = None
-    """Dump mode with ``max_keep``: steps that are never deleted (e.g. the first, or a step with
-    a known bug)."""
+    """Dump mode: steps that are never deleted (e.g. the first, or a step with a known bug); the
+    index marks them pinned (reason ``pin_steps``)."""
+
+    keep: KeepConfig | None = None
+    """Dump mode's flight recorder: a ring of the newest steps (``last``, ``max_bytes``) plus the
+    steps around anomalies (``before``, ``after``): NaN/inf in a recorded batch, a metric given to
+    ``MockScheduler.observe`` that is NaN/inf or jumps (``metrics: {loss: {z: 6, window: 50}}``),
+    an explicit ``MockScheduler.pin(step, reason)``. Kept steps carry their reason in the index
+    (``rollout-mock ls``). ``null`` (and no ``max_keep``): every step is kept, nothing is
+    scanned."""
 
     background: bool = True
     """Dump mode: serialise and write on a background thread; the call returns once the batch
@@ -248,6 +257,21 @@ class RolloutMockConfig(BaseModel):
             raise ValueError("'step' means 'match on the step alone': it cannot be combined with other names")
         return value
 
+    @field_validator("keep")
+    @classmethod
+    def _check_keep(cls, value: KeepConfig | None, info: ValidationInfo) -> KeepConfig | None:
+        max_keep = info.data.get("max_keep")
+        if value is None or max_keep is None:
+            return value
+        if value.last is not None and value.last != max_keep:
+            raise ValueError(f"last ({value.last}) contradicts max_keep ({max_keep}), its shorthand; "
+                             f"give one of them")
+        if value.before >= max_keep:
+            raise ValueError(f"before ({value.before}) must be below the ring's size (max_keep: {max_keep}): the "
+                             f"ring must still hold the steps before an anomaly when it is detected; raise "
+                             f"max_keep to at least {value.before + 1}")
+        return value
+
     @field_validator("step_map")
     @classmethod
     def _check_step_map(cls, value: dict[int, int] | None) -> dict[int, int] | None:
@@ -282,6 +306,28 @@ def _choices_for(field_name: str) -> list[str] | None:
     return None
 
 
+def _sub_block_keys(loc: tuple[Any, ...]) -> list[str]:
+    """The keys of the sub-block at ``loc`` (``("keep",)``, ``("keep", "metrics", "loss")``), or
+    ``[]`` where ``loc`` does not lead to a model."""
+    model: Any = RolloutMockConfig
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if fields is None:
+            return []
+        if part not in fields:  # a mapping's key (keep.metrics.<name>): stay on its value type
+            continue
+        annotation = fields[part].annotation
+        candidates = [annotation, *getattr(annotation, "__args__", ())]
+        models = [c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)]
+        values = [a for c in candidates for a in getattr(c, "__args__", ())[1:]
+                  if isinstance(a, type) and issubclass(a, BaseModel)]
+        if not models and not values:
+            return []
+        model = models[0] if models else values[0]
+    fields = getattr(model, "model_fields", None)
+    return list(fields) if fields is not None and model is not RolloutMockConfig else []
+
+
 def _format_errors(error: ValidationError, block: Mapping[str, Any]) -> str:
     valid_keys = list(RolloutMockConfig.model_fields)
     lines: list[str] = []
@@ -291,6 +337,15 @@ def _format_errors(error: ValidationError, block: Mapping[str, Any]) -> str:
         raw_key = str(loc[0]) if loc else "?"
         key = raw_key if len(raw_key) <= 80 else short_repr(raw_key, 80)
         value = short_repr(block.get(raw_key, item.get("input")))
+        if item.get("type") == "extra_forbidden" and len(loc) > 1:  # inside a sub-block (keep: {lats: 5})
+            inner_keys = _sub_block_keys(loc[:-1])
+            close = difflib.get_close_matches(str(loc[-1])[:80], inner_keys, n=1)
+            lines.append(
+                f"{BLOCK_KEY}.{key}: unknown key {short_repr(loc[-1], 80)} in {'.'.join(map(str, loc[:-1]))[:120]}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + (f"; valid keys: {', '.join(inner_keys)}" if inner_keys else "")
+            )
+            continue
         if item.get("type") == "extra_forbidden":
             close = difflib.get_close_matches(raw_key[:80], valid_keys, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -301,6 +356,9 @@ def _format_errors(error: ValidationError, block: Mapping[str, Any]) -> str:
             continue
         choices = _choices_for(raw_key) if raw_key in RolloutMockConfig.model_fields else None
         message = str(item.get("msg", "invalid value")).removeprefix("Value error, ")[:_MAX_MESSAGE]
+        inner = ".".join(str(part) for part in loc[1:])[:80]
+        if inner:  # a key inside a sub-block (keep.last): name it
+            message = f"{inner}: {message}"
         line = f"{BLOCK_KEY}.{key}: invalid value {value}: {message}"
         if choices:
             line += f"; valid choices: {', '.join(choices)}"

@@ -2,7 +2,8 @@
 
 :class:`~rollout_mock.config.RolloutMockConfig` is the user's flat block (ROLL's keys load
 unchanged). The components behind a wrapped scheduler each need a few of its keys, in a form
-ready to use: the recorder the dump-mode keys (``dump_steps`` as a set), the replayer the mock-mode
+ready to use: the recorder the dump-mode keys (``dump_steps`` as a set, ``max_keep`` and ``keep``
+merged into one :class:`KeepSettings`), the replayer the mock-mode
 keys (``step_map``/``step_offset`` as one mapping), request matching its two keys, check mode
 its three, the store its location and signing key (read from the environment once), the random
 number hook one flag. :func:`config_parts` builds them all at once, when a scheduler is wrapped;
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_mock.config.debug_settings import WatchdogConfig
+from rollout_mock.config.debug_settings import KeepConfig, MetricRule, WatchdogConfig
 from rollout_mock.config.model import RolloutMockConfig
 from rollout_mock.config.policies import (
     CheckServes,
@@ -35,8 +36,8 @@ from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
 
 __all__ = [
-    "CheckSettings", "ConfigParts", "MatchSettings", "RecordSettings", "ReplaySettings", "StoreSettings",
-    "config_parts", "hmac_key",
+    "CheckSettings", "ConfigParts", "KeepSettings", "MatchSettings", "RecordSettings", "ReplaySettings",
+    "StoreSettings", "config_parts", "hmac_key",
 ]
 
 
@@ -64,16 +65,74 @@ class StoreSettings:
     verify: bool
 
 
+#: What ``keep.metrics`` says of a metric it does not name: an anomaly when NaN or inf.
+_DEFAULT_RULE = MetricRule()
+
+
+@dataclass(frozen=True)
+class KeepSettings:
+    """Dump mode's retention: ``keep`` with ``max_keep`` (its shorthand) merged in."""
+
+    #: the ring's size in steps (``None``: no bound in steps)
+    last: int | None
+    #: the ring's size in bytes (``None``: no bound in bytes)
+    max_bytes: int | None
+    before: int
+    after: int
+    #: scan recorded batches for NaN/inf
+    nonfinite: bool
+    #: ``(name or glob pattern, rule)``, in the config's order
+    metrics: tuple[tuple[str, MetricRule], ...]
+    max_anomalies: int
+
+    @property
+    def ring(self) -> bool:
+        """Whether old steps are ever deleted."""
+        return self.last is not None or self.max_bytes is not None
+
+    def rule(self, metric: str) -> MetricRule:
+        """The rule of ``metric``: its exact name, else the first matching pattern, else NaN/inf only."""
+        for pattern, rule in self.metrics:
+            if pattern == metric:
+                return rule
+        for pattern, rule in self.metrics:
+            if fnmatch.fnmatchcase(metric, pattern):
+                return rule
+        return _DEFAULT_RULE
+
+    def describe(self) -> str:
+        """The settings as the config spells them (for log lines)."""
+        parts = [f"last={self.last}"] if self.last is not None else []
+        parts += [f"max_bytes={self.max_bytes}"] if self.max_bytes is not None else []
+        return ", ".join([*parts, f"before={self.before}", f"after={self.after}"])
+
+
+def keep_settings(config: RolloutMockConfig) -> KeepSettings | None:
+    """``keep`` with ``max_keep`` merged in (``None``: neither is set: nothing deleted or scanned)."""
+    keep = config.keep
+    if keep is None and config.max_keep is None:
+        return None
+    if keep is None:
+        return KeepSettings(last=config.max_keep, max_bytes=None, before=0, after=0, nonfinite=True, metrics=(),
+                            max_anomalies=KeepConfig().max_anomalies)
+    return KeepSettings(
+        last=keep.last if keep.last is not None else config.max_keep,
+        max_bytes=None if keep.max_bytes is None else int(keep.max_bytes), before=keep.before, after=keep.after,
+        nonfinite=keep.nonfinite, metrics=tuple(keep.metrics.items()), max_anomalies=keep.max_anomalies,
+    )
+
+
 @dataclass(frozen=True)
 class RecordSettings:
-    """Dump mode: which steps are written and how."""
+    """Dump mode: which steps are written and how, and which are kept."""
 
     dump_dir: str
     dump_steps: frozenset[int] | None
     overwrite: bool
     background: bool
     max_pending: int
-    max_keep: int | None
+    #: ``None``: every step is kept and nothing is scanned
+    keep: KeepSettings | None
     pin_steps: frozenset[int]
     on_disk_full: DiskFullPolicy
     max_steps: int | None
@@ -176,7 +235,7 @@ def config_parts(config: RolloutMockConfig) -> ConfigParts:
             dump_dir=config.dump_dir,
             dump_steps=None if config.dump_steps is None else frozenset(config.dump_steps),
             overwrite=config.overwrite, background=config.background, max_pending=config.max_pending,
-            max_keep=config.max_keep, pin_steps=frozenset(config.pin_steps or ()),
+            keep=keep_settings(config), pin_steps=frozenset(config.pin_steps or ()),
             on_disk_full=config.on_disk_full, max_steps=config.max_steps,
         ),
         replay=ReplaySettings(

@@ -476,16 +476,27 @@ class StreamIndex:
         if len(self.pending) >= self.segment_steps:
             self.fold(final=False)
 
-    def deleted(self, step: int) -> None:
-        """Hide a step: remove its entry file, or write a tombstone over a folded entry."""
-        rel = entry_relpath(self.stream, step)
-        if step in self.folded:
-            self.backend.replace(rel, encode_entry(self.stream, step, None))
-            self.pending[step] = None
-        else:
-            self.backend.remove([rel])
-            self.pending.pop(step, None)
-        self.live.discard(step)
+    def amended(self, step: int, entry: StepEntry) -> None:
+        """Replace a live step's entry (e.g. its ``pin`` reasons): a new entry file, which wins
+        over a folded entry as a tombstone does."""
+        self.backend.replace(entry_relpath(self.stream, step), encode_entry(self.stream, step, entry))
+        self.pending[step] = entry.to_json()
+
+    def deleted(self, steps: list[int]) -> None:
+        """Hide steps: remove their entry files (one batched removal), or write a tombstone over
+        each folded entry."""
+        unfolded = []
+        for step in steps:
+            if step in self.folded:
+                self.backend.replace(entry_relpath(self.stream, step), encode_entry(self.stream, step, None))
+                self.pending[step] = None
+            else:
+                unfolded.append(entry_relpath(self.stream, step))
+                self.pending.pop(step, None)
+        if unfolded:
+            self.backend.remove(unfolded)
+        for step in steps:
+            self.live.discard(step)
 
     def fold(self, *, final: bool) -> None:
         """Fold the pending entries (see the module docstring): a new segment file, then its

@@ -59,6 +59,8 @@ __all__ = [
     "FEATURES",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
+    "MAX_PIN_CHARS",
+    "MAX_PIN_REASONS",
     "Manifest",
     "StepEntry",
     "StepSet",
@@ -68,8 +70,10 @@ __all__ = [
     "manifest_path",
     "parse_manifest",
     "parse_step_key",
+    "pin_reason",
     "read_manifest",
     "utc_now",
+    "valid_pin",
 ]
 
 FORMAT = "rollout_mock.dump"
@@ -302,10 +306,17 @@ class StepEntry:
     rollout_seconds: float | None = None
     call: dict[str, Any] | None = None
     """The call's plain arguments (``{"args": [...], "kwargs": {...}}``), checked in mock mode."""
+    pin: list[str] | None = None
+    """Why the step is kept beyond the ring (``keep``): at most :data:`MAX_PIN_REASONS` reasons of
+    at most :data:`MAX_PIN_CHARS` printable characters each; ``None``: not pinned (left out of
+    the JSON)."""
 
     def to_json(self) -> dict[str, Any]:
         # a shallow copy per field (``asdict`` deep-copies ``keys``: 0.3 ms a step on a small batch)
-        return {name: getattr(self, name) for name in _ENTRY_FIELDS}
+        data = {name: getattr(self, name) for name in _ENTRY_FIELDS}
+        if self.pin is None:
+            del data["pin"]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any], *, where: str, path: Path | str | None = None) -> StepEntry:
@@ -330,6 +341,10 @@ class StepEntry:
             for name in ("method", "hmac"):
                 if data.get(name) is not None and not isinstance(data[name], str):
                     raise ValueError(f"{name} {short_repr(data[name])} is not a string")
+            pin = data.get("pin")
+            if pin is not None and not valid_pin(pin):
+                raise ValueError(f"pin {short_repr(pin)} is not a list of at most {MAX_PIN_REASONS} reasons "
+                                 f"(printable strings of 1 to {MAX_PIN_CHARS} characters)")
             return cls(
                 file=str(data["file"]),
                 size=int(data["size"]),
@@ -342,6 +357,7 @@ class StepEntry:
                 hmac=data.get("hmac"),
                 rollout_seconds=seconds,
                 call=data.get("call") if isinstance(data.get("call"), dict) else None,
+                pin=None if pin is None else list(pin),
             )
         except (KeyError, TypeError, ValueError) as exc:
             reason = exc.args[0] if exc.args else repr(exc)
@@ -353,6 +369,23 @@ class StepEntry:
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(StepEntry))
+#: Bounds of a step entry's ``pin`` field (the index is read as hostile input).
+MAX_PIN_REASONS = 8
+MAX_PIN_CHARS = 200
+
+
+def valid_pin(pin: Any) -> bool:
+    """Whether ``pin`` is a valid ``StepEntry.pin``: a non-empty list of at most
+    :data:`MAX_PIN_REASONS` printable strings of 1 to :data:`MAX_PIN_CHARS` characters."""
+    return (isinstance(pin, list) and 0 < len(pin) <= MAX_PIN_REASONS
+            and all(isinstance(r, str) and 0 < len(r) <= MAX_PIN_CHARS and r.isprintable() for r in pin))
+
+
+def pin_reason(text: str) -> str:
+    """``text`` made a valid pin reason: control characters and line breaks as spaces, cut to
+    :data:`MAX_PIN_CHARS` characters (``"?"`` when nothing is left)."""
+    clean = " ".join("".join(c if c.isprintable() else " " for c in str(text)).split())
+    return (clean[: MAX_PIN_CHARS - 1] + "…" if len(clean) > MAX_PIN_CHARS else clean) or "?"
 
 
 @dataclass

@@ -58,12 +58,14 @@ from rollout_mock.storage.index import (
 )
 from rollout_mock.storage.manifest import (
     MANIFEST_NAME,
+    MAX_PIN_REASONS,
     Manifest,
     StepEntry,
     StepSet,
     StreamId,
     format_ranges,
     parse_manifest,
+    pin_reason,
     utc_now,
 )
 from rollout_mock.storage.paths import is_url
@@ -499,11 +501,38 @@ class Store:
     def delete(self, stream: StreamId, step: int) -> None:
         """Hide the step first (remove its entry, or a tombstone over a folded entry), then
         remove its data: a crash in between leaves unreferenced data, never a broken step."""
+        self.delete_many(stream, [step])
+
+    def delete_many(self, stream: StreamId, steps: Sequence[int]) -> None:
+        """:meth:`delete` of several steps in batched requests: their entries in one removal
+        (folded ones get a tombstone each), then their data in another (on S3: two
+        DeleteObjects requests, whatever the count). Absent steps: silently nothing."""
         owner = self._owner(stream)
-        with self._writing(f"deleting step {step} of {stream}"):
-            owner.deleted(step)
-            self.backend.remove([stream.relpath(step)])
+        present = [step for step in dict.fromkeys(steps) if step in owner.live]
+        if not present:
+            return
+        what = f"step {present[0]}" if len(present) == 1 else f"steps {format_ranges(present)}"
+        with self._writing(f"deleting {what} of {stream}"):
+            owner.deleted(present)
+            self.backend.remove([stream.relpath(step) for step in present])
         self._view_cache = None
+
+    def pin(self, stream: StreamId, step: int, reasons: Sequence[str]) -> StepEntry | None:
+        """Write why a recorded step is kept into its index entry (``StepEntry.pin``, replacing
+        the reasons it had; each made printable and cut to ``MAX_PIN_CHARS``, at most
+        ``MAX_PIN_REASONS`` kept). The step's data is not touched (its checksum and HMAC cover the
+        data, not the entry). Returns the new entry, ``None`` when the step is not recorded."""
+        owner = self._owner(stream)
+        if step not in owner.live:
+            return None
+        entry = self.entry(stream, step)
+        if entry is None:
+            return None
+        entry.pin = [pin_reason(r) for r in reasons][:MAX_PIN_REASONS] or None
+        with self._writing(f"pinning step {step} of {stream}"):
+            owner.amended(step, entry)
+        self._view_cache = None
+        return entry
 
     def close(self) -> None:
         """Fold every stream this object writes into manifest.json and release the locks."""

@@ -5,12 +5,19 @@ owns the writer thread, the snapshot buffers and the retention of one stream. It
 declared in ``__init__``; the interceptor decides *when* to record (one dispatch per calling
 convention), the recorder *how*. Hooks that run after a live call belong to the interceptor
 (``Interceptor.after_live_call``), which runs on the calling thread.
+
+Retention (``keep:``, ``max_keep``, ``pin_steps``) is decided by a
+:class:`~rollout_mock.wrap.retention.Retention` and carried out here, on the writer thread: after
+each step is written its batch is scanned for NaN/inf, then the ring's deletions and the pins'
+index marks are made. :meth:`Recorder.observe` and :meth:`Recorder.pin` come from the training
+thread; the index writes they need are queued to the writer (deletions on an object store are
+sent :data:`DELETE_BATCH` steps at a time).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import rollout_mock.codec as codec
@@ -18,13 +25,31 @@ from rollout_mock.config import DiskFullPolicy, RecordSettings
 from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import DiskFullError
 from rollout_mock.storage.directory import free_bytes
-from rollout_mock.storage.manifest import StreamId
+from rollout_mock.storage.manifest import StreamId, format_ranges
 from rollout_mock.storage.store import BatchInfo, StepStore, Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed
+from rollout_mock.wrap.retention import MetricWatch, Plan, Retention, nonfinite_values, register, unregister
 
-__all__ = ["Recorder"]
+__all__ = ["DELETE_BATCH", "Recorder", "scannable"]
+
+#: On an object store, the ring's deletions are sent once this many steps are due (two batched
+#: requests: entries, then data) and at close; on a local disk at once.
+DELETE_BATCH = 16
+
+
+def scannable(written: Any) -> Any:
+    """The batch to scan for NaN/inf of what the writer thread wrote: the batch itself, or, for
+    the codec's in-memory capture of one (:func:`rollout_mock.codec.capture`), a batch rebuilt
+    from it — with ``materialize()`` where the capture offers it (no copy: the batch shares the
+    capture's memory), else decoded from its encoded bytes (a copy: what the codec offers)."""
+    materialize = getattr(written, "materialize", None)
+    if callable(materialize):
+        return materialize()
+    if all(hasattr(written, name) for name in ("root", "chunks", "release")):  # a capture without materialize
+        return codec.decode(codec.encode_bytes(written))
+    return written
 
 
 class Recorder:
@@ -46,6 +71,15 @@ class Recorder:
         self._estimated = False
         self.writer: BackgroundWriter | SyncWriter | None = None
         self.buffers: codec.BufferPool | None = None
+        #: which steps are kept (``None`` on a rank that does not write)
+        self.retention: Retention | None = None
+        #: metric anomalies (``keep``)
+        self.watch: MetricWatch | None = None
+        self._doomed: list[int] = []  # deletions decided, not sent yet (object stores)
+        self._deleted_count = 0
+        self._capped_said = False
+        self._scan_failed_said = False
+        self.closed = False
         if not writes:
             return
         store.open_writer(stream)
@@ -55,6 +89,7 @@ class Recorder:
             self.buffers = codec.BufferPool(keep=settings.max_pending)
         else:
             self.writer = SyncWriter(on_error=self._on_write_error)
+        self._start_retention()
 
     def __repr__(self) -> str:
         return f"Recorder({self.stream}, writes={self.writes}, saved={self.saved})"
@@ -143,15 +178,142 @@ class Recorder:
         if not self._estimated:
             self._estimated = True
             self._log_disk_estimate(step, entry.size)
-        if self.settings.max_keep is not None:
-            self._apply_retention(self.settings.max_keep)
+        self._retain(step, batch, entry.size)
 
-    def _apply_retention(self, max_keep: int) -> None:
-        """Delete the oldest unpinned steps beyond ``max_keep`` (AReaL's max_keep/pin_steps)."""
-        candidates = [s for s in self.store.steps(self.stream) if s not in self.settings.pin_steps]
-        for old in candidates[: max(len(candidates) - max_keep, 0)]:
-            self.store.delete(self.stream, old)
-            logger.info("[RolloutMock] Deleted step %d of %s (max_keep=%d)", old, self.stream, max_keep)
+    # ------------------------------------------------------------------ retention (keep:)
+    def _start_retention(self) -> None:
+        keep = self.settings.keep
+        existing = []
+        if keep is not None and keep.ring:  # a resumed dump: its steps join the ring, its pins stay
+            for step in self.store.steps(self.stream):
+                entry = self.store.entry(self.stream, step)
+                if entry is not None:
+                    existing.append((step, entry.size, entry.pin))
+        self.retention = Retention(keep, self.settings.pin_steps, existing)
+        self.watch = None if keep is None else MetricWatch(keep)
+        register(self)
+
+    def _retain(self, step: int, batch: Any, size: int) -> None:
+        """After ``step`` was written (writer thread): scan its batch for NaN/inf (``keep``), then
+        carry out what the ring decides."""
+        if self.retention is None:
+            return
+        if step in self._doomed:
+            self._doomed.remove(step)  # rewritten before its deletion was sent
+        keep = self.settings.keep
+        if keep is not None and keep.nonfinite and (places := self._scan(step, batch)):
+            self._carry_out(self._anomaly(step, "NaN/inf in the batch: " + ", ".join(places), detected=True))
+        self._carry_out(self.retention.written(step, size))
+
+    def _scan(self, step: int, batch: Any) -> list[str]:
+        """:func:`nonfinite_values` of a written step (a batch, or the codec's capture of one:
+        :func:`scannable`); a batch it cannot look into is said once and recording goes on (the
+        step is written: only the scan is missing)."""
+        try:
+            return nonfinite_values(scannable(batch))
+        except Exception as exc:  # noqa: BLE001 - an odd tensor subclass must not stop the dump
+            if not self._scan_failed_said:
+                self._scan_failed_said = True
+                logger.warning("[RolloutMock] keep: could not scan step %d of %s for NaN/inf (%s: %s); such steps "
+                               "are kept only by the ring, metrics and pins", step, self.stream,
+                               type(exc).__name__, str(exc)[:200])
+            return []
+
+    def observe(self, step: int, metrics: Mapping[str, Any]) -> list[str]:
+        """Check a step's metrics (``keep.metrics``; NaN/inf in any metric by default): each
+        anomaly keeps the step and its window, as :meth:`pin` does. Returns the anomalies (empty
+        without ``keep``/``max_keep``, on a rank that does not write, after close)."""
+        if self.watch is None or self.closed:
+            return []
+        reasons = self.watch.check(int(step), metrics)
+        for reason in reasons:
+            self.pin(step, reason, detected=True)
+        return reasons
+
+    def pin(self, step: int, reason: str, *, detected: bool = False) -> bool:
+        """Keep ``step`` and its ``keep.before``/``keep.after`` window, with ``reason`` in the
+        index (written on the writer thread, after the steps queued before). True when the step
+        is kept or will be once recorded; False (with a warning) when the ring already deleted
+        it, when the anomaly limit is reached (``detected``), on a rank that does not write."""
+        if self.retention is None or self.writer is None:
+            return False
+        step = int(step)
+        if self.closed:
+            logger.warning("[RolloutMock] pin(%d, %r): the recorder of %s is closed; pin steps before "
+                           "closing the scheduler", step, reason, self.stream)
+            return False
+        plan = self._anomaly(step, reason, detected=detected)
+        if plan:
+            self.writer.submit(WriteJob(lambda: self._carry_out(plan), f"pinning step {step} of {self.stream}"))
+        return not plan.capped and step not in plan.lost
+
+    def _anomaly(self, step: int, reason: str, *, detected: bool) -> Plan:
+        """Ask the retention to keep ``step`` and its window; say what happened."""
+        assert self.retention is not None
+        plan = self.retention.anomaly(step, reason, detected=detected)
+        keep = self.settings.keep
+        if plan.capped:
+            if not self._capped_said:
+                self._capped_said = True
+                logger.warning(
+                    "[RolloutMock] keep: anomaly at step %d of %s (%s) not kept: keep.max_anomalies=%d anomalies "
+                    "are kept already; later ones are only logged at DEBUG level (raise keep.max_anomalies to "
+                    "keep more)", step, self.stream, reason, keep.max_anomalies if keep else 0)
+            else:
+                logger.debug("[RolloutMock] keep: anomaly at step %d of %s (%s) not kept (max_anomalies)",
+                             step, self.stream, reason)
+            return plan
+        window = plan.window
+        logger.warning("[RolloutMock] %s at step %d of %s: %s; keeping step%s %s", "anomaly" if detected else "pin",
+                       step, self.stream, reason, "s" if len(window) > 1 else "",
+                       format_ranges(window) if len(window) else step)
+        if plan.lost:
+            self._say_lost(step, plan.lost)
+        return plan
+
+    def _say_lost(self, step: int, lost: list[int]) -> None:
+        keep = self.settings.keep
+        assert self.retention is not None
+        newest = self.retention.newest if self.retention.newest is not None else step
+        need = newest - min(lost) + 1
+        if keep is not None and keep.last is not None:
+            fix = f"raise keep.last (now {keep.last}) to at least {need}"
+        else:
+            fix = "raise keep.max_bytes" + ("" if keep is None else f" (now {keep.max_bytes})")
+        logger.warning(
+            "[RolloutMock] keep: step%s %s of %s (%s) %s already deleted by the ring (newest recorded step %d): "
+            "not kept. To keep steps this old when the anomaly is known, %s%s",
+            "s" if len(lost) > 1 else "", format_ranges(lost), self.stream,
+            "the pinned step" if lost == [step] else f"around the anomaly at step {step}",
+            "were" if len(lost) > 1 else "was", newest, fix,
+            "" if step not in lost else "; or pin the step as soon as it is known",
+        )
+
+    def _carry_out(self, plan: Plan) -> None:
+        """Do what a retention decision asks (writer thread, or the caller with a SyncWriter)."""
+        if isinstance(self.store, Store) and self.retention is not None:
+            for step in plan.annotate:  # the reasons now: a later plan may have run first
+                self.store.pin(self.stream, step, self.retention.reasons_of(step))
+        if plan.delete:
+            self._doomed.extend(plan.delete)
+            local = not isinstance(self.store, Store) or self.store.backend.local_path("") is not None
+            if local or len(self._doomed) >= DELETE_BATCH:
+                self._send_deletions()
+
+    def _send_deletions(self) -> None:
+        doomed, self._doomed = self._doomed, []
+        if not doomed:
+            return
+        if isinstance(self.store, Store):
+            self.store.delete_many(self.stream, doomed)
+        else:
+            for step in doomed:
+                self.store.delete(self.stream, step)
+        self._deleted_count += len(doomed)
+        keep = self.settings.keep
+        logger.log(step_log_level(self._deleted_count), "[RolloutMock] Deleted step%s %s of %s (keep: %s)",
+                   "s" if len(doomed) > 1 else "", format_ranges(doomed), self.stream,
+                   keep.describe() if keep is not None else "")
 
     def _log_disk_estimate(self, step: int, size: int) -> None:
         remaining = self.settings.steps_after(step)
@@ -179,7 +341,10 @@ class Recorder:
         and ``interrupted``; ``methods``: the intercepted methods that were called)."""
         if self.writer is None:
             return
-        self.writer.close()
+        self.closed = True
+        unregister(self)
+        self.writer.close()  # a write failure raises here: the deletions still due are not sent
+        self._send_deletions()
         if interrupted:
             logger.warning("[RolloutMock] interrupted; %d step(s) kept in %s (stream %s)",
                            self.saved, self.settings.dump_dir, self.stream)

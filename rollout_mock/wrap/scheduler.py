@@ -332,6 +332,26 @@ class MockScheduler(Generic[T]):
         if callable(inner) and "scheduler" in state:
             inner(state["scheduler"])
 
+    # ------------------------------------------------------------------ flight recorder (keep:)
+    def observe(self, step: int, metrics: Mapping[str, Any]) -> list[str]:
+        """Dump mode: check step ``step``'s training metrics for anomalies (``keep.metrics``: NaN
+        or inf, and jumps of more than ``z`` robust deviations where configured); an anomaly keeps
+        the step and its ``keep.before``/``keep.after`` window, with the reason in the index.
+        Returns the anomalies found. Does nothing (returns ``[]``) without ``keep``/``max_keep``,
+        in mock and check mode, and on a rank that does not write: call it unconditionally.
+        ``MetricsWriter(path, expected=scheduler)`` calls it for every logged line."""
+        recorder = None if self.interceptor is None else self.interceptor.recorder
+        return [] if recorder is None else recorder.observe(step, metrics)
+
+    def pin(self, step: int, reason: str) -> bool:
+        """Dump mode: keep step ``step`` (and its ``keep.before``/``keep.after`` window) whatever
+        the ring does, with ``reason`` in the index (``rollout-mock ls`` shows it). A step not
+        recorded yet is kept when it is. True when the step is (or will be) kept; False in mock
+        and check mode, on a rank that does not write, and when the ring already deleted the step
+        (a warning names it and the fix: raise ``keep.last``)."""
+        recorder = None if self.interceptor is None else self.interceptor.recorder
+        return False if recorder is None else recorder.pin(step, reason)
+
     @property
     def last_stall(self) -> float:
         """Seconds the most recent replayed call waited for its data (0 with a prefetch hit)."""

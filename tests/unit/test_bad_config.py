@@ -19,6 +19,7 @@ BAD: dict[str, tuple[object, str]] = {
     "dump_steps": ("all", "list"),
     "max_keep": (0, "greater than or equal to 1"),
     "pin_steps": ("first", "list"),
+    "keep": ({"last": 0}, "last: Input should be greater than or equal to 1"),
     "background": ("yes please", BOOL),
     "max_pending": (0, "greater than or equal to 1"),
     "prefetch": ([], BOOL),

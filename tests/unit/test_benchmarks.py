@@ -187,3 +187,14 @@ def test_bench_bundle_runs(tmp_path: Path) -> None:
     assert set(result["load_s"]) == {"bundle in place", "unpacked directory", "original dump"}
     assert all(result[k] > 0 for k in ("pack_s", "unpack_s", "tar_c_s", "tar_x_s"))
     assert not any(tmp_path.glob("bench_bundle_*"))  # scratch removed
+
+
+def test_bench_keep_small_batches_run(tmp_path: Path) -> None:
+    bench_keep = pytest.importorskip("bench_keep")
+    out = tmp_path / "out.json"
+    assert bench_keep.main(["--size", "4M", "--repeat", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert [r["batch"] for r in result["results"]] == ["verl rollout (int64 + float32 + bf16)", "float32 only",
+                                                       "bfloat16 only"]
+    assert all(r["scan"] > 0 and r["memcpy"] > 0 for r in result["results"])
+    assert "| float32 only |" in result["table"]

@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_numbers import bounded, run
 
-import rollout_mock.codec.batches as codec_batches
+import rollout_mock.codec.classes as codec_batches
 from rollout_mock import MockScheduler
 from rollout_mock.batch import count_samples, dataproto_fields
 

@@ -1,5 +1,6 @@
 """Text and JSON helpers shared by every report: tables, JSON-safe values, numbers, the log
-prefix, and the atomic write of a report file (:func:`write_text_atomic`).
+prefix, progress bars (:func:`progress_bar`: ``tqdm``, quiet unless the stream is a terminal and
+not under CI), and the atomic write of a report file (:func:`write_text_atomic`).
 
 One JSON encoding of non-finite floats for every ``--json`` output and every metrics file:
 the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (what Python's ``json`` module reads
@@ -20,17 +21,18 @@ import numbers
 import os
 import re
 import reprlib
+import sys
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TextIO, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
 __all__ = [
     "LOG_PREFIX", "MAX_INT_DIGITS", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "fmt_number", "int_digits",
-    "json_default", "json_float", "jsonable", "logger", "short_repr", "step_log_level", "table", "terminal_safe",
-    "to_float", "write_text_atomic",
+    "json_default", "json_float", "jsonable", "logger", "progress_bar", "short_repr", "step_log_level", "table",
+    "terminal_safe", "to_float", "write_text_atomic",
 ]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
@@ -335,3 +337,16 @@ def write_text_atomic(path: Path, text: str) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def progress_bar(total: float, *, stream: TextIO | None = None, enabled: bool | None = None,
+                 unit: str = "B", unit_scale: bool = True, desc: str = "") -> Any:
+    """A ``tqdm`` bar on ``stream`` (stderr); by default shown only on a TTY outside CI."""
+    from tqdm import tqdm  # imported on first use: most imports of this module draw no bar
+
+    stream = sys.stderr if stream is None else stream
+    if enabled is None:
+        isatty = getattr(stream, "isatty", None)
+        enabled = bool(isatty and isatty()) and not os.environ.get("CI")
+    return tqdm(total=total, file=stream, disable=not enabled or total <= 0, unit=unit,
+                unit_scale=unit_scale, desc=desc, delay=0.5, leave=False, dynamic_ncols=True)

@@ -127,9 +127,9 @@ def local_ray_cluster(num_cpus: int = 2, *, hide: tuple[str, ...] = (),
 
 @pytest.fixture
 def progress_spy(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
-    """Every ``rollout_mock.progress.progress_bar`` made: its arguments and ``updates``, the total
+    """Every ``rollout_mock.text.progress_bar`` made: its arguments and ``updates``, the total
     it was advanced by (the bars themselves print nothing)."""
-    import rollout_mock.progress as progress
+    import rollout_mock.text as progress
 
     calls: list[dict[str, Any]] = []
     real = progress.progress_bar

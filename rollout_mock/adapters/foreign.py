@@ -27,11 +27,10 @@ from typing import Any
 
 from rollout_mock.errors import DumpNotFoundError, ForeignDumpError, RolloutMockError, UnsafePickleError
 from rollout_mock.jsonio import parse_bounded
-from rollout_mock.progress import progress_bar
 from rollout_mock.storage.manifest import MANIFEST_NAME, StreamId
 from rollout_mock.storage.paths import open_regular, read_fd
 from rollout_mock.storage.store import BatchInfo, open_store
-from rollout_mock.text import short_repr
+from rollout_mock.text import progress_bar, short_repr
 
 __all__ = ["FORMATS", "ForeignDump", "ForeignStep", "detect_format", "import_foreign", "open_foreign"]
 

@@ -41,7 +41,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_mock.cli._paths import resolve_dump
+from rollout_mock.cli import resolve_dump
 from rollout_mock.cli.verify import Tolerance, first_failure, parse_metric_names, parse_tolerances, verify_with_options
 from rollout_mock.compare.metrics import MetricsTable, read_metrics
 from rollout_mock.errors import BisectError, MetricsError

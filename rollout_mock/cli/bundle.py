@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 from rollout_mock.crc import crc32
 from rollout_mock.errors import BundleError, DebugInputError, ManifestError
 from rollout_mock.jsonio import loads_bounded
-from rollout_mock.progress import progress_bar
 from rollout_mock.storage.bundle import (
     BUNDLE_FORMAT,
     INFO_NAME,
@@ -48,6 +47,7 @@ from rollout_mock.storage.index import MANIFEST_BYTES, read_doc
 from rollout_mock.storage.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, StreamId, format_ranges, parse_manifest
 from rollout_mock.storage.paths import NAME_PATTERN, check_relpath, is_url, open_inside
 from rollout_mock.storage.verified import corrupt_error
+from rollout_mock.text import progress_bar
 from rollout_mock.version import __version__
 
 if TYPE_CHECKING:
@@ -458,7 +458,7 @@ def _mb(size: int) -> str:
 
 
 def run_pack(args: argparse.Namespace) -> int:
-    from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.cli import resolve_dump
 
     dump = resolve_dump(args.dump, "pack", f"--steps {args.steps} -o {args.output}")
     info = pack(dump, args.output, steps=args.steps, splits=args.splits, redact=args.redact, rtol=args.rtol,
@@ -493,7 +493,7 @@ def run_unpack(args: argparse.Namespace) -> int:
 
 
 def run_pull(args: argparse.Namespace) -> int:
-    from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.cli import resolve_dump
     from rollout_mock.debug.cut import parse_ranges
     from rollout_mock.storage.store import open_store
 

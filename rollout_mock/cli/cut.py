@@ -46,7 +46,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.cli import resolve_dump
     from rollout_mock.debug.cut import cut_dump
 
     src = resolve_dump(args.src, "cut", f"{args.dst} --steps {args.steps}")

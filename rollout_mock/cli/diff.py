@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         if not (value >= 0 and math.isfinite(value)):
             raise DiffInputError(f"--{name} {value}: must be a finite number >= 0")
 
-    from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.cli import resolve_dump
 
     metrics = [p for p in (args.dump_a, args.dump_b) if _is_metrics(p)]
     if metrics:

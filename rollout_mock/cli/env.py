@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
     current = fingerprint()
     diffs: list[FingerprintDifference] = []
     if args.dump_dir is not None:
-        from rollout_mock.cli._paths import resolve_dump
+        from rollout_mock.cli import resolve_dump
 
         local = None if is_url(args.dump_dir) else Path(args.dump_dir)
         if local is not None and (local.is_dir() or local.is_file()):  # a parent folder or a file: say where

@@ -76,7 +76,7 @@ def parse_step_ranges(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.cli import resolve_dump
     from rollout_mock.debug.logprobs import format_logprob_report, logprob_consistency
     from rollout_mock.text import dumps_json
 

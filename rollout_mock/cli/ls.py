@@ -84,7 +84,7 @@ def _damage(dump: Any, entry: Any, *, verify: bool, bar: Any) -> str | None:
 
 def _check_files(dump: Any, *, verify: bool, progress: bool | None) -> dict[str, dict[int, str]]:
     """``{stream key: {step: what is wrong}}`` for the damaged steps of the dump."""
-    from rollout_mock.progress import progress_bar
+    from rollout_mock.text import progress_bar
 
     entries = [(stream, step, dump.entry(stream, step)) for stream in dump.streams() for step in dump.steps(stream)]
     total = sum(e.size for _, _, e in entries if e is not None) if verify else 0
@@ -128,7 +128,7 @@ def _key_set(keys: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.cli import resolve_dump
     from rollout_mock.errors import RolloutMockError
     from rollout_mock.storage.manifest import format_ranges
     from rollout_mock.storage.reader import open_dump

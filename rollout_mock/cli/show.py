@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.max_traces < 0:
         raise TraceError(f"--max {args.max_traces}: must be >= 0")
-    from rollout_mock.cli._paths import resolve_dump
+    from rollout_mock.cli import resolve_dump
     from rollout_mock.errors import StepNotFoundError
     from rollout_mock.storage.manifest import format_ranges
 
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             f"{dump.dump_dir} has no stream {args.split!r} (recorded: {known}); pass one with --split",
             split=args.split, path=dump.dump_dir,
         )
-    from rollout_mock.progress import progress_bar
+    from rollout_mock.text import progress_bar
 
     # a bar over the steps when the traces go to a file or a pipe (on a terminal they are the progress)
     shown = not args.no_progress and not sys.stdout.isatty()

@@ -175,7 +175,7 @@ def _size(path: str) -> int:
 def _read_both(baseline: str, candidate: str, *, progress: bool | None) -> tuple[MetricsTable, MetricsTable]:
     """Both tables, with a bar over the bytes read (large TensorBoard logs take a while; on a
     terminal outside CI only, unless ``progress`` says otherwise)."""
-    from rollout_mock.progress import progress_bar
+    from rollout_mock.text import progress_bar
 
     sizes = [_size(baseline), _size(candidate)]
     with progress_bar(sum(sizes), enabled=progress, desc="verify") as bar:

@@ -11,9 +11,9 @@ from typing import Any, TextIO, TypedDict
 from rollout_mock.compare.batch_diff import KeyDiff, compare_batches
 from rollout_mock.determinism.fingerprint import compare_fingerprints
 from rollout_mock.errors import CorruptStepError, DiffInputError, StepNotFoundError
-from rollout_mock.progress import progress_bar
 from rollout_mock.storage.manifest import StepEntry, StreamId, format_ranges
 from rollout_mock.storage.reader import Dump, open_dump
+from rollout_mock.text import progress_bar
 
 __all__ = [
     "MAX_KEYS_SHOWN", "MAX_STEPS_SHOWN", "DiffReport", "KeyDiff", "StepDiff", "StreamDiff", "compare_batches",

@@ -46,7 +46,7 @@ from rollout_mock.compare.metrics import (
     read_jsonl,
 )
 from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.config.debug_settings import VerdictAction
+from rollout_mock.config.model import VerdictAction
 from rollout_mock.errors import (
     DiskFullError,
     InvalidMetricError,

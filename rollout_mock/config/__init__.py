@@ -5,9 +5,26 @@ ROLL's block (``enable``, ``mode``, ``dump_dir``) loads unchanged; see
 YAML files, mappings and OmegaConf objects are read.
 """
 
-from rollout_mock.config.debug_settings import KeepConfig, MetricRule, VerdictAction, VerdictConfig, WatchdogConfig
 from rollout_mock.config.loading import MAX_CONFIG_BYTES, MAX_YAML_NODES, load_config
-from rollout_mock.config.model import BLOCK_KEY, MAX_ERROR_LINES, RolloutMockConfig, build_config
+from rollout_mock.config.model import (
+    BLOCK_KEY,
+    MAX_ERROR_LINES,
+    CheckServes,
+    DiskFullPolicy,
+    FingerprintPolicy,
+    KeepConfig,
+    MetricRule,
+    MismatchPolicy,
+    MissingStepPolicy,
+    RankPolicy,
+    ReplayRows,
+    RolloutMockConfig,
+    Tolerance,
+    VerdictAction,
+    VerdictConfig,
+    WatchdogConfig,
+    build_config,
+)
 from rollout_mock.config.parts import (
     CheckSettings,
     ConfigParts,
@@ -17,16 +34,6 @@ from rollout_mock.config.parts import (
     ReplaySettings,
     StoreSettings,
     config_parts,
-)
-from rollout_mock.config.policies import (
-    CheckServes,
-    DiskFullPolicy,
-    FingerprintPolicy,
-    MismatchPolicy,
-    MissingStepPolicy,
-    RankPolicy,
-    ReplayRows,
-    Tolerance,
 )
 
 __all__ = [

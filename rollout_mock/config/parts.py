@@ -21,16 +21,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollout_mock.config.debug_settings import KeepConfig, MetricRule, WatchdogConfig
-from rollout_mock.config.model import RolloutMockConfig
-from rollout_mock.config.policies import (
+from rollout_mock.config.model import (
     CheckServes,
     DiskFullPolicy,
     FingerprintPolicy,
+    KeepConfig,
+    MetricRule,
     MismatchPolicy,
     MissingStepPolicy,
     ReplayRows,
+    RolloutMockConfig,
     Tolerance,
+    WatchdogConfig,
 )
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode

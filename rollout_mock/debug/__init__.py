@@ -31,15 +31,15 @@ _EXPORTS: dict[str, str] = {
     "StallWatchdog": "rollout_mock.wrap.watchdog",
     "format_stacks": "rollout_mock.wrap.watchdog",
     "ExpectedMetrics": "rollout_mock.compare.expected",
-    "VerdictConfig": "rollout_mock.config.debug_settings",
-    "WatchdogConfig": "rollout_mock.config.debug_settings",
+    "VerdictConfig": "rollout_mock.config.model",
+    "WatchdogConfig": "rollout_mock.config.model",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.compare.expected import ExpectedMetrics
-    from rollout_mock.config.debug_settings import VerdictConfig, WatchdogConfig
+    from rollout_mock.config.model import VerdictConfig, WatchdogConfig
     from rollout_mock.debug.cut import CutResult, cut_dump, select_rows
     from rollout_mock.debug.logprobs import LogprobReport, logprob_consistency
     from rollout_mock.debug.redact import redact_batch

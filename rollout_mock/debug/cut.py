@@ -172,10 +172,10 @@ def cut_dump(
     ``progress``: a bar over the steps on stderr (``None``: on a terminal outside CI only). Raises
     :class:`DebugInputError` for a step recorded in no stream or a module that cannot be imported.
     """
-    from rollout_mock.progress import progress_bar
     from rollout_mock.storage.manifest import format_ranges
     from rollout_mock.storage.reader import open_dump
     from rollout_mock.storage.store import BatchInfo, open_store
+    from rollout_mock.text import progress_bar
 
     for module in imports or ():
         try:

@@ -316,8 +316,8 @@ def format_logprob_report(report: LogprobReport) -> str:
 
 def _batches(source: Any, steps: Iterable[int] | None, split: str, trusted: bool,
              progress: bool | None = False) -> Iterable[tuple[int, Any]]:
-    from rollout_mock.progress import progress_bar
     from rollout_mock.storage.reader import Dump, open_dump
+    from rollout_mock.text import progress_bar
 
     wanted = None if steps is None else set(steps)
     if isinstance(source, str | os.PathLike | Dump):

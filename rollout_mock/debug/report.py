@@ -153,7 +153,7 @@ def summarize_dump(dump: Any, stream: Any, *, tokenizer: Any = None, max_samples
     steps the browser offers (:func:`browsable`: only those keep previews and a sample index).
     A step that cannot be read (missing, truncated, corrupt) is a summary with ``error`` set.
     ``progress``: a bar over the steps on stderr (``None``: on a terminal outside CI only)."""
-    from rollout_mock.progress import progress_bar
+    from rollout_mock.text import progress_bar
 
     steps = dump.steps(stream)
     shown = browsable(steps)

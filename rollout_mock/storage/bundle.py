@@ -50,11 +50,10 @@ from typing import Any, Protocol
 
 from rollout_mock.errors import BundleError, DebugInputError, DumpNotWritableError, UnsafePathError
 from rollout_mock.jsonio import loads_bounded
-from rollout_mock.progress import progress_bar
 from rollout_mock.storage.backend import BackendDefaults
 from rollout_mock.storage.directory import fsync_dir
 from rollout_mock.storage.paths import check_relpath, is_url, open_regular
-from rollout_mock.text import short_repr
+from rollout_mock.text import progress_bar, short_repr
 from rollout_mock.version import __version__
 
 __all__ = [

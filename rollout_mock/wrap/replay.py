@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, ReplaySettings, RolloutMockConfig
-from rollout_mock.config.debug_settings import VerdictAction
+from rollout_mock.config.model import VerdictAction
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
 from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, StepNotFoundError
 from rollout_mock.storage.manifest import StreamId, format_ranges

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from rollout_mock.config.debug_settings import WatchdogConfig
+from rollout_mock.config.model import WatchdogConfig
 from rollout_mock.storage.paths import is_url, write_inside
 from rollout_mock.text import logger
 

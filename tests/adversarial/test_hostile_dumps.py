@@ -52,7 +52,7 @@ def cli(*argv: str | Path, cwd: Path, timeout: float = TIMEOUT) -> tuple[int, st
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "utf-8"}
     started = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "rollout_mock.cli", *map(str, argv)], cwd=cwd, env=env,
+        done = subprocess.run([sys.executable, "-m", "rollout_mock", *map(str, argv)], cwd=cwd, env=env,
                               capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"rollout-mock {argv} did not finish in {timeout} s (blocked on a planted file?)") from None
@@ -184,7 +184,7 @@ def test_expected_outside_is_not_read_by_mock_mode_or_report(dump: Path, outside
 
 
 def test_stall_reports_are_not_written_through_a_link(tmp_path: Path, outside: Path) -> None:
-    from rollout_mock.config.debug_settings import WatchdogConfig
+    from rollout_mock.config.model import WatchdogConfig
     from rollout_mock.wrap.watchdog import STALLS_DIR, StallWatchdog
 
     dump_dir = tmp_path / "fresh"

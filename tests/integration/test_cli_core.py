@@ -37,7 +37,7 @@ def test_ls_lists_without_unpickling(dump_dir: Path, capsys, monkeypatch) -> Non
 
 def test_ls_on_a_missing_dump_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "rollout_mock.cli", "ls", str(tmp_path / "nope")],
+        [sys.executable, "-m", "rollout_mock", "ls", str(tmp_path / "nope")],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2
@@ -71,7 +71,7 @@ def test_import_roll_dump(tmp_path: Path) -> None:
 
 def test_console_script_runs_demo(tmp_path: Path) -> None:
     script = Path(sys.executable).with_name("rollout-mock")
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "rollout_mock.cli"]
+    command = [str(script)] if script.exists() else [sys.executable, "-m", "rollout_mock"]
     result = subprocess.run(
         command + ["demo", "--steps", "3", "--workdir", str(tmp_path / "demo")],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},

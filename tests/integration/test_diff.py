@@ -20,9 +20,9 @@ from tensordict import TensorDict
 from rollout_mock import DirectoryStore, MockScheduler, cli, compare_batches, diff_dumps
 from rollout_mock.compare.diff import format_diff, parse_steps
 from rollout_mock.demo import RolloutBatch, StepRequest, ToyRolloutScheduler, run_pipeline
-from rollout_mock.progress import progress_bar
 from rollout_mock.storage import BatchInfo
 from rollout_mock.storage.manifest import StreamId
+from rollout_mock.text import progress_bar
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -301,13 +301,13 @@ def test_corrupt_step_and_unsafe_pickle_exit_2(tmp_path: Path, base: Path, capsy
 
 def test_cli_subprocess_no_traceback(tmp_path: Path, base: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "rollout_mock.cli", "diff", str(base), str(tmp_path / "nope")],
+        [sys.executable, "-m", "rollout_mock", "diff", str(base), str(tmp_path / "nope")],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stderr.startswith("rollout-mock diff: error:")
     result = subprocess.run(
-        [sys.executable, "-m", "rollout_mock.cli", "diff", str(base), str(base)],
+        [sys.executable, "-m", "rollout_mock", "diff", str(base), str(base)],
         capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0 and "IDENTICAL" in result.stdout

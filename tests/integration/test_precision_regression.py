@@ -120,7 +120,7 @@ def test_pytest_plugin_end_to_end(baseline: Path, pytester: pytest.Pytester) -> 
 def test_demo_negative_control_cli(tmp_path: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(
-        [sys.executable, "-m", "rollout_mock.cli", "demo", "--negative-control", "--workdir", str(tmp_path), "--steps", "3"],
+        [sys.executable, "-m", "rollout_mock", "demo", "--negative-control", "--workdir", str(tmp_path), "--steps", "3"],
         capture_output=True, text=True, timeout=240, env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr

@@ -12,7 +12,7 @@ import pytest
 from conftest import cfg
 
 from rollout_mock import MockScheduler, load_config
-from rollout_mock.config.debug_settings import WatchdogConfig
+from rollout_mock.config.model import WatchdogConfig
 from rollout_mock.wrap.watchdog import StallWatchdog
 
 

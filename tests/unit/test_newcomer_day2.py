@@ -213,7 +213,7 @@ def test_ls_verify_checks_every_checksum(tmp_path: Path, capsys: pytest.CaptureF
 
 def test_ls_verify_has_a_progress_bar_over_the_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    import rollout_mock.progress as progress
+    import rollout_mock.text as progress
 
     dump = _dump(tmp_path / "d")
     bars: list[dict[str, Any]] = []
@@ -270,7 +270,7 @@ def test_show_on_a_batch_without_sequences_says_why_and_what_to_do(tmp_path: Pat
 
 def test_show_over_many_steps_has_a_progress_bar_when_its_output_is_not_a_terminal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    import rollout_mock.progress as progress
+    import rollout_mock.text as progress
 
     dump = _dump(tmp_path / "d", steps=4)
     calls: list[tuple[float, Any]] = []

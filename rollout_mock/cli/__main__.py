@@ -1,7 +1,0 @@
-"""``python -m rollout_mock.cli``: the same as the ``rollout-mock`` command."""
-
-import sys
-
-from rollout_mock.cli import main
-
-sys.exit(main())

@@ -207,6 +207,13 @@ def test_module_cycle_check_sees_function_level_imports() -> None:
     assert "rollout_mock.debug.cut" in edges  # imported inside a function there
 
 
+def test_the_package_is_under_100_modules() -> None:
+    """Modules by concept (issue 27): a concept split across small files is merged, and the
+    package stays under 100 modules."""
+    count = len(list(PACKAGE.rglob("*.py")))
+    assert 50 < count < 100, f"{count} modules in rollout_mock/: merge the small ones of one concept"
+
+
 def test_units_only_import_the_layers_below_them() -> None:
     bad = []
     for (a, b), where in sorted(_unit_edges().items()):

@@ -4,6 +4,9 @@
 the environment fingerprint). ``--keys`` lists each stream's keys (shapes and dtypes) once per
 distinct key set, naming the steps that share it, instead of repeating the list for every step.
 
+A step written with ``compression:`` (zstd, lz4) shows it after its checksum, and each stream
+line says which steps are compressed.
+
 Steps kept by the flight recorder (``keep:``, ``pin_steps``, ``MockScheduler.pin``) are marked
 ``PINNED`` with their reasons, after a per-stream count; ``--json`` adds ``"pinned": {stream:
 {step: [reasons]}}``.
@@ -154,15 +157,23 @@ def run(args: argparse.Namespace) -> int:
         total = sum(e.size for e in entries if e is not None)
         methods = ", ".join(f"{m} ({info.get('convention')})" for m, info in dump.manifest.methods(stream).items())
         pinned = [step for step, entry in zip(steps, entries) if entry is not None and entry.pin]
+        compressed: dict[str, list[int]] = {}
+        for step, entry in zip(steps, entries):
+            if entry is not None and entry.compression:
+                compressed.setdefault(entry.compression, []).append(step)
+        compression = "; ".join(f"compression: {name} (steps {format_ranges(members)})"
+                                for name, members in compressed.items())
         print(f"\n{stream}: steps {format_ranges(steps)} ({len(steps)} files, {total / 1e6:.2f} MB)"
               + (f"; methods: {methods}" if methods else "")
-              + (f"; pinned: {format_ranges(pinned)}" if pinned else ""))
+              + (f"; pinned: {format_ranges(pinned)}" if pinned else "")
+              + (f"; {compression}" if compression else ""))
         groups: dict[str, list[int]] = {}
         for step, entry in zip(steps, entries):
             assert entry is not None
             what = damaged.get(stream.key, {}).get(step)
             print(f"  step {step:>6}  {entry.file}  {entry.size / 1e6:9.2f} MB  samples={entry.samples}  "
-                  f"{entry.type}  {entry.checksum}" + ("" if what is None else f"  DAMAGED: {what}")
+                  f"{entry.type}  {entry.checksum}" + (f"  {entry.compression}" if entry.compression else "")
+                  + ("" if what is None else f"  DAMAGED: {what}")
                   + ("" if not entry.pin else f"  PINNED: {'; '.join(entry.pin)}"))
             groups.setdefault(_key_set(entry.keys), []).append(step)
         if args.keys:

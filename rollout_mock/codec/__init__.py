@@ -37,7 +37,7 @@ from rollout_mock.codec import safe as _safe
 from rollout_mock.codec.classes import Batch, batch_class_names, is_batch_class, register_batch_class
 from rollout_mock.codec.decode import Unpickle
 from rollout_mock.codec.encode import BufferPool, Capture, FileSink, Sink, capture, encode, encode_bytes
-from rollout_mock.codec.format import FORMAT_VERSION, PROTOCOL
+from rollout_mock.codec.format import FORMAT_VERSION, PROTOCOL, require_compression
 from rollout_mock.codec.safe import (
     ByteSource,
     BytesSource,
@@ -54,7 +54,7 @@ __all__ = [
     "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "Capture", "FileSink",
     "FileSource", "MappedSource", "ReadAheadSource", "Sink", "StepView", "as_source", "batch_class_names", "capture",
     "decode", "encode", "encode_bytes", "is_batch_class", "open_step", "register_batch_class",
-    "sniff_version",
+    "require_compression", "sniff_version",
 ]
 
 _load_v2.__module__ = "rollout_mock.codec"  # the name format-2 files give pickle.load

@@ -258,6 +258,17 @@ def _lz4() -> Any:
     return lz4.block
 
 
+def require_compression(codec: str) -> None:
+    """Check that ``codec`` (``none``, ``zstd``, ``lz4``) can be written here: ValueError for
+    an unknown name, :class:`~rollout_mock.errors.MissingExtraError` when its package is missing."""
+    if codec not in CODECS:
+        raise ValueError(f"unknown compression {codec!r}; choose one of {sorted(CODECS)}")
+    if codec == "zstd":
+        _zstd()
+    elif codec == "lz4":
+        _lz4()
+
+
 def shuffle(raw: memoryview, itemsize: int) -> bytes:
     array = np.frombuffer(raw, dtype=np.uint8)
     return array.reshape(-1, itemsize).T.tobytes()

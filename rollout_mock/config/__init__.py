@@ -10,6 +10,7 @@ from rollout_mock.config.model import (
     BLOCK_KEY,
     MAX_ERROR_LINES,
     CheckServes,
+    Compression,
     DiskFullPolicy,
     FingerprintPolicy,
     KeepConfig,
@@ -37,7 +38,7 @@ from rollout_mock.config.parts import (
 )
 
 __all__ = [
-    "BLOCK_KEY", "MAX_CONFIG_BYTES", "MAX_ERROR_LINES", "MAX_YAML_NODES", "CheckServes", "CheckSettings",
+    "BLOCK_KEY", "MAX_CONFIG_BYTES", "MAX_ERROR_LINES", "MAX_YAML_NODES", "CheckServes", "CheckSettings", "Compression",
     "ConfigParts", "DiskFullPolicy", "FingerprintPolicy", "KeepConfig", "KeepSettings", "MatchSettings",
     "MetricRule", "MismatchPolicy", "MissingStepPolicy", "RankPolicy", "RecordSettings", "ReplayRows",
     "ReplaySettings", "RolloutMockConfig", "StoreSettings", "Tolerance", "VerdictAction", "VerdictConfig",

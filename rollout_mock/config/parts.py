@@ -138,6 +138,8 @@ class RecordSettings:
     pin_steps: frozenset[int]
     on_disk_full: DiskFullPolicy
     max_steps: int | None
+    #: ``none``, ``zstd`` or ``lz4`` (the step files' chunks)
+    compression: str = "none"
 
     def records_step(self, step: int) -> bool:
         """Whether ``dump_steps`` lets ``step`` be written (all steps without it)."""
@@ -238,7 +240,7 @@ def config_parts(config: RolloutMockConfig) -> ConfigParts:
             dump_steps=None if config.dump_steps is None else frozenset(config.dump_steps),
             overwrite=config.overwrite, background=config.background, max_pending=config.max_pending,
             keep=keep_settings(config), pin_steps=frozenset(config.pin_steps or ()),
-            on_disk_full=config.on_disk_full, max_steps=config.max_steps,
+            on_disk_full=config.on_disk_full, max_steps=config.max_steps, compression=config.compression.value,
         ),
         replay=ReplaySettings(
             mode=config.mode, dump_dir=config.dump_dir, max_steps=config.max_steps,

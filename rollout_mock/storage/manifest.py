@@ -310,12 +310,17 @@ class StepEntry:
     """Why the step is kept beyond the ring (``keep``): at most :data:`MAX_PIN_REASONS` reasons of
     at most :data:`MAX_PIN_CHARS` printable characters each; ``None``: not pinned (left out of
     the JSON)."""
+    compression: str | None = None
+    """How the file's data chunks are compressed (``zstd``, ``lz4``; ``None``: raw, left out of
+    the JSON). Informational: each chunk's header says how it is stored."""
 
     def to_json(self) -> dict[str, Any]:
         # a shallow copy per field (``asdict`` deep-copies ``keys``: 0.3 ms a step on a small batch)
         data = {name: getattr(self, name) for name in _ENTRY_FIELDS}
         if self.pin is None:
             del data["pin"]
+        if self.compression is None:
+            del data["compression"]
         return data
 
     @classmethod
@@ -341,6 +346,9 @@ class StepEntry:
             for name in ("method", "hmac"):
                 if data.get(name) is not None and not isinstance(data[name], str):
                     raise ValueError(f"{name} {short_repr(data[name])} is not a string")
+            compression = data.get("compression")
+            if compression is not None and compression not in _COMPRESSIONS:
+                raise ValueError(f"compression {short_repr(compression)} is not one of {', '.join(_COMPRESSIONS)}")
             pin = data.get("pin")
             if pin is not None and not valid_pin(pin):
                 raise ValueError(f"pin {short_repr(pin)} is not a list of at most {MAX_PIN_REASONS} reasons "
@@ -358,6 +366,7 @@ class StepEntry:
                 rollout_seconds=seconds,
                 call=data.get("call") if isinstance(data.get("call"), dict) else None,
                 pin=None if pin is None else list(pin),
+                compression=compression,
             )
         except (KeyError, TypeError, ValueError) as exc:
             reason = exc.args[0] if exc.args else repr(exc)
@@ -369,6 +378,8 @@ class StepEntry:
 
 
 _ENTRY_FIELDS = tuple(f.name for f in fields(StepEntry))
+#: The values of a step entry's ``compression`` field (absent: raw).
+_COMPRESSIONS = ("zstd", "lz4")
 #: Bounds of a step entry's ``pin`` field (the index is read as hostile input).
 MAX_PIN_REASONS = 8
 MAX_PIN_CHARS = 200

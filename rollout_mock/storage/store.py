@@ -126,9 +126,10 @@ class StepStore(Protocol):
 
     def save(self, stream: StreamId, step: int, batch: Any, info: BatchInfo, *, method: str | None = None,
              rollout_seconds: float | None = None, overwrite: bool = False,
-             call: dict[str, Any] | None = None) -> StepEntry:
+             call: dict[str, Any] | None = None, compression: str = "none") -> StepEntry:
         """Record ``batch`` as ``step`` of ``stream``. If the step exists and not ``overwrite``,
-        raise :class:`StepExistsError` and change nothing."""
+        raise :class:`StepExistsError` and change nothing. ``compression``: ``none``, ``zstd``
+        or ``lz4`` for the file's data chunks (recorded in the entry)."""
 
     def load(self, stream: StreamId, step: int, *, trusted: bool = False) -> Any:
         """Return a fresh copy of the recorded batch; :class:`StepNotFoundError` if absent,
@@ -446,17 +447,18 @@ class Store:
 
     def save(self, stream: StreamId, step: int, batch: Any, info: BatchInfo, *, method: str | None = None,
              rollout_seconds: float | None = None, overwrite: bool = False,
-             call: dict[str, Any] | None = None) -> StepEntry:
+             call: dict[str, Any] | None = None, compression: str = "none") -> StepEntry:
         owned = self._owner(stream)
         self.check_writable(stream, step, overwrite=overwrite)
         if overwrite and step in owned.live:
             self.delete(stream, step)
         rel = stream.relpath(step)
         with self._writing(f"writing step {step} of {stream}"):
-            size, checksum, mac = self._write_step(rel, stream, step, lambda sink: codec.encode(batch, sink))
+            size, checksum, mac = self._write_step(
+                rel, stream, step, lambda sink: codec.encode(batch, sink, compression=compression))
         entry = StepEntry(file=rel, size=size, checksum=checksum, hmac=mac, samples=info.samples, type=info.type,
                           keys=info.keys, written_at=utc_now(), method=method, rollout_seconds=rollout_seconds,
-                          call=call)
+                          call=call, compression=None if compression == "none" else compression)
         try:
             with self._writing(f"committing step {step} of {stream}"):
                 self._commit_entry(stream, step, entry)

@@ -23,7 +23,7 @@ from typing import Any
 import rollout_mock.codec as codec
 from rollout_mock.config import DiskFullPolicy, RecordSettings
 from rollout_mock.determinism.fingerprint import fingerprint
-from rollout_mock.errors import DiskFullError
+from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError
 from rollout_mock.storage.directory import free_bytes
 from rollout_mock.storage.manifest import StreamId, format_ranges
 from rollout_mock.storage.store import BatchInfo, StepStore, Store
@@ -82,6 +82,11 @@ class Recorder:
         self.closed = False
         if not writes:
             return
+        try:
+            codec.require_compression(settings.compression)
+        except MissingExtraError as exc:
+            raise ConfigError(f"compression: {settings.compression} (dump mode, {stream}, {settings.dump_dir}): "
+                              f"{exc}; or set compression: none") from None
         store.open_writer(stream)
         store.set_fingerprint(fingerprint())
         if settings.background:
@@ -164,7 +169,7 @@ class Recorder:
             return
         entry = self.store.save(
             self.stream, step, batch, info, method=method, rollout_seconds=seconds,
-            overwrite=self.settings.overwrite, call=call,
+            overwrite=self.settings.overwrite, call=call, compression=self.settings.compression,
         )
         self.saved += 1
         logger.log(

@@ -47,6 +47,21 @@ def requires(module: str) -> pytest.MarkDecorator:
 #: Markers that mean "needs this optional package": a marked test is skipped, with the reason, without it.
 _MARKER_NEEDS = {"verl": "verl", "ray": "ray"}
 
+#: The first CI tier (``pytest -m fast``, under 3 minutes on 2 CPUs): these folders, less the
+#: tests marked below and the files listed (browsers, subprocess-heavy checks, benchmarks' smoke
+#: runs); ``pytest -m "not fast"`` is the rest.
+_FAST_DIRS = ("unit", "adversarial")
+_NOT_FAST_MARKERS = ("slow", "ray", "gpu")
+_NOT_FAST_FILES = frozenset({
+    "test_benchmarks.py",
+})
+
+
+def _fast(item: pytest.Item) -> bool:
+    path = Path(str(item.fspath))
+    return (path.parent.name in _FAST_DIRS and path.name not in _NOT_FAST_FILES
+            and not any(item.get_closest_marker(m) is not None for m in _NOT_FAST_MARKERS))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skips = {marker: requires(module) for marker, module in _MARKER_NEEDS.items()}
@@ -54,6 +69,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for marker, skip in skips.items():
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(skip)
+        if _fast(item):
+            item.add_marker(pytest.mark.fast)
 
 
 @pytest.fixture

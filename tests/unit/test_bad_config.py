@@ -34,6 +34,7 @@ BAD: dict[str, tuple[object, str]] = {
     "dump_rank": (-1, "greater than or equal to 0"),
     "fingerprint": ("loud", "valid choices: warn, error, off"),
     "on_disk_full": ("retry", "valid choices: fail, skip"),
+    "compression": ("gzip", "valid choices: none, zstd, lz4"),
     "verdict": ("loud", "'warn', 'fail' or 'off'"),
     "watchdog": ({"factor": 0}, "greater than 1"),
     "on_missing_step": ("skip", "valid choices: error, repeat_nearest, record"),

@@ -25,3 +25,9 @@ def test_ci_runs_the_readme_test_command() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     tests = _bash_blocks()[1]
     assert tests in ci.splitlines()
+
+
+def test_the_test_command_runs_the_fast_tier_first_then_the_rest() -> None:
+    """The two tiers (tests/conftest.py marks the fast one) cover every test between them."""
+    tests = _bash_blocks()[1]
+    assert tests.index("-m pytest -m fast &&") < tests.index('-m pytest -m "not fast"')

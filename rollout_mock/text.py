@@ -24,15 +24,15 @@ import reprlib
 import sys
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, TextIO, cast
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 
 if TYPE_CHECKING:  # pragma: no cover
     from pathlib import Path
 
 __all__ = [
-    "LOG_PREFIX", "MAX_INT_DIGITS", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "dumps_json", "fmt_number", "int_digits",
-    "json_default", "json_float", "jsonable", "logger", "progress_bar", "short_repr", "step_log_level", "table",
-    "terminal_safe", "to_float", "write_text_atomic",
+    "LOG_PREFIX", "MAX_INT_DIGITS", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "ProgressBar", "dumps_json", "fmt_number",
+    "int_digits", "json_default", "json_float", "jsonable", "logger", "progress_bar", "short_repr", "step_log_level",
+    "table", "terminal_safe", "to_float", "write_text_atomic",
 ]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
@@ -339,8 +339,22 @@ def write_text_atomic(path: Path, text: str) -> Path:
     return path
 
 
+class ProgressBar(Protocol):
+    """What :func:`progress_bar` returns (a ``tqdm`` bar), as far as the package uses it."""
+
+    def update(self, n: float = 1) -> object: ...
+
+    def set_description(self, desc: str | None = None, refresh: bool = True) -> None: ...
+
+    def close(self) -> None: ...
+
+    def __enter__(self) -> ProgressBar: ...
+
+    def __exit__(self, *exc: object) -> object: ...
+
+
 def progress_bar(total: float, *, stream: TextIO | None = None, enabled: bool | None = None,
-                 unit: str = "B", unit_scale: bool = True, desc: str = "") -> Any:
+                 unit: str = "B", unit_scale: bool = True, desc: str = "") -> ProgressBar:
     """A ``tqdm`` bar on ``stream`` (stderr); by default shown only on a TTY outside CI."""
     from tqdm import tqdm  # imported on first use: most imports of this module draw no bar
 

@@ -62,7 +62,7 @@ def find_dumps(root: Path, depth: int = 2) -> list[Path]:
     return found
 
 
-def resolve_dump(location: str | Path, command: str, rest: str = "") -> Any:
+def resolve_dump(location: str | Path, command: str, rest: str = "") -> str | Path:
     """``location`` when it holds a dump (an fsspec URL or a bundle is passed through as is: its
     store says); otherwise a DumpNotFoundError that says where dumps are (one or two levels down),
     or what kind of folder it is, with the command to run instead."""

@@ -68,7 +68,7 @@ sys.exit(code)
 """
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "bisect", help="find the commit that changed the metrics (git bisect run, one dump replayed at each commit)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -353,7 +353,7 @@ def _common(parser: argparse.ArgumentParser, *, output: str) -> None:
     parser.add_argument("--no-progress", action="store_true", help=_PROGRESS)
 
 
-def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_pack_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "pack", help="write some steps of a dump as one .rmb file to share (optionally redacted)",
         description="Write the chosen steps of a dump (a directory, an s3:// URL or a bundle) as one bundle file: "
@@ -380,7 +380,7 @@ def add_pack_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def add_unpack_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_unpack_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "unpack", help="turn a .rmb bundle back into a dump directory",
         description="Write the dump a bundle holds into a new (or empty) directory, atomically, checking every "
@@ -392,7 +392,7 @@ def add_unpack_parser(subparsers: Any) -> argparse.ArgumentParser:
     return parser
 
 
-def add_pull_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_pull_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "pull", help="fetch some steps of a dump (s3://..., a directory or a bundle) into a local dump",
         description="Copy the chosen steps of a dump into a new local dump directory, reading only the index, "
@@ -423,7 +423,7 @@ def _tolerances(rtol: Sequence[str], atol: Sequence[str]) -> dict[str, dict[str,
 def pack(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, steps: Sequence[int] | str,
          splits: Sequence[str] | None = None, redact: bool = False, rtol: Sequence[str] = (),
          atol: Sequence[str] = (), overwrite: bool = False, trusted: bool = False,
-         imports: Sequence[str] | None = None, progress: bool | None = False) -> Any:
+         imports: Sequence[str] | None = None, progress: bool | None = False) -> BundleInfo:
     """``rollout-mock pack``: :func:`~rollout_mock.storage.bundle.pack_store` of the dump at
     ``dump`` (a directory, URL or bundle); with ``redact``, the steps are first cut into a
     temporary dump by :func:`~rollout_mock.debug.cut.cut_dump` with ``redact=True`` (an object
@@ -509,7 +509,8 @@ def run_pull(args: argparse.Namespace) -> int:
 
 
 #: The commands of this module: name -> (add_parser, run).
-COMMANDS: dict[str, tuple[Callable[[Any], argparse.ArgumentParser], Callable[[argparse.Namespace], int]]] = {
+COMMANDS: dict[str, tuple[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], argparse.ArgumentParser],
+                          Callable[[argparse.Namespace], int]]] = {
     "pack": (add_pack_parser, run_pack),
     "unpack": (add_unpack_parser, run_unpack),
     "pull": (add_pull_parser, run_pull),

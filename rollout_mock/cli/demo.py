@@ -14,7 +14,7 @@ from pathlib import Path
 COLUMNS = ("pg_loss", "grad_norm", "approx_kl", "reward_mean")
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "demo",
         help="record a toy RL run, replay it from disk, and verify the metrics are bit-identical",

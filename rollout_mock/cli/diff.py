@@ -15,12 +15,11 @@ import math
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "diff",
         help="compare two dumps: per step and key, shapes, dtypes, exact equality, max difference",

@@ -34,7 +34,7 @@ from rollout_mock.storage.store import open_store
 __all__ = ["add_parser", "load_dump_fingerprint", "run"]
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register the ``env`` subcommand on an ``argparse`` subparsers object."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "env",

@@ -27,7 +27,7 @@ from rollout_mock.storage.paths import is_url
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "import", help="convert a ROLL / verl / AReaL / slime dump into a rollout_mock dump",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,

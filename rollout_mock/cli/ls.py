@@ -29,7 +29,7 @@ from typing import Any
 __all__ = ["add_parser", "run"]
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser = subparsers.add_parser("ls", help="list the streams and steps of a dump", description=__doc__)
     parser.add_argument("dump_dir",
                         help="dump directory or fsspec URL (s3://bucket/prefix; credentials from AWS_* env)")

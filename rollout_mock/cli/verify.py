@@ -15,7 +15,6 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from rollout_mock.compare.metrics import MetricsTable, read_metrics
 from rollout_mock.compare.verify import VerifyReport, format_report, verify
@@ -31,7 +30,7 @@ _TOL_HELP = (
 )
 
 
-def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Register the ``verify`` subcommand on an ``argparse`` subparsers object."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "verify",

@@ -44,6 +44,7 @@ from rollout_mock.codec.safe import (
     FileSource,
     MappedSource,
     ReadAheadSource,
+    SourceLike,
     StepView,
     _load_v2,
     as_source,
@@ -52,8 +53,9 @@ from rollout_mock.codec.safe import (
 
 __all__ = [
     "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "Capture", "FileSink",
-    "FileSource", "MappedSource", "ReadAheadSource", "Sink", "StepView", "as_source", "batch_class_names", "capture",
-    "decode", "encode", "encode_bytes", "is_batch_class", "open_step", "register_batch_class",
+    "FileSource", "MappedSource", "ReadAheadSource", "Sink", "SourceLike", "StepView", "as_source",
+    "batch_class_names", "capture", "decode", "encode", "encode_bytes", "is_batch_class", "open_step",
+    "register_batch_class",
     "require_compression", "sniff_version",
 ]
 
@@ -68,7 +70,7 @@ def _unpickler(trusted: bool) -> Unpickle | None:
     return loads
 
 
-def open_step(source: Any, *, trusted: bool = False, batch_class: type | None = None,
+def open_step(source: SourceLike, *, trusted: bool = False, batch_class: type | None = None,
               max_expansion: float | None = None, mapped: bool = False, verify: bool = True) -> StepView:
     """Open a step lazily (reads only the header of a format-2 file); ``mapped``/``verify``: see
     :class:`StepView`; ``trusted``: unpickle opaque blobs and format-1 files."""
@@ -76,7 +78,7 @@ def open_step(source: Any, *, trusted: bool = False, batch_class: type | None = 
                            max_expansion=max_expansion, mapped=mapped, verify=verify)
 
 
-def decode(source: Any, *, trusted: bool = False, keys: Iterable[str] | None = None,
+def decode(source: SourceLike, *, trusted: bool = False, keys: Iterable[str] | None = None,
            rows: slice | range | None = None, batch_class: type | None = None,
            max_expansion: float | None = None) -> Any:
     """Decode a step file of format 1 or 2 from a ByteSource, a path or bytes.

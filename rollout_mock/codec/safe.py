@@ -34,7 +34,7 @@ import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rollout_mock.batch import batch_keys, subset
 from rollout_mock.codec.decode import ChunkReader, NodeDecoder, Unpickle, normalize_rows
@@ -52,9 +52,12 @@ from rollout_mock.codec.format import max_expansion as expansion_bound
 from rollout_mock.codec.legacy import load_v1
 from rollout_mock.errors import CorruptStepError, RolloutMockError, UnsafePathError
 
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
 __all__ = [
     "BODY_FACTOR", "HEAD_BYTES", "ByteSource", "BytesSource", "FileSource", "MappedSource", "ReadAheadSource",
-    "StepView", "as_source", "decode", "open_step", "sniff_version",
+    "SourceLike", "StepView", "as_source", "decode", "open_step", "sniff_version",
 ]
 
 #: A :class:`FileSource` reads this much of the file's start when it opens (one system call).
@@ -71,6 +74,9 @@ class ByteSource(Protocol):
 
     def read_range(self, offset: int, length: int) -> bytes | memoryview: ...
 
+
+#: What the read API takes as a step: a :class:`ByteSource`, a local path, or the step's bytes.
+SourceLike = ByteSource | str | os.PathLike[str] | bytes | bytearray | memoryview
 
 def _short(name: str, offset: int, length: int, got: int, size: int) -> CorruptStepError:
     return CorruptStepError(
@@ -95,7 +101,7 @@ class BytesSource:
             raise _short(self.name, offset, length, max(0, self._view.nbytes - offset), self._view.nbytes)
         return self._view[offset: offset + length]
 
-    def readinto_range(self, offset: int, buffer: Any) -> None:
+    def readinto_range(self, offset: int, buffer: WriteableBuffer) -> None:
         target = memoryview(buffer).cast("B")
         target[:] = self.read_range(offset, target.nbytes)
 
@@ -133,7 +139,7 @@ class FileSource:
         self.readinto_range(offset, buffer)
         return memoryview(buffer)
 
-    def readinto_range(self, offset: int, buffer: Any) -> None:
+    def readinto_range(self, offset: int, buffer: WriteableBuffer) -> None:
         target = memoryview(buffer).cast("B")
         total = target.nbytes
         if offset < 0 or offset + total > self._size:
@@ -197,7 +203,7 @@ class MappedSource(FileSource):
     def read_range(self, offset: int, length: int) -> bytes | memoryview:
         return self.map_range(offset, length)
 
-    def readinto_range(self, offset: int, buffer: Any) -> None:
+    def readinto_range(self, offset: int, buffer: WriteableBuffer) -> None:
         target = memoryview(buffer).cast("B")
         target[:] = self.map_range(offset, target.nbytes)
 
@@ -228,7 +234,7 @@ class ReadAheadSource:
                 return memoryview(data)[offset - start: offset - start + length]
         return None
 
-    def read_range(self, offset: int, length: int) -> Any:
+    def read_range(self, offset: int, length: int) -> bytes | memoryview:
         if length >= self.block:
             return self.inner.read_range(offset, length)
         with self._lock:
@@ -244,7 +250,7 @@ class ReadAheadSource:
                 self._block = (offset, data)
             return memoryview(data)[:length]
 
-    def readinto_range(self, offset: int, buffer: Any) -> None:
+    def readinto_range(self, offset: int, buffer: WriteableBuffer) -> None:
         target = memoryview(buffer).cast("B")
         if target.nbytes >= self.block:
             self.inner.readinto_range(offset, target)
@@ -252,7 +258,7 @@ class ReadAheadSource:
             target[:] = self.read_range(offset, target.nbytes)
 
 
-def as_source(source: Any) -> Any:
+def as_source(source: SourceLike) -> ByteSource:
     """Accept a ByteSource, a path, or bytes-like data."""
     if isinstance(source, (str, os.PathLike)):
         return FileSource(source)
@@ -312,7 +318,7 @@ class StepView:
     safe loader, which refuses blobs and interprets format 1 as data).
     """
 
-    def __init__(self, source: Any, *, unpickle: Unpickle | None = None, batch_class: type | None = None,
+    def __init__(self, source: SourceLike, *, unpickle: Unpickle | None = None, batch_class: type | None = None,
                  max_expansion: float | None = None, mapped: bool = False, verify: bool = True) -> None:
         if mapped and isinstance(source, FileSource) and not isinstance(source, MappedSource):
             source = source.path
@@ -482,14 +488,14 @@ def _decode_root(decoder: NodeDecoder, root: Any, keys: frozenset[str] | None, r
     return decoder.value(root, rows)
 
 
-def open_step(source: Any, *, unpickle: Unpickle | None = None, batch_class: type | None = None,
+def open_step(source: SourceLike, *, unpickle: Unpickle | None = None, batch_class: type | None = None,
               max_expansion: float | None = None, mapped: bool = False, verify: bool = True) -> StepView:
     """Open a step lazily (reads only the header of a format-2 file); see :class:`StepView`."""
     return StepView(source, unpickle=unpickle, batch_class=batch_class, max_expansion=max_expansion,
                     mapped=mapped, verify=verify)
 
 
-def decode(source: Any, *, unpickle: Unpickle | None = None, keys: Iterable[str] | None = None,
+def decode(source: SourceLike, *, unpickle: Unpickle | None = None, keys: Iterable[str] | None = None,
            rows: slice | range | None = None, batch_class: type | None = None,
            max_expansion: float | None = None) -> Any:
     """Decode a step file of format 1 or 2 from a ByteSource, a path or bytes, safely: format 2

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from html import escape
@@ -39,7 +40,7 @@ from rollout_mock.debug.charts import COLORS, Band, Chart, charts_html
 from rollout_mock.debug.report_data import DEFAULT_MAX_SAMPLES, STATS_ROWS, StepSummary, summarize_step
 from rollout_mock.errors import CorruptStepError, DebugInputError, StepNotFoundError
 from rollout_mock.jsonio import parse_bounded
-from rollout_mock.storage import format_ranges
+from rollout_mock.storage import Dump, StreamId, format_ranges
 from rollout_mock.text import fmt_number, jsonable, to_float, write_text_atomic
 
 __all__ = ["DEFAULT_MAX_SAMPLES", "MAX_BROWSER_STEPS", "PAGE_TEXT_CHARS", "STEP_TEXT_CHARS", "RenderedReport",
@@ -116,7 +117,7 @@ def _load_logprobs(path: str | os.PathLike[str] | None) -> dict[int, float | Non
                               f"({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
-def report_stream(dump: Any, split: str | None = None) -> Any:
+def report_stream(dump: Dump, split: str | None = None) -> StreamId:
     """The stream a report shows: ``split`` (an unknown one is
     :class:`~rollout_mock.errors.ManifestError`, naming those recorded); ``None``: ``train`` when it
     has steps, else the first split that has (a verl dump with validation steps only)."""
@@ -129,7 +130,7 @@ def report_stream(dump: Any, split: str | None = None) -> Any:
     return dump.stream("train")
 
 
-def nothing_to_report(dump: Any, stream: Any) -> str | None:
+def nothing_to_report(dump: Dump, stream: StreamId) -> str | None:
     """Why there is nothing to report on ``stream`` (no step recorded), naming the streams that
     have steps; ``None`` when it has steps."""
     if dump.steps(stream):
@@ -139,7 +140,7 @@ def nothing_to_report(dump: Any, stream: Any) -> str | None:
     return f"{dump.dump_dir}: stream {stream.key} has no recorded steps: nothing to report{fix}"
 
 
-def browsable(steps: list[int], limit: int = MAX_BROWSER_STEPS) -> set[int]:
+def browsable(steps: Sequence[int], limit: int = MAX_BROWSER_STEPS) -> set[int]:
     """The steps the sample browser offers: all of them up to ``limit``, else ``limit`` evenly
     spaced ones (the first and the last included)."""
     if len(steps) <= limit:
@@ -147,7 +148,7 @@ def browsable(steps: list[int], limit: int = MAX_BROWSER_STEPS) -> set[int]:
     return {steps[round(i * (len(steps) - 1) / (limit - 1))] for i in range(limit)}
 
 
-def summarize_dump(dump: Any, stream: Any, *, tokenizer: Any = None, max_samples: int = DEFAULT_MAX_SAMPLES,
+def summarize_dump(dump: Dump, stream: StreamId, *, tokenizer: Any = None, max_samples: int = DEFAULT_MAX_SAMPLES,
                    trusted: bool = False, progress: bool | None = False) -> tuple[list[StepSummary], set[int]]:
     """Every step of ``stream``, each read with bounded work (:func:`summarize_step`), and the
     steps the browser offers (:func:`browsable`: only those keep previews and a sample index).
@@ -230,7 +231,7 @@ def step_table(summaries: list[StepSummary]) -> str:
             "<table><tr>" + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr>{rows}</table></div></details>")
 
 
-def dump_info(dump: Any, dump_dir: str | os.PathLike[str], stream: Any, steps: int) -> str:
+def dump_info(dump: Dump, dump_dir: str | os.PathLike[str], stream: StreamId, steps: int) -> str:
     manifest = dump.manifest
     return (f"{escape(str(Path(dump_dir).resolve()))} &middot; stream {escape(str(stream))} &middot; "
             f"{steps} step{'' if steps == 1 else 's'} &middot; "

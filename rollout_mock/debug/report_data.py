@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ import torch
 from rollout_mock.batch import count_samples
 from rollout_mock.debug.report_columns import STATS_ROWS, _r, items_of, key_stats, numeric_columns, report_view
 from rollout_mock.text import to_float
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.storage import Dump, StreamId
 
 __all__ = ["DEFAULT_MAX_SAMPLES", "SNIPPET_CHARS", "STATS_ROWS", "StepSummary", "summarize_step"]
 
@@ -227,8 +230,8 @@ def _uids(view: Any, traces: list[Any]) -> list[Any] | None:
     return None
 
 
-def summarize_step(dump: Any, stream: Any, step: int, *, tokenizer: Any = None, max_samples: int = DEFAULT_MAX_SAMPLES,
-                   trusted: bool = False, text_chars: int = 0) -> StepSummary:
+def summarize_step(dump: Dump, stream: StreamId, step: int, *, tokenizer: Any = None,
+                   max_samples: int = DEFAULT_MAX_SAMPLES, trusted: bool = False, text_chars: int = 0) -> StepSummary:
     """Read at most :data:`STATS_ROWS` rows of ``step`` and summarize them for the report.
 
     ``max_samples``: full previews kept; ``text_chars``: characters of text per step for the

@@ -43,12 +43,17 @@ import time
 import uuid
 from collections.abc import Callable, Hashable, Iterable
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rollout_mock.errors import CorruptStepError, LockedError, ManifestError
 from rollout_mock.jsonio import loads_bounded
 from rollout_mock.storage.paths import check_relpath
 from rollout_mock.text import logger, short_repr
+
+if TYPE_CHECKING:  # pragma: no cover
+    from _typeshed import WriteableBuffer
+
+    from rollout_mock.codec.safe import ByteSource
 
 __all__ = ["OPTIONAL_MEMBERS", "BackendDefaults", "BackendSource", "ByteBackend", "Lease", "MemoryBackend",
            "Upload", "with_defaults"]
@@ -141,7 +146,7 @@ class BackendSource:
                                    f"was truncated or removed while being read", path=self.name)
         return data
 
-    def readinto_range(self, offset: int, buffer: Any) -> None:
+    def readinto_range(self, offset: int, buffer: WriteableBuffer) -> None:
         target = memoryview(buffer).cast("B")
         target[:] = self.read_range(offset, target.nbytes)
 
@@ -307,7 +312,7 @@ class BackendDefaults:
         memory, then one ``replace``)."""
         return _BufferedUpload(self, rel)
 
-    def open_source(self, rel: str, *, mapped: bool = False) -> Any:
+    def open_source(self, rel: str, *, mapped: bool = False) -> ByteSource:
         """A :class:`~rollout_mock.codec.safe.ByteSource` over ``rel`` (ranged reads);
         ``mapped``: a memory-mapped local file where the backend has one. FileNotFoundError if
         absent."""
@@ -352,7 +357,7 @@ class BackendDefaults:
         """Remove these directories if empty (backends without directories: nothing)."""
         return None
 
-    def reopen(self) -> Any:
+    def reopen(self) -> BackendDefaults:
         """A second handle on the same objects, as another process would have."""
         return self
 
@@ -378,7 +383,7 @@ class _Completed(BackendDefaults):
     def __getattr__(self, name: str) -> Any:  # anything else the backend offers
         return getattr(self.inner, name)
 
-    def reopen(self) -> Any:
+    def reopen(self) -> BackendDefaults:
         reopen = getattr(self.inner, "reopen", None)
         return self if reopen is None else with_defaults(reopen())
 

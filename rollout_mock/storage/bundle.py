@@ -53,7 +53,7 @@ from rollout_mock.jsonio import loads_bounded
 from rollout_mock.storage.backend import BackendDefaults
 from rollout_mock.storage.directory import fsync_dir
 from rollout_mock.storage.paths import check_relpath, is_url, open_regular
-from rollout_mock.text import progress_bar, short_repr
+from rollout_mock.text import ProgressBar, progress_bar, short_repr
 from rollout_mock.version import __version__
 
 __all__ = [
@@ -349,7 +349,7 @@ class Bundle:
             self._check(member, hashlib.sha256(data).hexdigest())
         return data
 
-    def chunks(self, member: Member, bar: Any = None) -> Iterator[bytes]:
+    def chunks(self, member: Member, bar: ProgressBar | None = None) -> Iterator[bytes]:
         """A member's bytes, piece by piece, checked against its SHA-256 after the last piece
         (the caller discards what it wrote on the error)."""
         digest = hashlib.sha256()
@@ -370,7 +370,7 @@ class Bundle:
     def ordered(self) -> list[Member]:
         return sorted(self.members.values(), key=lambda m: m.offset)
 
-    def scan(self, bar: Any = None) -> Iterator[tuple[Member, Iterator[bytes]]]:
+    def scan(self, bar: ProgressBar | None = None) -> Iterator[tuple[Member, Iterator[bytes]]]:
         """Every member in file order with its pieces (:meth:`chunks`: consume them before the
         next member), the padding around it checked zero: a full pass checks every byte."""
         position = _HEADER.size

@@ -21,9 +21,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 import rollout_mock.crc as _crc
+
+if TYPE_CHECKING:  # pragma: no cover
+    from _typeshed import ReadableBuffer, WriteableBuffer
+
+    from rollout_mock.codec.safe import ByteSource
 
 __all__ = ["MAC_ALGORITHM", "Digest", "HashingReader", "HashingWriter", "ReadResult", "file_digest", "mac_context",
            "read_hashed", "source_digest"]
@@ -93,7 +98,7 @@ class Digest:
             while self._pending:
                 self._idle.wait()
 
-    def update(self, data: Any) -> None:
+    def update(self, data: ReadableBuffer) -> None:
         view = memoryview(data)
         self._length += view.nbytes
         if not self.threaded or (view.nbytes < _INLINE_LIMIT and not self._pending):
@@ -175,7 +180,7 @@ class HashingWriter:
                 raise
             self.disk_full = exc
 
-    def write(self, data: Any) -> int:
+    def write(self, data: ReadableBuffer) -> int:
         view = memoryview(data).cast("B")
         total = view.nbytes
         # inline digests: hash a piece, then write it while it is still in the CPU cache
@@ -204,14 +209,14 @@ class HashingWriter:
         self.size += length
         return True
 
-    def write_unhashed(self, data: Any) -> int:
+    def write_unhashed(self, data: ReadableBuffer) -> int:
         """Write bytes the caller will account for with ``digest.update_known`` (in file order)."""
         view = memoryview(data).cast("B")
         self._guarded(lambda: self.upload.write(view))
         self.size += view.nbytes
         return view.nbytes
 
-    def write_head(self, data: Any) -> None:
+    def write_head(self, data: ReadableBuffer) -> None:
         """Write the head reserved by :meth:`reserve_head` (exactly its length) and put its
         CRC-32 in front of the digest."""
         view = memoryview(data).cast("B")
@@ -221,7 +226,7 @@ class HashingWriter:
         self.digest.prepend_known(_crc.crc32(view) & 0xFFFFFFFF, view.nbytes)
         self._head_length = None
 
-    def write_vector(self, pieces: list[tuple[Any, int | None]]) -> int:
+    def write_vector(self, pieces: list[tuple[ReadableBuffer, int | None]]) -> int:
         """Write ``(data, crc or None)`` pieces in order with as few calls as possible; a given
         CRC is taken as the piece's (no second pass unless an HMAC needs the bytes), the other
         pieces are hashed."""
@@ -244,7 +249,7 @@ class HashingWriter:
         self.size += total
         return total
 
-    def write_known(self, data: Any, crc: int) -> int:
+    def write_known(self, data: ReadableBuffer, crc: int) -> int:
         """Write ``data`` whose CRC-32 is ``crc`` (computed by the caller): no second pass over
         the bytes unless an HMAC needs them."""
         if self.digest.needs_bytes:
@@ -281,7 +286,7 @@ class HashingReader:
         self.consumed += len(data)
         return data
 
-    def readinto(self, buffer: Any) -> int:
+    def readinto(self, buffer: WriteableBuffer) -> int:
         view = memoryview(buffer).cast("B")
         step = _CHUNK if self.digest.threaded else _PIECE
         total = 0
@@ -332,7 +337,7 @@ def read_hashed(
     return result, ReadResult(parsed, reader.consumed, checksum, mac)
 
 
-def source_digest(source: Any, hmac_key: bytes | None = None, context: bytes = b"") -> tuple[str, str | None]:
+def source_digest(source: ByteSource, hmac_key: bytes | None = None, context: bytes = b"") -> tuple[str, str | None]:
     """Checksum (and HMAC over ``context`` + bytes) of an opened byte source, read in pieces."""
     digest = Digest(hmac_key, context)
     size, pos = source.size(), 0

@@ -18,12 +18,15 @@ import secrets
 import shutil
 from collections.abc import Callable, Hashable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout_mock.errors import DiskFullError, LockedError
 from rollout_mock.storage.backend import BackendDefaults
 from rollout_mock.storage.paths import check_relpath, open_nofollow, open_regular, read_fd, resolve_inside
 from rollout_mock.text import logger
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rollout_mock.codec.safe import ByteSource
 
 __all__ = ["TEMP_MARKER", "LocalBackend", "TempFile", "disk_full_error", "free_bytes", "fsync_dir", "fsync_path",
            "is_temp_name", "write_temp"]
@@ -325,7 +328,7 @@ class LocalBackend(BackendDefaults):
     def open_upload(self, rel: str) -> TempFile:
         return TempFile(self.path(rel))
 
-    def open_source(self, rel: str, *, mapped: bool = False) -> Any:
+    def open_source(self, rel: str, *, mapped: bool = False) -> ByteSource:
         from rollout_mock.codec import FileSource, MappedSource
 
         return (MappedSource if mapped else FileSource)(self.path(rel))

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock.batch import concat, count_samples, subset, take_rows
+from rollout_mock.codec import StepView
 from rollout_mock.errors import IncompleteDumpError, ManifestError, RolloutMockError
 from rollout_mock.storage.index import STREAMS_DIR, parse_step_relpath
 from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StepSet, StreamId
@@ -163,7 +164,7 @@ class Dump:
                             mapped=mapped)
 
     def open(self, step: int, stream: StreamId | str = "train", *, trusted: bool = False, mapped: bool = True,
-             verify: bool = True) -> Any:
+             verify: bool = True) -> StepView:
         """Open one step lazily: a :class:`~rollout_mock.codec.safe.StepView` whose ``keys()``,
         ``nbytes`` and ``load(keys=, rows=)`` read only the header, then only what is asked for.
 
@@ -211,8 +212,8 @@ def load_partial(store: Any, stream: StreamId, step: int, *, keys: Iterable[str]
     return open_view(store, stream, step, trusted=trusted, mapped=mapped).load(keys=keys, rows=rows)
 
 
-def open_view(store: Any, stream: StreamId, step: int, *, trusted: bool = False, mapped: bool = True,
-              verify: bool = True) -> Any:
+def open_view(store: Store, stream: StreamId, step: int, *, trusted: bool = False, mapped: bool = True,
+              verify: bool = True) -> StepView:
     """A recorded step opened lazily (:class:`~rollout_mock.codec.safe.StepView`): only its
     header is read. ``mapped`` (local dumps): its data is mapped, not read, and what ``load``
     returns *is* the file's pages (copy-on-write).
@@ -245,7 +246,7 @@ def _rows_of(batch: Any) -> int:
     return int(n)
 
 
-def load_resplit(store: Any, split: str, step: int, *, dp_rank: int, dp_size: int, name: str | None = None,
+def load_resplit(store: Store, split: str, step: int, *, dp_rank: int, dp_size: int, name: str | None = None,
                  trusted: bool = False) -> Any:
     """This rank's rows of ``step`` when the dump was recorded per rank (``ranks: all``) on a
     possibly different number of ranks: concatenate the recorded ranks in order, split again.

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import rollout_mock.codec as codec
 from rollout_mock.batch import count_samples, describe_keys, rejected_count, type_name
-from rollout_mock.codec import BytesSource, ReadAheadSource
+from rollout_mock.codec import ByteSource, BytesSource, ReadAheadSource
 from rollout_mock.errors import (
     CorruptStepError,
     DiskFullError,
@@ -221,7 +221,7 @@ class Store:
             raise TypeError(f"{self.backend!r} has no local files")
         return path
 
-    def open_source(self, rel: str, *, mapped: bool = False) -> Any:
+    def open_source(self, rel: str, *, mapped: bool = False) -> ByteSource:
         """A ranged-read :class:`~rollout_mock.codec.safe.ByteSource` over ``rel``."""
         return self.backend.open_source(rel, mapped=mapped)
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import rollout_mock.codec as codec
+from rollout_mock.codec import ByteSource, StepView
 from rollout_mock.errors import CorruptStepError, UnsafePickleError
 from rollout_mock.storage.digest import MAC_ALGORITHM, Digest, file_digest, mac_context, read_hashed, source_digest
 from rollout_mock.storage.manifest import StepEntry, StreamId
@@ -171,8 +172,8 @@ def _authenticated(source: Any, entry: StepEntry | None, *, stream: StreamId | N
     return BytesSource(buffer, source.name)
 
 
-def open_verified(source: Any, entry: StepEntry | None, *, stream: StreamId | None, step: int | None,
-                  trusted: bool, verify: bool, hmac_key: bytes | None) -> Any:
+def open_verified(source: ByteSource, entry: StepEntry | None, *, stream: StreamId | None, step: int | None,
+                  trusted: bool, verify: bool, hmac_key: bytes | None) -> StepView:
     """A format-2 step opened lazily (:class:`~rollout_mock.codec.StepView`) and checked:
     the one read path of full, partial and lazy (mapped or not) loads, on every backend.
 

@@ -53,7 +53,8 @@ _MARKER_NEEDS = {"verl": "verl", "ray": "ray"}
 _FAST_DIRS = ("unit", "adversarial")
 _NOT_FAST_MARKERS = ("slow", "ray", "gpu")
 _NOT_FAST_FILES = frozenset({
-    "test_benchmarks.py",
+    "test_benchmarks.py",     # each benchmark's smoke run
+    "test_hostile_dumps.py",  # every CLI entry point as a subprocess, per planted file
 })
 
 

@@ -43,8 +43,8 @@ from rollout_mock.batch import batch_parts, batch_type_of, rebuild
 from rollout_mock.errors import ConfigError
 from rollout_mock.text import logger
 
-__all__ = ["CUDA", "CudaBackend", "DeviceBackend", "DevicePlacement", "StagedCopies", "cuda_index", "host_empty",
-           "note_device", "parse_device"]
+__all__ = ["CUDA", "CudaBackend", "DeviceBackend", "DevicePlacement", "StagedCopies", "cuda_index", "flat_values",
+           "host_empty", "note_device", "parse_device"]
 
 
 # --------------------------------------------------------------------------- the backend
@@ -151,6 +151,22 @@ def cuda_index(tensor: torch.Tensor) -> int | None:
 
 
 # --------------------------------------------------------------------------- dump mode
+def flat_values(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``tensor``'s values as a flat, C-contiguous tensor on its own device (conjugate/negative
+    bits resolved), and whether that is a fresh copy (else a view of ``tensor``)."""
+    source, made = tensor.detach(), False
+    if source.is_conj():
+        source, made = source.resolve_conj(), True
+    if source.is_neg():
+        source, made = source.resolve_neg(), True
+    if not source.is_contiguous():
+        source, made = source.contiguous(), True
+    flat = source.reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:
+        flat, made = flat.clone(memory_format=torch.contiguous_format), True
+    return flat, made
+
+
 class StagedCopies:
     """The device-to-host copies of one capture (see the module docstring). Not thread-safe: one
     capture is made on one thread; :meth:`wait` may run on another once :meth:`close` returned."""
@@ -170,16 +186,7 @@ class StagedCopies:
     def device_bytes(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor``'s values as a flat, C-contiguous uint8 tensor on its device: a view, or a
         copy made there (conjugate/negative bits, strides) on the producer's stream."""
-        source, made = tensor.detach(), False
-        if source.is_conj():
-            source, made = source.resolve_conj(), True
-        if source.is_neg():
-            source, made = source.resolve_neg(), True
-        if not source.is_contiguous():
-            source, made = source.contiguous(), True
-        flat = source.reshape(-1)
-        if flat.numel() and flat.stride(0) != 1:
-            flat, made = flat.clone(memory_format=torch.contiguous_format), True
+        flat, made = flat_values(tensor)
         if made:  # queued on the producer's stream after the side stream last waited for it
             self._ordered.discard(tensor.device)
         return flat.view(torch.uint8)

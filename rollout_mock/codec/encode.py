@@ -70,7 +70,7 @@ from rollout_mock.codec.classes import (
     split_batch,
     tensordict_state,
 )
-from rollout_mock.codec.device import CUDA, DeviceBackend, StagedCopies, cuda_index
+from rollout_mock.codec.device import CUDA, DeviceBackend, StagedCopies, cuda_index, flat_values
 from rollout_mock.codec.format import (
     ALIGN,
     BODY_VERSION,
@@ -240,19 +240,10 @@ def _autograd(tensor: torch.Tensor, path: str) -> None:
 
 def tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """A flat, C-contiguous CPU copy or view of ``tensor``'s values, and whether it is a fresh copy."""
-    source, fresh = tensor.detach(), False
-    if source.device.type != "cpu":
-        source, fresh = source.cpu(), True
-    if source.is_conj():
-        source, fresh = source.resolve_conj(), True
-    if source.is_neg():
-        source, fresh = source.resolve_neg(), True
-    if not source.is_contiguous():
-        source, fresh = source.contiguous(), True
-    flat = source.reshape(-1)
-    if flat.numel() and flat.stride(0) != 1:
-        flat, fresh = flat.clone(memory_format=torch.contiguous_format), True
-    return flat, fresh
+    source = tensor.detach()
+    moved = source.device.type != "cpu"
+    flat, made = flat_values(source.cpu() if moved else source)
+    return flat, moved or made
 
 
 def _plain_tensor(obj: torch.Tensor) -> bool:

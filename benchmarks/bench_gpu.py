@@ -34,9 +34,26 @@ determinism self-check (:func:`rollout_mock.determinism.self_check`, the GPU tes
 that configuration. The exit status is 1 when a profile row failed, disagreed in its self-check,
 or was not bit-identical across runs.
 
+``--transfers`` measures CUDA batches instead (issue 29, items 1-2), in this process, for a batch of
+``--transfer-mb`` MB (default 1024) of CUDA tensors (int64 tokens, float32 log-probs, bf16 values,
+a bool mask), median of ``--repeat`` (at least 3) timed rounds after one warm-up:
+
+* dump mode: the blocking time of the dump-mode call (``MockScheduler``, background writer, the
+  copies queued on a side stream), the same call until the copies have landed
+  (``torch.cuda.synchronize()``), against the floor (a copy of the same tensors into pinned
+  buffers allocated once and reused) and ``.cpu()`` (what the peers do); the writer is drained
+  between rounds, untimed;
+* mock mode: the mock call with ``device: cuda`` (``prefetch: false``: the read and the copy to the
+  device are the call's own; synchronized), against the step file read into a reused pinned buffer
+  plus one host-to-device copy of it, each measured alone; and the call with prefetch after 1 s
+  of "training" (what a loop waits for when a step trains longer than its load).
+
+Without CUDA it says so, prints the table with no figures and exits 0.
+
 Every run writes ``benchmarks/results/bench_gpu-<time>.json`` (git-ignored) and prints a Markdown
 table; ``--update-readme`` (``--device cuda`` only: the tables hold GPU figures) rewrites the
-``bench_gpu`` sections of ``benchmarks/README.md`` and ``docs/determinism.md``.
+``bench_gpu`` sections of ``benchmarks/README.md`` and ``docs/determinism.md`` (``--transfers``: the
+``bench_gpu_transfers`` sections of ``benchmarks/README.md`` and ``docs/performance.md``).
 """
 
 from __future__ import annotations
@@ -54,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, machine, run_child, update_readme  # noqa: E402
+from _common import RESULTS, machine, run_child, update_readme, work_dir  # noqa: E402
 
 from rollout_mock.determinism import (  # noqa: E402
     FINGERPRINT_ENV_VARS,
@@ -66,8 +83,10 @@ from rollout_mock.determinism import (  # noqa: E402
 )
 
 TAG = "bench_gpu"
+TRANSFERS_TAG = "bench_gpu_transfers"
 SCRIPT = Path(__file__).resolve()
 DOCS = SCRIPT.parents[1] / "docs" / "determinism.md"
+PERFORMANCE_DOCS = SCRIPT.parents[1] / "docs" / "performance.md"
 NOT_MEASURED = "not measured on a GPU yet"
 
 # --------------------------------------------------------------------------- configurations
@@ -290,6 +309,185 @@ def child(config: Config, device_name: str, size: Size, steps: int, warmup: int)
     return out
 
 
+# --------------------------------------------------------------------------- transfers (items 1-2)
+
+
+def transfer_batch(megabytes: int, device: Any) -> dict[str, Any]:
+    """About ``megabytes`` MB of CUDA tensors: int64 tokens, float32 log-probs, bf16 values, a mask
+    (15 bytes a position)."""
+    import torch
+
+    seq = 4096
+    rows = max(1, megabytes * 1_000_000 // (15 * seq))
+    g = torch.Generator(device=device).manual_seed(0)
+    return {
+        "tokens": torch.randint(0, 150_000, (rows, seq), device=device, generator=g),
+        "logprobs": torch.randn(rows, seq, device=device, generator=g),
+        "values": torch.randn(rows, seq, device=device, generator=g).to(torch.bfloat16),
+        "mask": torch.rand(rows, seq, device=device, generator=g) > 0.1,
+        "meta": {"step": 0},
+    }
+
+
+def _median_ms(run: Callable[[], Any], repeat: int, before: Callable[[], Any] | None = None) -> float:
+    """Median wall time of ``run()`` over ``repeat`` rounds after one warm-up (``before()``: untimed)."""
+    times = []
+    for index in range(repeat + 1):
+        if before is not None:
+            before()
+        start = time.perf_counter()
+        run()
+        if index:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def transfers(megabytes: int, repeat: int, device_name: str = "cuda") -> dict[str, Any]:
+    """The measurements of ``--transfers`` (see the module docstring), in milliseconds."""
+    import torch
+
+    from rollout_mock import MockScheduler
+
+    device = torch.device(device_name)
+    torch.cuda.set_device(device)
+    sync = torch.cuda.synchronize
+    batch = transfer_batch(megabytes, device)
+    tensors = [t for t in batch.values() if isinstance(t, torch.Tensor)]
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    out: dict[str, Any] = {"bytes": nbytes, "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
+                           "cuda": torch.version.cuda}
+    pinned = [torch.empty(t.numel() * t.element_size(), dtype=torch.uint8, pin_memory=True) for t in tensors]
+
+    def floor() -> None:
+        for buffer, tensor in zip(pinned, tensors):
+            buffer.copy_(tensor.reshape(-1).view(torch.uint8), non_blocking=True)
+        sync()
+
+    out["floor_ms"] = _median_ms(floor, repeat, sync)
+    out["cpu_ms"] = _median_ms(lambda: [t.cpu() for t in tensors], repeat, sync)
+    pinned.clear()  # (1 GB of page-locked memory)
+    root = work_dir(None, "bench_gpu_transfers-")
+    steps = repeat + 1
+    try:
+        class Rollout:
+            def get_batch(self, data: Any, global_step: int) -> Any:
+                return batch
+
+        dump_config = {"enable": True, "mode": "dump", "dump_dir": str(root), "max_pending": 2}
+        with MockScheduler(Rollout(), dump_config) as sched:
+            step = iter(range(3 * steps))
+
+            def drain() -> None:
+                sched.interceptor.flush()
+                sync()
+
+            out["dump_call_ms"] = _median_ms(lambda: sched.get_batch(None, global_step=next(step)), repeat, drain)
+
+            def landed() -> None:
+                sched.get_batch(None, global_step=next(step))
+                sync()
+
+            out["dump_landed_ms"] = _median_ms(landed, repeat, drain)
+            drain()
+        step_file = next(p for p in sorted(root.rglob("*")) if p.is_file() and p.stat().st_size >= nbytes)
+        size = step_file.stat().st_size
+        host = [torch.empty(size, dtype=torch.uint8, pin_memory=True)]
+
+        def read() -> None:
+            with step_file.open("rb", buffering=0) as handle:
+                view, done = memoryview(host[0].numpy()), 0
+                while done < size:
+                    done += handle.readinto(view[done:]) or size
+        out["read_ms"] = _median_ms(read, repeat)
+        out["h2d_ms"] = _median_ms(lambda: (host[0].to(device, non_blocking=True), sync()), repeat, sync)
+        host.clear()
+        mock_config = {"enable": True, "mode": "mock", "dump_dir": str(root), "device": device_name}
+        with MockScheduler(None, {**mock_config, "prefetch": False}) as sched:
+            step = iter(range(steps))
+            served: list[Any] = []
+
+            def mock_call() -> None:
+                served[:] = [sched.get_batch(None, global_step=next(step))]
+                sync()
+
+            out["mock_ms"] = _median_ms(mock_call, repeat, lambda: served.clear())
+        got = served[0]
+        out["mock_bitwise_equal"] = all(torch.equal(got[k], batch[k]) and got[k].device == batch[k].device
+                                        for k in batch if isinstance(batch[k], torch.Tensor))
+        served.clear()
+        with MockScheduler(None, mock_config) as sched:
+            step = iter(range(steps))
+            out["mock_prefetched_ms"] = _median_ms(
+                lambda: (sched.get_batch(None, global_step=next(step)), sync()), repeat, lambda: time.sleep(1.0))
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def render_transfers(result: dict[str, Any] | None) -> str:
+    """The Markdown table of ``--transfers``; None: the table with no figures (not measured yet)."""
+    def cell(key: str, base: str | None = None) -> tuple[str, str]:
+        if result is None:
+            return NOT_MEASURED, "—"
+        value = result[key]
+        return f"{value:.1f}", "—" if base is None else f"{value / result[base]:.2f}×"
+
+    reference = None if result is None else result["read_ms"] + result["h2d_ms"]
+    rows = [
+        ("dump: copy into pinned buffers allocated once (the floor)", *cell("floor_ms", "floor_ms")),
+        ("dump: `.cpu()` (fresh pageable memory: what the peers do)", *cell("cpu_ms", "floor_ms")),
+        ("dump: the dump-mode call (returns once the copies are queued)", *cell("dump_call_ms", "floor_ms")),
+        ("dump: the dump-mode call + `synchronize()` (the copies landed)", *cell("dump_landed_ms", "floor_ms")),
+        ("mock: the step file read into a reused pinned buffer", *cell("read_ms")),
+        ("mock: one host-to-device copy of it", *cell("h2d_ms")),
+        ("mock: read + copy (the reference)", *((NOT_MEASURED, "—") if reference is None
+                                                 else (f"{reference:.1f}", "1.00×"))),
+        ("mock: the mock call, `device: cuda`, prefetch off (synchronized)",
+         *((NOT_MEASURED, "—") if result is None or reference is None
+           else (f"{result['mock_ms']:.1f}", f"{result['mock_ms'] / reference:.2f}×"))),
+        ("mock: the mock call with prefetch, after 1 s of training", *cell("mock_prefetched_ms")),
+    ]
+    size = "1 GB" if result is None else f"{result['bytes'] / 1e9:.2f} GB"
+    lines = [f"| {size} CUDA batch | ms | ratio |", "|---|---:|---:|"]
+    lines += [f"| {what} | {ms} | {ratio} |" for what, ms, ratio in rows]
+    if result is not None:
+        lines += ["", f"Ratios: dump rows against the floor, mock rows against read + copy. Median of "
+                      f"{result['repeat']} rounds after a warm-up. Replayed batch bit-identical to the "
+                      f"recorded one, on the device: {'yes' if result['mock_bitwise_equal'] else '**no**'}."]
+    return "\n".join(lines)
+
+
+def main_transfers(args: argparse.Namespace, argv: list[str]) -> int:
+    import torch
+
+    if not torch.cuda.is_available() or not args.device.startswith("cuda"):
+        print(f"no CUDA device (torch {torch.__version__}): the transfer measurements need one; "
+              f"{NOT_MEASURED}.\n\n{render_transfers(None)}")
+        if args.json is not None:
+            args.json.write_text(json.dumps({"transfers": None, "skipped": "no CUDA device"}))
+        return 0
+    started = time.perf_counter()
+    result = transfers(args.transfer_mb, max(3, args.repeat), args.device)
+    result["repeat"] = max(3, args.repeat)
+    seconds = time.perf_counter() - started
+    table = render_transfers(result)
+    print(table)
+    path = args.json or RESULTS / f"bench_gpu_transfers-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine(SCRIPT.parent), "argv": argv, "transfers": result,
+                                "table": table}, indent=1))
+    print(f"\nwrote {path} ({seconds:.0f} s)")
+    if args.update_readme:
+        body = (f"`python benchmarks/bench_gpu.py {' '.join(argv)}`, run on {time.strftime('%Y-%m-%d')} on "
+                f"{result['gpu']} (torch {result['torch']}, CUDA {result['cuda']}).\n\n{table}")
+        update_readme(TRANSFERS_TAG, body)
+        update_readme(TRANSFERS_TAG, body, path=PERFORMANCE_DOCS)
+        print("updated benchmarks/README.md and docs/performance.md")
+    return 0
+
+
 # --------------------------------------------------------------------------- the parent
 
 
@@ -418,6 +616,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--update-readme", action="store_true",
                         help="rewrite the bench_gpu sections of benchmarks/README.md and docs/determinism.md")
+    parser.add_argument("--transfers", action="store_true",
+                        help="measure CUDA batches in dump and mock mode instead (see above)")
+    parser.add_argument("--transfer-mb", type=int, default=1024, help="--transfers: the batch in MB (default 1024)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     size = TINY if args.tiny else Size()
@@ -429,6 +630,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         print(json.dumps(child(CONFIGS[args.child], args.device, size, steps, args.warmup)))
         return 0
+    if args.transfers:
+        if args.update_readme and not args.device.startswith("cuda"):
+            parser.error("--update-readme needs --device cuda: the tables hold GPU figures")
+        return main_transfers(args, argv)
     names = [n.strip() for n in args.configs.split(",") if n.strip()] or list(CONFIGS)
     unknown = [n for n in names if n not in CONFIGS]
     if unknown:

@@ -64,6 +64,7 @@ import torch
 
 from rollout_mock.batch import subset
 from rollout_mock.codec.classes import build_batch, decode_class, finish_tensordict
+from rollout_mock.codec.device import host_empty, note_device
 from rollout_mock.codec.format import (
     CLASS_TAGS,
     EXT_FROZENSET,
@@ -359,7 +360,7 @@ class ChunkReader:
                 pos += self.table[i][1]
             self._schedule(jobs, total, defer)
             return torch.frombuffer(view, dtype=torch.uint8)
-        out = torch.empty(total, dtype=torch.uint8)
+        out = host_empty(total)
         target = out.numpy()
         jobs, pos = [], 0
         for i in range(first, first + count):
@@ -408,7 +409,7 @@ class ChunkReader:
             for j in range(k, last):
                 self._fill((first + j, view[starts[j] - starts[k]: starts[j + 1] - starts[k]], True))
             return torch.frombuffer(view[lo - starts[k]: hi - starts[k]], dtype=torch.uint8)
-        out = torch.empty(hi - lo, dtype=torch.uint8)
+        out = host_empty(hi - lo)
         target = out.numpy()
         while k < count and starts[k] < hi:
             data = memoryview(self._chunk(first + k)).cast("B")
@@ -562,7 +563,7 @@ class BodyReader:
     def _tensor(self, data: bytes, numpy: bool) -> Any:
         if len(data) < TENSOR_HEAD.size:
             raise ValueError("bad tensor extension")
-        code, flags, ndim, _, first, count, offset = TENSOR_HEAD.unpack_from(data)
+        code, flags, ndim, device, first, count, offset = TENSOR_HEAD.unpack_from(data)
         dims = _dims(data, ndim, TENSOR_HEAD.size)
         if numpy:
             dtype = numpy_dtype(data[TENSOR_HEAD.size + 8 * ndim:].decode("ascii"))
@@ -587,7 +588,10 @@ class BodyReader:
                 self._check_bools(first, count, offset, raw)
             out = raw.view(torch_dtype).view(dims)
         # flag 1 (requires_grad, written before 0.1) is ignored: a step holds data
-        return torch.nn.Parameter(out, requires_grad=False) if flags & 2 else out
+        out = torch.nn.Parameter(out, requires_grad=False) if flags & 2 else out
+        if flags & 8:  # recorded on cuda:<the fourth byte>
+            note_device(out, device)
+        return out
 
     def _check_bools(self, first: int, count: int, offset: int, raw: torch.Tensor) -> None:
         """Check a bool tensor's bytes once the data is in: a run of chunks of its own at once,
@@ -677,7 +681,10 @@ class NodeDecoder:
             else:
                 out = self._view(self.reader.whole(node["c"], nbytes, defer=True), dtype, shape)
         # "grad" (written before 0.1) is ignored: a step holds data, not autograd state
-        return torch.nn.Parameter(out, requires_grad=False) if node.get("param") else out
+        out = torch.nn.Parameter(out, requires_grad=False) if node.get("param") else out
+        if "cuda" in node:  # recorded on that CUDA device
+            note_device(out, node["cuda"])
+        return out
 
     def _view(self, raw: torch.Tensor, dtype: torch.dtype, shape: list[int]) -> torch.Tensor:
         if math.prod(shape) == 0:

@@ -7,13 +7,16 @@ thread hands it to :func:`encode`, which writes the container (header, CRC-32s, 
 nothing else. A batch given to :func:`encode` directly runs the same encoder without the copies;
 both produce the same bytes. The only work a capture leaves to the writer is packing the strings
 of string columns (strings are immutable: the capture keeps a copy of the array's pointers and
-the columns' exact byte offsets, so the layout is fixed at capture time).
+the columns' exact byte offsets, so the layout is fixed at capture time), and, with a pool, the
+wait for the bytes of CUDA tensors: their copies into pinned buffers are queued on a side stream
+and the capture returns without waiting for them (:mod:`~rollout_mock.codec.device`).
 
 Normalisations (each exact or documented in docs/file-format.md):
 
 * a step holds data, not autograd state: tensors load as leaves with ``requires_grad=False``;
   ``.grad`` and the graph are not recorded (a tensor that requires grad is warned about once per
-  process); ``nn.Parameter`` keeps its class; CUDA tensors load on the CPU;
+  process); ``nn.Parameter`` keeps its class; CUDA tensors load on the CPU, and the index of
+  the CUDA device of each is recorded (``device: auto`` of the replay puts them back there);
 * tensors are stored by value, C-contiguous: strides, storage offsets and storage sharing between
   tensors are not kept (two tensors that share memory load as two independent tensors);
   conjugate/negative bits are resolved;
@@ -42,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import datetime
+import functools
 import io
 import json
 import math
@@ -66,6 +70,7 @@ from rollout_mock.codec.classes import (
     split_batch,
     tensordict_state,
 )
+from rollout_mock.codec.device import CUDA, DeviceBackend, StagedCopies, cuda_index, flat_values
 from rollout_mock.codec.format import (
     ALIGN,
     BODY_VERSION,
@@ -152,44 +157,59 @@ class BufferPool:
     :meth:`take` hands out byte tensors (best fit, at most twice the size asked for);
     :meth:`Capture.release` gives them back once the writer has written the step. The pool keeps
     at most ``keep`` captures' worth of bytes (``max_pending`` of the writer): the memory a dump
-    run holds anyway while steps wait to be written.
+    run holds anyway while steps wait to be written. Pinned (page-locked) buffers, for the bytes of
+    CUDA tensors (:mod:`~rollout_mock.codec.device`), are kept apart under the same bound; they are
+    allocated with 1/8 headroom, so that a batch that grows a little from step to step still fits
+    the buffers of the step before. ``backend``: the device runtime (CUDA's; a fake in tests).
     """
 
-    def __init__(self, keep: int = 2) -> None:
+    def __init__(self, keep: int = 2, *, backend: DeviceBackend | None = None) -> None:
         self.keep = max(1, keep)
-        self._free: list[torch.Tensor] = []
+        self.backend = backend if backend is not None else CUDA
+        #: free buffers, pageable (False) and pinned (True)
+        self._free: dict[bool, list[torch.Tensor]] = {False: [], True: []}
         self._lock = threading.Lock()
-        self._largest_set = 0
+        self._largest_set = {False: 0, True: 0}
 
     def __repr__(self) -> str:
-        return f"BufferPool(keep={self.keep}, free={len(self._free)} buffers, {self.free_bytes} bytes)"
+        return (f"BufferPool(keep={self.keep}, free={len(self._free[False])} buffers, {self.free_bytes} bytes, "
+                f"{len(self._free[True])} pinned, {self.pinned_bytes} bytes)")
 
     @property
     def free_bytes(self) -> int:
-        return sum(buffer.numel() for buffer in self._free)
+        return sum(buffer.numel() for buffer in self._free[False])
 
-    def take(self, nbytes: int) -> torch.Tensor:
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the free pinned buffers."""
+        return sum(buffer.numel() for buffer in self._free[True])
+
+    def take(self, nbytes: int, *, pinned: bool = False) -> torch.Tensor:
         """A uint8 buffer of at least ``nbytes`` (callers use its first ``nbytes``)."""
         with self._lock:
+            free = self._free[pinned]
             best = None
-            for index, buffer in enumerate(self._free):
+            for index, buffer in enumerate(free):
                 size = buffer.numel()
-                if nbytes <= size <= 2 * nbytes and (best is None or size < self._free[best].numel()):
+                if nbytes <= size <= 2 * nbytes and (best is None or size < free[best].numel()):
                     best = index
             if best is not None:
-                return self._free.pop(best)
+                return free.pop(best)
+        if pinned:
+            return self.backend.pinned(-(-(nbytes + nbytes // 8) // 4096) * 4096)
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    def give(self, buffers: list[torch.Tensor]) -> None:
+    def give(self, buffers: list[torch.Tensor], *, pinned: bool = False) -> None:
         """Take back the buffers of one capture; beyond ``keep`` captures' worth, drop the oldest."""
         if not buffers:
             return
         with self._lock:
-            self._largest_set = max(self._largest_set, sum(b.numel() for b in buffers))
-            self._free.extend(buffers)
-            limit = self.keep * self._largest_set
-            while self._free and sum(b.numel() for b in self._free) > limit:
-                self._free.pop(0)
+            free = self._free[pinned]
+            self._largest_set[pinned] = max(self._largest_set[pinned], sum(b.numel() for b in buffers))
+            free.extend(buffers)
+            limit = self.keep * self._largest_set[pinned]
+            while free and sum(b.numel() for b in free) > limit:
+                free.pop(0)
 
 
 # --------------------------------------------------------------------------- raw data
@@ -220,19 +240,10 @@ def _autograd(tensor: torch.Tensor, path: str) -> None:
 
 def tensor_bytes(tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
     """A flat, C-contiguous CPU copy or view of ``tensor``'s values, and whether it is a fresh copy."""
-    source, fresh = tensor.detach(), False
-    if source.device.type != "cpu":
-        source, fresh = source.cpu(), True
-    if source.is_conj():
-        source, fresh = source.resolve_conj(), True
-    if source.is_neg():
-        source, fresh = source.resolve_neg(), True
-    if not source.is_contiguous():
-        source, fresh = source.contiguous(), True
-    flat = source.reshape(-1)
-    if flat.numel() and flat.stride(0) != 1:
-        flat, fresh = flat.clone(memory_format=torch.contiguous_format), True
-    return flat, fresh
+    source = tensor.detach()
+    moved = source.device.type != "cpu"
+    flat, made = flat_values(source.cpu() if moved else source)
+    return flat, moved or made
 
 
 def _plain_tensor(obj: torch.Tensor) -> bool:
@@ -258,16 +269,19 @@ class _Encoder:
     def __init__(self, *, snapshot: bool, pool: BufferPool | None = None, body: bool = True) -> None:
         self.snapshot = snapshot
         self.body: _Body | None = _Body(self) if body else None
-        self._slab: torch.Tensor | None = None  # pooled memory of small structural tensors
-        self._slab_used = 0
+        #: pooled memory of small structural tensors, pageable (False) and pinned (True): (slab, used)
+        self._slabs: dict[bool, tuple[torch.Tensor, int]] = {}
         #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
         self._plain = 0
         #: the next str-keyed dict is structural (its values are nodes, not one body value) for
         #: this many levels: the root and batch fields, and dicts directly inside them
         self._structural = 2
         self.pool = pool
-        #: buffers taken from ``pool`` (given back by Capture.release)
+        #: buffers taken from ``pool`` (given back by Capture.release), pageable and pinned
         self.pooled: list[torch.Tensor] = []
+        self.pinned: list[torch.Tensor] = []
+        #: the capture's device-to-host copies of CUDA tensors (codec/device.py), once there is one
+        self.staged: StagedCopies | None = None
         #: (raw uint8 memoryview, itemsize for shuffling)
         self.chunks: list[tuple[memoryview, int]] = []
         self.owners: list[Any] = []
@@ -281,6 +295,21 @@ class _Encoder:
         flat, fresh = tensor_bytes(tensor)
         raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
         return raw.numpy(), fresh
+
+    def stage(self, tensor: torch.Tensor) -> np.ndarray | None:
+        """A capture's CUDA tensor: the copy of its bytes into pinned pooled memory is queued and
+        that memory returned, to be read only once :meth:`Capture.finish` waited for the copies
+        (:mod:`~rollout_mock.codec.device`). None: the tensor is not staged (copied as before)."""
+        if self.pool is None or not self.pool.backend.stages(tensor):
+            return None
+        if self.staged is None:
+            self.staged = StagedCopies(self.pool.backend)
+        source = self.staged.device_bytes(tensor)
+        if not source.numel():
+            return np.empty(0, np.uint8)
+        target = self._region(source.numel(), True)
+        self.staged.copy(source, target)
+        return target.numpy()
 
     def copy_raw(self, raw: np.ndarray) -> np.ndarray:
         return self._copy(torch.from_numpy(raw)).numpy() if self.pool is not None else raw.copy()
@@ -326,28 +355,31 @@ class _Encoder:
         return body.finish(), body.surrogates
 
     def _copy(self, raw: torch.Tensor) -> torch.Tensor:
-        """An owned copy of a flat uint8 tensor: into a pooled buffer when there is a pool (small
-        ones side by side, 64-byte aligned, in pooled 4 MiB slabs: no allocation per tensor).
+        """An owned copy of a flat uint8 tensor: into a pooled buffer when there is a pool.
         torch's copy: multi-threaded, and plain 4 KiB pages (numpy's asks for transparent huge
         pages, which stalls for direct compaction when the page cache is full, as in a dump run)."""
-        n = raw.numel()
         if self.pool is None:
             return raw.clone()
-        if n < (1 << 16):
-            start = -(-self._slab_used // 64) * 64
-            if self._slab is None or start + n > self._slab.numel():
-                self._slab = self.pool.take(CHUNK_BYTES)
-                self.pooled.append(self._slab)
-                start = 0
-            self._slab_used = start + n
-            copy = self._slab[start: start + n]
-            copy.copy_(raw)
-            return copy
-        base = self.pool.take(raw.numel())
-        self.pooled.append(base)
-        copy = base[: raw.numel()]
+        copy = self._region(raw.numel(), False)
         copy.copy_(raw)
         return copy
+
+    def _region(self, n: int, pinned: bool) -> torch.Tensor:
+        """``n`` bytes of pooled memory (``pinned``: page-locked); small ones side by side,
+        64-byte aligned, in pooled 4 MiB slabs: no allocation per tensor."""
+        assert self.pool is not None
+        held = self.pinned if pinned else self.pooled
+        if n < (1 << 16):
+            slab, used = self._slabs.get(pinned, (None, 0))
+            start = -(-used // 64) * 64
+            if slab is None or start + n > slab.numel():
+                slab, start = self.pool.take(CHUNK_BYTES, pinned=pinned), 0
+                held.append(slab)
+            self._slabs[pinned] = (slab, start + n)
+            return slab[start: start + n]
+        base = self.pool.take(n, pinned=pinned)
+        held.append(base)
+        return base[:n]
 
     # ------------------------------------------------------------------ data nodes
     def _tensor(self, tensor: torch.Tensor, path: str) -> Any:
@@ -355,16 +387,22 @@ class _Encoder:
         if name not in TORCH_DTYPES:
             return self._blob(tensor, path, f"tensor dtype {name}")
         _autograd(tensor, path)
-        flat, fresh = tensor_bytes(tensor)
-        raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
-        if self.snapshot and not fresh:
-            raw = self._copy(raw)
+        data = self.stage(tensor)
+        if data is None:
+            flat, fresh = tensor_bytes(tensor)
+            raw = flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8)
+            if self.snapshot and not fresh:
+                raw = self._copy(raw)
+            data = raw.numpy()
         shape = list(tensor.shape)
-        row = raw.numel() // shape[0] if shape and shape[0] else 0
+        row = data.size // shape[0] if shape and shape[0] else 0
         node: dict[str, Any] = {"$": "tensor", "dtype": name, "shape": shape,
-                                "c": self.add_raw(raw.numpy(), tensor.element_size(), row)}
+                                "c": self.add_raw(data, tensor.element_size(), row)}
         if type(tensor) is torch.nn.Parameter:
             node["param"] = True
+        index = cuda_index(tensor)
+        if index is not None:  # where it was recorded (device: auto replays it there)
+            node["cuda"] = index
         return node
 
     def _ndarray(self, array: np.ndarray, path: str) -> Any:
@@ -632,6 +670,10 @@ class _Encoder:
                 "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()], **tensordict_state(td, path)}
 
 
+def _put_into(target: np.ndarray, start: int, raw: np.ndarray) -> None:
+    target[start: start + raw.size] = raw
+
+
 def _chunk_step(row_bytes: int) -> int:
     """Chunk size for data of ``row_bytes``-byte rows: whole rows, about CHUNK_BYTES."""
     return (CHUNK_BYTES // row_bytes) * row_bytes if 0 < row_bytes <= CHUNK_BYTES else CHUNK_BYTES
@@ -695,16 +737,22 @@ class _Body:
     def _tensor(self, tensor: torch.Tensor) -> bytes:
         shape = tensor.shape
         _autograd(tensor, self._path)
-        flat = tensor.detach().reshape(-1) if tensor.device.type == "cpu" and tensor.is_contiguous() \
-            and not tensor.is_conj() and not tensor.is_neg() else None
-        if flat is not None and flat.numel() and flat.stride(0) == 1:
+        staged = self.enc.stage(tensor)
+        flat = tensor.detach().reshape(-1) if staged is None and tensor.device.type == "cpu" \
+            and tensor.is_contiguous() and not tensor.is_conj() and not tensor.is_neg() else None
+        if staged is not None:  # its bytes arrive once the capture's copies are waited for
+            raw, fresh = staged, True
+        elif flat is not None and flat.numel() and flat.stride(0) == 1:
             # the common case (a plain CPU tensor), without the general path's checks and copies
             raw, fresh = flat.view(torch.uint8).numpy(), False
         else:
             raw, fresh = self.enc.tensor_raw(tensor)
         flags = 2 if type(tensor) is torch.nn.Parameter else 0
-        where = self._place(raw, fresh, tensor.element_size(), shape)
-        return TENSOR_HEAD.pack(_CODES[str(tensor.dtype)[6:]], flags, len(shape), 0, *where) \
+        index = cuda_index(tensor)
+        if index is not None:  # flag 8: recorded on cuda:<the head's fourth byte>
+            flags, index = flags | 8, min(index, 255)
+        where = self._place(raw, fresh, tensor.element_size(), shape, later=staged is not None)
+        return TENSOR_HEAD.pack(_CODES[str(tensor.dtype)[6:]], flags, len(shape), index or 0, *where) \
             + struct.pack(f"<{len(shape)}Q", *shape)
 
     def _array(self, array: np.ndarray) -> msgpack.ExtType:
@@ -718,8 +766,11 @@ class _Body:
         return msgpack.ExtType(EXT_NDARRAY, head + struct.pack(f"<{array.ndim}Q", *array.shape)
                                + array.dtype.str.encode("ascii"))
 
-    def _place(self, raw: np.ndarray, fresh: bool, itemsize: int, shape: Any) -> tuple[int, int, int]:
-        """(first chunk, count, offset) of the bytes: in a shared chunk, or chunks of their own."""
+    def _place(self, raw: np.ndarray, fresh: bool, itemsize: int, shape: Any, *,
+               later: bool = False) -> tuple[int, int, int]:
+        """(first chunk, count, offset) of the bytes: in a shared chunk, or chunks of their own.
+        ``later``: the bytes are not there yet (a staged CUDA tensor): a shared chunk gets them
+        when the capture is finished on the writer thread."""
         n = raw.nbytes
         if n == 0:
             return 0, 0, 0
@@ -737,7 +788,10 @@ class _Body:
             start = 0
         assert self._pack is not None
         self._pack[self._pack_used: start] = 0  # the padding: never stale memory in a file
-        self._pack[start: start + n] = raw
+        if later:
+            self.enc.pending.append(functools.partial(_put_into, self._pack, start, raw))
+        else:
+            self._pack[start: start + n] = raw
         self._pack_used = start + n
         return self._pack_index, 1, start
 
@@ -774,8 +828,12 @@ class Capture:
     owners: list[Any] = field(default_factory=list, repr=False)
     pool: BufferPool | None = field(default=None, repr=False)
     pooled: list[Any] = field(default_factory=list, repr=False)
-    #: work left for the writer (string columns to pack); run once by :meth:`finish`
+    #: work left for the writer (string columns to pack, staged small tensors to put in their
+    #: shared chunk); run once by :meth:`finish`
     pending: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    #: pinned buffers of the pool (CUDA tensors' bytes) and the copies filling them
+    pinned: list[Any] = field(default_factory=list, repr=False)
+    staged: StagedCopies | None = field(default=None, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -783,7 +841,10 @@ class Capture:
         return sum(view.nbytes for view, _ in self.chunks)
 
     def finish(self) -> None:
-        """Do the capture's pending work (pack its string columns): the writer thread's part."""
+        """The writer thread's part: wait until the bytes of CUDA tensors have landed (the copy
+        events), then do the pending work (pack string columns, place staged small tensors)."""
+        if self.staged is not None:
+            self.staged.wait()
         pending = list(self.pending)
         self.pending.clear()
         for fill in pending:
@@ -791,26 +852,43 @@ class Capture:
 
     def release(self) -> None:
         """Give pooled buffers back (after the capture was written); it is emptied (its memory
-        freed at once) and must not be written again."""
+        freed at once) and must not be written again. Waits for copies still in flight (a capture
+        released unwritten), so none lands in a buffer the next step uses."""
+        if self.staged is not None:
+            self.staged.wait()
         for held in (self.chunks, self.owners, self.pending):
             held.clear()
         if self.pool is not None:
             self.pool.give(self.pooled)
-        self.pooled = []
+            self.pool.give(self.pinned, pinned=True)
+        self.pooled, self.pinned = [], []
 
 
 def _captured(encoder: _Encoder, obj: Any) -> Capture:
     version = BODY_VERSION if encoder.body is not None else 0  # 0: decided by the version-2 writer
-    root = encoder.node(obj)
-    body, surrogates = encoder.finish()
+    try:
+        root = encoder.node(obj)
+        body, surrogates = encoder.finish()
+    except BaseException:
+        if encoder.staged is not None:  # nothing may go on copying into memory nobody waits for
+            encoder.staged.close()
+            encoder.staged.wait()
+        raise
+    if encoder.staged is not None:
+        encoder.staged.close()  # the call returns with the copies queued
     return Capture(root, encoder.chunks, body, surrogates, version, encoder.owners, encoder.pool, encoder.pooled,
-                   encoder.pending)
+                   encoder.pending, encoder.pinned, encoder.staged)
 
 
 def capture(obj: Any, *, pool: BufferPool | None = None) -> Capture:
     """Encode ``obj`` in memory with one copy of its tensor/array data (into ``pool``'s buffers,
     if given: call :meth:`Capture.release` once it is written). ``encode(capture, file)`` then
-    writes the same bytes as ``encode(obj, file)`` would have."""
+    writes the same bytes as ``encode(obj, file)`` would have.
+
+    With a pool, CUDA tensors are staged: their copies into pinned buffers are queued on a side
+    stream and this returns without waiting for them; the producer's stream waits for them
+    instead, and :meth:`Capture.finish` (the writer) before reading the bytes (see
+    :mod:`~rollout_mock.codec.device`)."""
     return _captured(_Encoder(snapshot=True, pool=pool), obj)
 
 

@@ -27,9 +27,10 @@ objects without a ``"$"`` key are str-keyed dicts; other values are tagged objec
 ``defaultdict`` (``items``: key/value node pairs), ``int`` (decimal string), ``float`` (IEEE bits
 in hex: non-finite values), ``complex``, ``bytes``/``bytearray`` (``hex`` inline or ``c``),
 ``npscalar``, ``size``/``device``/``dtype``, ``slice``/``range``, ``datetime``/``date``/``time``/
-``timedelta``, ``tensor`` (``dtype``, ``shape``, ``c`` = ``[first chunk, count]``, ``param``;
-files written before 0.1 may say ``grad``, which is ignored: a step holds data, not autograd
-state), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
+``timedelta``, ``tensor`` (``dtype``, ``shape``, ``c`` = ``[first chunk, count]``, ``param``,
+``cuda``: the index of the CUDA device it was recorded on, absent for other devices and in files
+written before it was recorded; files written before 0.1 may say ``grad``, which is ignored: a
+step holds data, not autograd state), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
 (``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3),
 ``nested`` (a ``torch.nested`` tensor's components and layout), ``tensordict`` (``batch_size``,
 ``names``, ``device``, ``items``), ``batch`` (a DataProto-like object: ``kind``, the writer's
@@ -128,8 +129,9 @@ _MAX_DIM = 1 << 48
 #: tensor and a numeric numpy array (:data:`TENSOR_HEAD` + dims [+ numpy dtype string]), and a
 #: version-2 node (msgpack of the node) for anything else.
 EXT_TUPLE, EXT_INT, EXT_SET, EXT_FROZENSET, EXT_TENSOR, EXT_OBJARRAY, EXT_NDARRAY, EXT_NODE = 1, 2, 3, 4, 5, 6, 7, 8
-#: dtype code (index in :data:`TORCH_DTYPE_NAMES`), flags (2 Parameter, 4 read-only array; 1 was
-#: requires_grad, ignored), ndim, 0, first chunk, chunk count, byte offset.
+#: dtype code (index in :data:`TORCH_DTYPE_NAMES`), flags (2 Parameter, 4 read-only array, 8 recorded
+#: on a CUDA device; 1 was requires_grad, ignored), ndim, the CUDA device index (flag 8; else 0),
+#: first chunk, chunk count, byte offset. Readers ignore flags and the fourth byte they do not know.
 TENSOR_HEAD = struct.Struct("<BBBBIIQ")
 #: Tensors and arrays smaller than this share chunks with their neighbours (64-byte aligned).
 SMALL_BYTES = 1 << 20
@@ -568,6 +570,8 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
         itemsize = TORCH_DTYPES[dtype].itemsize
         if math.prod(shape) * itemsize != ref_raw(sums, node.get("c"), sums):
             raise ValueError(f"tensor of shape {shape} and dtype {dtype} does not match its data size")
+        if "cuda" in node:
+            _int(node["cuda"], 0, 1 << 16)
         return []
     if tag == "ndarray":
         dtype = numpy_dtype(node.get("dtype"))

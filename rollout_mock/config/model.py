@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 from collections.abc import Mapping
 from enum import Enum
 from pathlib import Path
@@ -414,6 +415,13 @@ class RolloutMockConfig(BaseModel):
     prefetch: bool = True
     """Mock mode: load the next step in the background while the current one trains."""
 
+    device: str = "cpu"
+    """Mock and check mode: where replayed tensors go. ``cpu`` (default); ``cuda`` (the current
+    CUDA device of the calling thread) or ``cuda:N``: every tensor, read into pinned memory and
+    copied while the step before trains; ``auto``: each tensor where it was recorded (CUDA tensors
+    on their device, the rest on the CPU; without CUDA, the CPU with one warning). ``cuda`` without
+    CUDA is a ConfigError when the replay starts."""
+
     verify_checksum: bool = True
     """Verify each step's checksum against the manifest when it is loaded."""
 
@@ -529,6 +537,16 @@ class RolloutMockConfig(BaseModel):
             except ValueError:
                 return value  # let pydantic report it with the valid choices
         return value
+
+    @field_validator("device", mode="before")
+    @classmethod
+    def _parse_device(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        text = value.strip().lower()
+        if not re.fullmatch(r"cpu|cuda|auto|cuda:\d{1,4}", text):
+            raise ValueError("must be cpu, cuda, cuda:N (a device index) or auto (where each tensor was recorded)")
+        return text
 
     @field_validator("dump_dir", mode="before")
     @classmethod

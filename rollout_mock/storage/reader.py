@@ -15,7 +15,8 @@ step ahead of time in mock mode. Nothing here unpickles unless a batch is asked 
 * :class:`Prefetcher` — serves ``get(step)`` from a background load started when the previous
   step was served, then starts loading the step after. A wrong guess (a resumed run, a skipped
   step) is discarded: the requested step is always the one returned. Errors of a background
-  load are raised when that step is requested, and only then.
+  load are raised when that step is requested, and only then. With a device placement
+  (``device: cuda``) a load also copies the step's tensors to the device, from pinned memory.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 from rollout_mock.batch import concat, count_samples, subset, take_rows
 from rollout_mock.codec import StepView
+from rollout_mock.codec.device import DevicePlacement
 from rollout_mock.errors import IncompleteDumpError, ManifestError, RolloutMockError
 from rollout_mock.storage.index import STREAMS_DIR, parse_step_relpath
 from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StepSet, StreamId
@@ -288,6 +290,12 @@ class Prefetcher:
     concurrently with itself for different steps. ``enabled=False`` loads synchronously (the
     same code path a user would write by hand; :meth:`get_async` still loads off the loop).
 
+    ``place`` (``device:`` other than ``cpu``): a load reads the step into pinned memory and copies
+    its tensors to the device on a side stream, on the worker thread, so step N+1 is copied while
+    step N trains; ``get`` hands the batch over on the caller's thread (its current stream waits
+    for the copies: see :class:`~rollout_mock.codec.device.DevicePlacement`). The device of
+    ``device: cuda`` is the caller's current one when the load is scheduled.
+
     ``last_stall`` is how long the most recent ``get`` waited for data, in seconds; ``hits`` and
     ``misses`` count requests served from a background load and loaded on demand.
     """
@@ -298,10 +306,12 @@ class Prefetcher:
         next_step: Callable[[int], int | None],
         *,
         enabled: bool = True,
+        place: DevicePlacement | None = None,
     ) -> None:
         self._load = load
         self._next_step = next_step
         self.enabled = enabled
+        self.place = place
         # Two workers: an on-demand load (async miss) never queues behind a discarded guess that
         # is still running.
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollout-mock-prefetch")
@@ -335,13 +345,27 @@ class Prefetcher:
                 self.hits += 1
             return future
 
+    def _fetch(self, step: int, target: int | None) -> Any:
+        """One load (a worker's job): the batch, or the placed batch waiting for :meth:`_deliver`."""
+        if self.place is None:
+            return self._load(step)
+        return self.place.load(self._load, step, target)
+
+    def _deliver(self, loaded: Any) -> Any:
+        """On the caller's thread: the batch, handed over to its streams (``place``)."""
+        return loaded if self.place is None else self.place.hand_off(loaded)
+
+    def _target(self) -> int | None:
+        return None if self.place is None else self.place.target()
+
     def _schedule_after(self, step: int) -> None:
         upcoming = self._next_step(step) if self.enabled and not self.closed else None
+        target = self._target() if upcoming is not None else None
         with self._lock:
             for other in [s for s in self._pending if s != upcoming]:  # wrong guesses: drop them
                 self._pending.pop(other).cancel()
             if upcoming is not None and upcoming not in self._pending and not self.closed:
-                self._pending[upcoming] = self._executor.submit(self._load, upcoming)
+                self._pending[upcoming] = self._executor.submit(self._fetch, upcoming, target)
 
     def get(self, step: int) -> Any:
         """The batch of ``step``; blocks only if its background load has not finished."""
@@ -349,8 +373,8 @@ class Prefetcher:
         future = self._take(step)
         try:
             if future is not None:
-                return future.result()
-            return self._load(step)
+                return self._deliver(future.result())
+            return self._deliver(self._fetch(step, self._target()))
         finally:
             self.last_stall = time.perf_counter() - start
             self._schedule_after(step)
@@ -361,10 +385,12 @@ class Prefetcher:
         future = self._take(step)
         try:
             if future is None:
+                target = self._target()
                 if self.closed:
-                    return await asyncio.get_running_loop().run_in_executor(None, self._load, step)
-                future = self._executor.submit(self._load, step)
-            return await asyncio.wrap_future(future)
+                    return self._deliver(await asyncio.get_running_loop().run_in_executor(
+                        None, self._fetch, step, target))
+                future = self._executor.submit(self._fetch, step, target)
+            return self._deliver(await asyncio.wrap_future(future))
         finally:
             self.last_stall = time.perf_counter() - start
             self._schedule_after(step)

@@ -7,7 +7,12 @@ Replay policies (all in the ``rollout_mock:`` block, see :mod:`rollout_mock.conf
 * a step that is not recorded (``on_missing_step``): ``error`` (StepNotFoundError),
   ``repeat_nearest`` (the nearest recorded step, earlier first: verl's ``action: repeat``), or
   ``record`` (the interceptor runs the real scheduler and records the step);
-* ``subsample``: only a deterministic fraction of each replayed batch is served.
+* ``subsample``: only a deterministic fraction of each replayed batch is served: of ``n`` rows
+  (what a row is, for each batch type, is :mod:`rollout_mock.batch`'s answer) ``k = max(1,
+  int(n * fraction))`` are kept, the first ``k // 2`` and the last ``k - k // 2`` (slime's
+  ``--load-debug-rollout-data-subsample`` rule), in order;
+* ``device``: where replayed tensors go (:class:`~rollout_mock.codec.device.DevicePlacement`,
+  checked when the replay starts).
 
 :class:`Replayer` is the mock half of :class:`~rollout_mock.wrap.interceptor.Interceptor`, with
 its state declared in ``__init__``; the interceptor decides when a call is replayed.
@@ -19,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rollout_mock.batch import batch_type_of
+from rollout_mock.codec.device import DevicePlacement
 from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, ReplaySettings, RolloutMockConfig
 from rollout_mock.config.model import VerdictAction
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
@@ -27,9 +34,29 @@ from rollout_mock.storage.manifest import StreamId, format_ranges
 from rollout_mock.storage.reader import Prefetcher, load_partial, rank_rows
 from rollout_mock.storage.store import BatchInfo, StepStore, Store
 from rollout_mock.text import logger, step_log_level
-from rollout_mock.wrap.subsample import subsample_batch
 
-__all__ = ["EXPECTED_DIR", "Replayer", "describe_expected", "expected_path", "expected_relpath"]
+__all__ = ["EXPECTED_DIR", "Replayer", "describe_expected", "expected_path", "expected_relpath", "keep_rows",
+           "subsample_batch"]
+
+
+def keep_rows(n: int, fraction: float) -> list[int]:
+    """Indices ``subsample`` keeps out of ``n`` rows (see the module docstring)."""
+    if n <= 0:
+        return []
+    k = min(n, max(1, int(n * fraction)))
+    head = k // 2
+    return list(range(head)) + list(range(n - (k - head), n))
+
+
+def subsample_batch(batch: Any, fraction: float) -> Any:
+    """``batch`` with only the kept rows; a type without rows (or with none) is returned unchanged."""
+    batch_type = batch_type_of(batch)
+    if batch_type is None:
+        return batch
+    n = batch_type.rows(batch)
+    if not n:
+        return batch
+    return batch_type.take(batch, keep_rows(n, fraction))
 
 
 class Replayer:
@@ -62,6 +89,7 @@ class Replayer:
             self.prefetcher.close()
 
     def _open(self) -> None:
+        place = DevicePlacement.for_setting(self.settings.device, mode=self.mode.value)  # before any I/O
         if isinstance(self.store, Store):
             self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
@@ -100,7 +128,7 @@ class Replayer:
                 else "?",
             )
         self._check_fingerprint()
-        self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=settings.prefetch)
+        self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=settings.prefetch, place=place)
 
     def _next_recorded(self, step: int) -> int | None:
         candidate = step + 1

@@ -342,9 +342,10 @@ def _third_party(path: Path) -> set[str]:
 
 
 def test_the_codec_is_a_handful_of_modules_by_concept() -> None:
-    """format, encode, decode, safe loading, classes, legacy, trusted (issue 27)."""
+    """format, encode, decode, safe loading, classes, legacy, trusted (issue 27); device memory:
+    CUDA tensors staged through pinned buffers and replayed onto a device (issue 29)."""
     codec = sorted(p.stem for p in (PACKAGE / "codec").glob("*.py"))
-    assert codec == ["__init__", "classes", "decode", "encode", "format", "legacy", "safe", "trusted"]
+    assert codec == ["__init__", "classes", "decode", "device", "encode", "format", "legacy", "safe", "trusted"]
 
 
 def test_the_safe_loader_reaches_no_unpickler() -> None:

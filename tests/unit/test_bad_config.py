@@ -23,6 +23,7 @@ BAD: dict[str, tuple[object, str]] = {
     "background": ("yes please", BOOL),
     "max_pending": (0, "greater than or equal to 1"),
     "prefetch": ([], BOOL),
+    "device": ("gpu", "cpu, cuda, cuda:N"),
     "replay_rng": ("sometimes", "bool"),
     "verify_checksum": ("nope", BOOL),
     "trust_pickle": ("if safe", BOOL),

@@ -90,6 +90,36 @@ def test_bench_gpu_cpu_mode_runs_and_reports_nothing_to_check(tmp_path: Path) ->
     assert "| `roll+tf32_off` | profile `roll`, `tf32: off` |" in result["table"]
 
 
+def test_bench_gpu_transfers_without_cuda_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench_gpu = pytest.importorskip("bench_gpu")
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("checks a machine without CUDA (tests/gpu runs the measurement)")
+    out = tmp_path / "out.json"
+    assert bench_gpu.main(["--transfers", "--device", "cuda", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "no CUDA device" in printed and bench_gpu.render_transfers(None) in printed
+    assert json.loads(out.read_text()) == {"transfers": None, "skipped": "no CUDA device"}
+
+
+def test_bench_gpu_transfer_table_ratios_and_its_placeholders() -> None:
+    bench_gpu = pytest.importorskip("bench_gpu")
+    result = {"bytes": 1_000_000_000, "floor_ms": 20.0, "cpu_ms": 760.0, "dump_call_ms": 2.0,
+              "dump_landed_ms": 30.0, "read_ms": 150.0, "h2d_ms": 50.0, "mock_ms": 230.0,
+              "mock_prefetched_ms": 1.0, "mock_bitwise_equal": True, "repeat": 3}
+    table = bench_gpu.render_transfers(result)
+    assert "| dump: `.cpu()` (fresh pageable memory: what the peers do) | 760.0 | 38.00× |" in table
+    assert "| dump: the dump-mode call + `synchronize()` (the copies landed) | 30.0 | 1.50× |" in table
+    assert "| mock: read + copy (the reference) | 200.0 | 1.00× |" in table
+    assert "prefetch off (synchronized) | 230.0 | 1.15× |" in table
+    assert "on the device: yes" in table
+    empty = bench_gpu.render_transfers(None)
+    assert bench_gpu.NOT_MEASURED in empty
+    for page in (BENCH / "README.md", bench_gpu.PERFORMANCE_DOCS):  # what --update-readme replaces
+        text = page.read_text()
+        assert empty in text[text.index("<!-- bench_gpu_transfers:start -->"):]
+
+
 def test_bench_gpu_children_start_from_a_clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     bench_gpu = pytest.importorskip("bench_gpu")
     monkeypatch.setenv("NCCL_ALGO", "Tree")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rollout_mock import ConfigError, MockScheduler, StepNotFoundError, mock_class
-from rollout_mock.wrap.subsample import keep_rows, subsample_batch
+from rollout_mock.wrap.replay import keep_rows, subsample_batch
 
 
 class Sched:

@@ -11,10 +11,9 @@ of ``--repeat``; ms per GB of the whole batch, integer tensors included):
   the snapshot the recorder already takes of every step;
 * ``isfinite().all()``: the plain check per floating-point tensor, for comparison;
 * ``scan of the capture``: what the writer thread does in background mode, where it holds the
-  codec's capture of the batch rather than the batch: a batch rebuilt from the capture
-  (:func:`rollout_mock.wrap.recording.scannable`), then the scan. Its cost depends on what the
-  codec's capture offers (``materialize()`` shares the capture's memory; without it the capture
-  is encoded and decoded: copies).
+  codec's capture of the batch rather than the batch: the batch rebuilt over the capture's own
+  memory (:func:`rollout_mock.codec.view_capture`: no copy of the data, the chunks' CRC-32 taken
+  once more), then the scan.
 
 The batches: a verl-like rollout (int64 ``input_ids``/``attention_mask``/``responses``, float32
 ``old_log_probs``/``ref_log_prob``/``values``/``advantages``, bfloat16 ``rewards`` per token), all

@@ -30,8 +30,11 @@ are resolved on first use, so importing the codec imports no unpickling code.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable
 from typing import Any
+
+import numpy as np
 
 from rollout_mock.codec import safe as _safe
 from rollout_mock.codec.classes import Batch, batch_class_names, is_batch_class, register_batch_class
@@ -55,8 +58,7 @@ __all__ = [
     "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "Capture", "FileSink",
     "FileSource", "MappedSource", "ReadAheadSource", "Sink", "SourceLike", "StepView", "as_source",
     "batch_class_names", "capture", "decode", "encode", "encode_bytes", "is_batch_class", "open_step",
-    "register_batch_class",
-    "require_compression", "sniff_version",
+    "register_batch_class", "require_compression", "sniff_version", "view_capture",
 ]
 
 _load_v2.__module__ = "rollout_mock.codec"  # the name format-2 files give pickle.load
@@ -76,6 +78,91 @@ def open_step(source: SourceLike, *, trusted: bool = False, batch_class: type | 
     :class:`StepView`; ``trusted``: unpickle opaque blobs and format-1 files."""
     return _safe.open_step(source, unpickle=_unpickler(trusted), batch_class=batch_class,
                            max_expansion=max_expansion, mapped=mapped, verify=verify)
+
+
+class _Gathered:
+    """A step file written to memory as the list of its pieces (no copy of the chunks): a
+    ByteSource whose :meth:`map_range` hands out a chunk's own memory."""
+
+    name = "<capture>"
+
+    def __init__(self) -> None:
+        self.pieces: list[memoryview] = []
+        self.starts: list[int] = []
+        self.total = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        if view.readonly:  # the head, the body, padding: copied (tensors over them must be writable)
+            view = memoryview(bytearray(view))
+        self.pieces.append(view)
+        self.starts.append(self.total)
+        self.total += view.nbytes
+        return view.nbytes
+
+    def size(self) -> int:
+        return self.total
+
+    def map_range(self, offset: int, length: int) -> memoryview:
+        if offset < 0 or length < 0 or offset + length > self.total:
+            raise ValueError(f"bytes {offset}..{offset + length} are past the capture's {self.total}")
+        index = max(bisect.bisect_right(self.starts, offset) - 1, 0)
+        if length == 0:
+            return memoryview(b"")
+        start = self.starts[index]
+        if offset + length <= start + self.pieces[index].nbytes:
+            return self.pieces[index][offset - start: offset - start + length]
+        joined = self._joined(index, offset, length)
+        if joined is not None:
+            return joined
+        out = bytearray(length)  # across pieces of different buffers (the head, padding): a copy
+        pos = offset
+        while pos < offset + length:
+            piece, start = self.pieces[index], self.starts[index]
+            take = min(offset + length, start + piece.nbytes) - pos
+            out[pos - offset: pos - offset + take] = piece[pos - start: pos - start + take]
+            pos += take
+            index += 1
+        return memoryview(out)
+
+    def _joined(self, index: int, offset: int, length: int) -> memoryview | None:
+        """The range as one view when its pieces lie end to end in one buffer (the chunks of a
+        tensor copied into one pooled buffer): no copy."""
+        owner = self.pieces[index].obj
+        base = _address(memoryview(owner).cast("B")) if isinstance(owner, np.ndarray) else None
+        if base is None:
+            return None
+        origin = _address(self.pieces[index]) - base - self.starts[index]  # file offset -> buffer offset
+        end, j = self.starts[index], index
+        while end < offset + length:
+            if j >= len(self.pieces) or self.pieces[j].obj is not owner \
+                    or _address(self.pieces[j]) - base != origin + end:
+                return None
+            end += self.pieces[j].nbytes
+            j += 1
+        return memoryview(owner).cast("B")[origin + offset: origin + offset + length]
+
+    def read_range(self, offset: int, length: int) -> memoryview:
+        return self.map_range(offset, length)
+
+    def readinto_range(self, offset: int, buffer: Any) -> None:
+        target = memoryview(buffer).cast("B")
+        target[:] = self.map_range(offset, target.nbytes)
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
+
+
+def view_capture(captured: Capture) -> Any:
+    """The batch ``captured`` holds, rebuilt over its own memory: tensors and arrays are views of
+    the capture's buffers (no copy of the data, no CRC check: the bytes never left the process),
+    valid until :meth:`Capture.release`. What the writer thread looks at after writing a step
+    (the flight recorder's NaN/inf scan), without a second encode into a file or a decode of a
+    copy. Waits for the capture's pending work first (:meth:`Capture.finish`)."""
+    gathered = _Gathered()
+    encode(captured, gathered)
+    return _safe.open_step(gathered, verify=False).load()
 
 
 def decode(source: SourceLike, *, trusted: bool = False, keys: Iterable[str] | None = None,

@@ -41,14 +41,10 @@ DELETE_BATCH = 16
 
 def scannable(written: Any) -> Any:
     """The batch to scan for NaN/inf of what the writer thread wrote: the batch itself, or, for
-    the codec's in-memory capture of one (:func:`rollout_mock.codec.capture`), a batch rebuilt
-    from it — with ``materialize()`` where the capture offers it (no copy: the batch shares the
-    capture's memory), else decoded from its encoded bytes (a copy: what the codec offers)."""
-    materialize = getattr(written, "materialize", None)
-    if callable(materialize):
-        return materialize()
-    if all(hasattr(written, name) for name in ("root", "chunks", "release")):  # a capture without materialize
-        return codec.decode(codec.encode_bytes(written))
+    the codec's in-memory capture of one (:func:`rollout_mock.codec.capture`), the batch rebuilt
+    over the capture's memory (:func:`rollout_mock.codec.view_capture`: no copy, no second encode)."""
+    if isinstance(written, codec.Capture):
+        return codec.view_capture(written)
     return written
 
 

@@ -396,3 +396,31 @@ def test_the_writer_thread_scans_what_the_codec_captured() -> None:
     finally:
         captured.release()
     assert scannable(batch) is batch
+
+
+def test_the_capture_is_scanned_over_its_own_memory_without_a_copy() -> None:
+    """view_capture rebuilds the batch over the capture's buffers: a multi-chunk tensor is a view
+    of the pooled buffer it was copied into (no second encode, no decode of a copy), every value
+    equal; the live batch changed after the capture does not reach the scan."""
+    import numpy as np
+
+    import rollout_mock.codec as codec
+
+    batch = {"x": torch.randn(8, 1 << 20), "ids": torch.arange(10**5), "y": [torch.randn(7) for _ in range(300)],
+             "text": ["a prompt"] * 50, "meta": {"t": [1.0, 2.5]}}
+    batch["y"][200][3] = math.inf
+    expected = {"x": batch["x"].clone(), "y": [t.clone() for t in batch["y"]]}
+    captured = codec.capture(batch, pool=codec.BufferPool())
+    batch["x"][0, 0] = math.nan  # after the capture: not in the recording
+    try:
+        view = codec.view_capture(captured)
+        starts = [int(np.frombuffer(chunk, np.uint8).ctypes.data) for chunk, _ in captured.chunks]
+        assert any(start <= view["x"].data_ptr() < start + chunk.nbytes
+                   for start, (chunk, _) in zip(starts, captured.chunks))  # over the capture's memory
+        assert len(captured.chunks) > 8  # x alone spans 8 chunks of 4 MiB: one view over all of them
+        assert torch.equal(view["x"], expected["x"]) and torch.equal(view["ids"], batch["ids"])
+        assert all(torch.equal(a, b) for a, b in zip(view["y"], expected["y"], strict=True))
+        assert view["text"] == batch["text"] and view["meta"] == batch["meta"]
+        assert nonfinite_values(view) == ["y[200] (1 inf)"]
+    finally:
+        captured.release()

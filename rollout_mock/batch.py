@@ -510,6 +510,13 @@ _PLAIN = frozenset({int, float, str, bool, bytes, list, tuple, type(None)})
 def _walk(prefix: str, obj: Any, out: dict[str, dict[str, Any]]) -> None:
     if len(out) >= _MAX_KEYS or type(obj) in _PLAIN:  # scalars and lists hold no described keys
         return
+    if type(obj) is dict and _registered_type_of(obj) is None:
+        # a plain dict (the builtin mapping type: its items, in order), the common case of a
+        # list of sample dicts: values that hold no described keys are not looked into
+        for key, value in obj.items():
+            if type(value) not in _PLAIN:
+                _walk(f"{prefix}.{key}" if prefix else str(key), value, out)
+        return
     leaf = _leaf(obj)
     if leaf is not None:
         out[prefix or "<value>"] = leaf

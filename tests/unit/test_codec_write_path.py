@@ -199,3 +199,19 @@ def test_tensors_that_require_grad_are_recorded_as_data(tmp_path: Path, caplog: 
     for tensor in (replayed["logprobs"], replayed["values"][0], replayed["leaf"]):
         assert tensor.is_leaf and not tensor.requires_grad and tensor.grad_fn is None
     assert torch.equal(replayed["logprobs"], batch["logprobs"].detach())
+
+
+@pytest.mark.parametrize("errors", [None, "surrogatepass"])
+def test_string_columns_pack_as_msgpack_packs_them(errors: str | None) -> None:
+    """The sized-once packer writes exactly what msgpack.packb writes, for every string header
+    size (fixstr, str8, str16, str32), non-ASCII text and, with surrogatepass, lone surrogates."""
+    import msgpack
+
+    from rollout_mock.codec.encode import _packed_strings
+
+    flat = ["", "a" * 31, "b" * 32, "é" * 200, "c" * 70_000, "日本語", "x" * 255, "y" * 65_535]
+    if errors:
+        flat.append("lone \ud800 surrogate")
+    expected = msgpack.packb(flat, use_bin_type=True, unicode_errors=errors)
+    assert _packed_strings(flat, errors, len(expected)) == expected
+    assert _packed_strings(flat, errors, 1) == expected  # a short size hint only costs a regrowth

@@ -45,7 +45,7 @@ from rollout_mock.errors import RolloutMockError
 
 __all__ = [
     "BatchType", "batch_class_names", "batch_columns", "batch_keys", "batch_meta", "batch_parts",
-    "batch_type_of", "column_name", "concat", "count_samples", "dataproto_fields", "describe_keys",
+    "batch_type_of", "column_name", "concat", "count_samples", "dataproto_fields", "describe_keys", "instance_state",
     "is_array", "is_batch_class", "is_tensor", "leading_dim", "meta_part_names", "rebuild", "register_batch_class",
     "register_batch_type", "register_step_name", "rejected_count", "select_keys", "step_names", "subset",
     "take_columns", "take_rows", "type_name",
@@ -110,6 +110,19 @@ def _leaf(value: Any) -> dict[str, Any] | None:
     return None
 
 
+def instance_state(obj: Any) -> dict[str, Any] | None:
+    """An instance's attribute dict, read without running any code of the object (no property,
+    ``__getattr__`` or ``__getattribute__`` override); ``None`` for classes, builtins and objects
+    without a ``__dict__`` dict. The one way the batch model and redaction look into an object."""
+    if isinstance(obj, type) or type(obj).__module__ == "builtins":
+        return None
+    try:
+        state = object.__getattribute__(obj, "__dict__")
+    except AttributeError:
+        return None
+    return state if isinstance(state, dict) else None
+
+
 def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
     """``(layout, instance state)`` of a DataProto-like object, read from its ``__dict__`` only
     (no property, ``__getattr__`` or method of ``obj`` runs): ``layout`` is ``"public"``
@@ -118,13 +131,8 @@ def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
     ``non_tensor_batch`` ``None`` or mapping-like (a dict, a TensorDict). ``None`` for anything
     else (classes too, and an object whose parts are strings, lists or numbers: every command then
     treats it as an opaque value instead of failing on ``.items()``)."""
-    if isinstance(obj, type) or type(obj).__module__ == "builtins":
-        return None
-    try:
-        state = object.__getattribute__(obj, "__dict__")
-    except AttributeError:
-        return None
-    if not isinstance(state, dict):
+    state = instance_state(obj)
+    if state is None:
         return None
     for layout, names in _DATAPROTO_LAYOUTS:
         if all(name in state for name in names) and isinstance(state[names[2]], dict) \

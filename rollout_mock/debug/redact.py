@@ -25,7 +25,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from rollout_mock.batch import batch_parts, batch_type_of, is_array, is_tensor, rebuild
+from rollout_mock.batch import batch_parts, batch_type_of, instance_state, is_array, is_tensor, rebuild
 
 __all__ = ["KEPT_VALUES", "MAX_DEPTH", "PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch", "redact_call"]
 
@@ -145,13 +145,8 @@ class _Walk:
     def _object(self, value: Any, scrub: bool, depth: int) -> Any:
         """An object of another class: its attribute dict, walked like a mapping (no code of the
         object runs; rebuilt with ``object.__new__``). Anything else is returned as it is."""
-        if isinstance(value, type) or type(value).__module__ == "builtins":
-            return value
-        try:
-            state = object.__getattribute__(value, "__dict__")
-        except AttributeError:
-            return value
-        if not isinstance(state, dict) or not state:
+        state = instance_state(value)
+        if not state:
             return value
         walked = {name: self._field(name, item, scrub, depth) for name, item in state.items()}
         if not _changed(state.values(), walked.values()):

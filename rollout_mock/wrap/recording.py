@@ -23,7 +23,7 @@ from typing import Any
 import rollout_mock.codec as codec
 from rollout_mock.config import DiskFullPolicy, RecordSettings
 from rollout_mock.determinism.fingerprint import fingerprint
-from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError
+from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError, StepExistsError
 from rollout_mock.storage.directory import free_bytes
 from rollout_mock.storage.manifest import StreamId, format_ranges
 from rollout_mock.storage.store import BatchInfo, StepStore, Store
@@ -75,6 +75,8 @@ class Recorder:
         self._deleted_count = 0
         self._capped_said = False
         self._scan_failed_said = False
+        #: steps this run has recorded (a second call with one of them is refused)
+        self._recorded: set[int] = set()
         self.closed = False
         if not writes:
             return
@@ -99,7 +101,17 @@ class Recorder:
         return self.writes and not self.dump_disabled and self.settings.records_step(step)
 
     def before_rollout(self, step: int) -> None:
-        """Fail fast, before an expensive rollout, if its result could not be recorded."""
+        """Fail fast, before an expensive rollout, if its result could not be recorded: a step
+        recorded by an earlier run (unless ``overwrite``), or by this run (always: a second call
+        with the same step would replace the batch the first call returned)."""
+        if self.records_step(step) and step in self._recorded:
+            raise StepExistsError(
+                f"[RolloutMock] step {step} of {self.stream} was already recorded by this run (mode=dump): a second "
+                f"call with the same step would replace the batch the first call returned, and a replay would "
+                f"serve one batch for both. The scheduler is called more than once per step (verl: validation in "
+                f"several batches, data.val_batch_size smaller than the validation set): give each call its own "
+                f"step, or make it one call per step",
+                mode="dump", split=self.stream.split, step=step)
         if self.records_step(step) and isinstance(self.store, Store):
             self.store.check_writable(self.stream, step, overwrite=self.settings.overwrite)
         if self.writer is not None and isinstance(self.writer, BackgroundWriter):
@@ -111,6 +123,7 @@ class Recorder:
         first, so the caller may mutate it as soon as this returns; the copy is taken only once
         the writer has a free slot, so at most ``max_pending`` copies exist at a time."""
         assert self.writer is not None
+        self._recorded.add(step)
         info = BatchInfo.of(batch)
         describe = f"step {step} of {self.stream}"
 

@@ -108,9 +108,8 @@ class Recorder:
             raise StepExistsError(
                 f"[RolloutMock] step {step} of {self.stream} was already recorded by this run (mode=dump): a second "
                 f"call with the same step would replace the batch the first call returned, and a replay would "
-                f"serve one batch for both. The scheduler is called more than once per step (verl: validation in "
-                f"several batches, data.val_batch_size smaller than the validation set): give each call its own "
-                f"step, or make it one call per step",
+                f"serve one batch for both. The scheduler is called more than once per step (a validation run in "
+                f"several batches, for instance): give each call its own step, or make it one call per step",
                 mode="dump", split=self.stream.split, step=step)
         if self.records_step(step) and isinstance(self.store, Store):
             self.store.check_writable(self.stream, step, overwrite=self.settings.overwrite)

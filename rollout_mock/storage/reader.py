@@ -367,6 +367,13 @@ class Prefetcher:
             if upcoming is not None and upcoming not in self._pending and not self.closed:
                 self._pending[upcoming] = self._executor.submit(self._fetch, upcoming, target)
 
+    def load_now(self, load: Callable[[int], Any], step: int) -> Any:
+        """``load(step)`` on the caller's thread, placed as this prefetcher places its steps (the
+        extra calls of a step, read from their pack)."""
+        if self.place is None:
+            return load(step)
+        return self.place.hand_off(self.place.load(load, step, self._target()))
+
     def get(self, step: int) -> Any:
         """The batch of ``step``; blocks only if its background load has not finished."""
         start = time.perf_counter()

@@ -656,9 +656,10 @@ class Store:
             if cached_key == key:
                 return data
         where = self.where(pack.file)
-        data = self.backend.read(pack.file, 0, pack.size + 1)
-        if data is None:
+        read = self.backend.read(pack.file, 0, pack.size + 1)
+        if read is None:
             raise corrupt_error(where, stream, None, "the pack of extra calls listed in the index is missing")
+        data = read
         if len(data) != pack.size:
             raise corrupt_error(where, stream, None, f"size is {len(data)} bytes, its record says {pack.size}")
         if self.hmac_key is not None and not pack.hmac:

@@ -20,6 +20,7 @@ its state declared in ``__init__``; the interceptor decides when a call is repla
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import deque
 from collections.abc import Callable
@@ -186,7 +187,7 @@ class Replayer:
             self._extra = self.store.extra_calls(self.stream) if isinstance(self.store, Store) else {}
         for pack, record in self._extra.get(source, []):
             calls.append(Recorded(record.call, record.method, record.digest, pack, record,
-                                  load_meta=lambda pack=pack: self._pack_meta(pack)))
+                                  load_meta=functools.partial(self._pack_meta, pack)))
         calls.sort(key=lambda c: c.call)
         return calls
 
@@ -216,9 +217,9 @@ class Replayer:
         if len(held.calls) <= 1:  # a step of one call: served (and checked) as before calls were keyed
             if matcher is not None:
                 matcher.check(request, step=step, dump_step=source, method=method)
-            chosen = held.calls[0] if held.calls else None
-            held.served.add(0 if chosen is None else chosen.call)
-            return chosen
+            only = held.calls[0] if held.calls else None
+            held.served.add(0 if only is None else only.call)
+            return only
         first = held.first_unserved(method)
         if first is None:
             recorded = sum(1 for c in held.calls if c.method is None or c.method == method)
@@ -231,16 +232,16 @@ class Replayer:
                 f"the number of validation batches and agent turns, or re-dump with this run's settings.",
                 method=method, dump_step=source, counts=(recorded, recorded + 1), mode=self.mode.value,
                 split=self.split, step=step, path=str(self.settings.dump_dir))
-        chosen: Recorded | None = first
+        chosen: Recorded = first
         if matcher is not None and request is not None:
+            equal = None
             if matcher.settings.match_on is None:
-                chosen = held.equal(method, request.digest) or (first if first.digest is None else None)
-            else:
-                chosen = None
-            if chosen is None:  # explained against the first call not served yet (warn: served)
+                equal = held.equal(method, request.digest) or (first if first.digest is None else None)
+            if equal is None:  # explained against the first call not served yet (warn: served)
                 matcher.check_recorded(first.request(), request, step=step, dump_step=source, method=method,
                                        call=first.call)
-                chosen = first
+            else:
+                chosen = equal
         held.served.add(chosen.call)
         return chosen
 
@@ -264,10 +265,11 @@ class Replayer:
         prefetcher, or its member of a pack."""
         if chosen is None or chosen.pack is None or chosen.record is None:
             return self.replay_at(source)
-        assert self.prefetcher is not None and isinstance(self.store, Store)
+        store = self.store
+        assert self.prefetcher is not None and isinstance(store, Store)
         pack, record = chosen.pack, chosen.record
         batch = self.prefetcher.load_now(
-            lambda _: self.store.load_call(self.stream, pack, record, trusted=self.settings.trust_pickle), source)
+            lambda _: store.load_call(self.stream, pack, record, trusted=self.settings.trust_pickle), source)
         self.loaded += 1
         logger.log(step_log_level(self.loaded), "[RolloutMock] Loaded step %d, call %d: %s (samples=%s)", source,
                    record.call, self.store.describe_location(self.stream, source), record.samples)

@@ -329,9 +329,10 @@ class MockScheduler(Generic[T]):
         tasks created inside the block inherit it; other threads see it while the block is open.
         Afterwards the counter continues at ``step + 1``. Does nothing when disabled."""
         interceptor = self.interceptor
-        step = as_step(step, method="at_step", argument="step",
-                       mode=None if interceptor is None else interceptor.mode.value, split=self.split)
-        assert step is not None
+        checked = as_step(step, method="at_step", argument="step",
+                          mode=None if interceptor is None else interceptor.mode.value, split=self.split)
+        assert checked is not None
+        step = checked
         if interceptor is None:
             yield step
             return

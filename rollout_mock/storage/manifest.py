@@ -725,11 +725,14 @@ class CallRecord:
     item: int | None = None
     """Small calls are written together: their bytes (``offset``, ``size``) encode a list of
     their batches and this is the call's place in it; ``None``: the bytes are the batch itself."""
+    task: int | None = None
+    """The asyncio task that made the call, numbered from its ``at_step`` block (equal requests
+    are matched within the same task first); ``None``: not known."""
     provenance: dict[str, Any] | None = None
 
     def to_json(self) -> list[Any]:
         row: list[Any] = [self.step, self.call, self.method, self.offset, self.size, self.checksum, self.digest,
-                          self.seconds, self.samples, self.item]
+                          self.seconds, self.samples, self.item, self.task]
         if self.provenance is not None:
             row.append(self.provenance)
         return row
@@ -811,9 +814,9 @@ PACK_FORMAT = "rollout_mock.calls"
 
 
 def _call_row(row: Any, pack_size: int) -> CallRecord:
-    if not isinstance(row, list) or len(row) not in (10, 11):
+    if not isinstance(row, list) or len(row) not in (11, 12):
         raise ValueError(f"call row {short_repr(row)} is not [step, call, method, offset, size, checksum, "
-                         f"digest, seconds, samples, item(, provenance)]")
+                         f"digest, seconds, samples, item, task(, provenance)]")
     step, call = _count(row[0], "step"), _count(row[1], "call index")
     method = row[2]
     if method is not None and (not isinstance(method, str) or len(method) > 200):
@@ -834,8 +837,9 @@ def _call_row(row: Any, pack_size: int) -> CallRecord:
     item = None if row[9] is None else _count(row[9], "item")
     if item is not None and item >= MAX_PACK_CALLS:
         raise ValueError(f"item {item} of call {call} of step {step} is beyond any pack")
-    provenance = row[10] if len(row) == 11 else None
+    task = None if row[10] is None else _count(row[10], "task", signed=True)
+    provenance = row[11] if len(row) == 12 else None
     if provenance is not None and (not isinstance(provenance, dict)
                                    or len(json.dumps(provenance, default=str)) > MAX_PROVENANCE_CHARS):
         raise ValueError(f"provenance of call {call} of step {step} is not a small object")
-    return CallRecord(step, call, method, offset, size, checksum, digest, seconds, samples, item, provenance)
+    return CallRecord(step, call, method, offset, size, checksum, digest, seconds, samples, item, task, provenance)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import hashlib
 import inspect
 import math
 import operator
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -269,6 +271,8 @@ class StepCalls:
         self._next: dict[int, int] = {}
         self._current: contextvars.ContextVar[int | None] = contextvars.ContextVar("rollout_mock_step", default=None)
         self._pinned: list[int] = []
+        self._task_base: contextvars.ContextVar[int | None] = contextvars.ContextVar("rollout_mock_tasks",
+                                                                                     default=None)
 
     def begin(self, step: int) -> int:
         """The index of a call of ``step`` that begins now (0 for the first)."""
@@ -295,6 +299,7 @@ class StepCalls:
     def enter(self, step: int) -> contextvars.Token[int | None]:
         with self._lock:
             self._pinned.append(step)
+        self._task_base.set(_next_task_number())
         return self._current.set(step)
 
     def leave(self, token: contextvars.Token[int | None], step: int) -> None:
@@ -302,8 +307,37 @@ class StepCalls:
             self._current.reset(token)
         except ValueError:  # left from another context (a generator moved between tasks)
             self._current.set(None)
+        self._task_base.set(None)
         with self._lock:
             if step in self._pinned:
                 self._pinned.reverse()
                 self._pinned.remove(step)
                 self._pinned.reverse()
+
+    def task(self) -> int | None:
+        """Which asyncio task of the open :meth:`at_step` block is calling: the task's creation
+        number counted from the block's start (an episode created by ``asyncio.gather`` keeps its
+        number from run to run, whatever order its calls finish in), or ``None`` (no block, not
+        in a task, a task named by the user). Calls with equal requests are matched to the
+        recorded call of the same task first."""
+        base = self._task_base.get()
+        if base is None:
+            return None
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            return None
+        match = _TASK_NAME.fullmatch(task.get_name()) if task is not None else None
+        return None if match is None else int(match.group(1)) - base
+
+
+_TASK_NAME = re.compile(r"Task-([0-9]{1,18})", re.ASCII)
+
+
+def _next_task_number() -> int | None:
+    """The number asyncio gives the next task it names (``Task-N``; the number is taken)."""
+    counter = getattr(asyncio.tasks, "_task_name_counter", None)
+    try:
+        return int(counter()) if callable(counter) else None
+    except (TypeError, ValueError):
+        return None

@@ -212,7 +212,8 @@ class Interceptor:
         if self.mode.replays:
             self.matcher.check_settings(settings, method)
 
-    def source_of(self, step: int, method: str, request: Request | None) -> tuple[int, Recorded | None] | None:
+    def source_of(self, step: int, method: str, request: Request | None,
+                  task: int | None = None) -> tuple[int, Recorded | None] | None:
         """Mock and check mode: the recorded step that serves run step ``step`` and which of its
         recorded calls serves this call (``None``: the step is run live and recorded,
         ``on_missing_step: record``), after checking that the call asks for what the dump run's
@@ -223,7 +224,7 @@ class Interceptor:
         if source is None:
             return None
         exact = source == self.replayer.settings.dump_step(step)
-        return source, self.replayer.pick(step, source, method, request, self.matcher if exact else None)
+        return source, self.replayer.pick(step, source, method, request, self.matcher if exact else None, task)
 
     # ------------------------------------------------------------------ the two halves
     @property
@@ -271,6 +272,8 @@ class Interceptor:
         call = call_summary(args, kwargs)
         if request is not None:
             call["request"] = request.to_json()
+        if (task := self.calls.task()) is not None:
+            call["task"] = task
         if self.recorder is not None:
             self.recorder.before_rollout(step, index)
         return step, index, call, request
@@ -364,7 +367,7 @@ class Interceptor:
         if self.watchdog is not None:
             self.watchdog.note_loop(loop)
         with self._watching(method, step):
-            served = self.source_of(step, method, request)
+            served = self.source_of(step, method, request, call.get("task"))
             if served is not None and self.checker is None:
                 source, chosen = served
                 assert self.replayer is not None

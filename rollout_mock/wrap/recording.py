@@ -194,8 +194,9 @@ class Recorder:
         snap: Any = codec.capture(batch) if isinstance(self.writer, BackgroundWriter) else batch
         request = call.get("request")
         digest = request.get("d") if isinstance(request, dict) and type(request.get("d")) is int else None
+        task = call.get("task")
         record = CallRecord(step, index, method, 0, 0, "crc32:00000000", digest, seconds, count_samples(batch),
-                            provenance=provenance)
+                            task=task if type(task) is int else None, provenance=provenance)
         size = snap.nbytes if isinstance(snap, codec.Capture) else 0
         with self._pack_ready:
             while self._pack_bytes > PACK_PENDING_BYTES and self._pack_queue:

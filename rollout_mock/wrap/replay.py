@@ -81,6 +81,7 @@ class Recorded:
     call: int
     method: str | None
     digest: int | None
+    task: int | None = None
     pack: PackRecord | None = None
     record: CallRecord | None = None
     raw_request: Any = None
@@ -116,13 +117,18 @@ class _Taken:
         self._next[method] = i
         return calls[i] if i < len(calls) else None
 
-    def equal(self, method: str, digest: int) -> Recorded | None:
-        """The first call not served yet of ``method`` recorded with request digest ``digest``."""
+    def equal(self, method: str, digest: int, task: int | None = None) -> Recorded | None:
+        """The first call not served yet of ``method`` recorded with request digest ``digest``:
+        the first one made by ``task`` when it is known and one was, else the first."""
         for key in ((method, digest), (None, digest)):
             queue = self._by_digest.get(key)
             while queue and queue[0].call in self.served:
                 queue.popleft()
             if queue:
+                if task is not None and queue[0].task != task:
+                    same = next((c for c in queue if c.task == task and c.call not in self.served), None)
+                    if same is not None:
+                        return same
                 return queue[0]
         return None
 
@@ -181,12 +187,13 @@ class Replayer:
         calls = []
         if entry is not None:
             call = entry.call or {}
+            task = call.get("task")
             calls.append(Recorded(_call_index(call), entry.method, _recorded_digest(call),
-                                  raw_request=call.get("request")))
+                                  task if type(task) is int else None, raw_request=call.get("request")))
         if self._extra is None:
             self._extra = self.store.extra_calls(self.stream) if isinstance(self.store, Store) else {}
         for pack, record in self._extra.get(source, []):
-            calls.append(Recorded(record.call, record.method, record.digest, pack, record,
+            calls.append(Recorded(record.call, record.method, record.digest, record.task, pack, record,
                                   load_meta=functools.partial(self._pack_meta, pack)))
         calls.sort(key=lambda c: c.call)
         return calls
@@ -196,7 +203,7 @@ class Replayer:
         return self.store.pack_meta(self.stream, pack)
 
     def pick(self, step: int, source: int, method: str, request: Request | None,
-             matcher: RequestMatcher | None) -> Recorded | None:
+             matcher: RequestMatcher | None, task: int | None = None) -> Recorded | None:
         """The recorded call of step ``source`` that serves this call of run step ``step``: the
         first not yet served (in recorded order) whose request digest equals this call's, so that
         equal requests are served in recorded order; a recorded call without a digest matches by
@@ -206,7 +213,9 @@ class Replayer:
         once per run step. ``matcher`` is ``None`` where the run step maps to another recorded step
         than its own (nothing is compared then). Raises :class:`ReplayMismatchError` naming the
         step and both counts when this run makes more calls of ``method`` at the step than the dump
-        run did. A step of one recorded call is served and checked as it always was."""
+        run did. A step of one recorded call is served and checked as it always was. ``task``:
+        the asyncio task making the call (:meth:`StepCalls.task`): among equal requests, the one
+        the same task made in the dump run is served first."""
         held = self._taken.get(step)
         if held is None or held.source != source:
             if held is not None:
@@ -236,7 +245,7 @@ class Replayer:
         if matcher is not None and request is not None:
             equal = None
             if matcher.settings.match_on is None:
-                equal = held.equal(method, request.digest) or (first if first.digest is None else None)
+                equal = held.equal(method, request.digest, task) or (first if first.digest is None else None)
             if equal is None:  # explained against the first call not served yet (warn: served)
                 matcher.check_recorded(first.request(), request, step=step, dump_step=source, method=method,
                                        call=first.call)

@@ -286,3 +286,20 @@ def test_a_planted_pack_record_is_ignored_with_a_warning(tmp_path: Path, planted
     with caplog.at_level(logging.WARNING, logger="rollout_mock"):
         assert DirectoryStore(tmp_path).extra_calls(TRAIN) == {}
     assert "pack_000000.json" in caplog.text
+
+
+def test_open_dump_lists_and_loads_every_call(tmp_path: Path) -> None:
+    from rollout_mock import open_dump
+    from rollout_mock.errors import StepNotFoundError
+
+    with MockScheduler(Validation(), _cfg(tmp_path, "dump"), methods=["generate_sequences"],
+                       provenance=lambda batch: {"n": len(batch["text"])}) as s:
+        s.generate_sequences(["a"], global_steps=2)
+        s.generate_sequences(["b", "c"], global_steps=2)
+    dump = open_dump(tmp_path)
+    calls = dump.calls(2)
+    assert [(c.call, c.method, c.provenance) for c in calls] == [(0, "generate_sequences", {"n": 1}),
+                                                                 (1, "generate_sequences", {"n": 2})]
+    assert dump.load_call(2, 1)["text"] == ["B", "C"] and dump.load_call(2, 0)["text"] == ["A"]
+    with pytest.raises(StepNotFoundError, match="no call 5"):
+        dump.load_call(2, 5)

@@ -648,6 +648,20 @@ class Store:
             listed.sort(key=lambda item: item[1].call)
         return calls
 
+    def prune_packs(self, stream: StreamId) -> int:
+        """Remove the packs none of whose calls belongs to a step the index still holds (their
+        steps were deleted by retention): the record first, then the data. Returns how many."""
+        owner = self._owner(stream)
+        doomed = [pack for pack in self.packs(stream)
+                  if pack.calls and not any(call.step in owner.live for call in pack.calls)]
+        for pack in doomed:
+            with self._writing(f"removing pack {pack.seq} of extra calls of {stream}"):
+                self.backend.remove([pack_relpath(stream, pack.seq, ".json")])
+                self.backend.remove([pack.file])
+        if doomed:
+            self._packs.pop(stream.key, None)
+        return len(doomed)
+
     def _pack_bytes(self, stream: StreamId, pack: PackRecord) -> bytes:
         """A pack's data, read whole and checked against its record (size, CRC, the bound HMAC);
         the last two packs read are kept in memory (the calls of a step are served one by one)."""

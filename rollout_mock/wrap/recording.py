@@ -456,6 +456,8 @@ class Recorder:
             return
         if isinstance(self.store, Store):
             self.store.delete_many(self.stream, doomed)
+            if self.extra_saved:  # packs of further calls whose steps are all gone go too
+                self.store.prune_packs(self.stream)
         else:
             for step in doomed:
                 self.store.delete(self.stream, step)

@@ -303,3 +303,15 @@ def test_open_dump_lists_and_loads_every_call(tmp_path: Path) -> None:
     assert dump.load_call(2, 1)["text"] == ["B", "C"] and dump.load_call(2, 0)["text"] == ["A"]
     with pytest.raises(StepNotFoundError, match="no call 5"):
         dump.load_call(2, 5)
+
+
+def test_the_ring_removes_packs_whose_steps_are_all_deleted(tmp_path: Path) -> None:
+    with MockScheduler(Validation(), _cfg(tmp_path, "dump", max_keep=2), methods=["generate_sequences"]) as s:
+        for step in range(6):
+            s.generate_sequences(["a"], global_steps=step)
+            s.generate_sequences(["bb"], global_steps=step)
+            s.flush()
+    store = DirectoryStore(tmp_path)
+    assert list(store.steps(TRAIN)) == [4, 5]
+    assert sorted(store.extra_calls(TRAIN)) == [4, 5]
+    assert {c.step for p in store.packs(TRAIN) for c in p.calls} == {4, 5}

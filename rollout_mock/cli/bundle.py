@@ -61,6 +61,60 @@ _CHUNK = 8 << 20
 MAX_EXPECTED_BYTES = 256 << 20
 
 
+# ------------------------------------------------------------------ outputs that spare the input
+def _inside(path: str, folder: str) -> bool:
+    return path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def local_input(store: Store) -> str | None:
+    """The local file or directory a store reads (a dump directory, a bundle file), else None."""
+    from rollout_mock.storage.bundle import BundleBackend
+
+    local = store.backend.local_path("")
+    if local is not None:
+        return os.fspath(local)
+    backend = store.backend
+    if isinstance(backend, BundleBackend) and not is_url(backend.bundle.where):
+        return backend.bundle.where
+    return None
+
+
+def refuse_own_input(out: str | os.PathLike[str], source: str | os.PathLike[str] | None, command: str) -> None:
+    """:class:`DebugInputError` when the output ``out`` is the input ``source``, lies inside it
+    or holds it (symlinks resolved): no command writes over what it reads."""
+    if source is None or is_url(os.fspath(source)):
+        return
+    real_out, real_in = os.path.realpath(out), os.path.realpath(source)
+    how = ("is" if real_out == real_in else "is inside" if _inside(real_out, real_in)
+           else "holds" if _inside(real_in, real_out) else None)
+    if how is not None:
+        raise DebugInputError(f"rollout-mock {command}: refusing to write {out}: it {how} the input {source} "
+                              f"(symlinks resolved); pick an output outside the input")
+
+
+#: What a dump directory holds at its top (files; directories are splits, expected/...).
+_DUMP_TOP_FILES = frozenset({MANIFEST_NAME, INFO_NAME})
+
+
+def _replaceable(dst: Path) -> str | None:
+    """Why the non-empty directory ``dst`` may not be replaced by ``--overwrite`` (None: it is a
+    dump: a rollout_mock ``manifest.json``, and no file at its top a dump does not hold)."""
+    manifest = dst / MANIFEST_NAME
+    if manifest.is_symlink() or not manifest.is_file():
+        return f"it is not a dump (no {MANIFEST_NAME})"
+    try:
+        head = manifest.open("rb").read(4096)
+    except OSError as exc:
+        return f"its {MANIFEST_NAME} cannot be read ({exc.strerror})"
+    if FORMAT.encode() not in head:
+        return f"its {MANIFEST_NAME} is not a rollout_mock manifest"
+    for entry in os.scandir(dst):
+        if entry.is_symlink() or (not entry.is_dir(follow_symlinks=False) and entry.name not in _DUMP_TOP_FILES
+                                  and not entry.name.startswith(".")):
+            return f"it holds {entry.name!r}, which is no part of a dump"
+    return None
+
+
 # ------------------------------------------------------------------ a new dump directory
 class _DirWriter:
     """A new dump directory, written into a temporary directory beside ``dst`` and renamed into
@@ -83,6 +137,10 @@ class _DirWriter:
                 inside = os.path.realpath(kept)
                 if inside == real or inside.startswith(real.rstrip(os.sep) + os.sep):
                     raise DebugInputError(f"refusing to replace {self.dst}: it holds {kept}, which is being read")
+            why = _replaceable(self.dst)
+            if why is not None:  # --overwrite replaces a dump, never a folder of other files
+                raise DebugInputError(f"refusing to replace {self.dst} with --overwrite: {why}; pick a new or "
+                                      f"empty directory")
             self.replace = True
         self.dst.parent.mkdir(parents=True, exist_ok=True)
         self.temp = self.dst.parent / f".{self.dst.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -284,6 +342,7 @@ def pack_store(store: Store, out: str | os.PathLike[str], *, steps: Sequence[int
     ``meta`` is added to the bundle's description (``tolerances``, ``redacted``...); the
     description also says which streams and steps it holds, how many expected-metrics rows, and
     which rollout_mock wrote it (not where the dump was: nothing private)."""
+    refuse_own_input(out, local_input(store), "pack")
     chosen = slice_dump(store, steps=steps, splits=splits)
     description = {"created_by": f"rollout_mock {__version__}", "streams": chosen.streams,
                    "expected_rows": chosen.expected_rows, **(meta or {})}
@@ -302,11 +361,12 @@ def pull_store(store: Store, dst: str | os.PathLike[str], *, steps: Sequence[int
                progress: bool | None = False) -> DumpSlice:
     """Copy ``steps`` of ``store``'s dump (see :func:`slice_dump`: only the index and those
     steps' objects are read) into the new local dump directory ``dst``, atomically."""
+    local = local_input(store)
+    refuse_own_input(dst, local, "pull")
     chosen = slice_dump(store, steps=steps, splits=splits)
     bar = progress_bar(chosen.nbytes, enabled=progress, desc="pull")
-    local = store.backend.local_path("")
     try:
-        with _DirWriter(dst, overwrite=overwrite, protect=[] if local is None else [str(local)]) as out:
+        with _DirWriter(dst, overwrite=overwrite, protect=[] if local is None else [local]) as out:
             for part in chosen.parts:
                 out.add(part.name, _counted(part.read(), bar))
             out.commit()
@@ -321,6 +381,7 @@ def unpack(location: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
     non-empty one only with ``overwrite``), atomically: every byte is checked on the way (each
     member's SHA-256, the padding), and nothing is left behind on an error. The bundle's digest
     and description go to ``dst/bundle.json``. Returns the (closed) bundle."""
+    refuse_own_input(dst, location, "unpack")
     bundle = open_bundle(location, storage_options=storage_options)
     try:
         manifest = bundle.read(MANIFEST_NAME, 0, None)
@@ -433,6 +494,7 @@ def pack(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, steps: Se
     from rollout_mock.storage.store import open_store
 
     step_list = parse_ranges(steps, "--steps") if isinstance(steps, str) else sorted(set(steps))
+    refuse_own_input(out, None if is_url(os.fspath(dump)) else dump, "pack")
     meta: dict[str, Any] = {"tolerances": _tolerances(rtol, atol), "redacted": None}
     if not redact:
         return pack_store(open_store(dump), out, steps=step_list, splits=splits, meta=meta, overwrite=overwrite,

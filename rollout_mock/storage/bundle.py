@@ -111,6 +111,18 @@ def _check_name(name: object, where: str) -> str:
     return name
 
 
+def _starts_with_magic(path: Path) -> bool:
+    """Whether the regular file ``path`` begins with the bundle magic (never blocks on a FIFO)."""
+    try:
+        fd = open_regular(os.fspath(path))
+    except (OSError, UnsafePathError):
+        return False
+    try:
+        return os.read(fd, len(MAGIC)) == MAGIC
+    finally:
+        os.close(fd)
+
+
 def is_bundle(location: str | os.PathLike[str]) -> bool:
     """Whether ``location`` names a bundle: a URL ending in ``.rmb``, or a local regular file
     that ends in ``.rmb`` or starts with the bundle magic (so a mis-named bundle still opens, and
@@ -483,9 +495,13 @@ class BundleWriter:
         if self.path.is_dir():
             raise DebugInputError(f"{self.path} is a directory; name the bundle file to write, e.g. "
                                   f"{self.path / 'bad-step.rmb'}")
-        if self.path.exists() and not overwrite:
-            raise DebugInputError(f"{self.path} exists; pick another name, or pass --overwrite (overwrite=True) to "
-                                  f"replace it")
+        if self.path.exists() or self.path.is_symlink():
+            if not overwrite:
+                raise DebugInputError(f"{self.path} exists; pick another name, or pass --overwrite (overwrite=True) "
+                                      f"to replace it")
+            if self.path.is_symlink() or not self.path.is_file() or not _starts_with_magic(self.path):
+                raise DebugInputError(f"refusing to replace {self.path} with --overwrite: it is not a bundle "
+                                      f"(--overwrite replaces only a bundle file); pick another name")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.temp = self.path.parent / f".{self.path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

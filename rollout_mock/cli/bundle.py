@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import secrets
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -47,7 +49,7 @@ from rollout_mock.storage.index import MANIFEST_BYTES, read_doc
 from rollout_mock.storage.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, StreamId, format_ranges, parse_manifest
 from rollout_mock.storage.paths import NAME_PATTERN, check_relpath, is_url, open_inside
 from rollout_mock.storage.verified import corrupt_error
-from rollout_mock.text import progress_bar
+from rollout_mock.text import progress_bar, short_repr
 from rollout_mock.version import __version__
 
 if TYPE_CHECKING:
@@ -388,6 +390,7 @@ def unpack(location: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
         if manifest is None:
             raise BundleError(f"{bundle.where}: holds no {MANIFEST_NAME}: not a bundle of a dump", path=bundle.where)
         parse_manifest(manifest, f"{bundle.where}:{MANIFEST_NAME}")
+        bundle_tolerances(bundle)  # a forged description: refused before anything is written
         bar = progress_bar(bundle.payload_bytes, enabled=progress, desc="unpack")
         protect = [] if is_url(os.fspath(location)) else [os.fspath(location)]
         try:
@@ -402,6 +405,36 @@ def unpack(location: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
     finally:
         bundle.close()
     return bundle
+
+
+def bundle_tolerances(bundle: Bundle) -> dict[str, dict[str, float]] | None:
+    """The tolerances a bundle's description records (``{"rtol": {"default": 0.0, METRIC: x}, "atol":
+    {...}}``, what ``pack --rtol/--atol`` writes), or None; :class:`BundleError` naming the field
+    when they are not that: each a finite number >= 0 (a forged or damaged description)."""
+    tolerances = bundle.meta.get("tolerances")
+    if tolerances is None:
+        return None
+
+    def bad(field: str, why: str) -> BundleError:
+        return BundleError(f"{bundle.where}: its description's tolerances{field} {why}; the bundle was edited or "
+                           f"damaged: pack it again", path=bundle.where)
+
+    if not isinstance(tolerances, dict):
+        raise bad("", f"are a {type(tolerances).__name__}, not a mapping of rtol and atol")
+    out: dict[str, dict[str, float]] = {}
+    for kind, values in tolerances.items():
+        if kind not in ("rtol", "atol"):
+            raise bad("", f"hold {str(kind)[:40]!r}: expected only rtol and atol")
+        if not isinstance(values, dict):
+            raise bad(f".{kind}", f"is a {type(values).__name__}, not a mapping of metric to tolerance")
+        out[kind] = {}
+        for metric, value in values.items():
+            ok = type(value) in (int, float) and 0 <= value <= 1e300 and not math.isnan(value)
+            if not ok:
+                raise bad(f".{kind}[{str(metric)[:80]!r}]",
+                          f"is {short_repr(value, 60)}: expected a finite number >= 0")
+            out[kind][str(metric)] = float(value)
+    return out
 
 
 # ------------------------------------------------------------------ the commands
@@ -522,7 +555,7 @@ def _mb(size: int) -> str:
 def run_pack(args: argparse.Namespace) -> int:
     from rollout_mock.cli import resolve_dump
 
-    dump = resolve_dump(args.dump, "pack", f"--steps {args.steps} -o {args.output}")
+    dump = resolve_dump(args.dump, "pack", ["--steps", str(args.steps), "-o", str(args.output)])
     info = pack(dump, args.output, steps=args.steps, splits=args.splits, redact=args.redact, rtol=args.rtol,
                 atol=args.atol, overwrite=args.overwrite, trusted=args.trust, imports=args.imports,
                 progress=False if args.no_progress else None)
@@ -534,7 +567,7 @@ def run_pack(args: argparse.Namespace) -> int:
         print(f"  redacted fields: {', '.join(info.meta['redacted']) or 'none found'} (token ids kept)")
     print(f"  digest: {info.digest}")
     print(f"open it in place: open_dump({str(info.path)!r}), or dump_dir: {info.path} in mock mode; "
-          f"or: rollout-mock unpack {info.path} -o DIR")
+          f"or: rollout-mock unpack {shlex.quote(str(info.path))} -o DIR")
     return 0
 
 
@@ -542,12 +575,12 @@ def run_unpack(args: argparse.Namespace) -> int:
     bundle = unpack(args.bundle, args.output, overwrite=args.overwrite, progress=False if args.no_progress else None)
     print(f"wrote {args.output} ({len(bundle.members)} files, {_mb(bundle.payload_bytes)}; every member's SHA-256 "
           f"checked; digest {bundle.digest})")
-    tolerances = bundle.meta.get("tolerances")
-    if isinstance(tolerances, dict) and bundle.members.get("expected/metrics.jsonl") is not None:
-        flags = " ".join(f"--{kind} {value:g}" if metric == "default" else f"--{kind} {metric}={value:g}"
-                         for kind in ("rtol", "atol") for metric, value in (tolerances.get(kind) or {}).items()
-                         if isinstance(value, (int, float)) and (metric != "default" or value))
-        expected = Path(args.output) / "expected/metrics.jsonl"
+    tolerances = bundle_tolerances(bundle)
+    if tolerances is not None and bundle.members.get("expected/metrics.jsonl") is not None:
+        flags = " ".join(f"--{kind} " + shlex.quote(f"{value:g}" if metric == "default" else f"{metric}={value:g}")
+                         for kind in ("rtol", "atol") for metric, value in tolerances.get(kind, {}).items()
+                         if metric != "default" or value)
+        expected = shlex.quote(str(Path(args.output) / "expected/metrics.jsonl"))
         print(f"compare a replay with the bundled metrics: rollout-mock verify {expected} RUN_METRICS"
               + (f" {flags}" if flags else "   (bitwise)"))
         print(f"  or in mock mode: verdict: {json.dumps({k: tolerances.get(k) for k in ('rtol', 'atol')})}")
@@ -559,7 +592,7 @@ def run_pull(args: argparse.Namespace) -> int:
     from rollout_mock.debug.cut import parse_ranges
     from rollout_mock.storage.store import open_store
 
-    dump = resolve_dump(args.dump, "pull", f"-o {args.output}")
+    dump = resolve_dump(args.dump, "pull", ["-o", str(args.output)])
     steps = None if args.steps is None else parse_ranges(args.steps, "--steps")
     pulled = pull_store(open_store(dump), args.output, steps=steps, splits=args.splits, overwrite=args.overwrite,
                         progress=False if args.no_progress else None)

@@ -42,6 +42,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import struct
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -437,8 +438,8 @@ class BundleBackend(BackendDefaults):
     def _refuse(self, rel: str) -> DumpNotWritableError:
         return DumpNotWritableError(
             f"[RolloutMock] {self.bundle.where} is a bundle, read-only: it replays in place, but nothing can be "
-            f"written into it (here: {rel or 'the dump'}). Unpack it first: rollout-mock unpack {self.bundle.where} "
-            f"-o DIR, and point dump_dir at DIR.", path=self.bundle.where)
+            f"written into it (here: {rel or 'the dump'}). Unpack it first: rollout-mock unpack "
+            f"{shlex.quote(self.bundle.where)} -o DIR, and point dump_dir at DIR.", path=self.bundle.where)
 
     def create(self, rel: str, data: bytes) -> bool:
         raise self._refuse(rel)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -311,7 +312,8 @@ class Store:
         if not self.has_dump():
             pickles = self._foreign_step_files()
             hint = (f" It holds {pickles} step file(s) but no manifest: it was probably written by ROLL or an "
-                    f"older tool; convert it with `rollout-mock import {self.where('')} NEW_DIR --trust` and "
+                    f"older tool; convert it with `rollout-mock import {shlex.quote(self.where(''))} NEW_DIR "
+                    f"--trust` and "
                     f"point dump_dir at NEW_DIR." if pickles else
                     " Run the same steps in dump mode first, or fix dump_dir.")
             raise DumpNotFoundError(f"[RolloutMock] no {MANIFEST_NAME} in {self.where('')} (mode={mode}).{hint}",

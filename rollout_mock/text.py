@@ -85,7 +85,7 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, float):
         return json_float(value)
     if isinstance(value, Mapping):
-        return {str(k): jsonable(v) for k, v in value.items()}
+        return {_json_key(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [jsonable(v) for v in value]
     if isinstance(value, int) and not isinstance(value, bool):
@@ -93,6 +93,15 @@ def jsonable(value: Any) -> Any:
     if value is None or isinstance(value, bool | str):
         return value
     return jsonable(json_default(value))
+
+
+def _json_key(key: Any) -> str:
+    """A mapping key as JSON's string key (an int past ``str()``'s limit as its digit count)."""
+    if isinstance(key, str):
+        return key
+    if isinstance(key, int) and not isinstance(key, bool):
+        return str(_jsonable_int(int(key)))
+    return str(key)
 
 
 def _jsonable_int(value: int) -> int | str:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +89,7 @@ class ForeignDump:
             raise UnsafePickleError(
                 f"{record.path} is a {self.format} dump file (a pickle: loading it can run code); "
                 f"open it with open_foreign({str(self.root)!r}, trust=True) if you trust it, or convert "
-                f"it once: rollout-mock import {self.root} NEW_DIR --trust",
+                f"it once: rollout-mock import {shlex.quote(str(self.root))} NEW_DIR --trust",
                 step=step, path=record.path,
             )
         try:
@@ -209,7 +210,7 @@ def _verl_scan(root: Path) -> list[ForeignStep]:
     if len(runs) > 1:
         raise ForeignDumpError(
             f"{root} holds {len(runs)} verl runs; import one at a time: "
-            + "; ".join(f"rollout-mock import {run} NEW_DIR --trust" for run in runs[:5]),
+            + "; ".join(f"rollout-mock import {shlex.quote(str(run))} NEW_DIR --trust" for run in runs[:5]),
             path=root,
         )
     steps = []

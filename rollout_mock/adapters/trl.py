@@ -56,7 +56,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rollout_mock.config import CheckServes, RolloutMockConfig, load_config
-from rollout_mock.errors import ConfigError, ReplayMismatchError, StepNotFoundError
+from rollout_mock.errors import ConfigError, CorruptStepError, ReplayMismatchError, StepNotFoundError
 from rollout_mock.wrap.rng import capture_rng, restore_rng
 from rollout_mock.wrap.scheduler import MockScheduler
 
@@ -139,6 +139,51 @@ def _apply(target: Any, changes: Mapping[str, Mapping[str, Any]]) -> None:
             target.pop(key, None)
 
 
+def _record_problem(record: Mapping[str, Any], part: str) -> str | None:
+    """What is wrong with the ``part`` (``"generate"`` or ``"rewards"``) of a record read from a
+    dump, as ``"field: why"``; ``None`` when it has the layout :class:`TrlRollout` writes."""
+    body = record.get(part)
+    if not isinstance(body, Mapping):
+        return f"{part}: missing or not a mapping (got {type(body).__name__})"
+    if part == "generate":
+        required: dict[str, tuple[type, ...]] = {"output": (object,), "tuple": (bool,), "metrics": (Mapping,),
+                                                 "num_input_tokens_seen": (int,)}
+        optional: dict[str, tuple[type, ...]] = {"num_input_tokens_before": (int,), "rng": (object,)}
+    else:
+        import torch
+
+        required = {"rewards_per_func": (torch.Tensor,), "pending_metrics": (Mapping,),
+                    "pending_extra_logs": (Mapping,)}
+        optional = {"rng": (object,)}
+    for name, kinds in (*required.items(), *optional.items()):
+        if name not in body:
+            if name in required:
+                return f"{part}.{name}: missing"
+            continue
+        value = body[name]
+        if value is None and name in optional:
+            continue
+        if not isinstance(value, kinds) or (bool not in kinds and isinstance(value, bool)):
+            return f"{part}.{name}: expected {' or '.join(k.__name__ for k in kinds)}, got {type(value).__name__}"
+    for name in ("metrics", "pending_metrics", "pending_extra_logs"):
+        if name in body and (why := _changes_problem(body[name])):
+            return f"{part}.{name}{why}"
+    return None
+
+
+def _changes_problem(changes: Mapping[Any, Any]) -> str | None:
+    """A recorded metrics delta (see :func:`_delta`) that :func:`_apply` cannot apply."""
+    for key, change in changes.items():
+        if not isinstance(key, str):
+            return f": a key of type {type(key).__name__}"
+        if not isinstance(change, Mapping) or len(change) != 1 or next(iter(change)) not in ("append", "set", "delete"):
+            return f"[{key[:80]!r}]: expected {{'append'|'set': [...]}} or {{'delete': True}}"
+        kind, values = next(iter(change.items()))
+        if kind != "delete" and not isinstance(values, list):
+            return f"[{key[:80]!r}].{kind}: expected a list, got {type(values).__name__}"
+    return None
+
+
 class _Source:
     """What the :class:`MockScheduler` wraps: in dump mode ``rollout`` returns the record the
     wrapped trainer methods just built; mock mode never calls it."""
@@ -166,6 +211,8 @@ class TrlRollout:
         self._source = _Source()
         self._schedulers: dict[str, MockScheduler] = {}
         self._current: dict[str, Any] | None = None
+        #: (split, step) of the record served last (named when it is malformed)
+        self._served: tuple[str, int | None] = ("train", None)
         #: eval generations of this run at each optimizer step (the i-th one at step g)
         self._evals: dict[int, int] = {}
         #: (state.global_step, trainer._step) when training began (a resumed run: its checkpoint's step)
@@ -247,10 +294,12 @@ class TrlRollout:
         """Dump: record ``self._source.pending``; mock: the recorded record of this call; check:
         the recorded or the live record, after comparing them."""
         if mode == "train":
-            result = self._scheduler("train").rollout(prompts, global_step=self.generation_index())
+            self._served = ("train", self.generation_index())
+            result = self._scheduler("train").rollout(prompts, global_step=self._served[1])
         else:
             optimizer_step = int(self.trainer.state.global_step)
             step, _ = self._val_step(optimizer_step)
+            self._served = ("val", step)
             result = self._scheduler("val").rollout(prompts, global_step=step, trainer_step=optimizer_step)
         if not isinstance(result, dict) or result.get("format") != RECORD_FORMAT:
             raise ConfigError(
@@ -260,9 +309,22 @@ class TrlRollout:
             )
         return result
 
+    def _check_record(self, record: Mapping[str, Any], part: str) -> None:
+        """Refuse a recorded record whose ``part`` is malformed (a damaged or hostile dump), naming
+        the step and the field, before any of it is applied."""
+        problem = _record_problem(record, part)
+        if problem is None:
+            return
+        split, step = self._served
+        raise CorruptStepError(
+            f"[RolloutMock] TRL (mode={self.config.mode.value}): the record of {split} step {step} in "
+            f"{self.config.dump_dir} is malformed ({problem}); record the dump again with wrap_trl",
+            mode=self.config.mode.value, split=split, step=step, path=self.config.dump_dir)
+
     def _replay_generation(self, record: dict[str, Any], mode: str) -> Any:
         """Re-apply a recorded generation's side effects; return its output."""
         trainer = self.trainer
+        self._check_record(record, "generate")
         generated = record["generate"]
         _apply(trainer._metrics[mode], generated["metrics"])
         before = generated.get("num_input_tokens_before")
@@ -336,6 +398,7 @@ class TrlRollout:
                 mode=self.config.mode.value,
             )
         if "rewards" in record:  # a recorded generation is served: so are its rewards
+            self._check_record(record, "rewards")
             rewards = record["rewards"]
             _apply(trainer._pending_metrics, rewards["pending_metrics"])
             _apply(trainer._pending_extra_logs, rewards["pending_extra_logs"])

@@ -62,7 +62,7 @@ def find_dumps(root: Path, depth: int = 2) -> list[Path]:
     return found
 
 
-def resolve_dump(location: str | Path, command: str, rest: str = "") -> str | Path:
+def resolve_dump(location: str | Path, command: str, rest: str | Sequence[str] = "") -> str | Path:
     """``location`` when it holds a dump (an fsspec URL or a bundle is passed through as is: its
     store says); otherwise a DumpNotFoundError that says where dumps are (one or two levels down),
     or what kind of folder it is, with the command to run instead."""
@@ -79,6 +79,8 @@ def resolve_dump(location: str | Path, command: str, rest: str = "") -> str | Pa
         raise DumpNotFoundError(f"dump directory not found: no such folder: {path}", path=path)
     if not path.is_dir():
         raise dump_path_is_a_file(path)
+    if not isinstance(rest, str):  # the arguments of the suggested command, each quoted for a shell
+        rest = " ".join(shlex.quote(str(arg)) for arg in rest)
     suffix = f" {rest}" if rest else ""
     below = find_dumps(path)
     if below:

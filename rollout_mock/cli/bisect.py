@@ -2,16 +2,19 @@
 
 Every commit replays the same dump in mock mode. CMD runs at --good (its metrics are the reference,
 or must match --reference dump|FILE), at --bad (if it matches, there is nothing to find), then
-``git bisect run`` tests the commits between, all in a temporary ``git worktree add --detach``
-removed at the end (also on errors and Ctrl-C): your checkout, index, HEAD, branches and bisect
-state are never touched. Git hooks do not run there; each run starts from a clean checkout.
+the commits between, halving the range each time (the split points of ``git rev-list
+--bisect-all``), all in a temporary ``git worktree add --detach`` removed at the end (also on errors
+and Ctrl-C): your checkout, index, HEAD, branches and bisect state are never touched (no ``git
+bisect`` runs). No git hook of the repository runs (every git command gets ``core.hooksPath`` = an
+empty folder); each run starts from a clean checkout. A --metrics-file whose folder a commit makes
+a symlink out of the worktree skips that commit; nothing is removed or created through it.
 
 CMD is an argument vector run in the worktree's root, with no shell (``sh -c '...'`` for one);
 ``{dump}``, ``{metrics}`` and ``{rev}`` in it are replaced, and its environment holds
 ROLLOUT_MOCK_MODE=mock, ROLLOUT_MOCK_DUMP_DIR (absolute), ROLLOUT_MOCK_METRICS (the file to write:
 fresh per commit, outside the worktree; or --metrics-file) and ROLLOUT_MOCK_BISECT_REV. A commit is
 good when its metrics match the reference by verify's rules (bitwise unless --rtol/--atol), bad
-otherwise, skipped (``git bisect skip``, never blamed) when CMD fails, times out or writes none.
+otherwise, skipped (never blamed) when CMD fails, times out or writes none.
 
 Exit codes: 0 good (--bad reproduces the reference: no bad commit), 1 bad (the first bad commit is
 named with its first divergent step, metric and both values), 2 bad input (no repository,
@@ -26,10 +29,9 @@ import json
 import math
 import os
 import re
-import select
 import shutil
 import signal
-import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -50,27 +52,41 @@ from rollout_mock.text import json_float
 __all__ = ["EXIT_BAD", "EXIT_GOOD", "EXIT_INCONCLUSIVE", "add_parser", "run"]
 
 EXIT_GOOD, EXIT_BAD, EXIT_INCONCLUSIVE = 0, 1, 3
-_ANSWER = {"good": 0, "bad": 1, "skip": 125}  # exit codes of the script `git bisect run` runs
+_VERDICTS = ("good", "bad", "skip")
 _GRACE_S = 5.0
-_GIT = ("git", "-c", "core.hooksPath=/dev/null")  # the user's hooks never run in our worktree
-# The script `git bisect run` runs at each commit (python -I -S: the standard library only, so it
-# starts in milliseconds): it asks this process, which tests the commit, and exits with the answer.
-# Anything going wrong (this process gone, Ctrl-C) answers 255, which stops git: never "bad".
-_ASK = """import socket, sys
-try:
-    ask = socket.socket(socket.AF_UNIX)
-    ask.connect(sys.argv[1])
-    ask.sendall(b"?")
-    code = int(ask.makefile().read())
-except BaseException:
-    code = 255
-sys.exit(code)
-"""
+_GIT = ("git",)
+
+
+def _git_env() -> dict[str, str]:
+    """This process's environment plus ``core.hooksPath`` = an empty folder of ours, through
+    ``GIT_CONFIG_COUNT``/``KEY``/``VALUE`` (after any the user set): no hook of the repository
+    (``post-checkout``, ``reference-transaction``...) runs for any git command bisect starts."""
+    env = dict(os.environ)
+    try:
+        count = int(env.get("GIT_CONFIG_COUNT") or 0)
+    except ValueError:
+        count = 0
+    env.update({"GIT_CONFIG_COUNT": str(count + 1), f"GIT_CONFIG_KEY_{count}": "core.hooksPath",
+                f"GIT_CONFIG_VALUE_{count}": _no_hooks()})
+    return env
+
+
+_NO_HOOKS: list[str] = []
+
+
+def _no_hooks() -> str:
+    """An empty folder (made once per process, removed at exit) that git takes as the hooks folder."""
+    if not _NO_HOOKS:
+        import atexit
+
+        _NO_HOOKS.append(tempfile.mkdtemp(prefix="rollout-mock-no-hooks-"))
+        atexit.register(shutil.rmtree, _NO_HOOKS[0], True)
+    return _NO_HOOKS[0]
 
 
 def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "bisect", help="find the commit that changed the metrics (git bisect run, one dump replayed at each commit)",
+        "bisect", help="find the commit that changed the metrics (a bisection, one dump replayed at each commit)",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s --good REV --bad REV --dump DUMP [options] -- CMD [ARG ...]")
     add = parser.add_argument
@@ -88,7 +104,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add("--timeout", type=float, default=3600.0, metavar="S",
         help="most seconds CMD may run at one commit; past it the commit is skipped (default 3600)")
     add("--git-timeout", type=float, default=600.0, metavar="S", help="most seconds for one git command (default 600)")
-    add("--max-tests", type=int, default=64, metavar="N", help="most commits git bisect run tests (default 64)")
+    add("--max-tests", type=int, default=64, metavar="N", help="most commits tested between the two ends (default 64)")
     add("--log-dir", metavar="DIR", help="keep CMD's output there, one REV.log per commit")
     add("--json", action="store_true", help="print the result as JSON on stdout")
     add("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ...", help="the command run at each commit")
@@ -101,7 +117,7 @@ class _Plan:
 
     argv: list[str]
     worktree: str
-    work: str  # the scratch folder: metrics/, logs/ and the socket `git bisect run`'s script asks on
+    work: str  # the scratch folder: metrics/ and logs/
     dump: str
     metrics_file: str | None
     timeout: float
@@ -132,9 +148,9 @@ class _Tested:
 def _git(args: Sequence[str], cwd: str | Path, timeout: float, check: bool = True) -> subprocess.CompletedProcess[str]:
     try:
         proc = subprocess.run([*_GIT, *args], cwd=cwd, capture_output=True, encoding="utf-8", errors="replace",
-                              stdin=subprocess.DEVNULL, timeout=timeout)
+                              stdin=subprocess.DEVNULL, timeout=timeout, env=_git_env())
     except FileNotFoundError:
-        raise BisectError("git is not installed (or not on PATH); bisect drives `git bisect run`") from None
+        raise BisectError("git is not installed (or not on PATH); bisect checks out commits with git") from None
     except subprocess.TimeoutExpired:
         raise BisectError(f"`git {' '.join(args)}` took more than {timeout:g}s; raise --git-timeout") from None
     said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
@@ -201,6 +217,28 @@ def _run_cmd(plan: _Plan, rev: str, metrics: Path, log: Path) -> str | None:
     return f"CMD exited with code {code}" + (f": {last[-1][:200]}" if last else "")
 
 
+def _fresh_metrics(tree: Path, rel: str) -> str | None:
+    """Make way for CMD's ``--metrics-file`` in the worktree: why the commit cannot be tested
+    (skipped), or None. The commit decides what is at that path: a symlinked folder leading out of
+    the worktree is refused (nothing is removed or created through it), a committed file or link
+    is unlinked (the link itself, never its target), a committed directory is left alone."""
+    root = os.path.realpath(tree)
+    path = tree / rel
+    folder = os.path.realpath(path.parent)
+    if folder != root and not folder.startswith(root + os.sep):
+        return f"--metrics-file {rel}: its folder leads out of the worktree in this commit (a symlink to {folder})"
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"--metrics-file {rel}: {exc.strerror}"
+    if stat.S_ISDIR(mode):
+        return f"--metrics-file {rel} is a directory in this commit"
+    os.unlink(path)
+    return None
+
+
 def _test(plan: _Plan, reference: MetricsTable | None) -> tuple[_Tested, MetricsTable | None]:
     """Run CMD at the worktree's HEAD and judge its metrics (``reference=None``: it is the reference
     run), then reset the worktree to a clean checkout."""
@@ -209,9 +247,10 @@ def _test(plan: _Plan, reference: MetricsTable | None) -> tuple[_Tested, Metrics
     metrics = tree / plan.metrics_file if plan.metrics_file else Path(plan.work) / "metrics" / f"{rev}.jsonl"
     tested, table = _Tested(rev, subject, "skip", "", 0.0, str(Path(plan.log_dir) / f"{rev[:12]}.log")), None
     try:  # a committed metrics file must not count: only what this run writes
-        shutil.rmtree(metrics) if metrics.is_dir() and not metrics.is_symlink() else metrics.unlink(missing_ok=True)
-        metrics.parent.mkdir(parents=True, exist_ok=True)
-        failure = _run_cmd(plan, rev, metrics, Path(tested.log))
+        failure = _fresh_metrics(tree, plan.metrics_file) if plan.metrics_file else None
+        if failure is None:
+            metrics.parent.mkdir(parents=True, exist_ok=True)
+            failure = _run_cmd(plan, rev, metrics, Path(tested.log))
         try:
             table = None if failure else read_metrics(metrics)
         except MetricsError as exc:  # none written (MetricsNotFoundError), empty, malformed
@@ -245,53 +284,43 @@ class _Progress:
             print(f"[{len(self.tested)}/~{self.total}] {tested.rev[:12]} {tested.subject[:60]}: {tested.verdict} "
                   f"({tested.reason}) {tested.seconds:.1f}s", file=sys.stderr, flush=True)
 
-    def git_line(self, line: str) -> None:
-        if left := re.search(r"^Bisecting: .*\(roughly (\d+) steps?\)", line, re.M):
-            self.total = len(self.tested) + 1 + int(left.group(1))
+    def estimate(self, candidates: int) -> None:
+        """``candidates`` commits left: about log2 of them still to test."""
+        self.total = len(self.tested) + (math.ceil(math.log2(candidates)) if candidates > 1 else 0)
 
 
-def _bisect_run(plan: _Plan, reference: MetricsTable, progress: _Progress) -> str | None:
-    """``git bisect run`` :data:`_ASK`, testing each commit here when it asks; why it gave up, if it did."""
-    tail: list[str] = []
+def _candidates(plan: _Plan, bad: str, goods: list[str]) -> list[str]:
+    """The commits that may be the first bad one: reachable from ``bad``, not from any good one,
+    best split point first (``git rev-list --bisect-all``: read-only, no ref moves)."""
+    out = _git(["rev-list", "--bisect-all", bad, "--not", *goods], plan.worktree, plan.git_timeout).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
 
-    def drain(stream: Any) -> None:  # git's output: the progress estimate, and the last lines for errors
-        for line in stream:
-            tail[:] = [*tail[-2:], line.strip()]
-            progress.git_line(line)
 
-    address = str(Path(plan.work) / "ask")
-    if len(os.fsencode(address)) > 100:
-        raise BisectError(f"{address}: too long for a Unix socket; set TMPDIR to a shorter folder")
-    with socket.socket(socket.AF_UNIX) as server:
-        server.bind(address)
-        server.listen(1)
-        proc = subprocess.Popen([*_GIT, "bisect", "run", sys.executable, "-I", "-S", "-c", _ASK, address],
-                                cwd=plan.worktree, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, encoding="utf-8", errors="replace", start_new_session=True)
-        reader = threading.Thread(target=drain, args=(proc.stdout,), daemon=True)
-        reader.start()
-        tests, gave_up = 0, None
-        try:
-            while proc.poll() is None:
-                if not select.select([server], [], [], 0.2)[0]:
-                    continue
-                with server.accept()[0] as asked:
-                    asked.recv(1)
-                    tests += 1
-                    if tests > plan.max_tests:
-                        gave_up, answer = f"--max-tests {plan.max_tests} reached", 255
-                    else:
-                        tested, _ = _test(plan, reference)
-                        progress.add(tested)
-                        answer = _ANSWER[tested.verdict]
-                    asked.sendall(str(answer).encode())
-        finally:
-            if proc.poll() is None:  # Ctrl-C, or an error here: git and the script waiting on us
-                _kill(proc)
-            reader.join(timeout=_GRACE_S)
-    if gave_up is None and proc.returncode not in (0, 2):  # 2: "only skipped commits left" (git bisect log says)
-        raise BisectError(f"git bisect run failed (exit {proc.returncode}): {' | '.join(tail)}")
-    return gave_up
+def _bisect_loop(plan: _Plan, reference: MetricsTable, good: str, bad: str,
+                 progress: _Progress) -> tuple[str | None, list[str], str | None]:
+    """Bisect ``good..bad`` by checking out each commit to test in the worktree (``git checkout
+    --detach``, hooks off): ``(first bad commit, candidates hidden by skipped commits, why it gave
+    up)``. Not ``git bisect``: on git 2.39 its helper updates refs with the repository's
+    ``reference-transaction`` hook whatever ``core.hooksPath`` says, and it writes bisect state."""
+    goods, skipped, tests = [good], set(), 0
+    while True:
+        candidates = _candidates(plan, bad, goods)
+        progress.estimate(len(candidates))
+        left = [rev for rev in candidates if rev != bad and rev not in skipped]
+        if not left:
+            return (bad, [], None) if len(candidates) <= 1 else (None, candidates, None)
+        if tests >= plan.max_tests:
+            return None, [], f"--max-tests {plan.max_tests} reached"
+        tests += 1
+        _git(["checkout", "-q", "--detach", left[0]], plan.worktree, plan.git_timeout)
+        tested, _ = _test(plan, reference)
+        progress.add(tested)
+        if tested.verdict == "good":
+            goods.append(tested.rev)
+        elif tested.verdict == "bad":
+            bad = tested.rev
+        else:
+            skipped.add(tested.rev)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -365,22 +394,16 @@ def _bisect(plan: _Plan, reference: MetricsTable | None, kind: str, good: str, b
         return EXIT_INCONCLUSIVE, f"the bad revision {bad[:12]} does not run ({tested.reason})", None, []
     if tested.verdict == "good":
         return EXIT_GOOD, f"no bad commit: the bad revision {bad[:12]} reproduces the reference", None, []
-    progress.git_line(_git(["bisect", "start", bad, good], plan.worktree, plan.git_timeout).stdout)
-    log = _git(["bisect", "log"], plan.worktree, plan.git_timeout).stdout
-    if "# first bad commit:" not in log:  # git names it at once when --bad's parent is --good
-        gave_up = _bisect_run(plan, reference, progress)
-        if gave_up:
-            return EXIT_INCONCLUSIVE, f"gave up: {gave_up}", None, []
-        log = _git(["bisect", "log"], plan.worktree, plan.git_timeout).stdout
-    found = re.search(r"^# first bad commit: \[([0-9a-f]{40,64})\]", log, re.M)
-    if found:
-        culprit = next(t for t in reversed(progress.tested) if t.rev == found.group(1))
+    culprit_rev, possible, gave_up = _bisect_loop(plan, reference, good, bad, progress)
+    if gave_up:
+        return EXIT_INCONCLUSIVE, f"gave up: {gave_up}", None, []
+    if culprit_rev is not None:
+        culprit = next(t for t in reversed(progress.tested) if t.rev == culprit_rev)
         return EXIT_BAD, f"first bad commit {culprit.rev[:12]} {culprit.subject}", culprit, []
-    possible = re.findall(r"^# possible first bad commit: \[([0-9a-f]{40,64})\] ?(.*)$", log, re.M)
-    if possible:
-        return EXIT_INCONCLUSIVE, f"the first bad commit is one of {len(possible)}: skipped commits hide which", \
-            None, possible
-    raise BisectError(f"git bisect ended without naming a commit: {' | '.join(log.splitlines()[-3:])}")
+    listed = _git(["log", "--no-walk=unsorted", "--format=%H %s", *possible], plan.worktree, plan.git_timeout).stdout
+    candidates = [(rev, subject) for rev, _, subject in (line.partition(" ") for line in listed.splitlines())]
+    return EXIT_INCONCLUSIVE, f"the first bad commit is one of {len(candidates)}: skipped commits hide which", \
+        None, candidates
 
 
 def _report(args: argparse.Namespace, good: str, bad: str, tested: list[_Tested], seconds: float, code: int,
@@ -405,7 +428,7 @@ def _report(args: argparse.Namespace, good: str, bad: str, tested: list[_Tested]
     for rev, subject in candidates:
         print(f"  candidate: {rev[:12]} {subject}")
     counts = ", ".join(f"{sum(t.verdict == v for t in tested)} {word}"
-                       for v, word in zip(_ANSWER, ("good", "bad", "skipped")))
+                       for v, word in zip(_VERDICTS, ("good", "bad", "skipped")))
     print(f"  {len(tested)} commits tested in {seconds:.1f}s ({counts})" +
           (f"; CMD output in {args.log_dir}" if args.log_dir else ""))
     return code

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import re
 import secrets
+import shlex
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -55,7 +58,7 @@ from rollout_mock.storage.manifest import (
 )
 from rollout_mock.storage.paths import NAME_PATTERN, check_relpath, is_url, open_inside
 from rollout_mock.storage.verified import corrupt_error
-from rollout_mock.text import progress_bar
+from rollout_mock.text import progress_bar, short_repr
 from rollout_mock.version import __version__
 
 if TYPE_CHECKING:
@@ -67,6 +70,60 @@ __all__ = ["COMMANDS", "DumpSlice", "Part", "pack", "pack_store", "pull_store", 
 _CHUNK = 8 << 20
 #: Largest expected-metrics file of a dump that is filtered into a selection.
 MAX_EXPECTED_BYTES = 256 << 20
+
+
+# ------------------------------------------------------------------ outputs that spare the input
+def _inside(path: str, folder: str) -> bool:
+    return path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def local_input(store: Store) -> str | None:
+    """The local file or directory a store reads (a dump directory, a bundle file), else None."""
+    from rollout_mock.storage.bundle import BundleBackend
+
+    local = store.backend.local_path("")
+    if local is not None:
+        return os.fspath(local)
+    backend = store.backend
+    if isinstance(backend, BundleBackend) and not is_url(backend.bundle.where):
+        return backend.bundle.where
+    return None
+
+
+def refuse_own_input(out: str | os.PathLike[str], source: str | os.PathLike[str] | None, command: str) -> None:
+    """:class:`DebugInputError` when the output ``out`` is the input ``source``, lies inside it
+    or holds it (symlinks resolved): no command writes over what it reads."""
+    if source is None or is_url(os.fspath(source)):
+        return
+    real_out, real_in = os.path.realpath(out), os.path.realpath(source)
+    how = ("is" if real_out == real_in else "is inside" if _inside(real_out, real_in)
+           else "holds" if _inside(real_in, real_out) else None)
+    if how is not None:
+        raise DebugInputError(f"rollout-mock {command}: refusing to write {out}: it {how} the input {source} "
+                              f"(symlinks resolved); pick an output outside the input")
+
+
+#: What a dump directory holds at its top (files; directories are splits, expected/...).
+_DUMP_TOP_FILES = frozenset({MANIFEST_NAME, INFO_NAME})
+
+
+def _replaceable(dst: Path) -> str | None:
+    """Why the non-empty directory ``dst`` may not be replaced by ``--overwrite`` (None: it is a
+    dump: a rollout_mock ``manifest.json``, and no file at its top a dump does not hold)."""
+    manifest = dst / MANIFEST_NAME
+    if manifest.is_symlink() or not manifest.is_file():
+        return f"it is not a dump (no {MANIFEST_NAME})"
+    try:
+        head = manifest.open("rb").read(4096)
+    except OSError as exc:
+        return f"its {MANIFEST_NAME} cannot be read ({exc.strerror})"
+    if FORMAT.encode() not in head:
+        return f"its {MANIFEST_NAME} is not a rollout_mock manifest"
+    for entry in os.scandir(dst):
+        if entry.is_symlink() or (not entry.is_dir(follow_symlinks=False) and entry.name not in _DUMP_TOP_FILES
+                                  and not entry.name.startswith(".")):
+            return f"it holds {entry.name!r}, which is no part of a dump"
+    return None
 
 
 # ------------------------------------------------------------------ a new dump directory
@@ -91,6 +148,10 @@ class _DirWriter:
                 inside = os.path.realpath(kept)
                 if inside == real or inside.startswith(real.rstrip(os.sep) + os.sep):
                     raise DebugInputError(f"refusing to replace {self.dst}: it holds {kept}, which is being read")
+            why = _replaceable(self.dst)
+            if why is not None:  # --overwrite replaces a dump, never a folder of other files
+                raise DebugInputError(f"refusing to replace {self.dst} with --overwrite: {why}; pick a new or "
+                                      f"empty directory")
             self.replace = True
         self.dst.parent.mkdir(parents=True, exist_ok=True)
         self.temp = self.dst.parent / f".{self.dst.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
@@ -224,32 +285,80 @@ def _pack_parts(store: Store, stream: StreamId, steps: set[int]) -> list[Part]:
     return parts
 
 
+#: A metrics row's ``"step": N`` (rows are filtered on it before any is parsed), and the longest
+#: row kept (a longer one is no metrics row the dump writer wrote: skipped).
+_STEP_FIELD = re.compile(rb'"step"\s*:\s*(-?[0-9]{1,20})(?![0-9.eE])')
+_MAX_ROW = 1 << 20
+
+
 def _expected_parts(store: Store, steps: set[int]) -> tuple[list[Part], int]:
     """The dump's ``expected/*.jsonl`` metrics, each reduced to the rows of ``steps`` (lines that
-    do not parse, such as a torn last line, are left out); files left empty are dropped."""
+    do not parse, such as a torn last line, are left out); files left empty are dropped. Each
+    file is read in pieces (bounded memory), and a line is parsed only when a ``"step"`` field
+    of one of ``steps`` appears in it: 8 MB of other lines cost one regular-expression scan."""
     parts, rows = [], 0
     for name in sorted(store.backend.listdir("expected")):
         if not name.endswith(".jsonl") or not NAME_PATTERN.fullmatch(name):
             continue
         rel = f"expected/{name}"
-        data = store.backend.read(rel, 0, MAX_EXPECTED_BYTES + 1)
-        if data is None:
-            continue
-        if len(data) > MAX_EXPECTED_BYTES:
-            raise DebugInputError(f"{store.where(rel)} is larger than {MAX_EXPECTED_BYTES:,} bytes; not bundled")
-        kept = []
-        for line in data.splitlines(keepends=True):
-            try:
-                record = loads_bounded(line, where=store.where(rel), what="metrics line", allow_nan=True)
-            except ManifestError:
-                continue
-            step = record.get("step") if isinstance(record, dict) else None
-            if isinstance(step, int) and not isinstance(step, bool) and step in steps:
-                kept.append(line if line.endswith(b"\n") else line + b"\n")
+        kept = _rows_of_steps(store, rel, steps)
         if kept:
             parts.append(_whole(rel, b"".join(kept)))
             rows += len(kept)
     return parts, rows
+
+
+def _rows_of_steps(store: Store, rel: str, steps: set[int]) -> list[bytes]:
+    """The lines of ``rel`` whose ``step`` is one of ``steps`` (see :func:`_expected_parts`)."""
+    kept: list[bytes] = []
+    offset, carry, skipping = 0, b"", False
+    while True:
+        piece = store.backend.read(rel, offset, offset + _CHUNK)
+        if not piece:
+            break
+        offset += len(piece)
+        if offset > MAX_EXPECTED_BYTES:
+            raise DebugInputError(f"{store.where(rel)} is larger than {MAX_EXPECTED_BYTES:,} bytes; not bundled")
+        block = carry + piece
+        cut = block.rfind(b"\n") + 1
+        if skipping and cut:  # the rest of an over-long line: dropped
+            block, cut, skipping = block[block.find(b"\n") + 1:], cut - block.find(b"\n") - 1, False
+        if not cut:
+            carry, skipping = (b"", True) if skipping or len(block) > _MAX_ROW else (block, False)
+            continue
+        kept += _scan_rows(block[:cut], steps, store.where(rel))
+        carry = block[cut:]
+        if len(carry) > _MAX_ROW:
+            carry, skipping = b"", True
+        if len(piece) < _CHUNK:
+            break
+    if carry and not skipping:
+        kept += _scan_rows(carry, steps, store.where(rel))
+    return kept
+
+
+def _scan_rows(block: bytes, steps: set[int], where: str) -> list[bytes]:
+    kept: list[bytes] = []
+    done = -1
+    for match in _STEP_FIELD.finditer(block):
+        if int(match.group(1)) not in steps:
+            continue
+        start = block.rfind(b"\n", 0, match.start()) + 1
+        if start == done:
+            continue
+        done = start
+        end = block.find(b"\n", match.end())
+        line = block[start:len(block) if end < 0 else end + 1]
+        if len(line) > _MAX_ROW:
+            continue
+        try:
+            record = loads_bounded(line, where=where, what="metrics line", allow_nan=True)
+        except ManifestError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step in steps:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    return kept
 
 
 def slice_dump(store: Store, *, steps: Sequence[int] | None, splits: Sequence[str] | None = None) -> DumpSlice:
@@ -316,6 +425,7 @@ def pack_store(store: Store, out: str | os.PathLike[str], *, steps: Sequence[int
     ``meta`` is added to the bundle's description (``tolerances``, ``redacted``...); the
     description also says which streams and steps it holds, how many expected-metrics rows, and
     which rollout_mock wrote it (not where the dump was: nothing private)."""
+    refuse_own_input(out, local_input(store), "pack")
     chosen = slice_dump(store, steps=steps, splits=splits)
     description = {"created_by": f"rollout_mock {__version__}", "streams": chosen.streams,
                    "expected_rows": chosen.expected_rows, **(meta or {})}
@@ -334,11 +444,12 @@ def pull_store(store: Store, dst: str | os.PathLike[str], *, steps: Sequence[int
                progress: bool | None = False) -> DumpSlice:
     """Copy ``steps`` of ``store``'s dump (see :func:`slice_dump`: only the index and those
     steps' objects are read) into the new local dump directory ``dst``, atomically."""
+    local = local_input(store)
+    refuse_own_input(dst, local, "pull")
     chosen = slice_dump(store, steps=steps, splits=splits)
     bar = progress_bar(chosen.nbytes, enabled=progress, desc="pull")
-    local = store.backend.local_path("")
     try:
-        with _DirWriter(dst, overwrite=overwrite, protect=[] if local is None else [str(local)]) as out:
+        with _DirWriter(dst, overwrite=overwrite, protect=[] if local is None else [local]) as out:
             for part in chosen.parts:
                 out.add(part.name, _counted(part.read(), bar))
             out.commit()
@@ -353,12 +464,14 @@ def unpack(location: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
     non-empty one only with ``overwrite``), atomically: every byte is checked on the way (each
     member's SHA-256, the padding), and nothing is left behind on an error. The bundle's digest
     and description go to ``dst/bundle.json``. Returns the (closed) bundle."""
+    refuse_own_input(dst, location, "unpack")
     bundle = open_bundle(location, storage_options=storage_options)
     try:
         manifest = bundle.read(MANIFEST_NAME, 0, None)
         if manifest is None:
             raise BundleError(f"{bundle.where}: holds no {MANIFEST_NAME}: not a bundle of a dump", path=bundle.where)
         parse_manifest(manifest, f"{bundle.where}:{MANIFEST_NAME}")
+        bundle_tolerances(bundle)  # a forged description: refused before anything is written
         bar = progress_bar(bundle.payload_bytes, enabled=progress, desc="unpack")
         protect = [] if is_url(os.fspath(location)) else [os.fspath(location)]
         try:
@@ -373,6 +486,36 @@ def unpack(location: str | os.PathLike[str], dst: str | os.PathLike[str], *, ove
     finally:
         bundle.close()
     return bundle
+
+
+def bundle_tolerances(bundle: Bundle) -> dict[str, dict[str, float]] | None:
+    """The tolerances a bundle's description records (``{"rtol": {"default": 0.0, METRIC: x}, "atol":
+    {...}}``, what ``pack --rtol/--atol`` writes), or None; :class:`BundleError` naming the field
+    when they are not that: each a finite number >= 0 (a forged or damaged description)."""
+    tolerances = bundle.meta.get("tolerances")
+    if tolerances is None:
+        return None
+
+    def bad(field: str, why: str) -> BundleError:
+        return BundleError(f"{bundle.where}: its description's tolerances{field} {why}; the bundle was edited or "
+                           f"damaged: pack it again", path=bundle.where)
+
+    if not isinstance(tolerances, dict):
+        raise bad("", f"are a {type(tolerances).__name__}, not a mapping of rtol and atol")
+    out: dict[str, dict[str, float]] = {}
+    for kind, values in tolerances.items():
+        if kind not in ("rtol", "atol"):
+            raise bad("", f"hold {str(kind)[:40]!r}: expected only rtol and atol")
+        if not isinstance(values, dict):
+            raise bad(f".{kind}", f"is a {type(values).__name__}, not a mapping of metric to tolerance")
+        out[kind] = {}
+        for metric, value in values.items():
+            ok = type(value) in (int, float) and 0 <= value <= 1e300 and not math.isnan(value)
+            if not ok:
+                raise bad(f".{kind}[{str(metric)[:80]!r}]",
+                          f"is {short_repr(value, 60)}: expected a finite number >= 0")
+            out[kind][str(metric)] = float(value)
+    return out
 
 
 # ------------------------------------------------------------------ the commands
@@ -465,6 +608,7 @@ def pack(dump: str | os.PathLike[str], out: str | os.PathLike[str], *, steps: Se
     from rollout_mock.storage.store import open_store
 
     step_list = parse_ranges(steps, "--steps") if isinstance(steps, str) else sorted(set(steps))
+    refuse_own_input(out, None if is_url(os.fspath(dump)) else dump, "pack")
     meta: dict[str, Any] = {"tolerances": _tolerances(rtol, atol), "redacted": None}
     if not redact:
         return pack_store(open_store(dump), out, steps=step_list, splits=splits, meta=meta, overwrite=overwrite,
@@ -492,7 +636,7 @@ def _mb(size: int) -> str:
 def run_pack(args: argparse.Namespace) -> int:
     from rollout_mock.cli import resolve_dump
 
-    dump = resolve_dump(args.dump, "pack", f"--steps {args.steps} -o {args.output}")
+    dump = resolve_dump(args.dump, "pack", ["--steps", str(args.steps), "-o", str(args.output)])
     info = pack(dump, args.output, steps=args.steps, splits=args.splits, redact=args.redact, rtol=args.rtol,
                 atol=args.atol, overwrite=args.overwrite, trusted=args.trust, imports=args.imports,
                 progress=False if args.no_progress else None)
@@ -504,7 +648,7 @@ def run_pack(args: argparse.Namespace) -> int:
         print(f"  redacted fields: {', '.join(info.meta['redacted']) or 'none found'} (token ids kept)")
     print(f"  digest: {info.digest}")
     print(f"open it in place: open_dump({str(info.path)!r}), or dump_dir: {info.path} in mock mode; "
-          f"or: rollout-mock unpack {info.path} -o DIR")
+          f"or: rollout-mock unpack {shlex.quote(str(info.path))} -o DIR")
     return 0
 
 
@@ -512,12 +656,12 @@ def run_unpack(args: argparse.Namespace) -> int:
     bundle = unpack(args.bundle, args.output, overwrite=args.overwrite, progress=False if args.no_progress else None)
     print(f"wrote {args.output} ({len(bundle.members)} files, {_mb(bundle.payload_bytes)}; every member's SHA-256 "
           f"checked; digest {bundle.digest})")
-    tolerances = bundle.meta.get("tolerances")
-    if isinstance(tolerances, dict) and bundle.members.get("expected/metrics.jsonl") is not None:
-        flags = " ".join(f"--{kind} {value:g}" if metric == "default" else f"--{kind} {metric}={value:g}"
-                         for kind in ("rtol", "atol") for metric, value in (tolerances.get(kind) or {}).items()
-                         if isinstance(value, (int, float)) and (metric != "default" or value))
-        expected = Path(args.output) / "expected/metrics.jsonl"
+    tolerances = bundle_tolerances(bundle)
+    if tolerances is not None and bundle.members.get("expected/metrics.jsonl") is not None:
+        flags = " ".join(f"--{kind} " + shlex.quote(f"{value:g}" if metric == "default" else f"{metric}={value:g}")
+                         for kind in ("rtol", "atol") for metric, value in tolerances.get(kind, {}).items()
+                         if metric != "default" or value)
+        expected = shlex.quote(str(Path(args.output) / "expected/metrics.jsonl"))
         print(f"compare a replay with the bundled metrics: rollout-mock verify {expected} RUN_METRICS"
               + (f" {flags}" if flags else "   (bitwise)"))
         print(f"  or in mock mode: verdict: {json.dumps({k: tolerances.get(k) for k in ('rtol', 'atol')})}")
@@ -529,7 +673,7 @@ def run_pull(args: argparse.Namespace) -> int:
     from rollout_mock.debug.cut import parse_ranges
     from rollout_mock.storage.store import open_store
 
-    dump = resolve_dump(args.dump, "pull", f"-o {args.output}")
+    dump = resolve_dump(args.dump, "pull", ["-o", str(args.output)])
     steps = None if args.steps is None else parse_ranges(args.steps, "--steps")
     pulled = pull_store(open_store(dump), args.output, steps=steps, splits=args.splits, overwrite=args.overwrite,
                         progress=False if args.no_progress else None)

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from rollout_mock.cli import resolve_dump
     from rollout_mock.debug.cut import cut_dump
 
-    src = resolve_dump(args.src, "cut", f"{args.dst} --steps {args.steps}")
+    src = resolve_dump(args.src, "cut", [str(args.dst), "--steps", str(args.steps)])
     result = cut_dump(
         src, args.dst, steps=args.steps, samples=args.samples, groups=args.groups,
         group_size=args.group_size, keys=args.keys, redact=args.redact, splits=args.splits,

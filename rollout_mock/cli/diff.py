@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
         raise DiffInputError(
             f"{metrics[0]} holds a run's metrics, not a dump: diff compares the batches of two dumps; compare "
             f"two runs' metrics with: rollout-mock verify {shlex.quote(args.dump_a)} {shlex.quote(args.dump_b)}")
-    dump_a = resolve_dump(args.dump_a, "diff", str(args.dump_b))
+    dump_a = resolve_dump(args.dump_a, "diff", [str(args.dump_b)])
     dump_b = resolve_dump(args.dump_b, "diff", "")
     report = diff_dumps(
         dump_a,

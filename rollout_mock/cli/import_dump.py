@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
     from rollout_mock.storage.manifest import MANIFEST_NAME
 
     src: Path = args.src
-    fmt = f" --format {args.format}" if args.format else ""
+    fmt = f" --format {shlex.quote(args.format)}" if args.format else ""
     q_src, q_dst = shlex.quote(str(src)), shlex.quote(str(args.dst))  # the commands suggested below, shell-quoted
     if not src.exists():
         raise DumpNotFoundError(

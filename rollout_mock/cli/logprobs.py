@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     from rollout_mock.debug.logprobs import format_logprob_report, logprob_consistency
     from rollout_mock.text import dumps_json
 
-    dump_dir = resolve_dump(args.dump_dir, "logprobs", f"--model {args.model}")
+    dump_dir = resolve_dump(args.dump_dir, "logprobs", ["--model", str(args.model)])
     report = logprob_consistency(
         dump_dir,
         args.model,

@@ -143,7 +143,8 @@ def run(args: argparse.Namespace) -> int:
 
     dump = open_dump(resolve_dump(args.dump_dir, "ls", "--keys" if args.keys else ""))
     if args.all and not args.json:
-        raise RolloutMockError(f"--all goes with --json: rollout-mock ls {args.dump_dir} --json --all")
+        raise RolloutMockError(
+            f"--all goes with --json: rollout-mock ls {shlex.quote(str(args.dump_dir))} --json --all")
     damaged = _check_files(dump, verify=args.verify, progress=False if args.no_progress else None)
     where = "; ".join(f"{key} step{'s' * (len(bad) > 1)} {format_ranges(sorted(bad))}" for key, bad in damaged.items())
     if args.json:

@@ -103,7 +103,8 @@ from rollout_mock.codec.format import (
     needs_class_version,
     pool,
 )
-from rollout_mock.text import logger
+from rollout_mock.errors import UnrecordableBatchError
+from rollout_mock.text import int_digits, logger
 
 __all__ = ["BufferPool", "Capture", "FileSink", "Sink", "capture", "encode", "encode_bytes"]
 
@@ -268,6 +269,17 @@ def _msgpack(default: Any, surrogates: bool) -> msgpack.Packer:
 
 
 # --------------------------------------------------------------------------- the encoder
+def _big_int(value: int, path: str) -> dict[str, Any]:
+    """The node of an int past int64: its decimal text, up to the 4,300 digits a reader accepts
+    (Python's int-string limit); a longer one cannot be recorded, and says where it is."""
+    digits = int_digits(value)
+    if digits > 4300:
+        raise UnrecordableBatchError(
+            f"{path or 'the batch'}: an int of {digits} digits cannot be recorded (the dump format holds ints "
+            f"of up to 4300 digits); store it as a string or a float")
+    return {"$": "int", "v": str(value)}
+
+
 class _Encoder:
     """Turns one object into a node tree; raw data goes to ``self.chunks``.
 
@@ -523,7 +535,7 @@ class _Encoder:
             if routed is not None:
                 return routed
         if cls is int:
-            return obj if -(1 << 63) <= obj < (1 << 63) else {"$": "int", "v": str(obj)}
+            return obj if -(1 << 63) <= obj < (1 << 63) else _big_int(obj, path)
         if cls is float:
             return self._float(obj)
         if isinstance(obj, torch.Tensor) and getattr(obj, "is_nested", False):
@@ -569,7 +581,7 @@ class _Encoder:
         """Header version 4: where a value goes (None: the version-2 node path)."""
         levels, self._structural = self._structural, 0
         if cls is int:
-            return obj if -(1 << 63) <= obj < (1 << 63) else {"$": "int", "v": str(obj)}
+            return obj if -(1 << 63) <= obj < (1 << 63) else _big_int(obj, path)
         if cls is float:
             return self._float(obj)
         if cls is dict and levels and all(type(k) is str for k in obj) and "$" not in obj:

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from rollout_mock.batch import leading_dim, type_name
-from rollout_mock.text import fmt_number, jsonable, to_float
+from rollout_mock.text import fmt_number, jsonable, short_repr, to_float
 from rollout_mock.text import json_default as _json_default
 
 __all__ = ["MAX_FIELD_CHARS", "MAX_IDS_SHOWN", "Tokenizer"]
@@ -151,10 +151,11 @@ def _short(value: Any) -> Any:
         return value if extra <= 0 else f"{value[:MAX_FIELD_CHARS]}... (+{extra} chars)"
     if isinstance(value, np.ndarray):
         value = value.tolist()
-    try:
-        text = json.dumps(value, default=_json_default, ensure_ascii=False)
-    except (TypeError, ValueError):
-        text = repr(value)
+    try:  # jsonable: ints past str()'s limit (keys too) as their digit count
+        text = json.dumps(jsonable(value), default=_json_default, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        text = short_repr(value, MAX_FIELD_CHARS + 1)
+        return text if len(text) <= MAX_FIELD_CHARS else f"<{type_name(value)}>"
     if len(text) <= MAX_FIELD_CHARS:
         return json.loads(text) if text[:1] in "[{" else value
     size = f" with {len(value)} items" if hasattr(value, "__len__") else ""

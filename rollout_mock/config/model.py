@@ -158,8 +158,17 @@ class Tolerance(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    rtol: float = Field(default=0.0, ge=0)
-    atol: float = Field(default=0.0, ge=0)
+    rtol: float = Field(default=0.0, ge=0, allow_inf_nan=False, strict=False)
+    atol: float = Field(default=0.0, ge=0, allow_inf_nan=False, strict=False)
+
+    @field_validator("rtol", "atol", mode="before")
+    @classmethod
+    def _a_number(cls, value: Any) -> Any:
+        """A number (not a bool), finite: ``inf * |0.0|`` is NaN, so an infinite tolerance would
+        make equal values differ."""
+        if isinstance(value, bool):
+            raise ValueError(f"expected a finite number >= 0, got {value!r}")
+        return value
 
 
 # --------------------------------------------------------------------------- sub-blocks

@@ -19,6 +19,7 @@ import copy
 import importlib
 import json
 import os
+import shlex
 import shutil
 import time
 from collections.abc import Sequence
@@ -204,7 +205,7 @@ def cut_dump(
         present = sorted({s.split for s in dump.streams()})
         raise DebugInputError(
             f"{src_path}: no split {', '.join(splits or ())} recorded (splits present: "
-            f"{', '.join(present) or 'none'}); pick one with --split {present[0] if present else 'SPLIT'}")
+            f"{', '.join(present) or 'none'}); pick one with --split {shlex.quote(present[0]) if present else 'SPLIT'}")
     missing = [s for s in step_list if not any(s in dump.steps(stream) for stream in streams)]
     if missing:  # (steps are ranges: never expanded one by one)
         raise DebugInputError(

@@ -98,6 +98,11 @@ class _Walk:
             for idx, item in np.ndenumerate(value):
                 array[idx] = self.value(item, scrub, depth)
             return array if _changed(value.reshape(-1), array.reshape(-1)) else value
+        if _is_non_tensor(value):  # before the TensorDict parts: a bare one has no entries
+            return self._non_tensor(value, scrub, depth)
+        if isinstance(value, (set, frozenset)):
+            items = [self.value(v, scrub, depth) for v in value]
+            return type(value)(items) if _changed(value, items) else value
         kind = batch_type_of(value)
         if kind is not None and kind.name not in ("mapping", "list", "tuple", "tensor") and kind.rebuild is not None:
             parts = batch_parts(value) or {}
@@ -123,8 +128,10 @@ class _Walk:
             return value if kept is not None and isinstance(value, str) and value in kept else \
                 self.value(value, True, depth)
         if isinstance(name, str) and name in self.names:
-            self.hits.add(name)
-            return self.value(value, True, depth)
+            out = self.value(value, True, depth)
+            if out is not value:  # the report lists only what was changed
+                self.hits.add(name)
+            return out
         return self.value(value, False, depth)
 
     def _key(self, key: Any, index: int, scrub: bool) -> Any:
@@ -142,11 +149,29 @@ class _Walk:
             return value
         return _remake(value, items)
 
+    def _non_tensor(self, value: Any, scrub: bool, depth: int) -> Any:
+        """tensordict's ``NonTensorData`` (one value) or ``NonTensorStack`` (a nested list), bare
+        (not inside a TensorDict, whose parts already show their values): rebuilt around the walked
+        value with the same batch size and device."""
+        if type(value).__name__ == "NonTensorStack":
+            items = value.tolist()
+            walked = self.value(items, scrub, depth)
+            return value if walked is items else type(value).from_list(walked)
+        data = value.data
+        walked = self.value(data, scrub, depth)
+        if walked is data:
+            return value
+        return type(value)(data=walked, batch_size=value.batch_size, device=value.device)
+
     def _object(self, value: Any, scrub: bool, depth: int) -> Any:
         """An object of another class: its attribute dict, walked like a mapping (no code of the
-        object runs; rebuilt with ``object.__new__``). Anything else is returned as it is."""
+        object runs; rebuilt with ``object.__new__``). Anything else is returned as it is, unless it
+        is under a text key and is not a known text-free value (an object keeping its text in
+        ``__slots__`` or in C): the placeholder then replaces it whole."""
         state = instance_state(value)
         if not state:
+            if scrub and not _text_free(value):
+                return PLACEHOLDER
             return value
         walked = {name: self._field(name, item, scrub, depth) for name, item in state.items()}
         if not _changed(state.values(), walked.values()):
@@ -157,6 +182,25 @@ class _Walk:
         except (TypeError, AttributeError):  # a class object.__new__ cannot make: nothing of it is kept
             return PLACEHOLDER
         return out
+
+
+def _is_non_tensor(value: Any) -> bool:
+    cls = type(value)
+    return cls.__name__ in ("NonTensorData", "NonTensorStack", "MetaData") and cls.__module__.startswith("tensordict")
+
+
+def _text_free(value: Any) -> bool:
+    """Values that hold no text of their own: numbers, tensors, dtypes, devices, enums' cousins
+    (``range``, ``slice``, ``Ellipsis``), classes and functions (their name is code, not data)."""
+    import enum
+    import types
+
+    if isinstance(value, (type, range, slice, types.FunctionType, types.BuiltinFunctionType,
+                          types.ModuleType, np.generic, np.dtype)) or value is Ellipsis:
+        return not isinstance(value, (np.str_, np.bytes_, np.void))
+    if isinstance(value, enum.Enum):
+        return True
+    return type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device", "Size")
 
 
 def _remake(value: Mapping[Any, Any], items: dict[Any, Any]) -> Any:

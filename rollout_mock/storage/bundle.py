@@ -42,6 +42,7 @@ import json
 import os
 import re
 import secrets
+import shlex
 import struct
 from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -109,6 +110,18 @@ def _check_name(name: object, where: str) -> str:
         raise BundleError(f"{where}: member name {shown} holds a component that is not letters, digits, '_', '.' "
                           f"or '-' (or is reserved): {_FORGED}", path=where)
     return name
+
+
+def _starts_with_magic(path: Path) -> bool:
+    """Whether the regular file ``path`` begins with the bundle magic (never blocks on a FIFO)."""
+    try:
+        fd = open_regular(os.fspath(path))
+    except (OSError, UnsafePathError):
+        return False
+    try:
+        return os.read(fd, len(MAGIC)) == MAGIC
+    finally:
+        os.close(fd)
 
 
 def is_bundle(location: str | os.PathLike[str]) -> bool:
@@ -425,8 +438,8 @@ class BundleBackend(BackendDefaults):
     def _refuse(self, rel: str) -> DumpNotWritableError:
         return DumpNotWritableError(
             f"[RolloutMock] {self.bundle.where} is a bundle, read-only: it replays in place, but nothing can be "
-            f"written into it (here: {rel or 'the dump'}). Unpack it first: rollout-mock unpack {self.bundle.where} "
-            f"-o DIR, and point dump_dir at DIR.", path=self.bundle.where)
+            f"written into it (here: {rel or 'the dump'}). Unpack it first: rollout-mock unpack "
+            f"{shlex.quote(self.bundle.where)} -o DIR, and point dump_dir at DIR.", path=self.bundle.where)
 
     def create(self, rel: str, data: bytes) -> bool:
         raise self._refuse(rel)
@@ -483,9 +496,13 @@ class BundleWriter:
         if self.path.is_dir():
             raise DebugInputError(f"{self.path} is a directory; name the bundle file to write, e.g. "
                                   f"{self.path / 'bad-step.rmb'}")
-        if self.path.exists() and not overwrite:
-            raise DebugInputError(f"{self.path} exists; pick another name, or pass --overwrite (overwrite=True) to "
-                                  f"replace it")
+        if self.path.exists() or self.path.is_symlink():
+            if not overwrite:
+                raise DebugInputError(f"{self.path} exists; pick another name, or pass --overwrite (overwrite=True) "
+                                      f"to replace it")
+            if self.path.is_symlink() or not self.path.is_file() or not _starts_with_magic(self.path):
+                raise DebugInputError(f"refusing to replace {self.path} with --overwrite: it is not a bundle "
+                                      f"(--overwrite replaces only a bundle file); pick another name")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.temp = self.path.parent / f".{self.path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
         self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

@@ -85,6 +85,9 @@ FORMAT_VERSION = 2  # 2: data-only step files (rollout_mock.codec), entry-file i
 #: ``index-segments``: streams reference index segment files (``"segments"``).
 #: ``call-packs``: steps with several calls keep the further ones in packs (``{split}/.calls/``).
 FEATURES = frozenset({"index-segments", "call-packs"})
+#: Raw index entries a manifest keeps of the segments it read (about 3 KB each; the least recently
+#: used segment goes first, the one just read always stays).
+SEGMENT_CACHE_ENTRIES = 32_768
 #: Bound on the steps the segment references of one manifest may name (a forged range cannot
 #: make a reader allocate without limit).
 MAX_RANGED_STEPS = 5_000_000
@@ -468,15 +471,20 @@ class Manifest:
         return None if seq is None else self._segment(stream, seq).get(str(step), _MISSING)
 
     def _segment(self, stream: StreamId, seq: int) -> dict[str, Any]:
-        cached = self._segments.get((stream.key, seq))
+        """A referenced segment's raw entries, through a least-recently-used cache bounded by the
+        entries it holds (:data:`SEGMENT_CACHE_ENTRIES`), not by a count of segments: a stream whose
+        runs interleave across many segments reads each once when walked in step order."""
+        key = (stream.key, seq)
+        cached = self._segments.pop(key, None)
         if cached is None:
             if self.segment_reader is None:
                 raise ManifestError(f"{self.source}: {stream.key} references index segment {seq}, but this "
                                     f"manifest was read without its dump", path=self.source)
             cached = self.segment_reader(stream, seq)
-            if len(self._segments) >= 8:
-                self._segments.pop(next(iter(self._segments)))
-            self._segments[(stream.key, seq)] = cached
+            held = sum(map(len, self._segments.values())) + len(cached)
+            while self._segments and held > SEGMENT_CACHE_ENTRIES:
+                held -= len(self._segments.pop(next(iter(self._segments))))
+        self._segments[key] = cached  # the most recently used last
         return cached
 
     def entry(self, stream: StreamId, step: int) -> StepEntry | None:
@@ -828,8 +836,8 @@ def _call_row(row: Any, pack_size: int) -> CallRecord:
     if not _CHECKSUM.fullmatch(checksum):
         raise ValueError(f"checksum {short_repr(checksum)} of call {call} of step {step} is not crc32:xxxxxxxx")
     digest = row[6]
-    if digest is not None:
-        _count(digest, "request digest")
+    if digest is not None and not 0 <= _count(digest, "request digest") < 1 << 32:
+        raise ValueError(f"request digest {digest} of call {call} of step {step} is not a 32-bit CRC")
     seconds = row[7]
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
         raise ValueError(f"seconds {short_repr(seconds)} is not a number")

@@ -19,6 +19,7 @@ import hmac as hmac_lib
 import json
 import os
 import re
+import shlex
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -342,7 +343,8 @@ class Store:
         if not self.has_dump():
             pickles = self._foreign_step_files()
             hint = (f" It holds {pickles} step file(s) but no manifest: it was probably written by ROLL or an "
-                    f"older tool; convert it with `rollout-mock import {self.where('')} NEW_DIR --trust` and "
+                    f"older tool; convert it with `rollout-mock import {shlex.quote(self.where(''))} NEW_DIR "
+                    f"--trust` and "
                     f"point dump_dir at NEW_DIR." if pickles else
                     " Run the same steps in dump mode first, or fix dump_dir.")
             raise DumpNotFoundError(f"[RolloutMock] no {MANIFEST_NAME} in {self.where('')} (mode={mode}).{hint}",

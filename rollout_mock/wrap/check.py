@@ -40,7 +40,8 @@ import torch
 
 from rollout_mock.batch import batch_parts
 from rollout_mock.config import CheckServes, CheckSettings
-from rollout_mock.errors import CheckFailedError, UnsafePathError
+from rollout_mock.errors import CheckFailedError, DumpNotWritableError, UnsafePathError
+from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.manifest import StreamId, utc_now
 from rollout_mock.storage.store import StepStore, Store, open_store
 from rollout_mock.text import json_float, logger, short_repr, step_log_level
@@ -98,6 +99,12 @@ class CheckVerdict:
             return None
         try:
             keys = data.get("keys") or []
+            for name in ("match", "token_match"):  # "nan", "inf" as strings: float() takes them
+                if data.get(name) is not None and not math.isfinite(float(data[name])):
+                    return None
+            for name in ("step", "run_step", "tokens", "omitted"):  # counts: int64, not 90 digits
+                if not 0 <= int(data.get(name, 0)) < 2**63:
+                    return None
             return cls(
                 stream=StreamId.from_key(str(data["stream"])).key, step=int(data["step"]),
                 run_step=int(data["run_step"]), method=str(data.get("method", ""))[:200],
@@ -108,7 +115,7 @@ class CheckVerdict:
                 keys=[k for k in keys[:MAX_KEYS] if isinstance(k, dict)] if isinstance(keys, list) else [],
                 omitted=int(data.get("omitted", 0)), checked_at=str(data.get("checked_at", ""))[:40],
             )
-        except (KeyError, TypeError, ValueError, UnsafePathError):
+        except (KeyError, TypeError, ValueError, OverflowError, RecursionError, UnsafePathError):
             return None
 
 
@@ -343,7 +350,15 @@ class Checker:
             logger.debug("[RolloutMock] %r keeps no verdict files (not a Store)", self.store)
             return
         data = json.dumps(verdict.to_json(), allow_nan=False).encode("utf-8")
-        self.store.backend.replace(verdict_relpath(self.stream, verdict.step), data)
+        rel = verdict_relpath(self.stream, verdict.step)
+        try:
+            self.store.backend.replace(rel, data)
+        except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as exc:
+            raise DumpNotWritableError(
+                f"[RolloutMock] check mode: the verdict of {self.stream.key} step {verdict.step} cannot be written "
+                f"to {self.store.where(rel)} ({exc.strerror or type(exc).__name__}): something else is at that "
+                f"path or the folder is read-only; remove what is there, or check into another dump_dir",
+                mode="check", split=self.stream.split, step=verdict.step, path=self.store.where(rel)) from None
 
 
 # ----------------------------------------------------------------------------- reading
@@ -379,7 +394,8 @@ def read_check_verdicts(dump: str | os.PathLike[str] | Store, *, split: str | No
             if size > MAX_VERDICT_BYTES:
                 logger.warning("[RolloutMock] skipping check verdict %s: %d bytes", store.where(rel), size)
                 continue
-            verdict = CheckVerdict.from_json(json.loads(bytes(source.read_range(0, size))))
+            verdict = CheckVerdict.from_json(parse_bounded(bytes(source.read_range(0, size)),
+                                                           max_bytes=MAX_VERDICT_BYTES, max_depth=16))
         except (ValueError, UnicodeDecodeError, OSError) as exc:
             logger.warning("[RolloutMock] skipping check verdict %s: %s", store.where(rel), exc)
             continue

@@ -130,6 +130,23 @@ class Request:
                 "n": [[n.path, n.digest, n.info] for n in self.nodes]}
 
     @staticmethod
+    def problem(data: Any) -> str | None:
+        """What makes a recorded request of this format unusable (its digest not a 32-bit CRC, its
+        argument names or nodes not lists), or ``None``. Mock mode refuses such a step as corrupt:
+        a malformed digest must never replay as "recorded without digests"."""
+        if not isinstance(data, dict) or data.get("v") != REQUEST_FORMAT:
+            return None
+        digest = data.get("d")
+        if type(digest) is not int or not 0 <= digest < 2**32:
+            shown = f"a {type(digest).__name__}" if not isinstance(digest, int) or isinstance(digest, bool) \
+                else "an int out of range"
+            return f"its request digest is {shown}, not a 32-bit CRC"
+        for field, what in (("a", "argument names"), ("n", "nodes")):
+            if field in data and not isinstance(data[field], list):
+                return f"its {what} are a {type(data[field]).__name__}, not a list"
+        return None
+
+    @staticmethod
     def format_of(data: Any) -> Any:
         """The ``v`` of a recorded request (``None`` when ``data`` is not a mapping)."""
         return data.get("v") if isinstance(data, dict) else None
@@ -138,20 +155,47 @@ class Request:
     def from_json(cls, data: Any) -> Request | None:
         """A recorded request, or ``None`` when ``data`` is not one of this format (a damaged or
         foreign entry, or another :data:`REQUEST_FORMAT`: :meth:`format_of` tells them apart)."""
-        if not isinstance(data, dict) or data.get("v") != REQUEST_FORMAT or type(data.get("d")) is not int:
+        if not isinstance(data, dict) or data.get("v") != REQUEST_FORMAT or Request.problem(data) is not None:
             return None
         nodes: list[Node] = []
         raw = data.get("n")
         for item in raw if isinstance(raw, list) else []:
             if (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
                     and type(item[1]) is int and isinstance(item[2], dict)):
-                nodes.append(Node(item[0][:1000], item[1], item[2]))
+                nodes.append(Node(item[0][:1000], item[1], _clean_info(item[2])))
             if len(nodes) >= 4 * MAX_NODES:
                 break
         raw_names = data.get("a")
         names = [a[:200] for a in raw_names[: 4 * MAX_NODES] if isinstance(a, str)] \
             if isinstance(raw_names, list) else []
         return cls(data["d"], names, nodes)
+
+
+#: Longest string, list and mapping a recorded node's summary keeps: a forged index entry cannot
+#: put megabytes into a mismatch message.
+_INFO_STR, _INFO_ITEMS = 256, 256
+#: Summary fields that are lists when present (a malformed one is dropped, never iterated).
+_INFO_LISTS = ("head", "b", "keys", "shape", "batch_size")
+
+
+def _clean_info(info: dict[str, Any]) -> dict[str, Any]:
+    """A recorded node's summary as read from a dump, bounded (see :data:`_INFO_STR`), with the
+    list fields that are not lists dropped (a damaged or hostile index)."""
+    out: dict[str, Any] = {}
+    for key, value in list(info.items())[:32]:
+        if isinstance(key, str) and not (key in _INFO_LISTS and not isinstance(value, list)):
+            out[key[:32]] = _bounded(value, 0)
+    return out
+
+
+def _bounded(value: Any, depth: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= _INFO_STR else value[:_INFO_STR] + "..."
+    if isinstance(value, list):
+        return [_bounded(v, depth + 1) for v in value[:_INFO_ITEMS]] if depth < 3 else []
+    if isinstance(value, dict):
+        return {str(k)[:64]: _bounded(v, depth + 1) for k, v in list(value.items())[:32]} if depth < 3 else {}
+    return value
 
 
 def _scalar_bytes(value: Any) -> bytes:

@@ -31,10 +31,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_mock.config import MatchSettings, MismatchPolicy, RolloutMockConfig, config_parts
-from rollout_mock.errors import ConfigError, FormatVersionError, ReplayMismatchError, RolloutSettingsMismatchError
+from rollout_mock.errors import (
+    ConfigError,
+    CorruptStepError,
+    FormatVersionError,
+    ReplayMismatchError,
+    RolloutSettingsMismatchError,
+)
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.store import StepStore, open_store
-from rollout_mock.text import jsonable, logger, short_repr
+from rollout_mock.text import jsonable, logger, short_repr, terminal_safe
 from rollout_mock.wrap.calls import step_names
 from rollout_mock.wrap.matching import REQUEST_FORMAT, Node, Request, block_bounds, digest_request
 
@@ -158,6 +164,17 @@ def _describe(path: str, rec: Node | None, live: Node | None) -> Difference:
     return Difference(path, f"same {recorded}, other contents", recorded, now)
 
 
+#: Longest line of a mismatch message (values from the dump are cut: a recorded value is never echoed whole).
+MAX_LINE = 500
+
+
+def _line(text: str) -> str:
+    """One line of a mismatch message: escapes for control characters (newlines included: a value
+    cannot add lines), cut to :data:`MAX_LINE` characters."""
+    text = terminal_safe(text, newlines=False)
+    return text if len(text) <= MAX_LINE else text[: MAX_LINE - 3] + "..."
+
+
 def _deepest(path: str, rec: dict[str, Node], live: dict[str, Node]) -> Difference:
     """The deepest kept node under ``path`` that differs, described."""
     prefix = path + "."
@@ -273,7 +290,7 @@ class RequestMatcher:
         ``call``: the recorded call's index in its step, named in the error (``None``: a step of
         one call)."""
         context = self.context
-        recorded = Request.from_json(raw)
+        recorded = self._recorded(raw, step=step, dump_step=dump_step, method=method)
         if recorded is None and Request.format_of(raw) not in (None, REQUEST_FORMAT):
             self._other_format(Request.format_of(raw), step=step, dump_step=dump_step, method=method)
             return
@@ -311,6 +328,20 @@ class RequestMatcher:
             message, method=method, argument=first.path, dump_step=dump_step, recorded=first.recorded,
             live=first.live, nearest=nearest, mode=context.get("mode"), split=context.get("split"), step=step,
             path=context.get("path"), call=call)
+
+    def _recorded(self, raw: Any, *, step: int, dump_step: int, method: str) -> Request | None:
+        """The recorded request of ``dump_step``; :class:`CorruptStepError` when it is of this
+        format but malformed (never replayed as unmatched)."""
+        problem = Request.problem(raw)
+        if problem is not None:
+            context = self.context
+            mapped = "" if dump_step == step else f" (dump step {dump_step})"
+            raise CorruptStepError(
+                f"[RolloutMock] mode={context.get('mode')}, {context.get('stream')} step {step}{mapped}: the "
+                f"recorded call of {method} is damaged ({problem}), so this call cannot be matched against it; "
+                f"re-dump that step (mode: dump, overwrite: true) or restore the dump from a copy",
+                mode=context.get("mode"), split=context.get("split"), step=step, path=context.get("path"))
+        return Request.from_json(raw)
 
     def _other_format(self, version: Any, *, step: int, dump_step: int, method: str) -> None:
         """A call recorded with another digest format: its digest cannot be compared with this
@@ -353,7 +384,7 @@ class RequestMatcher:
             f"{'' if call is None else f', call {call}'}: {method} asks for other data than {which}, so its "
             f"recorded batch is not what this run would train on; it is not served.",
         ]
-        lines += [f"  {d.path}: {d.what}" for d in found[:6]]
+        lines += [_line(f"  {d.path}: {d.what}") for d in found[:6]]
         if len(found) > 6:
             lines.append(f"  ... and {len(found) - 6} more argument(s)")
         if nearest is not None:
@@ -362,7 +393,7 @@ class RequestMatcher:
                          f"step(s) against the dump (a resumed run, a loader that skips)? step_offset: "
                          f"{shift + dump_step - step} maps it.")
         lines.append(_FIXES)
-        return "\n".join(lines)
+        return terminal_safe("\n".join(lines))
 
 
 # ----------------------------------------------------------------------------- rollout settings

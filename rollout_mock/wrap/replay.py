@@ -33,7 +33,13 @@ from rollout_mock.codec.device import DevicePlacement
 from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, ReplaySettings, RolloutMockConfig
 from rollout_mock.config.model import VerdictAction
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
-from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, ReplayMismatchError, StepNotFoundError
+from rollout_mock.errors import (
+    CorruptStepError,
+    FingerprintMismatchError,
+    IncompleteDumpError,
+    ReplayMismatchError,
+    StepNotFoundError,
+)
 from rollout_mock.storage.manifest import CallRecord, PackRecord, StreamId, format_ranges
 from rollout_mock.storage.reader import Prefetcher, load_partial, rank_rows
 from rollout_mock.storage.store import BatchInfo, StepStore, Store
@@ -187,6 +193,12 @@ class Replayer:
         calls = []
         if entry is not None:
             call = entry.call or {}
+            if (problem := Request.problem(call.get("request"))) is not None:
+                raise CorruptStepError(
+                    f"[RolloutMock] mode={self.mode.value}, {self.stream} step {source}: the recorded call of "
+                    f"{entry.method} is damaged ({problem}), so no call can be matched against it; re-dump that "
+                    f"step (mode: dump, overwrite: true) or restore the dump from a copy",
+                    mode=self.mode.value, split=self.split, step=source, path=str(self.settings.dump_dir))
             task = call.get("task")
             calls.append(Recorded(_call_index(call), entry.method, _recorded_digest(call),
                                   task if type(task) is int else None, raw_request=call.get("request")))

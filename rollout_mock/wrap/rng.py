@@ -218,6 +218,22 @@ def _words(check: _Check, field: str, value: Any, count: int) -> list[int]:
     return [_int(check, f"{field}[{i}]", word, 0, _WORD - 1) for i, word in enumerate(value)]
 
 
+#: torch's CPU generator state (``CPUGeneratorImplState``): its size, and where its 624
+#: Mersenne Twister words start (each a little-endian uint64 holding a 32-bit word).
+_TORCH_CPU_STATE = 5056
+_TORCH_MT_OFFSET = 24
+
+
+def _not_degenerate(check: _Check, field: str, words: list[int]) -> list[int]:
+    """Refuse the one invalid Mersenne Twister state: the top bit of the first word and every
+    other word zero. It repeats zeros forever, so a sampler's rejection loop (numpy's
+    ``normal``, ``random.normalvariate``, ``torch.poisson``) never returns."""
+    if not words[0] & 0x80000000 and not any(words[1:]):
+        raise check.fail(field, "is the all-zero Mersenne Twister state, which only ever draws 0 (a sampler "
+                                "would loop forever)")
+    return words
+
+
 def _python_state(check: _Check, value: Any) -> tuple[Any, ...]:
     """Python ``random``: version 3, 624 words and the index, the cached gauss."""
     saved = _fields(check, "python", value, ("version", "state", "gauss"))
@@ -227,6 +243,7 @@ def _python_state(check: _Check, value: Any) -> tuple[Any, ...]:
         size = f"{len(internal):,} values" if isinstance(internal, (list, tuple)) else _short(internal)
         raise check.fail("python.state", f"holds {size}, not {_MT_N + 1} ints")
     words = _words(check, "python.state", internal[:_MT_N], _MT_N)
+    _not_degenerate(check, "python.state", words)
     index = _int(check, f"python.state[{_MT_N}] (the index)", internal[_MT_N], 0, _MT_N)
     gauss = None if saved["gauss"] is None else _finite(check, "python.gauss", saved["gauss"])
     result = (3, (*words, index), gauss)
@@ -253,7 +270,7 @@ def _numpy_state(check: _Check, np: Any, value: Any) -> tuple[Any, ...]:
         fields = ("numpy.name", "numpy.keys", "numpy.pos", "numpy.has_gauss", "numpy.cached")
     if name != "MT19937":
         raise check.fail(fields[0], f"is {_short(name)}, not 'MT19937'")
-    words = np.asarray(_words(check, fields[1], keys, _MT_N), dtype=np.uint32)
+    words = np.asarray(_not_degenerate(check, fields[1], _words(check, fields[1], keys, _MT_N)), dtype=np.uint32)
     result = ("MT19937", words, _int(check, fields[2], pos, 0, _MT_N), _int(check, fields[3], has_gauss, 0, 1),
               _finite(check, fields[4], cached))
     try:
@@ -281,6 +298,9 @@ def _torch_state(check: _Check, torch: Any, field: str, value: Any, current: Any
     """A torch generator's state: exactly the current state's size, accepted by a throwaway
     generator of the same device."""
     owned = _tensor_state(check, torch, field, value, None if current is None else int(current.numel()))
+    if device == "cpu" and owned.numel() == _TORCH_CPU_STATE:
+        words = owned[_TORCH_MT_OFFSET:_TORCH_MT_OFFSET + 8 * _MT_N].numpy().view("<u8")
+        _not_degenerate(check, field, [int(w) & (_WORD - 1) for w in words])
     try:
         torch.Generator(device=device).set_state(owned)
     except (RuntimeError, ValueError, TypeError) as exc:

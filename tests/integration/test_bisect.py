@@ -352,7 +352,7 @@ def test_cmd_gets_the_dump_metrics_and_revision_as_arguments_and_environment_nev
     git_vars = {k: v for k, v in os.environ.items() if k.startswith("GIT_")}  # not git bisect run's GIT_DIR...
     assert seen["env"] == {"ROLLOUT_MOCK_MODE": "mock", "ROLLOUT_MOCK_DUMP_DIR": str(small_dump.resolve()),
                            "ROLLOUT_MOCK_METRICS": metrics, "ROLLOUT_MOCK_BISECT_REV": shas[3], **git_vars}
-    assert shas[3] in [t["rev"] for t in result["tested"]][2:]  # tested by `git bisect run`, not by us
+    assert shas[3] in [t["rev"] for t in result["tested"]][2:]  # tested by the bisection, after both ends
     assert not Path(metrics).is_relative_to(seen["cwd"])  # a fresh file outside the worktree
     assert Path(seen["cwd"]) != repo and not Path(seen["cwd"]).exists()  # the worktree, removed since
     assert not list(tmp_path.rglob("pwned")) and not Path(seen["cwd"]).parent.exists()
@@ -466,13 +466,6 @@ def test_an_error_after_the_worktree_exists_still_removes_it(
     assert code == 2
     assert "metric(s) 'kl' not logged by either run" in err
     assert len(list(record.iterdir())) == 1  # --good ran
-
-
-def test_the_script_git_runs_never_blames_a_commit_for_our_failure(tmp_path: Path) -> None:
-    from rollout_mock.cli.bisect import _ASK
-
-    asked = subprocess.run([sys.executable, "-I", "-S", "-c", _ASK, str(tmp_path / "nobody-listens")], timeout=60)
-    assert asked.returncode == 255  # stops `git bisect run`; 1 would mark the commit bad
 
 
 def test_help_lists_the_command(capsys: pytest.CaptureFixture[str]) -> None:

@@ -231,11 +231,15 @@ def test_unpack_is_atomic_and_overwrites_only_when_asked(tmp_path: Path, capsys:
     (target / "keep.txt").write_text("mine")
     assert cli_main(["unpack", str(bundle), "-o", str(target)]) == 2
     assert "not empty" in capsys.readouterr().err and (target / "keep.txt").exists()
-    assert cli_main(["unpack", str(bundle), "-o", str(target), "--overwrite"]) == 0
-    assert not (target / "keep.txt").exists() and open_dump(target).steps(open_dump(target).stream("train")) == [1]
+    assert cli_main(["unpack", str(bundle), "-o", str(target), "--overwrite"]) == 2  # not a dump: never replaced
+    assert "not a dump" in capsys.readouterr().err and (target / "keep.txt").exists()
+    (target / "keep.txt").unlink()
+    assert cli_main(["unpack", str(bundle), "-o", str(target)]) == 0
+    assert cli_main(["unpack", str(bundle), "-o", str(target), "--overwrite"]) == 0  # a dump: replaced
+    assert open_dump(target).steps(open_dump(target).stream("train")) == [1]
     shutil.copyfile(bundle, target / "b.rmb")  # replacing the folder that holds the bundle: refused
     assert cli_main(["unpack", str(target / "b.rmb"), "-o", str(target), "--overwrite"]) == 2
-    assert "which is being read" in capsys.readouterr().err and (target / "b.rmb").exists()
+    assert "holds the input" in capsys.readouterr().err and (target / "b.rmb").exists()
     empty = tmp_path / "empty"
     empty.mkdir()
     assert cli_main(["unpack", str(bundle), "-o", str(empty)]) == 0

@@ -86,7 +86,7 @@ class ArealRollout:
                  factory: Callable[[], Any] | None = None,
                  rollout_settings: Mapping[str, Any] | None = None) -> None:
         self._mock = MockScheduler(engine, config, methods=tuple(methods), split=split, factory=factory,
-                                   rollout_settings=rollout_settings, capture=localize)
+                                   rollout_settings=rollout_settings, capture=localize, framework="areal")
         self._step = step
         self._version = 0
         #: mock mode without an engine: the engine-control calls are no-ops

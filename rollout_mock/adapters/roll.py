@@ -195,6 +195,7 @@ def roll_scheduler(
         name=roll_name if name is None else name,
         methods=methods,
         rollout_settings=settings,
+        framework="roll",
     )
     if wrapped is cls or resolved.mode.runs_scheduler:  # dump and check run the real scheduler
         return wrapped
@@ -232,4 +233,4 @@ def roll_handle(
 
         spec = ray.remote(spec)  # never instantiated: only tells mock mode to answer .remote()
     return MockScheduler(None, roll_config(config), factory=factory, spec=spec, split=split, name=name,
-                         methods=tuple(methods), rollout_settings=roll_settings(config))
+                         methods=tuple(methods), rollout_settings=roll_settings(config), framework="roll")

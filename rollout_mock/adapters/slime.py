@@ -215,7 +215,7 @@ def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
             # The real rollout is only imported when called (dump mode, on_missing_step: record).
             _wrappers[key] = (MockScheduler(inner, config, split=split, methods=("generate_rollout",),
                                             rollout_settings=slime_settings(args),
-                                            match_keys={"generate_rollout": _request}), inner)
+                                            match_keys={"generate_rollout": _request}, framework="slime"), inner)
         return _wrappers[key]
 
 

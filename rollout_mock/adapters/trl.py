@@ -186,7 +186,8 @@ class TrlRollout:
         if scheduler is None:
             real = self._source if self.config.mode.runs_scheduler else None
             scheduler = MockScheduler(real, self.config, split=split, methods=(_METHOD,), spec=_Source,
-                                      rollout_settings=self.settings, check_views={_METHOD: _named_output})
+                                      rollout_settings=self.settings, check_views={_METHOD: _named_output},
+                                      framework="trl")
             self._schedulers[split] = scheduler
         return scheduler
 

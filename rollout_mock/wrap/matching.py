@@ -27,7 +27,8 @@ list block, not per item, wherever the items allow it.
   by qualified name; any other object by its type name only (not compared).
 
 Left out: the step (a keyword or parameter named like it, those keys of a ``meta_info``) and the
-volatile fields adapters declare (:func:`rollout_mock.wrap.hooks.register_volatile_fields`).
+volatile fields the call's framework adapter declares
+(:func:`rollout_mock.wrap.hooks.register_volatile_fields`).
 Equal values (up to dict order and volatile fields) always take the same path, so they always
 digest alike; a digest does not depend on which nodes are kept.
 
@@ -62,7 +63,7 @@ from rollout_mock.batch import batch_parts, batch_type_of, meta_part_names
 from rollout_mock.crc import crc32
 from rollout_mock.text import json_float
 from rollout_mock.wrap.calls import step_names
-from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_fields
+from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
 
 __all__ = [
     "BLOCKS", "HEAD", "MAX_NODES", "NODE_DEPTH", "REQUEST_FORMAT", "Node", "Request", "block_bounds", "digest_request",
@@ -605,12 +606,13 @@ class _Digester:
 
 
 def digest_request(arguments: Mapping[str, Any], *, volatile: Sequence[str] | None = None,
-                   forced: Sequence[str] = ()) -> Request:
+                   forced: Sequence[str] = (), framework: str | None = None) -> Request:
     """The :class:`Request` of a call's named ``arguments`` (see
     :func:`~rollout_mock.wrap.mismatch.bind_arguments`).
 
-    ``volatile``: patterns of fields left out; default: every pattern the adapters declared.
+    ``volatile``: patterns of fields left out; default: the patterns declared for ``framework``
+    (:func:`~rollout_mock.wrap.hooks.volatile_patterns`; none without a framework).
     ``forced``: dotted paths kept as nodes whatever their depth (``match_on``)."""
     if volatile is None:
-        volatile = [p for patterns in volatile_fields().values() for p in patterns]
+        volatile = volatile_patterns(framework)
     return _Digester(compile_patterns(volatile), frozenset(forced)).run(arguments)

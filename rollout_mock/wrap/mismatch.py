@@ -207,11 +207,14 @@ class RequestMatcher:
     """Request matching for one stream of a store (see the module docstring). ``keys``: per-method
     key functions (a key function gets the call's named arguments, step left out, and returns what
     is digested: a mapping's items become the compared names). ``context``: ``mode``, ``split``
-    and ``path`` (the dump) for messages."""
+    and ``path`` (the dump) for messages. ``framework``: whose volatile fields are left out
+    (:func:`~rollout_mock.wrap.hooks.volatile_patterns`; ``None``: none)."""
 
     def __init__(self, settings: MatchSettings, store: StepStore, stream: StreamId, *,
-                 keys: Mapping[str, KeyFunction] | None = None, context: Mapping[str, Any] | None = None) -> None:
+                 keys: Mapping[str, KeyFunction] | None = None, context: Mapping[str, Any] | None = None,
+                 framework: str | None = None) -> None:
         self.settings = settings
+        self.framework = framework
         self.store = store
         self.stream = stream
         self.context = {**(context or {}), "stream": stream.key}
@@ -236,7 +239,7 @@ class RequestMatcher:
         if key is not None:
             value = key(arguments)
             arguments = {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else {"key": value}
-        return digest_request(arguments, forced=self.settings.match_on or ())
+        return digest_request(arguments, forced=self.settings.match_on or (), framework=self.framework)
 
     def recorded_settings(self, method: str) -> dict[str, Any] | None:
         """The rollout settings recorded with ``method`` of this stream, if any."""

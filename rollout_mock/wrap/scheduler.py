@@ -114,6 +114,9 @@ class MockScheduler(Generic[T]):
             :meth:`match_key`. The same function must be given in dump and mock mode.
         check_views: ``{method: function}``: what check mode compares of a batch (default: all).
         capture: dump mode: what is recorded of a live batch (the caller still gets the batch).
+        framework: whose volatile fields (:func:`~rollout_mock.register_volatile_fields`) request
+            matching and check mode leave out: each adapter passes its own (``"verl"``...);
+            default: none, every field is compared.
 
     A Ray actor handle is wrapped on the driver: ``wrapped.get_batch.remote(...)`` returns an
     ``ObjectRef`` as before. Dump mode fetches the batch with ``ray.get`` on the writer thread
@@ -146,6 +149,7 @@ class MockScheduler(Generic[T]):
         match_keys: Mapping[str, KeyFunction] | None = None,
         check_views: Mapping[str, Callable[[Any], Any]] | None = None,
         capture: Capture | None = None,
+        framework: str | None = None,
     ) -> None:
         self.config: RolloutMockConfig = load_config(config if config is not None else {})
         self.split = split
@@ -171,7 +175,8 @@ class MockScheduler(Generic[T]):
         if scheduler is not None and self.config.mode.runs_scheduler:
             prepare_scheduler(scheduler)
         self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank,
-                                       match_keys=match_keys, check_views=check_views, capture=capture)
+                                       match_keys=match_keys, check_views=check_views, capture=capture,
+                                       framework=framework)
         conventions = self._conventions(scheduler, spec)
         settings = flatten_settings(rollout_settings)
         if self.config.mode.records and self.interceptor.writes:

@@ -9,6 +9,7 @@ step. The control (same inputs) replays bit-identically with no error.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import uuid
@@ -141,10 +142,11 @@ def test_another_sampling_keyword_stops_at_the_first_step(recorded: tuple[Path, 
 
 def test_verl_dataproto_prompts_that_differ_at_step_2(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
-    with MockScheduler(Scheduler(), cfg(dump)) as mock:  # the step comes from meta_info["global_steps"]
+    # the step comes from meta_info["global_steps"]; verl's volatile fields (the uid) are not compared
+    with MockScheduler(Scheduler(), cfg(dump), framework="verl") as mock:
         recorded = [mock.get_batch(dataproto(step), 8) for step in range(STEPS)]
     served: list[Any] = []
-    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler) as mock:
+    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler, framework="verl") as mock:
         with pytest.raises(ReplayMismatchError) as info:
             for step in range(STEPS):
                 served.append(mock.get_batch(dataproto(step, changed=step == 2), 8))
@@ -153,7 +155,7 @@ def test_verl_dataproto_prompts_that_differ_at_step_2(tmp_path: Path) -> None:
     assert error.step == 2 and error.argument == "data.batch.input_ids" and "train step 2" in str(error)
     assert "first difference at [3, 2]" in str(error) and int(error.live) == int(error.recorded) + 1
     # the control of this shape: every step of the same prompts, fresh uids, replays
-    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler) as mock:
+    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler, framework="verl") as mock:
         again = [mock.get_batch(dataproto(step), 8) for step in range(STEPS)]
     assert all(same(a, b) for a, b in zip(again, recorded))
 
@@ -289,17 +291,55 @@ def test_the_generic_wrapper_resumes_from_its_state_dict(tmp_path: Path) -> None
 
 
 def test_what_differs_between_faithful_runs_is_not_compared() -> None:
-    """The adapters' volatile fields (registered when rollout_mock is imported): random ids and
-    wall-clock times, verl's uid, ROLL's trace context."""
+    """The adapters' volatile fields (registered when rollout_mock is imported), each of its own
+    framework's calls: verl's uid and timing, ROLL's trace context."""
     def request(stamp: float, ident: str, temperature: float = 1.0) -> dict[str, Any]:
-        return {"data": {"meta_info": {"timestamp": stamp, "temperature": temperature,
+        return {"data": {"meta_info": {"timing": stamp, "temperature": temperature,
                                        "_otel_ctx": {"traceparent": ident}},
-                         "non_tensor_batch": {"uid": np.array([ident], dtype=object)},
-                         "rows": [{"sample_uuid": ident, "prompt": "p"}]}}
+                         "non_tensor_batch": {"uid": np.array([ident], dtype=object)}}}
 
-    first, second = digest_request(request(1.0, "a")), digest_request(request(2.0, "b"))
-    assert first.digest == second.digest
-    assert digest_request(request(2.0, "b", 0.7)).digest != first.digest
+    verl = [digest_request(request(1.0, "a"), framework="verl"), digest_request(request(2.0, "a"), framework="verl")]
+    assert verl[0].digest == verl[1].digest
+    assert digest_request(request(1.0, "b"), framework="verl").digest != verl[0].digest  # the trace id: ROLL's
+    roll = [digest_request(request(1.0, "a"), framework="roll"), digest_request(request(1.0, "b"), framework="roll")]
+    assert roll[0].digest != roll[1].digest  # the uid: verl's
+    assert digest_request(request(2.0, "b", 0.7), framework="verl").digest != verl[0].digest
+
+
+def test_volatile_fields_are_per_framework_and_the_generic_wrapper_compares_every_field() -> None:
+    """Issue 35: every adapter's patterns applied to every call, the generic wrapper's too, so a
+    changed session_id, spec_info, non_generation_time, any *uuid* field or a meta_info timeout
+    replayed silently everywhere."""
+    base = {"meta_info": {"timeout": 30, "max_time": 5.0}, "rows": [{"session_id": "s", "sample_uuid": "u",
+                                                                     "spec_info": 1, "non_generation_time": 0.5}]}
+    for path, other in (("meta_info.timeout", 60), ("meta_info.max_time", 9.0), ("rows.session_id", "t"),
+                        ("rows.sample_uuid", "v"), ("rows.spec_info", 2), ("rows.non_generation_time", 0.7)):
+        changed = copy.deepcopy(base)
+        part, key = path.split(".")
+        (changed[part][0] if part == "rows" else changed[part])[key] = other
+        for framework in (None, "verl", "roll", "areal", "trl"):
+            assert digest_request({"data": base}, framework=framework).digest != \
+                digest_request({"data": changed}, framework=framework).digest, (path, framework)
+    slime = [copy.deepcopy(base) for _ in range(2)]
+    slime[1]["rows"][0].update(session_id="t", spec_info=2, non_generation_time=0.7)
+    assert digest_request({"data": slime[0]}, framework="slime").digest == \
+        digest_request({"data": slime[1]}, framework="slime").digest
+
+
+def test_a_generic_wrapper_refuses_a_changed_session_id(tmp_path: Path) -> None:
+    class Rollout:
+        def get_batch(self, data: Any, global_step: int) -> dict[str, Any]:
+            return {"x": torch.ones(2)}
+
+    cfg = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+    with MockScheduler(Rollout(), cfg) as rollout:
+        rollout.get_batch({"session_id": "a", "meta_info": {"timeout": 10}}, 0)
+    with MockScheduler(None, {**cfg, "mode": "mock"}, spec=Rollout) as replay, \
+            pytest.raises(ReplayMismatchError, match="session_id"):
+        replay.get_batch({"session_id": "b", "meta_info": {"timeout": 10}}, 0)
+    with MockScheduler(None, {**cfg, "mode": "mock"}, spec=Rollout) as replay, \
+            pytest.raises(ReplayMismatchError, match="timeout"):
+        replay.get_batch({"session_id": "a", "meta_info": {"timeout": 20}}, 0)
 
 
 # ------------------------------------------------------------------------------ fast paths

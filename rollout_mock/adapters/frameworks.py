@@ -33,6 +33,7 @@ from rollout_mock.batch import (
     BatchType,
     batch_columns,
     batch_keys,
+    batch_parts,
     batch_type_of,
     count_samples,
     dataproto_fields,
@@ -47,8 +48,9 @@ from rollout_mock.errors import RolloutMockError
 from rollout_mock.wrap.hooks import register_scheduler_hook, register_volatile_fields
 
 __all__ = [
-    "DATAPROTO", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "VOLATILE_FIELDS",
-    "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "has_native_roll_mock", "prepare_roll_scheduler",
+    "DATAPROTO", "LIVE_FIELDS", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "VOLATILE_FIELDS",
+    "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "has_native_roll_mock", "is_tokenizer",
+    "prepare_roll_scheduler", "serve_live_fields", "tokenizer_fingerprint",
 ]
 
 
@@ -359,10 +361,9 @@ def prepare_roll_scheduler(scheduler: Any) -> None:
 
 # --------------------------------------------------------------------------- volatile request fields
 #: Fields of each framework's requests (and batches) that differ between two faithful runs of
-#: the same training: never compared by request matching or check mode.
+#: the same training: never compared by request matching or check mode, of that framework's
+#: calls only (each adapter names its framework; the generic wrapper compares every field).
 VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
-    # any framework: fields named as random ids, and wall-clock times in a meta_info
-    "common": ("*uuid*", "meta_info.*time*"),
     # RayPPOTrainer.fit/_validate: ``uid = str(uuid.uuid4())`` per prompt, carried into
     # generate_sequences' prompts and its output; ``timing`` of the output (seconds)
     "verl": ("non_tensor_batch.uid", "meta_info.timing"),
@@ -381,3 +382,86 @@ VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 for _owner, _patterns in VOLATILE_FIELDS.items():
     register_volatile_fields(_owner, *_patterns)
+
+
+# --------------------------------------------------------------------------- live-served fields
+#: Volatile fields that flow from a framework's request into its output: after a replay they are
+#: served with the live request's value (:func:`serve_live_fields`), never the dump run's. verl:
+#: the ``uid`` (a fresh ``uuid4`` per prompt) that an output carrying its request's
+#: ``non_tensor_batch`` repeats; ``DataProto.union`` of the live batch with a replayed output
+#: holding the dump run's uids fails.
+LIVE_FIELDS: dict[str, tuple[str, ...]] = {
+    "verl": ("non_tensor_batch.uid",),
+}
+
+
+def serve_live_fields(framework: str, request: Any, replayed: Any) -> Any:
+    """``replayed`` with each of ``framework``'s :data:`LIVE_FIELDS` (``part.key`` of a batch
+    type's parts) set to ``request``'s value, where both hold that field with the same length;
+    otherwise ``replayed`` unchanged. The replayed batch is rebuilt (a shallow copy: its other
+    fields are shared), never changed in place."""
+    fields = LIVE_FIELDS.get(framework, ())
+    if not fields:
+        return replayed
+    live_parts, out_parts = batch_parts(request), batch_parts(replayed)
+    if not live_parts or not out_parts:
+        return replayed
+    changed: dict[str, dict[Any, Any]] = {}
+    for field in fields:
+        part, _, key = field.partition(".")
+        live, out = live_parts.get(part), changed.get(part, out_parts.get(part))
+        if not isinstance(live, Mapping) or not isinstance(out, Mapping) or key not in live or key not in out:
+            continue
+        value, old = live[key], out[key]
+        try:
+            same_length = len(value) == len(old)
+        except TypeError:
+            continue
+        if same_length:
+            changed[part] = {**out, key: value}
+    if not changed:
+        return replayed
+    from rollout_mock.batch import rebuild
+
+    return rebuild(replayed, changed)
+
+
+# --------------------------------------------------------------------------- tokenizers
+def _sha(data: Any) -> str:
+    import hashlib
+    import json
+
+    text = data if isinstance(data, str) else json.dumps(data, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
+    """What decides the tokens of a tokenizer, by content and not by path: SHA-256 prefixes of its
+    vocabulary (every token and id, added tokens included), its special tokens and its chat
+    template (``None`` without one). A processor (vision-language models) is fingerprinted by its
+    tokenizer and its own chat template. Two copies of a tokenizer in other directories (another
+    machine, another model path) have one fingerprint; a changed chat template changes
+    ``chat_template``. Reads only attributes (``get_vocab()``, ``special_tokens_map``,
+    ``chat_template``): no framework is imported."""
+    inner = getattr(tokenizer, "tokenizer", None)
+    template = getattr(tokenizer, "chat_template", None)
+    if inner is not None and not callable(getattr(tokenizer, "get_vocab", None)):
+        tokenizer, template = inner, template if template is not None else getattr(inner, "chat_template", None)
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    vocab = get_vocab() if callable(get_vocab) else {}
+    special = getattr(tokenizer, "special_tokens_map", None) or {}
+    return {
+        "vocab": _sha(sorted((str(k), int(v)) for k, v in dict(vocab).items())),
+        "vocab_size": len(vocab),
+        "special_tokens": _sha({str(k): v for k, v in dict(special).items()}),
+        "chat_template": None if template is None else _sha(template),
+    }
+
+
+def is_tokenizer(value: Any) -> bool:
+    """Whether ``value`` looks like a Hugging Face tokenizer or processor (duck-typed)."""
+    if isinstance(value, type):
+        return False
+    return callable(getattr(value, "get_vocab", None)) and hasattr(value, "special_tokens_map") or (
+        hasattr(value, "tokenizer") and callable(getattr(getattr(value, "tokenizer", None), "get_vocab", None))
+        and callable(getattr(value, "apply_chat_template", None)))

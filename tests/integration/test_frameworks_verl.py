@@ -214,3 +214,58 @@ def test_a_faithful_rerun_with_fresh_uids_replays_and_other_prompts_stop(tmp_pat
         wrap_verl_rollout(FitTrainer({**block, "mode": "mock"}, n=4, temperature=0.6))
     assert [d[0] for d in settings.value.differences] == ["actor_rollout_ref.rollout.n",
                                                           "actor_rollout_ref.rollout.temperature"]
+
+
+# ------------------------------------------------------------------------------ issue 35
+class CarryingManager(AgentLoopManager):
+    """An output that carries its request's ``non_tensor_batch`` (verl 0.9.1 with a colocated
+    reward model, an earlier agent_loop.py): the uid of each prompt comes back in the output."""
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        out = super().generate_sequences(prompts)
+        for key, value in prompts.non_tensor_batch.items():
+            out.non_tensor_batch[key] = value.copy()
+        return out
+
+
+def test_an_output_carrying_its_requests_uid_is_served_with_the_live_uid(tmp_path: Path) -> None:
+    """Issue 35 item 5: the replayed output held the dump run's uuid4 uids, the live batch fresh
+    ones, and verl's own ``batch.union(gen_batch_output)`` failed on an identical rerun."""
+    block = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+
+    def run(mode: str) -> list[Any]:
+        trainer = FitTrainer({**block, "mode": mode})
+        trainer.async_rollout_manager = CarryingManager()
+        wrapper = wrap_verl_rollout(trainer)
+        assert wrapper is not None
+        unions = []
+        for step in (1, 2):
+            batch = trainer.prompts(step)
+            gen_output = trainer.async_rollout_manager.generate_sequences(batch)
+            unions.append(batch.union(gen_output))  # verl's own check of the overlapping uid
+        wrapper.close()
+        assert trainer.async_rollout_manager.calls == ([] if mode == "mock" else [(1, False), (2, False)])
+        return unions
+
+    recorded, replayed = run("dump"), run("mock")
+    for got, expected in zip(replayed, recorded):
+        assert list(got.non_tensor_batch["uid"]) != list(expected.non_tensor_batch["uid"])  # fresh uuid4s
+        assert torch.equal(got.batch["responses"], expected.batch["responses"])
+        assert list(got.non_tensor_batch["raw_prompt"]) == list(expected.non_tensor_batch["raw_prompt"])
+    stored = open_dump(tmp_path / "d")
+    assert list(stored.load(1, "train").non_tensor_batch["uid"]) == \
+        list(recorded[0].non_tensor_batch["uid"])  # the record itself is unchanged
+
+
+def test_serve_live_fields_needs_the_same_field_with_the_same_length() -> None:
+    from rollout_mock.adapters import serve_live_fields
+
+    live = DataProto.from_dict(non_tensors={"uid": np.array(["a", "b"], dtype=object)})
+    longer = DataProto.from_dict(non_tensors={"uid": np.array(["x", "y", "z", "w"], dtype=object)})
+    without = DataProto.from_dict(tensors={"responses": torch.zeros(2, 1)})
+    assert serve_live_fields("verl", live, longer) is longer  # n samples per prompt: not the same rows
+    assert serve_live_fields("verl", live, without) is without
+    assert serve_live_fields("roll", live, longer) is longer
+    same_rows = DataProto.from_dict(non_tensors={"uid": np.array(["x", "y"], dtype=object)})
+    served = serve_live_fields("verl", live, same_rows)
+    assert list(served.non_tensor_batch["uid"]) == ["a", "b"] and list(same_rows.non_tensor_batch["uid"]) == ["x", "y"]

@@ -427,12 +427,17 @@ def test_a_difference_deep_in_a_list_of_samples_names_its_block() -> None:
     other = [dict(s) for s in samples]
     other[50] = {**other[50], "tokens": [*other[50]["tokens"][:-1], -1]}
     found = differences(digest_request({"data": samples}), digest_request({"data": other}))
-    assert found[0].path == "data" and "first difference in items 48-55 of 64" in found[0].what
+    assert found[0].path == "data" and "first difference in row 50 (" in found[0].what  # each of 64 rows' CRC
+    samples = _samples(80)
+    other = [dict(s) for s in samples]
+    other[70] = {**other[70], "tokens": [*other[70]["tokens"][:-1], -1]}
+    found = differences(digest_request({"data": samples}), digest_request({"data": other}))
+    assert found[0].path == "data" and "first difference in items 70-79 of 80" in found[0].what
     trajectories = [{"input_ids": torch.arange(i, i + 50).reshape(1, 50), "rewards": torch.ones(1)} for i in range(32)]
     changed = [dict(t) for t in trajectories]
     changed[3] = {**changed[3], "rewards": torch.zeros(1)}
     found = differences(digest_request({"data": trajectories}), digest_request({"data": changed}))
-    assert found[0].what == "first difference in items 0-3 of 32 (the recorded items are not kept)"
+    assert found[0].what == "first difference in row 3 (only the first 2 rows' values are kept)"
 
 
 def test_the_recorded_request_stays_small() -> None:
@@ -461,3 +466,43 @@ def test_a_call_recorded_with_another_digest_format_is_not_compared(
     served = replay(dump, ((d, 8, {"temperature": 1.0}) for d in loader()), on_mismatch="warn")
     assert all(same(a, b) for a, b in zip(served, batches)) and len(served) == STEPS
     assert caplog.text.count("recorded with another digest format") == 1
+
+
+# ------------------------------------------------------------------------------ object columns (issue 35)
+def _verl_request(seed: int) -> dict[str, Any]:
+    """verl's gen_batch after a data-seed change: raw_prompt and extra_info's index both differ."""
+    order = np.random.default_rng(seed).permutation(20)[:8]
+    raw_prompt = np.empty(8, dtype=object)
+    raw_prompt[:] = [[{"role": "user", "content": f"What is {i} + {3 * i}? Think step by step."}] for i in order]
+    return {"prompts": {"non_tensor_batch": {
+        "raw_prompt": raw_prompt,
+        "extra_info": np.array([{"index": int(i), "split": "train"} for i in order], dtype=object),
+        "uid": np.array([str(uuid.uuid4()) for _ in range(8)], dtype=object)}}}
+
+
+def test_an_object_column_names_the_prompts_the_first_row_and_both_values() -> None:
+    """It said "prompts.non_tensor_batch.extra_info: same array object [8], other contents"."""
+    found = differences(digest_request(_verl_request(1), framework="verl"),
+                        digest_request(_verl_request(2), framework="verl"))
+    assert found[0].path == "prompts.non_tensor_batch.raw_prompt"
+    assert found[0].what.startswith("row 0: [{'content': 'What is 1 + 3? Think step by step.'")
+    assert "in the dump run, [{'content': 'What is 6 + 18? Think step by step.'" in found[0].what
+    assert "What is 1 + 3" in found[0].recorded and "What is 6 + 18" in found[0].live
+
+
+def test_a_list_of_prompt_dicts_names_the_row_and_key() -> None:
+    """AReaL's rollout_batch(data): it said "data: same list of 4, other contents"."""
+    def data(changed_row: int | None) -> dict[str, Any]:
+        rows = [{"messages": [{"role": "user", "content": f"question {i}"}], "answer": str(i)} for i in range(40)]
+        if changed_row is not None:
+            rows[changed_row]["messages"][0]["content"] = "another question"
+        return {"data": rows}
+
+    found = differences(digest_request(data(None)), digest_request(data(1)))
+    assert found[0].what == ("row 1, key 'messages': [{'content': 'question 1', 'role': 'user'}] in the dump run, "
+                             "[{'content': 'another question', 'role': 'user'}] now"), found[0].what
+    far = differences(digest_request(data(None)), digest_request(data(30)))
+    assert far[0].path == "data" and far[0].what.startswith("first difference in row 30 (only the first 2 rows'")
+    long_text = differences(digest_request({"p": [["x" * 150 + "a"], ["y"]]}), digest_request({"p": [["x" * 150 + "b"],
+                                                                                                   ["y"]]}))
+    assert "xa']" in long_text[0].recorded and "xb']" in long_text[0].live  # a window around the difference

@@ -49,7 +49,8 @@ from rollout_mock.wrap.hooks import register_scheduler_hook, register_volatile_f
 
 __all__ = [
     "DATAPROTO", "LIVE_FIELDS", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "VOLATILE_FIELDS",
-    "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "has_native_roll_mock", "is_tokenizer",
+    "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "file_fingerprint", "has_native_roll_mock",
+    "is_tokenizer",
     "prepare_roll_scheduler", "serve_live_fields", "tokenizer_fingerprint",
 ]
 
@@ -465,3 +466,57 @@ def is_tokenizer(value: Any) -> bool:
     return callable(getattr(value, "get_vocab", None)) and hasattr(value, "special_tokens_map") or (
         hasattr(value, "tokenizer") and callable(getattr(getattr(value, "tokenizer", None), "get_vocab", None))
         and callable(getattr(value, "apply_chat_template", None)))
+
+
+# --------------------------------------------------------------------------- data files
+#: Bytes of a data file hashed in full; a larger file is hashed by its first and last halves of
+#: this many bytes, with its size (``"sampled": true``).
+FILE_HASH_LIMIT = 1 << 30
+#: Files of a directory fingerprinted (sorted by name); more are counted, not hashed.
+DIRECTORY_FILES = 256
+
+
+def _hash_file(path: str, size: int) -> tuple[str, bool]:
+    import hashlib
+
+    digest = hashlib.sha256()
+    sampled = size > FILE_HASH_LIMIT
+    with open(path, "rb") as f:
+        ranges = [(0, FILE_HASH_LIMIT // 2), (size - FILE_HASH_LIMIT // 2, FILE_HASH_LIMIT // 2)] if sampled \
+            else [(0, size)]
+        for start, length in ranges:
+            f.seek(start)
+            while length > 0:
+                chunk = f.read(min(length, 1 << 20))
+                if not chunk:
+                    break
+                digest.update(chunk)
+                length -= len(chunk)
+    return digest.hexdigest()[:16], sampled
+
+
+def file_fingerprint(path: Any) -> Any:
+    """A data file by content, not by path: ``{"size", "sha256"}`` (SHA-256 prefix, streamed in
+    1 MiB chunks; a file over :data:`FILE_HASH_LIMIT` bytes by its first and last halves of it,
+    ``"sampled": true``); a directory as its files' fingerprints by relative name (at most
+    :data:`DIRECTORY_FILES`); a path that is not there as ``{"missing": <its name>}``; a list of
+    paths item by item. The same file in another directory (another machine) has the same
+    fingerprint; a file of the same size with other contents does not."""
+    import os
+
+    if isinstance(path, list | tuple):
+        return [file_fingerprint(p) for p in path]
+    if not isinstance(path, str | os.PathLike):
+        return path
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        names = sorted(os.path.relpath(os.path.join(d, f), text) for d, _, files in os.walk(text) for f in files)
+        out: dict[str, Any] = {name: file_fingerprint(os.path.join(text, name)) for name in names[:DIRECTORY_FILES]}
+        if len(names) > DIRECTORY_FILES:
+            out["(files)"] = len(names)
+        return out
+    if not os.path.isfile(text):
+        return {"missing": os.path.basename(text.rstrip("/\\"))}
+    size = os.path.getsize(text)
+    sha, sampled = _hash_file(text, size)
+    return {"size": size, "sha256": sha, **({"sampled": True} if sampled else {})}

@@ -56,10 +56,11 @@ def by_hand(config: Path) -> types.ModuleType:
 
 def main() -> int:
     out, mode, dump_dir, prompt_data, save, which = sys.argv[1:7]
-    import rollout_mock
-    from rollout_mock.adapters import slime as adapter
     from slime.rollout.base_types import call_rollout_fn
     from slime.utils.types import RolloutDataSource
+
+    import rollout_mock
+    from rollout_mock.adapters import slime as adapter
 
     config = Path(out).with_suffix(".yaml")
     config.write_text(f"rollout_mock:\n  enable: true\n  mode: {mode}\n  dump_dir: {dump_dir}\n")

@@ -269,3 +269,45 @@ def test_serve_live_fields_needs_the_same_field_with_the_same_length() -> None:
     same_rows = DataProto.from_dict(non_tensors={"uid": np.array(["x", "y"], dtype=object)})
     served = serve_live_fields("verl", live, same_rows)
     assert list(served.non_tensor_batch["uid"]) == ["a", "b"] and list(same_rows.non_tensor_batch["uid"]) == ["x", "y"]
+
+
+RUN = Path(__file__).with_name("verl_run.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _verl_run(tmp_path: Path, name: str, mode: str, how: str, *extra: str, hash_seed: int) -> dict[str, Any]:
+    """One run of verl's rollout side in its own process with its own hash seed (verl_run.py)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / f"{name}.json"
+    env = dict(os.environ, PYTHONHASHSEED=str(hash_seed),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(RUN), str(out), mode, str(tmp_path / f"dump-{how}"), how, *extra],
+                          capture_output=True, text=True, timeout=240, env=env, check=False)
+    assert out.exists(), proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+@pytest.mark.parametrize("how", ["one-line", "by-hand"])
+def test_the_docs_recipes_replay_an_identical_rerun_and_stop_another_data_seed(tmp_path: Path, how: str) -> None:
+    """Issue 35: the by-hand snippet wrapped ``actor_rollout_wg`` (no ``generate_sequences`` in
+    verl >= 0.6) in one split, which a validation at a training step's ``global_steps`` collides
+    with (``StepExistsError`` at step 2); the outputs carry their request's uid (DataProto.union).
+    Both recipes: dump and mock in two processes with other hash seeds."""
+    dumped = _verl_run(tmp_path, "dump", "dump", how, hash_seed=1)
+    assert "error" not in dumped, dumped
+    assert dumped["live_calls"] == 7  # validation at 0, 4 steps, validation at 2 and 4
+    replayed = _verl_run(tmp_path, "mock", "mock", how, hash_seed=2)
+    assert "error" not in replayed, replayed
+    assert replayed["responses"] == dumped["responses"] and replayed["live_calls"] == 0
+    reseeded = _verl_run(tmp_path, "reseeded", "mock", how, "--seed", "2", hash_seed=3)
+    assert reseeded["error"] == "RolloutSettingsMismatchError", reseeded  # the pre-flight names the setting
+    assert "data.seed: 1 in the dump run, 2 now" in reseeded["message"]
+    # another loader order under the same settings: the first training call names the first differing row
+    reshuffled = _verl_run(tmp_path, "reshuffled", "mock", how, "--shuffle-seed", "5", hash_seed=4)
+    assert reshuffled["error"] == "ReplayMismatchError", reshuffled
+    assert "train step 1" in reshuffled["message"]
+    assert "prompts.non_tensor_batch.raw_prompt: row 0: [{'content': 'What is" in reshuffled["message"]

@@ -303,3 +303,67 @@ def test_the_tokenizer_in_workflow_kwargs_is_compared_by_fingerprint_not_path(tm
     with pytest.raises(ReplayMismatchError, match="workflow_kwargs.tokenizer.chat_template"):
         other.rollout_batch(PROMPTS[:2], workflow="rlvr", workflow_kwargs={"tokenizer": str(changed)})
     other.close()
+
+
+_BY_HAND_RUN = r'''
+import json, os, re, sys, torch
+from pathlib import Path
+import rollout_mock
+
+out, mode, dump, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+doc = Path(os.environ["AREAL_DOC"]).read_text(encoding="utf-8")
+code = re.search(r"<!-- areal-by-hand -->\s*```python\n(.*?)```", doc, re.DOTALL).group(1)
+code = code.replace("    ...\n", "    served.append([t['input_ids'].tolist() for t in batch])\n")
+Path(dump + ".yaml").write_text(f"rollout_mock:\n  enable: true\n  mode: {mode}\n  dump_dir: {dump}\n")
+code = code.replace('"rollout_mock.yaml"', repr(dump + ".yaml"))
+
+class Engine:  # the inference engine: responses from the OS's entropy (a replay equals the dump only by reading it)
+    def rollout_batch(self, data, workflow=None, workflow_kwargs=None):
+        g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+        return [{"input_ids": torch.randint(0, 99, (2, 3), generator=g)} for _ in data]
+
+prompts = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(12)]
+dataloader = torch.utils.data.DataLoader(prompts, batch_size=4, shuffle=True, collate_fn=lambda r: r,
+                                         generator=torch.Generator().manual_seed(seed))
+served = []
+namespace = {"engine": Engine() if mode == "dump" else None, "dataloader": dataloader, "workflow": "rlvr",
+             "start_step": 0, "total_steps": 3, "served": served}
+try:
+    exec(compile(code, "areal.md", "exec"), namespace)
+    namespace["rollout"].close()
+except rollout_mock.RolloutMockError as exc:
+    Path(out).write_text(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+    sys.exit(3)
+Path(out).write_text(json.dumps({"served": served}))
+'''
+
+
+def test_the_by_hand_recipe_replays_an_identical_rerun_and_stops_another_loader_order(tmp_path: Path) -> None:
+    """Issue 35: the documented by-hand recipe wrapped ``prepare_batch(dataloader, ...)``, whose
+    loader is compared by type only, and required ``rollout_batch``. Dump and mock in two
+    processes with other hash seeds."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "frameworks" / "areal.md"
+    script = tmp_path / "run.py"
+    script.write_text(_BY_HAND_RUN)
+
+    def run(name: str, mode: str, seed: int, hash_seed: int) -> dict[str, Any]:
+        env = dict(os.environ, PYTHONHASHSEED=str(hash_seed), AREAL_DOC=str(doc),
+                   PYTHONPATH=os.pathsep.join([str(doc.parents[2]), os.environ.get("PYTHONPATH", "")]))
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, str(script), str(out), mode, str(tmp_path / "d"), str(seed)],
+                              capture_output=True, text=True, timeout=240, env=env, check=False)
+        assert out.exists(), proc.stderr[-3000:]
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+    dumped = run("dump", "dump", 1, 1)
+    assert "error" not in dumped and len(dumped["served"]) == 3, dumped
+    replayed = run("mock", "mock", 1, 2)
+    assert replayed == dumped
+    reshuffled = run("other", "mock", 2, 3)
+    assert reshuffled["error"] == "ReplayMismatchError" and "data: row 0, key 'messages'" in reshuffled["message"]

@@ -311,3 +311,46 @@ def test_the_docs_recipes_replay_an_identical_rerun_and_stop_another_data_seed(t
     assert reshuffled["error"] == "ReplayMismatchError", reshuffled
     assert "train step 1" in reshuffled["message"]
     assert "prompts.non_tensor_batch.raw_prompt: row 0: [{'content': 'What is" in reshuffled["message"]
+
+
+def test_a_changed_chat_template_fails_the_pre_flight_naming_it(tmp_path: Path) -> None:
+    """Issue 34 item 4 (for the lead) / 35: the trainer's tokenizer is fingerprinted by content
+    (vocabulary, special tokens, chat template), not by path, and recorded in the settings."""
+    import sys
+
+    from rollout_mock import RolloutSettingsMismatchError
+    from rollout_mock.adapters import tokenizer_fingerprint
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from trl_run import build_tokenizer
+
+    def tokenizer(template: str, where: str) -> Any:
+        from transformers import AutoTokenizer
+
+        built = build_tokenizer()
+        built.chat_template = template
+        built.save_pretrained(str(tmp_path / where))
+        return AutoTokenizer.from_pretrained(str(tmp_path / where))  # another path, another object
+
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    here, there = tokenizer(template, "here"), tokenizer(template, "there")
+    changed = tokenizer("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}", "changed")
+    assert tokenizer_fingerprint(here) == tokenizer_fingerprint(there)
+    difference = {k for k, v in tokenizer_fingerprint(here).items() if tokenizer_fingerprint(changed)[k] != v}
+    assert difference == {"chat_template"}
+
+    block = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+    trainer = FitTrainer(block)
+    trainer.tokenizer = here
+    wrapper = wrap_verl_rollout(trainer)
+    assert wrapper is not None
+    trainer.fit(1)
+    wrapper.close()
+    moved = FitTrainer({**block, "mode": "mock"})
+    moved.tokenizer = there
+    assert wrap_verl_rollout(moved) is not None  # the same tokenizer under another path
+    other = FitTrainer({**block, "mode": "mock"})
+    other.tokenizer = changed
+    with pytest.raises(RolloutSettingsMismatchError) as info:
+        wrap_verl_rollout(other)
+    assert [d[0] for d in info.value.differences] == ["tokenizer.chat_template"]

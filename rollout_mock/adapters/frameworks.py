@@ -21,6 +21,12 @@ framework, no torch and no numpy.
   (with a manifest and checksums), so the two would collide. A wrapped scheduler therefore gets
   ``mock_config = None`` (the mixin's own off state) after its ``__init__``; rollout_mock records
   and replays instead. Nothing else of the scheduler changes.
+* **Volatile and live-served fields** (:data:`VOLATILE_FIELDS`, :data:`LIVE_FIELDS`): what request
+  matching and check mode leave out of each framework's own calls, and what of a request flows
+  into its output and is served with the live value after a replay (:func:`serve_live_fields`).
+* **Fingerprints by content** shared by the adapters' pre-flight checks: a tokenizer with its chat
+  template (:func:`tokenizer_fingerprint`) and a data file (:func:`file_fingerprint`), so that a
+  copy under another path (another machine) is the same input and a changed one is not.
 """
 
 from __future__ import annotations

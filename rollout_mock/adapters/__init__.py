@@ -21,7 +21,7 @@ import importlib
 from typing import Any
 
 from rollout_mock.adapters import frameworks  # noqa: F401  (registers the frameworks: hooks, batch types, step names, volatile fields)
-from rollout_mock.adapters.frameworks import VOLATILE_FIELDS
+from rollout_mock.adapters.frameworks import LIVE_FIELDS, VOLATILE_FIELDS, serve_live_fields, tokenizer_fingerprint
 
 _EXPORTS = {
     "roll_scheduler": "roll", "roll_handle": "roll", "roll_config": "roll",
@@ -32,7 +32,7 @@ _EXPORTS = {
 }
 
 __all__ = [
-    "VOLATILE_FIELDS",
+    "LIVE_FIELDS", "VOLATILE_FIELDS", "serve_live_fields", "tokenizer_fingerprint",
     "ArealRollout", "VerlRollout", "detect_format", "import_foreign", "open_foreign", "roll_config",
     "roll_handle", "roll_scheduler", "wrap_areal", "wrap_verl_rollout",
 ]

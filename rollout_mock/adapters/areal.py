@@ -30,13 +30,23 @@ AReaL's own ``trajectory_debug`` files are read by :mod:`rollout_mock.adapters.f
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import functools
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-from rollout_mock.errors import UnrecordableBatchError
+from rollout_mock.adapters.frameworks import is_tokenizer, tokenizer_fingerprint
+from rollout_mock.config import config_parts, load_config
+from rollout_mock.errors import ConfigError, UnrecordableBatchError
+from rollout_mock.storage.store import open_store
 from rollout_mock.wrap.scheduler import MockScheduler
 
-__all__ = ["ENGINE_CONTROL", "ArealRollout", "is_remote_tensor", "localize", "wrap_areal"]
+__all__ = ["BATCH_METHODS", "ENGINE_CONTROL", "ArealRollout", "LoaderTurn", "is_remote_tensor", "localize",
+           "request_key", "wrap_areal"]
+
+#: The engine's batch methods the wrapper records and replays (those the engine has).
+BATCH_METHODS = ("rollout_batch", "prepare_batch")
 
 
 def is_remote_tensor(value: Any) -> bool:
@@ -78,26 +88,204 @@ ENGINE_CONTROL = ("pause", "resume", "set_version", "get_version", "destroy", "o
                   "pause_generation", "continue_generation")
 
 
+# --------------------------------------------------------------------------- the data loader
+class _LoaderFeed:
+    """One data loader read in one sequence of batches by both the wrapper and the engine.
+
+    ``prepare_batch(dataloader, ...)`` never shows its prompts: the engine draws them from the
+    loader itself (AReaL's ``cycle_dataloader``, ahead of time when rollouts run asynchronously),
+    and in mock mode there is no engine. So the wrapper draws the loader's ``k``-th batch for its
+    ``k``-th call (what the request digest compares) and the engine reads the very same sequence
+    through :class:`LoaderTurn`; in mock mode the wrapper alone draws, so the loader advances as in
+    the dump run (its state_dict too). An exhausted loader starts its next epoch, as AReaL's does.
+    Batches are kept until both readers are past them."""
+
+    def __init__(self, loader: Any, engine_reads: bool) -> None:
+        self.loader = loader
+        self.engine_reads = engine_reads
+        self._iterator: Iterator[Any] | None = None
+        self._drawn: list[Any] = []
+        self._base = 0
+        self._claimed = 0
+        self._served = 0
+        self._lock = threading.Lock()
+
+    def _at(self, index: int) -> Any:
+        while self._base + len(self._drawn) <= index:
+            if self._iterator is None:
+                self._iterator = iter(self.loader)
+            try:
+                batch = next(self._iterator)
+            except StopIteration:
+                self._iterator = iter(self.loader)  # the next epoch
+                try:
+                    batch = next(self._iterator)
+                except StopIteration:
+                    raise ConfigError("[RolloutMock] AReaL: prepare_batch's data loader yields no batch") from None
+            self._drawn.append(batch)
+        return self._drawn[index - self._base]
+
+    def _trim(self) -> None:
+        low = min(self._claimed, self._served) if self.engine_reads else self._claimed
+        if low > self._base:
+            del self._drawn[: low - self._base]
+            self._base = low
+
+    def claim(self) -> Any:
+        """The batch of the wrapper's next call."""
+        with self._lock:
+            batch = self._at(self._claimed)
+            self._claimed += 1
+            self._trim()
+            return batch
+
+    def batches(self) -> Iterator[Any]:
+        """The engine's endless reading of the same sequence."""
+        while True:
+            with self._lock:
+                batch = self._at(self._served)
+                self._served += 1
+                self._trim()
+            yield batch
+
+
+class LoaderTurn:
+    """What ``prepare_batch`` gets in place of the data loader: iterating it reads the loader's
+    batches in order (the same sequence whichever object of a loader's turns the engine kept);
+    every other attribute (``batch_size``, ``state_dict``...) is the loader's. :attr:`batch` is
+    the loader's batch for this call: what request matching compares (:func:`request_key`)."""
+
+    def __init__(self, feed: _LoaderFeed, batch: Any) -> None:
+        self._feed = feed
+        self.batch = batch
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._feed.batches()
+
+    def __len__(self) -> int:
+        return len(self._feed.loader)
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") or attribute in ("_feed", "batch"):
+            raise AttributeError(attribute)
+        return getattr(self._feed.loader, attribute)
+
+    def __repr__(self) -> str:
+        return f"LoaderTurn({self._feed.loader!r})"
+
+
+def _is_loader(value: Any) -> bool:
+    """A data loader (an iterable that is not a batch: not a list, tuple, mapping or string)."""
+    return value is not None and hasattr(value, "__iter__") and not isinstance(
+        value, list | tuple | dict | str | bytes | Mapping) and not hasattr(value, "shape")
+
+
+# --------------------------------------------------------------------------- the request key
+@functools.lru_cache(maxsize=8)
+def _path_fingerprint(path: str, stamp: float) -> Any:
+    from transformers import AutoTokenizer
+
+    return tokenizer_fingerprint(AutoTokenizer.from_pretrained(path))
+
+
+def _tokenizer_value(value: Any) -> Any:
+    """A tokenizer, or the local directory of one (AReaL's ``workflow_kwargs["tokenizer"]``), as its
+    fingerprint (:func:`~rollout_mock.adapters.tokenizer_fingerprint`): another copy on another
+    machine or under another model path is the same request. Anything else as it is."""
+    if is_tokenizer(value):
+        return tokenizer_fingerprint(value)
+    if isinstance(value, str) and os.path.isdir(value):
+        try:
+            return _path_fingerprint(os.path.realpath(value), os.path.getmtime(value))
+        except Exception:  # noqa: BLE001 - not a tokenizer's directory: the path is the request
+            return value
+    return value
+
+
+def _keyed(value: Any, depth: int = 0) -> Any:
+    if isinstance(value, LoaderTurn):
+        return value.batch
+    if isinstance(value, Mapping) and depth < 2:
+        return {k: _tokenizer_value(v) if "tokenizer" in str(k) else _keyed(v, depth + 1) for k, v in value.items()}
+    if depth < 2 and not isinstance(value, type) and is_tokenizer(getattr(value, "tokenizer", None)):
+        # a workflow object holding its tokenizer: the object by type, the tokenizer by content
+        return {"type": type(value).__qualname__, "tokenizer": tokenizer_fingerprint(value.tokenizer)}
+    return value
+
+
+def request_key(arguments: dict[str, Any]) -> dict[str, Any]:
+    """What request matching compares of a ``prepare_batch``/``rollout_batch`` call: its
+    arguments, with the data loader replaced by the batch it yields for this call
+    (:class:`LoaderTurn`) and tokenizers (objects, or the directory in ``workflow_kwargs``) by
+    their fingerprints."""
+    return {name: _keyed(value) for name, value in arguments.items()}
+
+
+def _recorded_methods(config: Any, split: str) -> tuple[str, ...]:
+    """The batch methods the dump recorded for ``split`` (mock mode without an engine)."""
+    cfg = load_config(config)
+    if not cfg.enable or not cfg.mode.replays:
+        return BATCH_METHODS
+    parts = config_parts(cfg)
+    try:
+        store = open_store(parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
+                           hmac_key=parts.store.hmac_key, verify=parts.store.verify)
+    except Exception:  # noqa: BLE001 - the wrapper itself says what is wrong with the dump
+        return BATCH_METHODS
+    try:
+        found = {m for stream in store.stream_ids() if stream.split == split for m in store.methods(stream)}
+    finally:
+        store.close()
+    return tuple(m for m in BATCH_METHODS if m in found) or BATCH_METHODS
+
+
 class ArealRollout:
     """The engine with its batch methods recorded/replayed (see the module docstring)."""
 
     def __init__(self, engine: Any, config: Any, *, step: Callable[[], int] | None = None,
-                 methods: Iterable[str] = ("rollout_batch", "prepare_batch"), split: str = "train",
+                 methods: Iterable[str] | None = None, split: str = "train",
                  factory: Callable[[], Any] | None = None,
-                 rollout_settings: Mapping[str, Any] | None = None) -> None:
+                 rollout_settings: Mapping[str, Any] | None = None, tokenizer: Any = None) -> None:
+        if methods is None:
+            methods = [m for m in BATCH_METHODS if callable(getattr(engine, m, None))] if engine is not None \
+                else _recorded_methods(config, split)
+            if not methods:
+                raise ConfigError(
+                    f"wrap_areal: {type(engine).__qualname__} has neither rollout_batch nor prepare_batch")
+        settings = dict(rollout_settings or {})
+        if tokenizer is not None:
+            settings["tokenizer"] = tokenizer_fingerprint(tokenizer) if is_tokenizer(tokenizer) \
+                else _tokenizer_value(tokenizer)
         self._mock = MockScheduler(engine, config, methods=tuple(methods), split=split, factory=factory,
-                                   rollout_settings=rollout_settings, capture=localize)
+                                   rollout_settings=settings if rollout_settings is not None or settings else None,
+                                   capture=localize, framework="areal",
+                                   match_keys=dict.fromkeys(methods, request_key))
         self._step = step
         self._version = 0
+        self._feeds: dict[int, _LoaderFeed] = {}
         #: mock mode without an engine: the engine-control calls are no-ops
         self._no_engine = engine is None and self._mock.enabled and not self._mock.config.mode.runs_scheduler
         for method in self._mock.methods:
             setattr(self, method, self._stepped(method))
 
+    def _turn(self, loader: Any) -> Any:
+        """``prepare_batch``'s data loader as this call's :class:`LoaderTurn` (see :class:`_LoaderFeed`)."""
+        if not self._mock.enabled or not _is_loader(loader) or isinstance(loader, LoaderTurn):
+            return loader
+        feed = self._feeds.get(id(loader))
+        if feed is None or feed.loader is not loader:
+            feed = self._feeds[id(loader)] = _LoaderFeed(loader, engine_reads=self._mock.config.mode.runs_scheduler)
+        return LoaderTurn(feed, feed.claim())
+
     def _stepped(self, method: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if self._step is not None:
                 self._mock.step = int(self._step())
+            if method == "prepare_batch":
+                if args:
+                    args = (self._turn(args[0]), *args[1:])
+                elif "dataloader" in kwargs:
+                    kwargs["dataloader"] = self._turn(kwargs["dataloader"])
             return getattr(self._mock, method)(*args, **kwargs)
 
         call.__name__ = method
@@ -121,7 +309,7 @@ class ArealRollout:
         self._mock.close()
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("__") or attribute in ("_mock", "_step", "_version", "_no_engine"):
+        if attribute.startswith("__") or attribute in ("_mock", "_step", "_version", "_no_engine", "_feeds"):
             raise AttributeError(attribute)
         if attribute in ENGINE_CONTROL and self._no_engine:
             return self._control(attribute)
@@ -138,12 +326,14 @@ class ArealRollout:
 
 
 def wrap_areal(engine: Any, config: Any, *, step: Callable[[], int] | None = None,
-               methods: Iterable[str] = ("rollout_batch", "prepare_batch"),
+               methods: Iterable[str] | None = None,
                factory: Callable[[], Any] | None = None,
-               rollout_settings: Mapping[str, Any] | None = None) -> ArealRollout:
+               rollout_settings: Mapping[str, Any] | None = None, tokenizer: Any = None) -> ArealRollout:
     """``engine`` (AReaL's train/inference engine, or ``None`` with ``factory`` in mock mode) with
-    ``rollout_batch``/``prepare_batch`` recorded or replayed. ``rollout_settings``: e.g. the
-    ``gconfig`` (GenerationHyperparameters) and batch size, compared by mock mode's pre-flight
-    check."""
+    ``rollout_batch``/``prepare_batch`` recorded or replayed: ``methods`` (default: those of
+    :data:`BATCH_METHODS` the engine has; without an engine, those the dump recorded).
+    ``rollout_settings``: e.g. the ``gconfig`` (GenerationHyperparameters) and batch size, and
+    ``tokenizer`` (the tokenizer, or its local directory: fingerprinted with its chat template),
+    compared by mock mode's pre-flight check."""
     return ArealRollout(engine, config, step=step, methods=methods, factory=factory,
-                        rollout_settings=rollout_settings)
+                        rollout_settings=rollout_settings, tokenizer=tokenizer)

@@ -21,6 +21,12 @@ framework, no torch and no numpy.
   (with a manifest and checksums), so the two would collide. A wrapped scheduler therefore gets
   ``mock_config = None`` (the mixin's own off state) after its ``__init__``; rollout_mock records
   and replays instead. Nothing else of the scheduler changes.
+* **Volatile and live-served fields** (:data:`VOLATILE_FIELDS`, :data:`LIVE_FIELDS`): what request
+  matching and check mode leave out of each framework's own calls, and what of a request flows
+  into its output and is served with the live value after a replay (:func:`serve_live_fields`).
+* **Fingerprints by content** shared by the adapters' pre-flight checks: a tokenizer with its chat
+  template (:func:`tokenizer_fingerprint`) and a data file (:func:`file_fingerprint`), so that a
+  copy under another path (another machine) is the same input and a changed one is not.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from rollout_mock.batch import (
     BatchType,
     batch_columns,
     batch_keys,
+    batch_parts,
     batch_type_of,
     count_samples,
     dataproto_fields,
@@ -47,8 +54,10 @@ from rollout_mock.errors import RolloutMockError
 from rollout_mock.wrap.hooks import register_scheduler_hook, register_volatile_fields
 
 __all__ = [
-    "DATAPROTO", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "VOLATILE_FIELDS",
-    "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "has_native_roll_mock", "prepare_roll_scheduler",
+    "DATAPROTO", "LIVE_FIELDS", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "VOLATILE_FIELDS",
+    "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "file_fingerprint", "has_native_roll_mock",
+    "is_tokenizer",
+    "prepare_roll_scheduler", "serve_live_fields", "tokenizer_fingerprint",
 ]
 
 
@@ -359,10 +368,9 @@ def prepare_roll_scheduler(scheduler: Any) -> None:
 
 # --------------------------------------------------------------------------- volatile request fields
 #: Fields of each framework's requests (and batches) that differ between two faithful runs of
-#: the same training: never compared by request matching or check mode.
+#: the same training: never compared by request matching or check mode, of that framework's
+#: calls only (each adapter names its framework; the generic wrapper compares every field).
 VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
-    # any framework: fields named as random ids, and wall-clock times in a meta_info
-    "common": ("*uuid*", "meta_info.*time*"),
     # RayPPOTrainer.fit/_validate: ``uid = str(uuid.uuid4())`` per prompt, carried into
     # generate_sequences' prompts and its output; ``timing`` of the output (seconds)
     "verl": ("non_tensor_batch.uid", "meta_info.timing"),
@@ -381,3 +389,140 @@ VOLATILE_FIELDS: dict[str, tuple[str, ...]] = {
 }
 for _owner, _patterns in VOLATILE_FIELDS.items():
     register_volatile_fields(_owner, *_patterns)
+
+
+# --------------------------------------------------------------------------- live-served fields
+#: Volatile fields that flow from a framework's request into its output: after a replay they are
+#: served with the live request's value (:func:`serve_live_fields`), never the dump run's. verl:
+#: the ``uid`` (a fresh ``uuid4`` per prompt) that an output carrying its request's
+#: ``non_tensor_batch`` repeats; ``DataProto.union`` of the live batch with a replayed output
+#: holding the dump run's uids fails.
+LIVE_FIELDS: dict[str, tuple[str, ...]] = {
+    "verl": ("non_tensor_batch.uid",),
+}
+
+
+def serve_live_fields(framework: str, request: Any, replayed: Any) -> Any:
+    """``replayed`` with each of ``framework``'s :data:`LIVE_FIELDS` (``part.key`` of a batch
+    type's parts) set to ``request``'s value, where both hold that field with the same length;
+    otherwise ``replayed`` unchanged. The replayed batch is rebuilt (a shallow copy: its other
+    fields are shared), never changed in place."""
+    fields = LIVE_FIELDS.get(framework, ())
+    if not fields:
+        return replayed
+    live_parts, out_parts = batch_parts(request), batch_parts(replayed)
+    if not live_parts or not out_parts:
+        return replayed
+    changed: dict[str, dict[Any, Any]] = {}
+    for field in fields:
+        part, _, key = field.partition(".")
+        live, out = live_parts.get(part), changed.get(part, out_parts.get(part))
+        if not isinstance(live, Mapping) or not isinstance(out, Mapping) or key not in live or key not in out:
+            continue
+        value, old = live[key], out[key]
+        try:
+            same_length = len(value) == len(old)
+        except TypeError:
+            continue
+        if same_length:
+            changed[part] = {**out, key: value}
+    if not changed:
+        return replayed
+    from rollout_mock.batch import rebuild
+
+    return rebuild(replayed, changed)
+
+
+# --------------------------------------------------------------------------- tokenizers
+def _sha(data: Any) -> str:
+    import hashlib
+    import json
+
+    text = data if isinstance(data, str) else json.dumps(data, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> dict[str, Any]:
+    """What decides the tokens of a tokenizer, by content and not by path: SHA-256 prefixes of its
+    vocabulary (every token and id, added tokens included), its special tokens and its chat
+    template (``None`` without one). A processor (vision-language models) is fingerprinted by its
+    tokenizer and its own chat template. Two copies of a tokenizer in other directories (another
+    machine, another model path) have one fingerprint; a changed chat template changes
+    ``chat_template``. Reads only attributes (``get_vocab()``, ``special_tokens_map``,
+    ``chat_template``): no framework is imported."""
+    inner = getattr(tokenizer, "tokenizer", None)
+    template = getattr(tokenizer, "chat_template", None)
+    if inner is not None and not callable(getattr(tokenizer, "get_vocab", None)):
+        tokenizer, template = inner, template if template is not None else getattr(inner, "chat_template", None)
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    vocab = get_vocab() if callable(get_vocab) else {}
+    special = getattr(tokenizer, "special_tokens_map", None) or {}
+    return {
+        "vocab": _sha(sorted((str(k), int(v)) for k, v in dict(vocab).items())),
+        "vocab_size": len(vocab),
+        "special_tokens": _sha({str(k): v for k, v in dict(special).items()}),
+        "chat_template": None if template is None else _sha(template),
+    }
+
+
+def is_tokenizer(value: Any) -> bool:
+    """Whether ``value`` looks like a Hugging Face tokenizer or processor (duck-typed)."""
+    if isinstance(value, type):
+        return False
+    return callable(getattr(value, "get_vocab", None)) and hasattr(value, "special_tokens_map") or (
+        hasattr(value, "tokenizer") and callable(getattr(getattr(value, "tokenizer", None), "get_vocab", None))
+        and callable(getattr(value, "apply_chat_template", None)))
+
+
+# --------------------------------------------------------------------------- data files
+#: Bytes of a data file hashed in full; a larger file is hashed by its first and last halves of
+#: this many bytes, with its size (``"sampled": true``).
+FILE_HASH_LIMIT = 1 << 30
+#: Files of a directory fingerprinted (sorted by name); more are counted, not hashed.
+DIRECTORY_FILES = 256
+
+
+def _hash_file(path: str, size: int) -> tuple[str, bool]:
+    import hashlib
+
+    digest = hashlib.sha256()
+    sampled = size > FILE_HASH_LIMIT
+    with open(path, "rb") as f:
+        ranges = [(0, FILE_HASH_LIMIT // 2), (size - FILE_HASH_LIMIT // 2, FILE_HASH_LIMIT // 2)] if sampled \
+            else [(0, size)]
+        for start, length in ranges:
+            f.seek(start)
+            while length > 0:
+                chunk = f.read(min(length, 1 << 20))
+                if not chunk:
+                    break
+                digest.update(chunk)
+                length -= len(chunk)
+    return digest.hexdigest()[:16], sampled
+
+
+def file_fingerprint(path: Any) -> Any:
+    """A data file by content, not by path: ``{"size", "sha256"}`` (SHA-256 prefix, streamed in
+    1 MiB chunks; a file over :data:`FILE_HASH_LIMIT` bytes by its first and last halves of it,
+    ``"sampled": true``); a directory as its files' fingerprints by relative name (at most
+    :data:`DIRECTORY_FILES`); a path that is not there as ``{"missing": <its name>}``; a list of
+    paths item by item. The same file in another directory (another machine) has the same
+    fingerprint; a file of the same size with other contents does not."""
+    import os
+
+    if isinstance(path, list | tuple):
+        return [file_fingerprint(p) for p in path]
+    if not isinstance(path, str | os.PathLike):
+        return path
+    text = os.fspath(path)
+    if os.path.isdir(text):
+        names = sorted(os.path.relpath(os.path.join(d, f), text) for d, _, files in os.walk(text) for f in files)
+        out: dict[str, Any] = {name: file_fingerprint(os.path.join(text, name)) for name in names[:DIRECTORY_FILES]}
+        if len(names) > DIRECTORY_FILES:
+            out["(files)"] = len(names)
+        return out
+    if not os.path.isfile(text):
+        return {"missing": os.path.basename(text.rstrip("/\\"))}
+    size = os.path.getsize(text)
+    sha, sampled = _hash_file(text, size)
+    return {"size": size, "sha256": sha, **({"sampled": True} if sampled else {})}

@@ -40,7 +40,10 @@ The alternative, around the actor handle on the driver (no actor at all in mock 
 
 Faithful replay: when ``config`` is ROLL's pipeline config object, its rollout settings
 (:data:`SETTINGS`: batch sizes, lengths, group size, the ``generating_args`` of ``actor_infer``,
-``validation`` and the environment managers, the reward domains) are recorded with the dump and
+``validation`` and the environment managers, the reward domains, and what decides the data: the
+``seed`` the schedulers shuffle their prompts with, the templates, the ``data_args`` of
+``actor_train`` and ``validation`` with their data files by content (size and SHA-256, not the
+path), the environments of agentic pipelines) are recorded with the dump and
 compared by mock and check mode before any actor is created
 (:class:`~rollout_mock.errors.RolloutSettingsMismatchError` lists every difference). Each
 ``get_batch`` request is compared with the recorded one, less the trace context ROLL injects
@@ -58,6 +61,7 @@ import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from rollout_mock.adapters.frameworks import file_fingerprint
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.wrap.actor import mock_class
 from rollout_mock.wrap.calls import ray_actor_class
@@ -77,7 +81,17 @@ SETTINGS = (
     "async_generation_ratio", "generate_opt_level", "is_use_additional_prompts", "max_additional_running_prompts",
     "actor_infer.generating_args", "validation.generating_args", "train_env_manager.generating_args",
     "val_env_manager.generating_args", "adv_estimator",
+    # what decides the data: the scheduler shuffles its prompts with the seed (DynamicSamplingScheduler:
+    # random.seed(pipeline_config.seed + epoch)), the templates and the data arguments encode them
+    "seed", "global_template", "tag_to_template", "dataset_filter",
+    *(f"{worker}.data_args.{field}" for worker in ("actor_train", "validation") for field in (
+        "template", "file_name", "eval_file_name", "dataset_type", "domain_interleave_probs", "tag", "id",
+        "prompt", "response", "messages", "custom_data_kwargs_func")),
+    "custom_envs", *(f"{manager}.{field}" for manager in ("train_env_manager", "val_env_manager") for field in (
+        "tags", "num_env_groups", "group_size", "num_groups_partition", "max_traj_per_env")),
 )
+#: Settings holding data file paths: compared by content (:func:`~rollout_mock.adapters.frameworks.file_fingerprint`).
+FILE_SETTINGS = frozenset(s for s in SETTINGS if s.endswith(("file_name",)))
 
 #: Methods ROLL's pipelines call on a scheduler besides ``get_batch``; no-ops in mock mode.
 LIFECYCLE_METHODS = (
@@ -125,8 +139,8 @@ def roll_settings(config: Any) -> dict[str, Any] | None:
             if value is _MISSING or value is None:
                 break
         if value is not _MISSING and value is not None:
-            out[path] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) \
-                else value
+            out[path] = file_fingerprint(value) if path in FILE_SETTINGS else dataclasses.asdict(value) \
+                if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
     rewards = getattr(config, "rewards", None)
     if isinstance(rewards, Mapping):
         out["rewards"] = sorted(str(k) for k in rewards)
@@ -195,6 +209,7 @@ def roll_scheduler(
         name=roll_name if name is None else name,
         methods=methods,
         rollout_settings=settings,
+        framework="roll",
     )
     if wrapped is cls or resolved.mode.runs_scheduler:  # dump and check run the real scheduler
         return wrapped
@@ -232,4 +247,4 @@ def roll_handle(
 
         spec = ray.remote(spec)  # never instantiated: only tells mock mode to answer .remote()
     return MockScheduler(None, roll_config(config), factory=factory, spec=spec, split=split, name=name,
-                         methods=tuple(methods), rollout_settings=roll_settings(config))
+                         methods=tuple(methods), rollout_settings=roll_settings(config), framework="roll")

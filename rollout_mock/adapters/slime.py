@@ -24,8 +24,11 @@ dump replays in safe mode; ``rollout-mock import`` converts slime's own
 ``--save-debug-rollout-data`` files into the same record.
 
 Faithful replay: the rollout settings in ``args`` (:data:`SETTINGS`: batch size, samples per
-prompt, sampling parameters, lengths, data keys) are recorded with the dump and compared when a
-mock run starts. A request is ``(evaluation, the data source's position)``: slime's
+prompt, sampling parameters, lengths, data keys, shuffling and its seed, the ``--prompt-data``
+file by content — size and SHA-256, not its path —, the tokenizer files of ``hf_checkpoint``)
+are recorded with the dump and compared when a mock run starts; what slime fills in at start-up
+(a random ``sglang_router_port``, a ``wandb_run_id``) and the ``--save`` paths are not. A
+request is ``(evaluation, the data source's position)``: slime's
 ``RolloutDataSource`` counts the prompts it hands out (``epoch_id``, ``sample_offset``,
 ``sample_index``, ``sample_group_index``); the dump records the position each rollout left it
 at, and mock mode, whose rollouts do not read the data source, moves it there after serving
@@ -43,18 +46,20 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_mock.adapters.frameworks import SLIME_RECORD_FORMAT
+from rollout_mock.adapters.frameworks import SLIME_RECORD_FORMAT, file_fingerprint
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError
 from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = [
-    "DATA_SOURCE_STATE", "DEFAULT_ROLLOUT", "RECORD_FORMAT", "SETTINGS", "generate_rollout", "output_from_record",
-    "record_from_flat", "record_from_output", "reset", "slime_settings",
+    "DATA_SOURCE_STATE", "DEFAULT_ROLLOUT", "FILE_SETTINGS", "RECORD_FORMAT", "SETTINGS", "TOKENIZER_FILES",
+    "generate_rollout", "output_from_record", "record_from_flat", "record_from_output", "reset", "restore_data_source",
+    "slime_request", "slime_settings",
 ]
 
-#: slime arguments that decide what a rollout generates (absent ones are left out); paths,
-#: ports and resource settings are not compared.
+#: slime arguments that decide what a rollout generates (absent ones are left out). What slime
+#: fills in at start-up (a random ``sglang_router_port``, a generated ``wandb_run_id``), the
+#: ``--save``/``--load`` paths, ports and resource settings are not compared.
 SETTINGS = (
     "rollout_batch_size", "n_samples_per_prompt", "over_sampling_batch_size", "rollout_temperature",
     "rollout_top_p", "rollout_top_k", "rollout_max_prompt_len", "rollout_max_response_len",
@@ -62,14 +67,46 @@ SETTINGS = (
     "rollout_seed", "rollout_shuffle", "input_key", "label_key", "tool_key", "apply_chat_template",
     "apply_chat_template_kwargs", "rm_type", "n_samples_per_eval_prompt", "eval_temperature", "eval_top_p",
     "eval_top_k", "eval_max_response_len",
+    # what decides the data: the prompt files by content, the data source and its keys, the
+    # sample filters, the custom generation and reward functions, the tokenizer's files
+    "prompt_data", "eval_prompt_data", "metadata_key", "multimodal_keys", "data_source_path",
+    "rollout_global_dataset", "balance_data", "dynamic_sampling_filter_path", "custom_generate_function_path",
+    "custom_rm_path", "eval_input_key", "eval_label_key", "eval_tool_key", "hf_checkpoint",
 )
+#: Arguments holding data file paths: compared by content (:func:`~rollout_mock.adapters.frameworks.file_fingerprint`).
+FILE_SETTINGS = frozenset({"prompt_data", "eval_prompt_data"})
+#: The files of a Hugging Face checkpoint that make its tokenizer and chat template (``hf_checkpoint``
+#: is compared by these, not by its path or its weights).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 #: The position of slime's ``RolloutDataSource`` in its data (what a request is matched on).
 DATA_SOURCE_STATE = ("epoch_id", "sample_offset", "sample_group_index", "sample_index")
 
 
+def _checkpoint_tokenizer(path: Any) -> Any:
+    """A checkpoint directory as the fingerprints of its tokenizer files (:data:`TOKENIZER_FILES`);
+    anything else (a hub name) as it is."""
+    if not isinstance(path, str) or not os.path.isdir(path):
+        return path
+    return {name: file_fingerprint(os.path.join(path, name)) for name in TOKENIZER_FILES
+            if os.path.isfile(os.path.join(path, name))}
+
+
 def slime_settings(args: Any) -> dict[str, Any]:
-    """The rollout settings (:data:`SETTINGS`) of slime's ``args``."""
-    return {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
+    """The rollout settings (:data:`SETTINGS`) of slime's ``args``: the prompt files by content
+    (``--eval-prompt-data name path ...``: the paths), ``hf_checkpoint`` by its tokenizer files."""
+    out: dict[str, Any] = {}
+    for name in SETTINGS:
+        if not hasattr(args, name):
+            continue
+        value = getattr(args, name)
+        if name in FILE_SETTINGS:
+            value = file_fingerprint(value) if not isinstance(value, list | tuple) else [
+                file_fingerprint(v) if isinstance(v, str) and os.path.exists(v) else v for v in value]
+        elif name == "hf_checkpoint":
+            value = _checkpoint_tokenizer(value)
+        out[name] = value
+    return out
 
 
 def _data_source_state(data_source: Any) -> dict[str, int]:
@@ -81,10 +118,26 @@ def _data_source_state(data_source: Any) -> dict[str, int]:
     return out
 
 
-def _request(arguments: dict[str, Any]) -> dict[str, Any]:
-    """The match key of ``generate_rollout``: evaluation or not, and the data source's position."""
+def slime_request(arguments: dict[str, Any]) -> dict[str, Any]:
+    """The match key of ``generate_rollout``: evaluation or not, and the data source's position
+    (never ``args``: slime fills in random ports and run ids at start-up; what of it decides the
+    data is the pre-flight check's, :func:`slime_settings`)."""
     return {"evaluation": bool(arguments.get("evaluation", False)),
             "data_source": _data_source_state(arguments.get("data_source"))}
+
+
+_request = slime_request
+
+
+def restore_data_source(data_source: Any, record: Any) -> None:
+    """Move ``data_source`` to where the dump run's rollout left it (the position a record holds:
+    :func:`record_from_output` with ``data_source=``). Mock mode's rollouts never read the data
+    source: without this, the next request and the state slime checkpoints would be stale."""
+    position = record.get("data_source") if isinstance(record, Mapping) else None
+    if isinstance(position, Mapping):
+        for name, value in position.items():
+            if name in DATA_SOURCE_STATE and type(value) is int and hasattr(data_source, name):
+                setattr(data_source, name, value)
 
 DEFAULT_ROLLOUT = "slime.rollout.sglang_rollout.generate_rollout"
 RECORD_FORMAT = SLIME_RECORD_FORMAT  # the batch type of these records: adapters/frameworks.py
@@ -101,18 +154,20 @@ def _to_dict(sample: Any) -> Any:
     return sample.to_dict()
 
 
-def record_from_output(output: Any, *, evaluation: bool) -> dict[str, Any]:
-    """slime's rollout output (new-style or legacy bare list/dict) as a plain-data record."""
+def record_from_output(output: Any, *, evaluation: bool, data_source: Any = None) -> dict[str, Any]:
+    """slime's rollout output (new-style or legacy bare list/dict) as a plain-data record; with
+    ``data_source``, where the rollout left it (:func:`restore_data_source`)."""
     metrics = getattr(output, "metrics", None)
+    position = {} if data_source is None else {"data_source": _data_source_state(data_source)}
     if evaluation:
         data = getattr(output, "data", output)
         return {
             "format": RECORD_FORMAT, "kind": "eval", "metrics": metrics,
             "data": {name: {k: (_to_dict(v) if k == "samples" else v) for k, v in info.items()}
-                     for name, info in data.items()},
+                     for name, info in data.items()}, **position,
         }
     samples = getattr(output, "samples", output)
-    return {"format": RECORD_FORMAT, "kind": "train", "metrics": metrics, "samples": _to_dict(samples)}
+    return {"format": RECORD_FORMAT, "kind": "train", "metrics": metrics, "samples": _to_dict(samples), **position}
 
 
 def record_from_flat(samples: list[dict[str, Any]], *, evaluation: bool) -> dict[str, Any]:
@@ -198,9 +253,7 @@ class _Rollout:
             self._function = _import_function(self.path)
         output = self._function(args, rollout_id, data_source, evaluation=evaluation)
         self.last_output = output
-        record = record_from_output(output, evaluation=evaluation)
-        record["data_source"] = _data_source_state(data_source)  # where the rollout left it
-        return record
+        return record_from_output(output, evaluation=evaluation, data_source=data_source)
 
 
 def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
@@ -215,7 +268,7 @@ def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
             # The real rollout is only imported when called (dump mode, on_missing_step: record).
             _wrappers[key] = (MockScheduler(inner, config, split=split, methods=("generate_rollout",),
                                             rollout_settings=slime_settings(args),
-                                            match_keys={"generate_rollout": _request}), inner)
+                                            match_keys={"generate_rollout": _request}, framework="slime"), inner)
         return _wrappers[key]
 
 
@@ -230,11 +283,8 @@ def generate_rollout(args: Any, rollout_id: int, data_source: Any, evaluation: b
         output, inner.last_output = inner.last_output, None
         return output
     inner.last_output = None
-    position = record.get("data_source") if isinstance(record, Mapping) else None
-    if isinstance(position, Mapping) and not mock.config.mode.runs_scheduler:  # where the dump run left it
-        for name, value in position.items():
-            if name in DATA_SOURCE_STATE and type(value) is int and hasattr(data_source, name):
-                setattr(data_source, name, value)
+    if not mock.config.mode.runs_scheduler:  # where the dump run left it
+        restore_data_source(data_source, record)
     return output_from_record(record)
 
 

@@ -55,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rollout_mock.adapters.frameworks import is_tokenizer, tokenizer_fingerprint
 from rollout_mock.config import CheckServes, RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, CorruptStepError, ReplayMismatchError, StepNotFoundError
 from rollout_mock.wrap.rng import capture_rng, restore_rng
@@ -73,6 +74,9 @@ SETTINGS = (
     "max_prompt_length", "max_completion_length", "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "generation_kwargs", "chat_template_kwargs", "use_vllm", "vllm_mode",
     "use_transformers_paged", "cache_implementation", "mask_truncated_completions", "reward_weights",
+    # what decides the data and the random stream: RNG replay restores the dump run's generator
+    # states after each generation, which would hide another seed, so the seeds are compared
+    "seed", "data_seed", "shuffle_dataset", "full_determinism",
 )
 #: The names of the generation's outputs (``_generate``'s tuple), for check mode's comparison.
 _OUTPUT_NAMES = ("prompt_ids", "completion_ids", "tool_mask", "completions", "logprobs", "extra_fields", "images",
@@ -86,7 +90,8 @@ def _name(function: Any) -> str:
 
 def trl_settings(trainer: Any) -> dict[str, Any]:
     """The rollout-side settings of a TRL trainer (:data:`SETTINGS`, the reward functions, the
-    rollout function, the tools and the number of processes)."""
+    rollout function, the tools, the number of processes and the fingerprint of its tokenizer
+    and chat template, :func:`~rollout_mock.adapters.tokenizer_fingerprint`)."""
     args = trainer.args
     out: dict[str, Any] = {name: getattr(args, name) for name in SETTINGS if hasattr(args, name)}
     out["trainer"] = type(trainer).__name__
@@ -97,6 +102,9 @@ def trl_settings(trainer: Any) -> dict[str, Any]:
     out["tools"] = [_name(t) for t in getattr(trainer, "tools", None) or []]
     accelerator = getattr(trainer, "accelerator", None)
     out["num_processes"] = int(getattr(accelerator, "num_processes", 1) or 1)
+    tokenizer = getattr(trainer, "processing_class", None)
+    if tokenizer is not None and is_tokenizer(tokenizer):
+        out["tokenizer"] = tokenizer_fingerprint(tokenizer)
     return out
 
 
@@ -233,7 +241,8 @@ class TrlRollout:
         if scheduler is None:
             real = self._source if self.config.mode.runs_scheduler else None
             scheduler = MockScheduler(real, self.config, split=split, methods=(_METHOD,), spec=_Source,
-                                      rollout_settings=self.settings, check_views={_METHOD: _named_output})
+                                      rollout_settings=self.settings, check_views={_METHOD: _named_output},
+                                      framework="trl")
             self._schedulers[split] = scheduler
         return scheduler
 

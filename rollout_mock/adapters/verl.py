@@ -15,8 +15,11 @@ split, training batches in ``train``. Every other attribute passes through to th
 
 The pre-flight check compares the rollout settings (:data:`SETTINGS`, read from
 ``trainer.config``: the sampling parameters and lengths of ``actor_rollout_ref.rollout``, the
-batch sizes and lengths of ``data``) with the dump run's. Request matching compares every
-``generate_sequences`` request except the random ``uid`` verl gives each prompt.
+batch sizes, lengths, data seed and shuffling of ``data``, and the fingerprint of the trainer's
+tokenizer and chat template) with the dump run's. Request matching compares every
+``generate_sequences`` request except the random ``uid`` verl gives each prompt; an output that
+carries its request's ``uid`` (verl 0.9.1 with a colocated reward model, older agent loops) is
+served with the live uids, so that ``batch.union(output)`` finds them equal.
 
 Resume: verl restores ``trainer.global_steps`` from ``global_step_N`` checkpoints and tags every
 request with it (``meta_info["global_steps"]``), so a resumed mock run serves the records of the
@@ -32,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rollout_mock.adapters.frameworks import is_tokenizer, serve_live_fields, tokenizer_fingerprint
 from rollout_mock.config import load_config
 from rollout_mock.errors import ConfigError
 from rollout_mock.wrap.scheduler import MockScheduler
@@ -51,7 +55,8 @@ SETTINGS = (
     "actor_rollout_ref.rollout.ignore_eos", "actor_rollout_ref.rollout.calculate_log_probs",
     "actor_rollout_ref.rollout.val_kwargs", "actor_rollout_ref.rollout.multi_turn",
     "data.train_batch_size", "data.val_batch_size", "data.max_prompt_length", "data.max_response_length",
-    "data.truncation", "data.return_raw_chat", "algorithm.adv_estimator",
+    "data.truncation", "data.return_raw_chat", "data.seed", "data.shuffle", "data.prompt_key",
+    "data.apply_chat_template_kwargs", "algorithm.adv_estimator",
 )
 
 
@@ -78,9 +83,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def verl_settings(config: Any) -> dict[str, Any] | None:
+def verl_settings(config: Any, tokenizer: Any = None) -> dict[str, Any] | None:
     """The rollout settings (:data:`SETTINGS`) of verl's trainer config (an OmegaConf
-    ``DictConfig`` or a mapping); ``None`` without a config."""
+    ``DictConfig`` or a mapping), and the fingerprint of ``tokenizer`` (the trainer's, with its
+    chat template: :func:`~rollout_mock.adapters.tokenizer_fingerprint`) under ``tokenizer``;
+    ``None`` without a config."""
     if config is None:
         return None
     out: dict[str, Any] = {}
@@ -88,6 +95,8 @@ def verl_settings(config: Any) -> dict[str, Any] | None:
         found, value = _lookup(config, path)
         if found:
             out[path] = _plain(value)
+    if tokenizer is not None and is_tokenizer(tokenizer):
+        out["tokenizer"] = tokenizer_fingerprint(tokenizer)
     return out
 
 
@@ -104,8 +113,11 @@ class VerlRollout:
         self._rollout = rollout
         self._method = method
         cfg = load_config(config)
+        #: a replayed output's live-served fields (the uid) get the live request's values
+        self._serves_recorded = cfg.enable and cfg.mode.replays
         self._splits = {
-            split: MockScheduler(rollout, cfg, split=split, methods=(method,), rollout_settings=rollout_settings)
+            split: MockScheduler(rollout, cfg, split=split, methods=(method,), rollout_settings=rollout_settings,
+                                 framework="verl")
             for split in ("train", "val")
         }
 
@@ -114,10 +126,11 @@ class VerlRollout:
 
     def generate_sequences(self, prompts: Any, *args: Any, **kwargs: Any) -> Any:
         split = "val" if is_validation(prompts) else "train"
-        return getattr(self._splits[split], self._method)(prompts, *args, **kwargs)
+        output = getattr(self._splits[split], self._method)(prompts, *args, **kwargs)
+        return serve_live_fields("verl", prompts, output) if self._serves_recorded else output
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("__") or attribute in ("_rollout", "_splits", "_method"):
+        if attribute.startswith("__") or attribute in ("_rollout", "_splits", "_method", "_serves_recorded"):
             raise AttributeError(attribute)
         if attribute == self._method:
             return self.generate_sequences
@@ -152,7 +165,8 @@ def wrap_verl_rollout(trainer: Any, config: Any = None, *, attribute: str | None
         if rollout is not None and callable(getattr(rollout, "generate_sequences", None)):
             if isinstance(rollout, VerlRollout):
                 return rollout
-            wrapped = VerlRollout(rollout, cfg, rollout_settings=verl_settings(trainer_config))
+            tokenizer = getattr(trainer, "tokenizer", None)
+            wrapped = VerlRollout(rollout, cfg, rollout_settings=verl_settings(trainer_config, tokenizer))
             setattr(trainer, name, wrapped)
             return wrapped
     raise ConfigError(

@@ -132,10 +132,12 @@ def _references(root: Any, text: str, path: tuple[Any, ...]) -> list[tuple[Any, 
     while start >= 0:
         body, end = _body(text, start)
         names = _REFERENCE.findall(body)
-        if "${" in body:  # ${a.${b}}: the name is made by the inner value; follow that too
-            static = _static_body(root, body, path)
+        naming = _naming_part(body)
+        if "${" in naming:  # ${a.${b}}: the name is made by the inner value; follow that too
+            static = _static_body(root, naming, path)
             if static is None:
-                raise ConfigError(f"{'.'.join(map(str, path))}: the nested interpolation ${{{body[:60]}}} names "
+                shown = body if len(body) <= 400 else f"{body[:400]}...<{len(body)} chars>"
+                raise ConfigError(f"{'.'.join(map(str, path))}: the nested interpolation ${{{shown}}} names "
                                   f"a value made by another resolver, which cannot be checked for its size; "
                                   f"write the value out")
             names += _REFERENCE.findall(static)
@@ -154,6 +156,28 @@ def _base(path: tuple[Any, ...], dots: str) -> tuple[Any, ...]:
 
 
 _INNERMOST = re.compile(r"\$\{([^${}]*)\}")
+#: A resolver call's name: ``oc.select:`` in ``${oc.select:a,${oc.select:b,null}}``.
+_RESOLVER = re.compile(r"\s*[A-Za-z_][\w.\-]*\s*:")
+
+
+def _naming_part(body: str) -> str:
+    """The part of a ``${...}`` body that names a value: all of it for a reference
+    (``a.${b}``), the first argument of a resolver call (``oc.select:KEY,default``). The other
+    arguments of a resolver are values: a nested ``${...}`` there (verl's
+    ``${oc.select:a,${oc.select:b,null}}`` defaults) is followed like any reference, by its
+    names, and needs no static value."""
+    match = _RESOLVER.match(body)
+    if match is None or body.startswith("${"):
+        return body
+    args, level = body[match.end():], 0
+    for index, char in enumerate(args):
+        if args.startswith("${", index):
+            level += 1
+        elif char == "}":
+            level -= 1
+        elif char == "," and level == 0:
+            return args[:index]
+    return args
 
 
 def _static_body(root: Any, body: str, path: tuple[Any, ...]) -> str | None:

@@ -27,7 +27,10 @@ import numpy as np
 
 from rollout_mock.batch import batch_parts, batch_type_of, instance_state, is_array, is_tensor, rebuild
 
-__all__ = ["KEPT_VALUES", "MAX_DEPTH", "PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch", "redact_call"]
+__all__ = [
+    "CALL_ARGUMENTS", "KEPT_VALUES", "MAX_DEPTH", "PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch", "redact_call",
+    "redact_request",
+]
 
 PLACEHOLDER = "<redacted>"
 #: Field names holding prompt/response text: verl/ROLL non-tensor keys, slime Sample fields.
@@ -230,15 +233,52 @@ def redact(batch: Any, *, keys: Iterable[str] = TEXT_KEYS) -> tuple[Any, list[st
     return walk.value(batch, False), sorted(walk.hits)
 
 
+#: The parts of a recorded call summary that hold the user's arguments (everything else of it is
+#: the index's own structure: the request digest, and what the recorder keys a call by).
+CALL_ARGUMENTS = ("args", "kwargs")
+
+
 def redact_call(call: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    """A recorded call summary (``{"args": [...], "kwargs": {...}}``, stored in manifest.json and
-    the index) with **every** string replaced, mapping keys below the top level included:
-    positional arguments have no name to tell a prompt from a mode, and a call summary only
-    serves a warning in mock mode."""
+    """A recorded call summary (``{"args": [...], "kwargs": {...}, "request": {...}}``, stored in
+    manifest.json and the index) with **every** string of its arguments replaced, mapping keys
+    below the top level included: positional arguments have no name to tell a prompt from a mode,
+    and a call summary only serves a warning in mock mode.
+
+    The rest is the index's own structure and is never rewritten: the request digest
+    (:func:`redact_request`: its digests, argument names and node paths are kept, so a replay from
+    a redacted dump still matches every call; only the values kept to explain a mismatch go) and
+    any other field the recorder keys a call by."""
     if call is None:
         return None
     walk = _Walk(frozenset(), all_keys=True)
-    return {name: walk.value(value, True) for name, value in call.items()}
+    out: dict[str, Any] = {}
+    for name, value in call.items():
+        if name in CALL_ARGUMENTS:
+            out[name] = walk.value(value, True)
+        elif name == "request":
+            out[name] = redact_request(value)
+        else:
+            out[name] = value
+    return out
+
+
+def redact_request(request: Any) -> Any:
+    """A recorded request digest (:class:`rollout_mock.wrap.matching.Request` as JSON) with the
+    text of its kept node summaries replaced (a string's first characters ``"v"``, the first
+    items of a list ``"head"``); digests, argument names, paths and key names stay as they are."""
+    if not isinstance(request, Mapping) or not isinstance(request.get("n"), list):
+        return request
+    nodes = []
+    for node in request["n"]:
+        if isinstance(node, list) and len(node) == 3 and isinstance(node[2], Mapping):
+            info = dict(node[2])
+            if isinstance(info.get("v"), str | bytes):
+                info["v"] = PLACEHOLDER
+            if isinstance(info.get("head"), list):
+                info["head"] = [PLACEHOLDER if isinstance(item, str | bytes) else item for item in info["head"]]
+            node = [node[0], node[1], info]
+        nodes.append(node)
+    return {**request, "n": nodes}
 
 
 #: The package-level name (``rollout_mock.debug.redact`` is this module).

@@ -66,6 +66,7 @@ def mock_class(
     apply_determinism: bool = True,
     rollout_settings: Mapping[str, Any] | None = None,
     match_keys: Mapping[str, KeyFunction] | None = None,
+    framework: str | None = None,
 ) -> _C:
     """A subclass of ``cls`` whose ``methods`` are recorded/replayed inside each instance.
 
@@ -81,7 +82,7 @@ def mock_class(
       environment workers); the instance only replays. Attributes ``__init__`` would have set do
       not exist: reading one raises :class:`~rollout_mock.errors.SchedulerUnavailableError`
       (an ``AttributeError``) saying so. Check mode runs ``cls.__init__``, as dump mode does.
-    * ``rollout_settings`` and ``match_keys``: as for :class:`~rollout_mock.MockScheduler`; the
+    * ``rollout_settings``, ``match_keys`` and ``framework``: as for :class:`~rollout_mock.MockScheduler`; the
       settings are compared when each instance is built (the pre-flight check).
     * Extra methods: ``rollout_mock_close()`` (flush every pending step to disk and release the
       dump directory: call it, e.g. ``ray.get(actor.rollout_mock_close.remote())``, before
@@ -116,7 +117,8 @@ def mock_class(
         subclass: type = target
     else:
         subclass = _build_mock_subclass(target, resolved, split, method_names, name, rank, apply_determinism,
-                                        _Extras(flatten_settings(rollout_settings), dict(match_keys or {})))
+                                        _Extras(flatten_settings(rollout_settings), dict(match_keys or {}),
+                                               framework))
     if remote_options is None:
         return cast(_C, subclass)
     import ray
@@ -127,9 +129,11 @@ def mock_class(
 class _Extras:
     """What ``mock_class`` hands every instance besides the config: rollout settings, match keys."""
 
-    def __init__(self, settings: dict[str, Any] | None, keys: dict[str, KeyFunction]) -> None:
+    def __init__(self, settings: dict[str, Any] | None, keys: dict[str, KeyFunction],
+                 framework: str | None = None) -> None:
         self.settings = settings
         self.keys = keys
+        self.framework = framework
 
 
 def _build_mock_subclass(
@@ -239,7 +243,8 @@ class _InstanceMock:
         extras: _Extras | None = None,
     ) -> None:
         extras = extras or _Extras(None, {})
-        self.interceptor = Interceptor(config, split=split, name=name, rank=rank, match_keys=extras.keys)
+        self.interceptor = Interceptor(config, split=split, name=name, rank=rank, match_keys=extras.keys,
+                                       framework=extras.framework)
         self.positions = {m: step_arg_position(getattr(cls, m), bound=False) for m in methods}
         for m in methods:
             self.interceptor.params[m] = parameter_names(getattr(cls, m), bound=False)

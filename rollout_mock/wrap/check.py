@@ -45,7 +45,7 @@ from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.manifest import StreamId, utc_now
 from rollout_mock.storage.store import StepStore, Store, open_store
 from rollout_mock.text import json_float, logger, short_repr, step_log_level
-from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_fields
+from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
 
 __all__ = [
     "CHECKS_DIR", "MAX_VERDICTS", "MAX_VERDICT_BYTES", "VERDICT_FORMAT", "CheckVerdict", "Checker",
@@ -298,16 +298,17 @@ class Checker:
     """Check mode for one stream: compare, write the verdict, pick the batch to serve.
 
     ``views``: per-method functions turning a batch into what is compared (an adapter whose
-    recorded object holds more than the rollout's output, e.g. TRL's record)."""
+    recorded object holds more than the rollout's output, e.g. TRL's record). ``framework``:
+    whose volatile fields are not compared (``None``: none)."""
 
     def __init__(self, settings: CheckSettings, store: StepStore, stream: StreamId, *,
-                 views: Mapping[str, Callable[[Any], Any]] | None = None) -> None:
+                 views: Mapping[str, Callable[[Any], Any]] | None = None, framework: str | None = None) -> None:
         self.settings = settings
         self.store = store
         self.stream = stream
         self.views = dict(views or {})
         self.checked = 0
-        self._volatile = tuple(p for patterns in volatile_fields().values() for p in patterns)
+        self._volatile = volatile_patterns(framework)
 
     def __repr__(self) -> str:
         return f"Checker({self.stream}, checked={self.checked})"

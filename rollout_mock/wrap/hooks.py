@@ -12,7 +12,10 @@ actor (:func:`~rollout_mock.mock_class`) or a Ray actor handle: a hook tells the
 Adapters also declare the *volatile fields* of their framework's requests
 (:func:`register_volatile_fields`): values that differ between two faithful runs of the same
 training (verl's random ``uid`` per prompt, ROLL's OpenTelemetry trace context), which request
-matching (:mod:`rollout_mock.wrap.matching`) and check mode leave out.
+matching (:mod:`rollout_mock.wrap.matching`) and check mode leave out — of that framework's calls
+only: a wrapper names its framework (``MockScheduler(..., framework="verl")``, what each adapter
+passes) and :func:`volatile_patterns` gives that framework's patterns; a wrapper that names none
+(the generic ``wrap_scheduler``) compares every field.
 
 The built-in adapters register theirs when ``rollout_mock.adapters`` is imported, which
 ``import rollout_mock`` does.
@@ -27,7 +30,7 @@ from typing import Any
 
 __all__ = [
     "SchedulerHook", "compile_patterns", "matches_pattern", "prepare_scheduler", "register_scheduler_hook",
-    "register_volatile_fields", "scheduler_hooks", "volatile_fields",
+    "register_volatile_fields", "scheduler_hooks", "volatile_fields", "volatile_patterns",
 ]
 
 #: Called with the real scheduler; the return value is ignored.
@@ -73,6 +76,12 @@ def register_volatile_fields(owner: str, *patterns: str) -> None:
 def volatile_fields() -> dict[str, tuple[str, ...]]:
     """Every declared volatile-field pattern, by owner."""
     return dict(_VOLATILE)
+
+
+def volatile_patterns(framework: str | None) -> tuple[str, ...]:
+    """The volatile-field patterns of ``framework``'s calls (``None``, or a name nothing was
+    declared for: none, every field is compared)."""
+    return () if framework is None else _VOLATILE.get(str(framework), ())
 
 
 def compile_patterns(patterns: Sequence[str]) -> tuple[tuple[str, ...], ...]:

@@ -77,7 +77,8 @@ class Interceptor:
     ``match_keys``: per-method request key functions (see
     :meth:`~rollout_mock.wrap.mismatch.RequestMatcher.register_key`); ``check_views``: per-method
     functions giving what check mode compares of a batch; ``capture``: what dump mode records
-    of a live batch (default: the batch)."""
+    of a live batch (default: the batch); ``framework``: whose volatile fields request matching
+    and check mode leave out (``None``: none)."""
 
     def __init__(
         self,
@@ -91,6 +92,7 @@ class Interceptor:
         check_views: Mapping[str, Callable[[Any], Any]] | None = None,
         capture: Capture | None = None,
         provenance: Provenance | None = None,
+        framework: str | None = None,
     ) -> None:
         if not config.enable:
             raise ValueError("Interceptor needs an enabled config")
@@ -129,7 +131,7 @@ class Interceptor:
         self.replayer: Replayer | None = None
         self.checker: Checker | None = None
         self.matcher = RequestMatcher(parts.match, self.store, self.stream, keys=match_keys, context={
-            "mode": self.mode.value, "split": split, "path": config.dump_dir})
+            "mode": self.mode.value, "split": split, "path": config.dump_dir}, framework=framework)
         #: stall reports go to {dump_dir}/stalls/ (not from dump ranks that never touch the dump)
         self.watchdog = None if not parts.watchdog.enable else StallWatchdog(
             parts.watchdog,
@@ -142,7 +144,8 @@ class Interceptor:
             if (note := describe_expected(config)) is not None:
                 logger.info(note)
             if self.mode.runs_scheduler:
-                self.checker = Checker(parts.check, self.store, self.stream, views=check_views)
+                self.checker = Checker(parts.check, self.store, self.stream, views=check_views,
+                                       framework=framework)
         #: replay_rng: generator states recorded after live calls, restored after replayed ones
         self.rng = RngHook(enabled=parts.replay_rng and not self.checker, store=self.store, stream=self.stream,
                            overwrite=parts.record.overwrite)

@@ -27,7 +27,8 @@ list block, not per item, wherever the items allow it.
   by qualified name; any other object by its type name only (not compared).
 
 Left out: the step (a keyword or parameter named like it, those keys of a ``meta_info``) and the
-volatile fields adapters declare (:func:`rollout_mock.wrap.hooks.register_volatile_fields`).
+volatile fields the call's framework adapter declares
+(:func:`rollout_mock.wrap.hooks.register_volatile_fields`).
 Equal values (up to dict order and volatile fields) always take the same path, so they always
 digest alike; a digest does not depend on which nodes are kept.
 
@@ -48,6 +49,7 @@ import fnmatch
 import functools
 import itertools
 import operator
+import reprlib
 import struct
 import types
 from collections.abc import Mapping, Sequence
@@ -62,7 +64,7 @@ from rollout_mock.batch import batch_parts, batch_type_of, meta_part_names
 from rollout_mock.crc import crc32
 from rollout_mock.text import json_float
 from rollout_mock.wrap.calls import step_names
-from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_fields
+from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
 
 __all__ = [
     "BLOCKS", "HEAD", "MAX_NODES", "NODE_DEPTH", "REQUEST_FORMAT", "Node", "Request", "block_bounds", "digest_request",
@@ -86,6 +88,17 @@ FLATTEN = 64
 #: Deeper values are digested by type name only (a self-referencing structure terminates).
 MAX_DEPTH = 64
 _STR_SHOWN = 48
+#: A kept list of containers (an object column: chat messages, ``extra_info`` dicts, AReaL's
+#: prompt dicts) keeps the CRC of each of its first :data:`SMALL` rows (``"rc"``: the first
+#: differing row is named) and a short text of its first :data:`ROWS_SHOWN` rows (``"rv"``: a dict
+#: row key by key, so the first differing key is named with both values).
+ROWS_SHOWN = 2
+_ROW_CHARS = 240
+_ROW_KEYS = 8
+_ROW_REPR = reprlib.Repr()
+_ROW_REPR.maxstring, _ROW_REPR.maxother, _ROW_REPR.maxlevel = 400, 120, 4
+_ROW_REPR.maxlist = _ROW_REPR.maxtuple = 8
+_ROW_REPR.maxdict = 12
 _SCALARS = (int, float, str, bytes, bool, type(None))
 #: Exactly these types (not subclasses: an IntEnum packs otherwise) go through msgpack in one call.
 _PLAIN = frozenset({int, float, str, bytes, bool, type(None)})
@@ -225,6 +238,17 @@ def _scalar_info(value: Any) -> dict[str, Any]:
 def _head(values: Any, n: int) -> list[Any]:
     return [json_float(item) if isinstance(item, float) else item if isinstance(item, int | bool) else str(item)[:16]
             for item in values[: SMALL if n <= SMALL else HEAD]]
+
+
+def _row_text(value: Any) -> str:
+    """A row's value as bounded text (a string as itself)."""
+    if isinstance(value, str):
+        return value[:_ROW_CHARS]
+    try:
+        text = _ROW_REPR.repr(value)
+    except Exception:  # noqa: BLE001 - a broken __repr__: the type names it
+        text = f"<{type(value).__qualname__}>"
+    return text[:_ROW_CHARS]
 
 
 def _numbers(items: Sequence[Any], first: type) -> tuple[bytes, array.array[Any]] | None:
@@ -449,6 +473,15 @@ class _Digester:
             self.candidates.append((depth, len(self.candidates), Node(".".join(path), digest, info)))
         return digest
 
+    def _row_info(self, value: Any, item_path: tuple[str, ...] | None) -> Any:
+        """What a kept row shows: a dict key by key (:data:`_ROW_KEYS` keys, volatile ones left
+        out), else its text."""
+        if not isinstance(value, Mapping):
+            return _row_text(value)
+        keys = [k for k in _sorted_keys(value)
+                if item_path is None or not self._ignored((*item_path, str(k)))][:_ROW_KEYS]
+        return {str(k)[:40]: _row_text(value[k])[:_ROW_CHARS // 2] for k in keys}
+
     def _flat_items(self, obj: Any, path: tuple[str, ...] | None) -> list[tuple[str, Any]] | None:
         """The sorted items of a dict of plain scalars under string keys (digested in one
         msgpack call), or ``None`` (another mapping, a volatile or step key among its keys)."""
@@ -529,6 +562,10 @@ class _Digester:
         shown = obj[: SMALL if n <= SMALL else HEAD]
         if n and all(isinstance(item, _SCALARS) for item in shown):
             info["head"] = _head(shown, n)
+        elif n and depth < MAX_DEPTH:  # rows of containers: their CRCs and the first ones' values
+            item_path = None if path is None else (*path, "[]")
+            info["rc"] = [self.value(item, item_path, depth + 1, False) for item in obj[:SMALL]]
+            info["rv"] = [self._row_info(item, item_path) for item in obj[:ROWS_SHOWN]]
         if len(prefixes) > 1:
             info["b"] = prefixes
         return crc, info
@@ -649,12 +686,13 @@ class _Digester:
 
 
 def digest_request(arguments: Mapping[str, Any], *, volatile: Sequence[str] | None = None,
-                   forced: Sequence[str] = ()) -> Request:
+                   forced: Sequence[str] = (), framework: str | None = None) -> Request:
     """The :class:`Request` of a call's named ``arguments`` (see
     :func:`~rollout_mock.wrap.mismatch.bind_arguments`).
 
-    ``volatile``: patterns of fields left out; default: every pattern the adapters declared.
+    ``volatile``: patterns of fields left out; default: the patterns declared for ``framework``
+    (:func:`~rollout_mock.wrap.hooks.volatile_patterns`; none without a framework).
     ``forced``: dotted paths kept as nodes whatever their depth (``match_on``)."""
     if volatile is None:
-        volatile = [p for patterns in volatile_fields().values() for p in patterns]
+        volatile = volatile_patterns(framework)
     return _Digester(compile_patterns(volatile), frozenset(forced)).run(arguments)

@@ -135,6 +135,9 @@ def _describe(path: str, rec: Node | None, live: Node | None) -> Difference:
                               short_repr(a["v"], 60), short_repr(b["v"], 60))
         x, y = _value(a), _value(b)
         return Difference(path, f"{x} in the dump run, {y} now", x, y)
+    row = _row_difference(path, a, b)
+    if row is not None:
+        return row
     head_a, head_b = a.get("head") or [], b.get("head") or []
     for i, (x, y) in enumerate(zip(head_a, head_b)):
         if x != y:
@@ -175,11 +178,64 @@ def _line(text: str) -> str:
     return text if len(text) <= MAX_LINE else text[: MAX_LINE - 3] + "..."
 
 
+#: Names of the fields that hold a request's prompts, most telling first: when several fields of
+#: a request differ (a data-seed change alters verl's ``raw_prompt`` and the ``index`` inside its
+#: ``extra_info``), the explanation names the prompts.
+PROMPT_FIELDS = ("raw_prompt", "prompt", "prompts", "messages", "raw_prompt_ids", "prompt_ids", "input_ids",
+                 "question", "problem", "data", "text")
+
+
+def _window(x: str, y: str, width: int = 70) -> tuple[str, str]:
+    """Both texts around their first differing character (``...`` where cut)."""
+    first = next((i for i, (p, q) in enumerate(zip(x, y)) if p != q), min(len(x), len(y)))
+    start = max(0, first - width // 3)
+
+    def cut(text: str) -> str:
+        part = text[start:start + width]
+        return ("..." if start else "") + part + ("..." if start + width < len(text) else "")
+
+    return cut(x), cut(y)
+
+
+def _row_difference(path: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> Difference | None:
+    """The first differing row of a list of containers (an object column), from the row CRCs
+    kept with both nodes: the row and, for dict rows, the first differing key, with both values
+    where the row's values are kept (the first rows); ``None`` when no row CRC differs."""
+    crcs_a, crcs_b = a.get("rc"), b.get("rc")
+    if not isinstance(crcs_a, list) or not isinstance(crcs_b, list):
+        return None
+    row = next((i for i, (x, y) in enumerate(zip(crcs_a, crcs_b)) if x != y), None)
+    if row is None:
+        return None
+    values_a, values_b = a.get("rv") or [], b.get("rv") or []
+    if row >= len(values_a) or row >= len(values_b):
+        shown = len(values_a)
+        return Difference(path, f"first difference in row {row} (only the first {shown} rows' values are kept)",
+                          f"row {row}", f"row {row}")
+    x, y = values_a[row], values_b[row]
+    if isinstance(x, dict) and isinstance(y, dict):
+        keys = {k: i for i, k in enumerate([*x, *(k for k in y if k not in x)])}
+        key = next((k for k in sorted(keys, key=lambda k: (k not in PROMPT_FIELDS, keys[k]))
+                    if x.get(k) != y.get(k)), None)
+        if key is None:
+            return Difference(path, f"first difference in row {row}, past the values kept", f"row {row}", f"row {row}")
+        if key not in x or key not in y:
+            where = "only now" if key not in x else "only in the dump run"
+            return Difference(path, f"row {row}: key {key!r} {where}", f"row {row}", f"row {row}")
+        x, y = _window(str(x[key]), str(y[key]))
+        return Difference(path, f"row {row}, key {key!r}: {x} in the dump run, {y} now", x, y)
+    x, y = _window(str(x), str(y))
+    return Difference(path, f"row {row}: {x} in the dump run, {y} now", x, y)
+
+
 def _deepest(path: str, rec: dict[str, Node], live: dict[str, Node]) -> Difference:
-    """The deepest kept node under ``path`` that differs, described."""
+    """The deepest kept node under ``path`` that differs, described; among several differing
+    fields, the prompts (:data:`PROMPT_FIELDS`) first."""
     prefix = path + "."
     children = [p for p in [*rec, *(p for p in live if p not in rec)]
                 if p.startswith(prefix) and "." not in p[len(prefix):]]
+    order = {p: i for i, p in enumerate(children)}
+    children.sort(key=lambda p: (p[len(prefix):] not in PROMPT_FIELDS, order[p]))
     for child in children:
         a, b = rec.get(child), live.get(child)
         if a is None or b is None or a.digest != b.digest:
@@ -226,11 +282,14 @@ class RequestMatcher:
     """Request matching for one stream of a store (see the module docstring). ``keys``: per-method
     key functions (a key function gets the call's named arguments, step left out, and returns what
     is digested: a mapping's items become the compared names). ``context``: ``mode``, ``split``
-    and ``path`` (the dump) for messages."""
+    and ``path`` (the dump) for messages. ``framework``: whose volatile fields are left out
+    (:func:`~rollout_mock.wrap.hooks.volatile_patterns`; ``None``: none)."""
 
     def __init__(self, settings: MatchSettings, store: StepStore, stream: StreamId, *,
-                 keys: Mapping[str, KeyFunction] | None = None, context: Mapping[str, Any] | None = None) -> None:
+                 keys: Mapping[str, KeyFunction] | None = None, context: Mapping[str, Any] | None = None,
+                 framework: str | None = None) -> None:
         self.settings = settings
+        self.framework = framework
         self.store = store
         self.stream = stream
         self.context = {**(context or {}), "stream": stream.key}
@@ -255,7 +314,7 @@ class RequestMatcher:
         if key is not None:
             value = key(arguments)
             arguments = {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else {"key": value}
-        return digest_request(arguments, forced=self.settings.match_on or ())
+        return digest_request(arguments, forced=self.settings.match_on or (), framework=self.framework)
 
     def recorded_settings(self, method: str) -> dict[str, Any] | None:
         """The rollout settings recorded with ``method`` of this stream, if any."""

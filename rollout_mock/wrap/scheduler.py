@@ -118,6 +118,9 @@ class MockScheduler(Generic[T]):
         provenance: dump mode: ``provenance(batch)``, a small JSON-able dict recorded with each
             call (the weight versions its samples were generated with, for instance); read back
             with :meth:`rollout_mock.storage.Store.extra_calls` and the step entries.
+        framework: whose volatile fields (:func:`~rollout_mock.register_volatile_fields`) request
+            matching and check mode leave out: each adapter passes its own (``"verl"``...);
+            default: none, every field is compared.
 
     A Ray actor handle is wrapped on the driver: ``wrapped.get_batch.remote(...)`` returns an
     ``ObjectRef`` as before. Dump mode fetches the batch with ``ray.get`` on the writer thread
@@ -151,6 +154,7 @@ class MockScheduler(Generic[T]):
         check_views: Mapping[str, Callable[[Any], Any]] | None = None,
         capture: Capture | None = None,
         provenance: Provenance | None = None,
+        framework: str | None = None,
     ) -> None:
         self.config: RolloutMockConfig = load_config(config if config is not None else {})
         self.split = split
@@ -177,7 +181,7 @@ class MockScheduler(Generic[T]):
             prepare_scheduler(scheduler)
         self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank,
                                        match_keys=match_keys, check_views=check_views, capture=capture,
-                                       provenance=provenance)
+                                       provenance=provenance, framework=framework)
         conventions = self._conventions(scheduler, spec)
         settings = flatten_settings(rollout_settings)
         if self.config.mode.records and self.interceptor.writes:

@@ -33,6 +33,9 @@ BOMBS: dict[str, tuple[str, str]] = {
     # the audit's case: concatenated references, 8**9 * 10 characters from 419 bytes
     "concatenation": (levels("${{v{}}}"), "expand to more than"),
     "through_oc_select": (levels("${{oc.select:v{}}}"), "expand to more than"),
+    # verl's nested defaults: a resolver's default argument is followed like any reference
+    "through_nested_oc_select_defaults": (levels("${{oc.select:nothing,${{oc.select:v{},null}}}}"),
+                                          "expand to more than"),
     "relative_references": (
         "rollout_mock:\n  enable: true\n  mode: dump\n  x0: aaaaaaaaaa\n"
         + "".join(f"  x{i}: \"{'${.x%d}' % (i - 1) * 8}\"\n" for i in range(1, 10)) + "  dump_dir: '${.x9}'\n",
@@ -103,3 +106,30 @@ def test_ordinary_interpolations_still_resolve(tmp_path: Path) -> None:
                     "  dump_dir: '${root}/${${which}}/${sub.name}'\n  max_keep: 3\n  pin_steps: ['${..max_keep}']\n")
     config = load_config(path)
     assert str(config.dump_dir) == "/tmp/run1/x" and config.pin_steps == [3]
+
+
+def test_verls_own_unresolved_default_config_loads(tmp_path: Path) -> None:
+    """Issue 35 item 7: verl's generated ppo_trainer config holds nested defaults such as
+    ``${oc.select:a,${oc.select:b,null}}``; load_config took them for a name made by a resolver."""
+    verl_config = pytest.importorskip("verl.trainer.config")
+    import yaml
+
+    source = Path(verl_config.__file__).parent / "_generated_ppo_trainer.yaml"
+    text = source.read_text()
+    assert "${oc.select:actor_rollout_ref.actor.fsdp_config.qat,${oc.select:" in text
+    data = yaml.safe_load(text)
+    data["rollout_mock"] = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d"),
+                            "name": "${trainer.project_name}"}
+    path = tmp_path / "verl.yaml"
+    path.write_text(yaml.safe_dump(data))
+    assert _load(path) == "LOADED\n"
+    assert _load(path, dictconfig=True) == "LOADED\n"
+
+
+def test_a_name_made_by_a_resolver_is_shown_whole(tmp_path: Path) -> None:
+    key = "some.rather_long.path.to.a.value.that_is_longer_than_sixty_characters_in_all"
+    path = tmp_path / "config.yaml"
+    path.write_text(f"x: '${{oc.select:${{oc.env:HOME}}.{key}}}'\n" + BLOCK % "x")
+    out = _load(path)
+    assert out.startswith("REFUSED") and "made by another resolver" in out, out
+    assert f"${{oc.select:${{oc.env:HOME}}.{key}}}" in out, out

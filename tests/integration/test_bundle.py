@@ -184,6 +184,32 @@ def test_redacted_bundle_holds_no_prompt_or_response_text(tmp_path: Path) -> Non
     assert "provenance.json" not in {p.name for p in unpacked.iterdir()}  # no source path travels
 
 
+def test_a_redacted_bundle_and_cut_keep_their_request_digests(tmp_path: Path) -> None:
+    """Issue 35: ``--redact`` rewrote the keys of the index's call records (``"request":
+    {"<redacted>0": ...}``), so a replay from a redacted bundle was served without matching."""
+    from rollout_mock import ReplayMismatchError
+    from rollout_mock.debug import cut_dump
+
+    dump = tmp_path / "dump"
+    record(dump, range(3), None)
+    bundle = tmp_path / "redacted.rmb"
+    assert cli_main(["pack", str(dump), "--steps", "0,2", "-o", str(bundle), "--redact"]) == 0
+    cut = tmp_path / "cut"
+    cut_dump(dump, cut, steps=[0, 2], redact=True)
+    for source in (bundle, cut):
+        store = open_dump(source)
+        call = store.entry(store.stream("train"), 2).call
+        assert set(call["request"]) == {"v", "d", "a", "n"}, call["request"]
+        assert call["request"] == {**call["request"], "d": open_dump(dump).entry(
+            open_dump(dump).stream("train"), 2).call["request"]["d"]}
+        assert SECRET not in json.dumps(call)
+        replay(source, [0, 2])  # the same call: served
+        with MockScheduler(None, cfg(source, "mock")) as scheduler, \
+                pytest.raises(ReplayMismatchError, match="prompt") as info:
+            scheduler.get_batch(None, 2, prompt="another prompt")
+        assert info.value.step == 2
+
+
 def test_bundle_in_place_is_read_only_and_lists_like_a_dump(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     dump = tmp_path / "dump"
     original = record(dump, range(3), tmp_path / "metrics.jsonl")

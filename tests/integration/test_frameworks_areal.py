@@ -188,3 +188,182 @@ def test_a_handle_that_cannot_be_fetched_stops_the_dump_at_dump_time(tmp_path: P
         rollout.prepare_batch(None, workflow="rlvr")
     rollout.close()
     assert open_dump(tmp_path / "d").steps(open_dump(tmp_path / "d").stream("train")) == []
+
+
+# ------------------------------------------------------------------------------ issue 35
+PROMPTS = [{"messages": [{"role": "user", "content": f"What is {i} times {i + 2}?"}], "answer": str(i * (i + 2))}
+           for i in range(12)]
+
+
+def loader(seed: int) -> Any:
+    """AReaL's train dataloader: shuffled by a seeded generator, batches of prompt dicts."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.utils.data.DataLoader(PROMPTS, batch_size=4, shuffle=True, generator=generator,
+                                       collate_fn=lambda rows: rows)
+
+
+def cycle_dataloader(dataloader: Any) -> Any:
+    """areal.utils.data.cycle_dataloader."""
+    iterator = iter(dataloader)
+    while True:
+        try:
+            yield next(iterator)
+        except StopIteration:
+            iterator = iter(dataloader)
+
+
+class WorkflowEngine:
+    """The workflow executor's prepare_batch: it keeps one generator over the loader it was first
+    given (``self.data_generator``), reads ``dataloader.batch_size`` and may draw ahead
+    (``ahead``: batches submitted before the first wait, as its asynchronous rollout does)."""
+
+    def __init__(self, ahead: int = 0) -> None:
+        self.ahead = ahead
+        self.consumed: list[list[str]] = []
+        self.pending: list[Any] = []
+
+    def prepare_batch(self, dataloader: Any, workflow: Any = None, workflow_kwargs: Any = None,
+                      should_accept_fn: Any = None, group_size: int = 1, dynamic_bs: bool = False) -> list[Any]:
+        if not hasattr(self, "data_generator"):
+            self.data_generator = cycle_dataloader(dataloader)
+            self.pending += [next(self.data_generator) for _ in range(self.ahead)]
+        assert dataloader.batch_size == 4
+        self.pending.append(next(self.data_generator))
+        data = self.pending.pop(0)
+        self.consumed.append([row["answer"] for row in data])
+        return [{"input_ids": torch.tensor([[len(row["messages"][0]["content"]), int(row["answer"])]]),
+                 "rewards": torch.tensor([float(row["answer"])])} for row in data]
+
+
+def test_prepare_batch_compares_the_prompts_the_loader_yields(tmp_path: Path) -> None:
+    """Issue 35 item 3: the loader was compared by type only, so on AReaL's documented one line
+    (``prepare_batch(dataloader, ...)``) a loader with another shuffle seed served the dump's
+    batches. Now the k-th call's request is the loader's k-th batch, and the engine reads the
+    very same sequence (also when it draws ahead)."""
+    from rollout_mock import ReplayMismatchError
+
+    cfg = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+    live_run = WorkflowEngine(ahead=1)
+    train = loader(seed=1)
+    for _ in range(4):
+        live_run.prepare_batch(train, workflow="rlvr")
+    engine = WorkflowEngine(ahead=1)
+    rollout = wrap_areal(engine, cfg)  # an engine without rollout_batch (issue 35)
+    dataloader = loader(seed=1)
+    recorded = [rollout.prepare_batch(dataloader, workflow="rlvr", workflow_kwargs={"n": 2}) for _ in range(4)]
+    rollout.close()
+    assert engine.consumed == live_run.consumed  # the wrapper changes nothing of what the engine reads
+
+    replay = wrap_areal(None, {**cfg, "mode": "mock"})  # methods: those recorded
+    again = loader(seed=1)
+    for expected in recorded:
+        same(replay.prepare_batch(again, workflow="rlvr", workflow_kwargs={"n": 2}), expected)
+    replay.close()
+
+    reshuffled = wrap_areal(None, {**cfg, "mode": "mock"})
+    other = loader(seed=2)
+    with pytest.raises(ReplayMismatchError) as info:
+        reshuffled.prepare_batch(other, workflow="rlvr", workflow_kwargs={"n": 2})
+    assert info.value.step == 0 and info.value.argument == "dataloader"
+    assert "row 0, key 'answer'" in str(info.value) or "row 0, key 'messages'" in str(info.value)
+    reshuffled.close()
+
+
+def _save_tokenizer(path: Path, template: str) -> Path:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from trl_run import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    tokenizer.chat_template = template
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def test_the_tokenizer_in_workflow_kwargs_is_compared_by_fingerprint_not_path(tmp_path: Path) -> None:
+    """Issue 35: AReaL passes ``workflow_kwargs["tokenizer"] = config.tokenizer_path``; a mock run
+    on another machine with another model path was refused. A changed chat template is not."""
+    pytest.importorskip("transformers")
+    from rollout_mock import ReplayMismatchError, RolloutSettingsMismatchError
+
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    here, there = _save_tokenizer(tmp_path / "here", template), _save_tokenizer(tmp_path / "there", template)
+    changed = _save_tokenizer(tmp_path / "changed", "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")
+    cfg = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+    rollout = wrap_areal(Engine(), cfg, methods=("rollout_batch",), tokenizer=str(here))
+    recorded = rollout.rollout_batch(PROMPTS[:2], workflow="rlvr", workflow_kwargs={"tokenizer": str(here)})
+    rollout.close()
+    moved = wrap_areal(None, {**cfg, "mode": "mock"}, tokenizer=str(there))
+    same(moved.rollout_batch(PROMPTS[:2], workflow="rlvr", workflow_kwargs={"tokenizer": str(there)}), recorded)
+    moved.close()
+    with pytest.raises(RolloutSettingsMismatchError, match="tokenizer.chat_template"):
+        wrap_areal(None, {**cfg, "mode": "mock"}, tokenizer=str(changed))
+    other = wrap_areal(None, {**cfg, "mode": "mock"})
+    with pytest.raises(ReplayMismatchError, match="workflow_kwargs.tokenizer.chat_template"):
+        other.rollout_batch(PROMPTS[:2], workflow="rlvr", workflow_kwargs={"tokenizer": str(changed)})
+    other.close()
+
+
+_BY_HAND_RUN = r'''
+import json, os, re, sys, torch
+from pathlib import Path
+import rollout_mock
+
+out, mode, dump, seed = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+doc = Path(os.environ["AREAL_DOC"]).read_text(encoding="utf-8")
+code = re.search(r"<!-- areal-by-hand -->\s*```python\n(.*?)```", doc, re.DOTALL).group(1)
+code = code.replace("    ...\n", "    served.append([t['input_ids'].tolist() for t in batch])\n")
+Path(dump + ".yaml").write_text(f"rollout_mock:\n  enable: true\n  mode: {mode}\n  dump_dir: {dump}\n")
+code = code.replace('"rollout_mock.yaml"', repr(dump + ".yaml"))
+
+class Engine:  # the inference engine: responses from the OS's entropy (a replay equals the dump only by reading it)
+    def rollout_batch(self, data, workflow=None, workflow_kwargs=None):
+        g = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little"))
+        return [{"input_ids": torch.randint(0, 99, (2, 3), generator=g)} for _ in data]
+
+prompts = [{"messages": [{"role": "user", "content": f"q{i}"}]} for i in range(12)]
+dataloader = torch.utils.data.DataLoader(prompts, batch_size=4, shuffle=True, collate_fn=lambda r: r,
+                                         generator=torch.Generator().manual_seed(seed))
+served = []
+namespace = {"engine": Engine() if mode == "dump" else None, "dataloader": dataloader, "workflow": "rlvr",
+             "start_step": 0, "total_steps": 3, "served": served}
+try:
+    exec(compile(code, "areal.md", "exec"), namespace)
+    namespace["rollout"].close()
+except rollout_mock.RolloutMockError as exc:
+    Path(out).write_text(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+    sys.exit(3)
+Path(out).write_text(json.dumps({"served": served}))
+'''
+
+
+def test_the_by_hand_recipe_replays_an_identical_rerun_and_stops_another_loader_order(tmp_path: Path) -> None:
+    """Issue 35: the documented by-hand recipe wrapped ``prepare_batch(dataloader, ...)``, whose
+    loader is compared by type only, and required ``rollout_batch``. Dump and mock in two
+    processes with other hash seeds."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "frameworks" / "areal.md"
+    script = tmp_path / "run.py"
+    script.write_text(_BY_HAND_RUN)
+
+    def run(name: str, mode: str, seed: int, hash_seed: int) -> dict[str, Any]:
+        env = dict(os.environ, PYTHONHASHSEED=str(hash_seed), AREAL_DOC=str(doc),
+                   PYTHONPATH=os.pathsep.join([str(doc.parents[2]), os.environ.get("PYTHONPATH", "")]))
+        out = tmp_path / f"{name}.json"
+        proc = subprocess.run([sys.executable, str(script), str(out), mode, str(tmp_path / "d"), str(seed)],
+                              capture_output=True, text=True, timeout=240, env=env, check=False)
+        assert out.exists(), proc.stderr[-3000:]
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+    dumped = run("dump", "dump", 1, 1)
+    assert "error" not in dumped and len(dumped["served"]) == 3, dumped
+    replayed = run("mock", "mock", 1, 2)
+    assert replayed == dumped
+    reshuffled = run("other", "mock", 2, 3)
+    assert reshuffled["error"] == "ReplayMismatchError" and "data: row 0, key 'messages'" in reshuffled["message"]

@@ -190,11 +190,16 @@ def test_a_rerun_asking_for_other_data_or_with_other_settings_stops(roll_root: P
     # the pre-flight check runs on the driver, before any actor is created
     other = PipelineConfig(sequence_length=32, rollout_mock=RolloutMockConfig(enable=True, mode="mock",
                                                                               dump_dir=str(dump)))
-    assert roll_settings(other) == {"sequence_length": 32, "prompt_length": 8}
+    assert roll_settings(other) == {"sequence_length": 32, "prompt_length": 8, "seed": 0}
     from roll.distributed.scheduler.rollout_scheduler import RolloutScheduler
 
     with pytest.raises(RolloutSettingsMismatchError, match="sequence_length: 16 in the dump run, 32 now"):
         roll_scheduler(RolloutScheduler, other)
+    # issue 35: the schedulers shuffle their prompts with pipeline_config.seed, and a get_batch
+    # request carries no prompt: another seed served the dump run's prompts
+    reseeded = PipelineConfig(seed=7, rollout_mock=RolloutMockConfig(enable=True, mode="mock", dump_dir=str(dump)))
+    with pytest.raises(RolloutSettingsMismatchError, match="  seed: 0 in the dump run, 7 now"):
+        roll_scheduler(RolloutScheduler, reseeded)
     # another batch size: the actor refuses before serving step 0
     with pytest.raises(ReplayMismatchError) as info:
         agentic_run(pipeline_config(dump, "mock"), 2, batch_size=2)
@@ -293,3 +298,32 @@ def test_non_tensor_difference_named_through_batch_proxy(roll_root: Path) -> Non
     # the proxy itself, compared as a mapping (keys() + [key] only)
     keys, _ = compare_batches(batch("b").non_tensor_batch, batch("x").non_tensor_batch)
     assert [k.key for k in keys] == ["tags"] and keys[0].first_index == 1
+
+
+def test_roll_settings_cover_what_decides_the_data(tmp_path: Path) -> None:
+    """Issue 35 item 1: the seed, the templates and the data files (by content: another machine's
+    copy is the same file, another file of the same size is not) are rollout settings. Read from
+    ROLL's own field names (roll/configs/data_args.py, roll/pipeline/rlvr/rlvr_config.py)."""
+    from types import SimpleNamespace
+
+    from rollout_mock.adapters.roll import roll_settings
+
+    def config(data: Path, seed: int = 42, template: str = "qwen2_5") -> Any:
+        data_args = SimpleNamespace(template=None, file_name=[str(data)], domain_interleave_probs={"math": 1.0},
+                                    prompt="prompt", messages=None, tag="tag", id="id")
+        return SimpleNamespace(rollout_mock=None, seed=seed, global_template=template, tag_to_template={},
+                               rollout_batch_size=64, actor_train=SimpleNamespace(data_args=data_args))
+
+    (tmp_path / "here").mkdir()
+    (tmp_path / "there").mkdir()
+    for where in ("here", "there"):
+        (tmp_path / where / "math.jsonl").write_text('{"prompt": "1+1"}\n')
+    (tmp_path / "same_size.jsonl").write_text('{"prompt": "2+2"}\n')
+    base = roll_settings(config(tmp_path / "here" / "math.jsonl"))
+    assert base is not None and base["seed"] == 42 and base["global_template"] == "qwen2_5"
+    assert base["actor_train.data_args.file_name"] == [{"size": 18, "sha256": base[
+        "actor_train.data_args.file_name"][0]["sha256"]}]
+    assert roll_settings(config(tmp_path / "there" / "math.jsonl")) == base
+    for changed in (config(tmp_path / "same_size.jsonl"), config(tmp_path / "here" / "math.jsonl", seed=7),
+                    config(tmp_path / "here" / "math.jsonl", template="llama3")):
+        assert roll_settings(changed) != base

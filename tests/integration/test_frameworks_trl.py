@@ -160,3 +160,27 @@ def test_check_mode_generates_compares_and_trains_on_the_recording(dumped: tuple
     verdicts = read_check_verdicts(tmp / "dump", split="train")
     assert [v.step for v in verdicts] == list(range(STEPS))
     assert all(v.equal and v.match == 1.0 and v.tokens > 0 for v in verdicts)  # same weights: same tokens
+
+
+def test_another_seed_is_refused_before_training(dumped: tuple[Path, Any]) -> None:
+    """Issue 35 item 2: another ``seed`` with ``shuffle_dataset=False`` replayed bit for bit (RNG
+    replay restores the dump run's generator states after each generation, which hides the
+    seed), while two live runs with these seeds differ: the seed is a compared setting."""
+    tmp, _ = dumped
+    proc, result = run(tmp, "mock", "--max-steps", str(STEPS), "--forbid", "--seed", "7", "--no-shuffle", check=False)
+    assert proc.returncode == 3 and result["error"] == "RolloutSettingsMismatchError", proc.stderr[-2000:]
+    assert "  seed: 0 in the dump run, 7 now" in result["message"]
+
+
+def test_another_chat_template_is_refused_naming_it(tmp_path: Path) -> None:
+    """Issue 34 item 4 / 35: the tokenizer and its chat template are fingerprinted by content
+    (not by path: each run saves it to its own directory) and a changed template is refused."""
+    run(tmp_path, "dump", "--max-steps", "1", "--conversational")
+    _, replayed = run(tmp_path, "mock", "--max-steps", "1", "--conversational", "--forbid")
+    assert replayed
+    proc, result = run(tmp_path, "mock", "--max-steps", "1", "--conversational", "--forbid",
+                       "--chat-template", "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}",
+                       check=False)
+    assert proc.returncode == 3 and result["error"] == "RolloutSettingsMismatchError", proc.stderr[-2000:]
+    assert "tokenizer.chat_template:" in result["message"]
+    assert "vocab" not in result["message"]

@@ -214,3 +214,143 @@ def test_a_faithful_rerun_with_fresh_uids_replays_and_other_prompts_stop(tmp_pat
         wrap_verl_rollout(FitTrainer({**block, "mode": "mock"}, n=4, temperature=0.6))
     assert [d[0] for d in settings.value.differences] == ["actor_rollout_ref.rollout.n",
                                                           "actor_rollout_ref.rollout.temperature"]
+
+
+# ------------------------------------------------------------------------------ issue 35
+class CarryingManager(AgentLoopManager):
+    """An output that carries its request's ``non_tensor_batch`` (verl 0.9.1 with a colocated
+    reward model, an earlier agent_loop.py): the uid of each prompt comes back in the output."""
+
+    def generate_sequences(self, prompts: Any) -> Any:
+        out = super().generate_sequences(prompts)
+        for key, value in prompts.non_tensor_batch.items():
+            out.non_tensor_batch[key] = value.copy()
+        return out
+
+
+def test_an_output_carrying_its_requests_uid_is_served_with_the_live_uid(tmp_path: Path) -> None:
+    """Issue 35 item 5: the replayed output held the dump run's uuid4 uids, the live batch fresh
+    ones, and verl's own ``batch.union(gen_batch_output)`` failed on an identical rerun."""
+    block = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+
+    def run(mode: str) -> list[Any]:
+        trainer = FitTrainer({**block, "mode": mode})
+        trainer.async_rollout_manager = CarryingManager()
+        wrapper = wrap_verl_rollout(trainer)
+        assert wrapper is not None
+        unions = []
+        for step in (1, 2):
+            batch = trainer.prompts(step)
+            gen_output = trainer.async_rollout_manager.generate_sequences(batch)
+            unions.append(batch.union(gen_output))  # verl's own check of the overlapping uid
+        wrapper.close()
+        assert trainer.async_rollout_manager.calls == ([] if mode == "mock" else [(1, False), (2, False)])
+        return unions
+
+    recorded, replayed = run("dump"), run("mock")
+    for got, expected in zip(replayed, recorded):
+        assert list(got.non_tensor_batch["uid"]) != list(expected.non_tensor_batch["uid"])  # fresh uuid4s
+        assert torch.equal(got.batch["responses"], expected.batch["responses"])
+        assert list(got.non_tensor_batch["raw_prompt"]) == list(expected.non_tensor_batch["raw_prompt"])
+    stored = open_dump(tmp_path / "d")
+    assert list(stored.load(1, "train").non_tensor_batch["uid"]) == \
+        list(recorded[0].non_tensor_batch["uid"])  # the record itself is unchanged
+
+
+def test_serve_live_fields_needs_the_same_field_with_the_same_length() -> None:
+    from rollout_mock.adapters import serve_live_fields
+
+    live = DataProto.from_dict(non_tensors={"uid": np.array(["a", "b"], dtype=object)})
+    longer = DataProto.from_dict(non_tensors={"uid": np.array(["x", "y", "z", "w"], dtype=object)})
+    without = DataProto.from_dict(tensors={"responses": torch.zeros(2, 1)})
+    assert serve_live_fields("verl", live, longer) is longer  # n samples per prompt: not the same rows
+    assert serve_live_fields("verl", live, without) is without
+    assert serve_live_fields("roll", live, longer) is longer
+    same_rows = DataProto.from_dict(non_tensors={"uid": np.array(["x", "y"], dtype=object)})
+    served = serve_live_fields("verl", live, same_rows)
+    assert list(served.non_tensor_batch["uid"]) == ["a", "b"] and list(same_rows.non_tensor_batch["uid"]) == ["x", "y"]
+
+
+RUN = Path(__file__).with_name("verl_run.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _verl_run(tmp_path: Path, name: str, mode: str, how: str, *extra: str, hash_seed: int) -> dict[str, Any]:
+    """One run of verl's rollout side in its own process with its own hash seed (verl_run.py)."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / f"{name}.json"
+    env = dict(os.environ, PYTHONHASHSEED=str(hash_seed),
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(RUN), str(out), mode, str(tmp_path / f"dump-{how}"), how, *extra],
+                          capture_output=True, text=True, timeout=240, env=env, check=False)
+    assert out.exists(), proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(out.read_text())
+    return result
+
+
+@pytest.mark.parametrize("how", ["one-line", "by-hand"])
+def test_the_docs_recipes_replay_an_identical_rerun_and_stop_another_data_seed(tmp_path: Path, how: str) -> None:
+    """Issue 35: the by-hand snippet wrapped ``actor_rollout_wg`` (no ``generate_sequences`` in
+    verl >= 0.6) in one split, which a validation at a training step's ``global_steps`` collides
+    with (``StepExistsError`` at step 2); the outputs carry their request's uid (DataProto.union).
+    Both recipes: dump and mock in two processes with other hash seeds."""
+    dumped = _verl_run(tmp_path, "dump", "dump", how, hash_seed=1)
+    assert "error" not in dumped, dumped
+    assert dumped["live_calls"] == 7  # validation at 0, 4 steps, validation at 2 and 4
+    replayed = _verl_run(tmp_path, "mock", "mock", how, hash_seed=2)
+    assert "error" not in replayed, replayed
+    assert replayed["responses"] == dumped["responses"] and replayed["live_calls"] == 0
+    reseeded = _verl_run(tmp_path, "reseeded", "mock", how, "--seed", "2", hash_seed=3)
+    assert reseeded["error"] == "RolloutSettingsMismatchError", reseeded  # the pre-flight names the setting
+    assert "data.seed: 1 in the dump run, 2 now" in reseeded["message"]
+    # another loader order under the same settings: the first training call names the first differing row
+    reshuffled = _verl_run(tmp_path, "reshuffled", "mock", how, "--shuffle-seed", "5", hash_seed=4)
+    assert reshuffled["error"] == "ReplayMismatchError", reshuffled
+    assert "train step 1" in reshuffled["message"]
+    assert "prompts.non_tensor_batch.raw_prompt: row 0: [{'content': 'What is" in reshuffled["message"]
+
+
+def test_a_changed_chat_template_fails_the_pre_flight_naming_it(tmp_path: Path) -> None:
+    """Issue 34 item 4 (for the lead) / 35: the trainer's tokenizer is fingerprinted by content
+    (vocabulary, special tokens, chat template), not by path, and recorded in the settings."""
+    import sys
+
+    from rollout_mock import RolloutSettingsMismatchError
+    from rollout_mock.adapters import tokenizer_fingerprint
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from trl_run import build_tokenizer
+
+    def tokenizer(template: str, where: str) -> Any:
+        from transformers import AutoTokenizer
+
+        built = build_tokenizer()
+        built.chat_template = template
+        built.save_pretrained(str(tmp_path / where))
+        return AutoTokenizer.from_pretrained(str(tmp_path / where))  # another path, another object
+
+    template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    here, there = tokenizer(template, "here"), tokenizer(template, "there")
+    changed = tokenizer("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{% endfor %}", "changed")
+    assert tokenizer_fingerprint(here) == tokenizer_fingerprint(there)
+    difference = {k for k, v in tokenizer_fingerprint(here).items() if tokenizer_fingerprint(changed)[k] != v}
+    assert difference == {"chat_template"}
+
+    block = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+    trainer = FitTrainer(block)
+    trainer.tokenizer = here
+    wrapper = wrap_verl_rollout(trainer)
+    assert wrapper is not None
+    trainer.fit(1)
+    wrapper.close()
+    moved = FitTrainer({**block, "mode": "mock"})
+    moved.tokenizer = there
+    assert wrap_verl_rollout(moved) is not None  # the same tokenizer under another path
+    other = FitTrainer({**block, "mode": "mock"})
+    other.tokenizer = changed
+    with pytest.raises(RolloutSettingsMismatchError) as info:
+        wrap_verl_rollout(other)
+    assert [d[0] for d in info.value.differences] == ["tokenizer.chat_template"]

@@ -87,6 +87,9 @@ def main() -> int:
     parser.add_argument("--config-json", default="{}")
     parser.add_argument("--steps-per-generation", type=int, default=2)
     parser.add_argument("--num-iterations", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-shuffle", action="store_true")
+    parser.add_argument("--chat-template", default="{% for m in messages %}{{ m['content'] }} {% endfor %}")
     args = parser.parse_args()
 
     import torch
@@ -104,7 +107,7 @@ def main() -> int:
         pad_token_id=0, bos_token_id=1, eos_token_id=2, attention_dropout=0.1))
     prompts = [" ".join(WORDS[(i + k) % len(WORDS)] for k in range(3)) for i in range(16)]
     if args.conversational:
-        tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+        tokenizer.chat_template = args.chat_template
         dataset = Dataset.from_dict({"prompt": [[{"role": "user", "content": p}] for p in prompts]})
     else:
         dataset = Dataset.from_dict({"prompt": prompts})
@@ -115,9 +118,11 @@ def main() -> int:
         "per_device_train_batch_size": args.batch_size, "num_generations": args.num_generations,
         "gradient_accumulation_steps": 2, "steps_per_generation": args.steps_per_generation,
         "num_iterations": args.num_iterations, "max_completion_length": 6,
-        "save_strategy": "steps" if args.save_steps else "no", "save_steps": args.save_steps or 500, "seed": 0,
+        "save_strategy": "steps" if args.save_steps else "no", "save_steps": args.save_steps or 500, "seed": args.seed,
         "beta": 0.04, "temperature": 1.0, "disable_tqdm": True, "dataloader_num_workers": 0,
     }
+    if args.no_shuffle:
+        options["shuffle_dataset"] = False
     if args.eval_steps:
         options.update(eval_strategy="steps", eval_steps=args.eval_steps, per_device_eval_batch_size=4)
     config = Config(**options)

@@ -9,6 +9,7 @@ step. The control (same inputs) replays bit-identically with no error.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import uuid
@@ -141,10 +142,11 @@ def test_another_sampling_keyword_stops_at_the_first_step(recorded: tuple[Path, 
 
 def test_verl_dataproto_prompts_that_differ_at_step_2(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
-    with MockScheduler(Scheduler(), cfg(dump)) as mock:  # the step comes from meta_info["global_steps"]
+    # the step comes from meta_info["global_steps"]; verl's volatile fields (the uid) are not compared
+    with MockScheduler(Scheduler(), cfg(dump), framework="verl") as mock:
         recorded = [mock.get_batch(dataproto(step), 8) for step in range(STEPS)]
     served: list[Any] = []
-    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler) as mock:
+    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler, framework="verl") as mock:
         with pytest.raises(ReplayMismatchError) as info:
             for step in range(STEPS):
                 served.append(mock.get_batch(dataproto(step, changed=step == 2), 8))
@@ -153,7 +155,7 @@ def test_verl_dataproto_prompts_that_differ_at_step_2(tmp_path: Path) -> None:
     assert error.step == 2 and error.argument == "data.batch.input_ids" and "train step 2" in str(error)
     assert "first difference at [3, 2]" in str(error) and int(error.live) == int(error.recorded) + 1
     # the control of this shape: every step of the same prompts, fresh uids, replays
-    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler) as mock:
+    with MockScheduler(None, cfg(dump, "mock"), spec=Scheduler, framework="verl") as mock:
         again = [mock.get_batch(dataproto(step), 8) for step in range(STEPS)]
     assert all(same(a, b) for a, b in zip(again, recorded))
 
@@ -289,17 +291,55 @@ def test_the_generic_wrapper_resumes_from_its_state_dict(tmp_path: Path) -> None
 
 
 def test_what_differs_between_faithful_runs_is_not_compared() -> None:
-    """The adapters' volatile fields (registered when rollout_mock is imported): random ids and
-    wall-clock times, verl's uid, ROLL's trace context."""
+    """The adapters' volatile fields (registered when rollout_mock is imported), each of its own
+    framework's calls: verl's uid and timing, ROLL's trace context."""
     def request(stamp: float, ident: str, temperature: float = 1.0) -> dict[str, Any]:
-        return {"data": {"meta_info": {"timestamp": stamp, "temperature": temperature,
+        return {"data": {"meta_info": {"timing": stamp, "temperature": temperature,
                                        "_otel_ctx": {"traceparent": ident}},
-                         "non_tensor_batch": {"uid": np.array([ident], dtype=object)},
-                         "rows": [{"sample_uuid": ident, "prompt": "p"}]}}
+                         "non_tensor_batch": {"uid": np.array([ident], dtype=object)}}}
 
-    first, second = digest_request(request(1.0, "a")), digest_request(request(2.0, "b"))
-    assert first.digest == second.digest
-    assert digest_request(request(2.0, "b", 0.7)).digest != first.digest
+    verl = [digest_request(request(1.0, "a"), framework="verl"), digest_request(request(2.0, "a"), framework="verl")]
+    assert verl[0].digest == verl[1].digest
+    assert digest_request(request(1.0, "b"), framework="verl").digest != verl[0].digest  # the trace id: ROLL's
+    roll = [digest_request(request(1.0, "a"), framework="roll"), digest_request(request(1.0, "b"), framework="roll")]
+    assert roll[0].digest != roll[1].digest  # the uid: verl's
+    assert digest_request(request(2.0, "b", 0.7), framework="verl").digest != verl[0].digest
+
+
+def test_volatile_fields_are_per_framework_and_the_generic_wrapper_compares_every_field() -> None:
+    """Issue 35: every adapter's patterns applied to every call, the generic wrapper's too, so a
+    changed session_id, spec_info, non_generation_time, any *uuid* field or a meta_info timeout
+    replayed silently everywhere."""
+    base = {"meta_info": {"timeout": 30, "max_time": 5.0}, "rows": [{"session_id": "s", "sample_uuid": "u",
+                                                                     "spec_info": 1, "non_generation_time": 0.5}]}
+    for path, other in (("meta_info.timeout", 60), ("meta_info.max_time", 9.0), ("rows.session_id", "t"),
+                        ("rows.sample_uuid", "v"), ("rows.spec_info", 2), ("rows.non_generation_time", 0.7)):
+        changed = copy.deepcopy(base)
+        part, key = path.split(".")
+        (changed[part][0] if part == "rows" else changed[part])[key] = other
+        for framework in (None, "verl", "roll", "areal", "trl"):
+            assert digest_request({"data": base}, framework=framework).digest != \
+                digest_request({"data": changed}, framework=framework).digest, (path, framework)
+    slime = [copy.deepcopy(base) for _ in range(2)]
+    slime[1]["rows"][0].update(session_id="t", spec_info=2, non_generation_time=0.7)
+    assert digest_request({"data": slime[0]}, framework="slime").digest == \
+        digest_request({"data": slime[1]}, framework="slime").digest
+
+
+def test_a_generic_wrapper_refuses_a_changed_session_id(tmp_path: Path) -> None:
+    class Rollout:
+        def get_batch(self, data: Any, global_step: int) -> dict[str, Any]:
+            return {"x": torch.ones(2)}
+
+    cfg = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
+    with MockScheduler(Rollout(), cfg) as rollout:
+        rollout.get_batch({"session_id": "a", "meta_info": {"timeout": 10}}, 0)
+    with MockScheduler(None, {**cfg, "mode": "mock"}, spec=Rollout) as replay, \
+            pytest.raises(ReplayMismatchError, match="session_id"):
+        replay.get_batch({"session_id": "b", "meta_info": {"timeout": 10}}, 0)
+    with MockScheduler(None, {**cfg, "mode": "mock"}, spec=Rollout) as replay, \
+            pytest.raises(ReplayMismatchError, match="timeout"):
+        replay.get_batch({"session_id": "a", "meta_info": {"timeout": 20}}, 0)
 
 
 # ------------------------------------------------------------------------------ fast paths
@@ -387,12 +427,17 @@ def test_a_difference_deep_in_a_list_of_samples_names_its_block() -> None:
     other = [dict(s) for s in samples]
     other[50] = {**other[50], "tokens": [*other[50]["tokens"][:-1], -1]}
     found = differences(digest_request({"data": samples}), digest_request({"data": other}))
-    assert found[0].path == "data" and "first difference in items 48-55 of 64" in found[0].what
+    assert found[0].path == "data" and "first difference in row 50 (" in found[0].what  # each of 64 rows' CRC
+    samples = _samples(80)
+    other = [dict(s) for s in samples]
+    other[70] = {**other[70], "tokens": [*other[70]["tokens"][:-1], -1]}
+    found = differences(digest_request({"data": samples}), digest_request({"data": other}))
+    assert found[0].path == "data" and "first difference in items 70-79 of 80" in found[0].what
     trajectories = [{"input_ids": torch.arange(i, i + 50).reshape(1, 50), "rewards": torch.ones(1)} for i in range(32)]
     changed = [dict(t) for t in trajectories]
     changed[3] = {**changed[3], "rewards": torch.zeros(1)}
     found = differences(digest_request({"data": trajectories}), digest_request({"data": changed}))
-    assert found[0].what == "first difference in items 0-3 of 32 (the recorded items are not kept)"
+    assert found[0].what == "first difference in row 3 (only the first 2 rows' values are kept)"
 
 
 def test_the_recorded_request_stays_small() -> None:
@@ -421,3 +466,43 @@ def test_a_call_recorded_with_another_digest_format_is_not_compared(
     served = replay(dump, ((d, 8, {"temperature": 1.0}) for d in loader()), on_mismatch="warn")
     assert all(same(a, b) for a, b in zip(served, batches)) and len(served) == STEPS
     assert caplog.text.count("recorded with another digest format") == 1
+
+
+# ------------------------------------------------------------------------------ object columns (issue 35)
+def _verl_request(seed: int) -> dict[str, Any]:
+    """verl's gen_batch after a data-seed change: raw_prompt and extra_info's index both differ."""
+    order = np.random.default_rng(seed).permutation(20)[:8]
+    raw_prompt = np.empty(8, dtype=object)
+    raw_prompt[:] = [[{"role": "user", "content": f"What is {i} + {3 * i}? Think step by step."}] for i in order]
+    return {"prompts": {"non_tensor_batch": {
+        "raw_prompt": raw_prompt,
+        "extra_info": np.array([{"index": int(i), "split": "train"} for i in order], dtype=object),
+        "uid": np.array([str(uuid.uuid4()) for _ in range(8)], dtype=object)}}}
+
+
+def test_an_object_column_names_the_prompts_the_first_row_and_both_values() -> None:
+    """It said "prompts.non_tensor_batch.extra_info: same array object [8], other contents"."""
+    found = differences(digest_request(_verl_request(1), framework="verl"),
+                        digest_request(_verl_request(2), framework="verl"))
+    assert found[0].path == "prompts.non_tensor_batch.raw_prompt"
+    assert found[0].what.startswith("row 0: [{'content': 'What is 1 + 3? Think step by step.'")
+    assert "in the dump run, [{'content': 'What is 6 + 18? Think step by step.'" in found[0].what
+    assert "What is 1 + 3" in found[0].recorded and "What is 6 + 18" in found[0].live
+
+
+def test_a_list_of_prompt_dicts_names_the_row_and_key() -> None:
+    """AReaL's rollout_batch(data): it said "data: same list of 4, other contents"."""
+    def data(changed_row: int | None) -> dict[str, Any]:
+        rows = [{"messages": [{"role": "user", "content": f"question {i}"}], "answer": str(i)} for i in range(40)]
+        if changed_row is not None:
+            rows[changed_row]["messages"][0]["content"] = "another question"
+        return {"data": rows}
+
+    found = differences(digest_request(data(None)), digest_request(data(1)))
+    assert found[0].what == ("row 1, key 'messages': [{'content': 'question 1', 'role': 'user'}] in the dump run, "
+                             "[{'content': 'another question', 'role': 'user'}] now"), found[0].what
+    far = differences(digest_request(data(None)), digest_request(data(30)))
+    assert far[0].path == "data" and far[0].what.startswith("first difference in row 30 (only the first 2 rows'")
+    long_text = differences(digest_request({"p": [["x" * 150 + "a"], ["y"]]}), digest_request({"p": [["x" * 150 + "b"],
+                                                                                                   ["y"]]}))
+    assert "xa']" in long_text[0].recorded and "xb']" in long_text[0].live  # a window around the difference

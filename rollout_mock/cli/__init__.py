@@ -32,6 +32,7 @@ COMMANDS: dict[str, str] = {
     "ls": "ls",
     "env": "env",
     "verify": "verify",
+    "verify-resume": "verify",
     "diff": "diff",
     "import": "import_dump",
     "show": "show",

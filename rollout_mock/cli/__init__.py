@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "logprobs": "logprobs",
     "cut": "cut",
     "report": "report",
+    "explain": "report",
     "bisect": "bisect",
     "pack": "bundle",
     "unpack": "bundle",

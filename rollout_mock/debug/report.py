@@ -277,6 +277,7 @@ def render_report(
     trusted: bool = False,
     against: str | os.PathLike[str] | None = None,
     progress: bool | None = False,
+    explain: Sequence[str | os.PathLike[str]] = (),
 ) -> RenderedReport:
     """The report's page and the summaries of its steps (see :func:`write_report`)."""
     from rollout_mock.compare.expected import read_expected
@@ -310,6 +311,10 @@ def render_report(
     capped = [s.step for s in summaries if s.capped]
     note = (f"<p class=\"muted\">Steps with {STATS_ROWS} samples or more: statistics over their first "
             f"{STATS_ROWS} ({len(capped)} steps: {escape(format_ranges(capped))}).</p>" if capped else "")
+    if explain:
+        from rollout_mock.debug.forensics import explain_html, read_explain
+
+        body += explain_html([read_explain(path) for path in explain])
     body += f"<h2>Per step</h2>{note}{charts_html(charts, specs)}{step_table(summaries)}"
     table = read_expected(dump_dir)  # contained: never a link out of the dump, a FIFO or a device
     if table is not None:
@@ -336,7 +341,8 @@ def write_report(dump_dir: str | os.PathLike[str], output: str | os.PathLike[str
     --json``; ``max_samples``, full sample previews per step; ``against``, a second dump to compare
     with, step by step and key by key, or a metrics file (a mock run's ``MetricsWriter`` output,
     CSV, TensorBoard...) compared with the dump run's recorded metrics, bitwise; ``trusted``, load
-    with the plain unpickler; ``progress``, a bar over the steps (``None``: on a terminal only).
+    with the plain unpickler; ``progress``, a bar over the steps (``None``: on a terminal only);
+    ``explain``, reports of ``rollout-mock explain`` to show (paths).
     Raises :class:`DebugInputError` when the stream has no step (nothing to report); a step that
     cannot be read is marked in the page, not raised.
     """

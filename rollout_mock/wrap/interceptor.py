@@ -47,6 +47,7 @@ from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import STATE_VERSION, _distributed_rank, call_summary, elapsed, step_from_call
 from rollout_mock.wrap.check import Checker
+from rollout_mock.wrap.hooks import run_step_hooks
 from rollout_mock.wrap.matching import Request
 from rollout_mock.wrap.mismatch import KeyFunction, RequestMatcher
 from rollout_mock.wrap.recording import Recorder
@@ -240,6 +241,7 @@ class Interceptor:
         raises :class:`~rollout_mock.errors.StepArgumentError` here, before the real rollout runs."""
         self._methods_seen.add(method)
         step = self.resolve_step(args, kwargs, position, method)
+        run_step_hooks(self.split, step, self.mode.value)
         request = self.matcher.request(method, args, kwargs, self.params.get(method), position)
         call = call_summary(args, kwargs)
         if request is not None:

@@ -311,6 +311,7 @@ def render_report(
     capped = [s.step for s in summaries if s.capped]
     note = (f"<p class=\"muted\">Steps with {STATS_ROWS} samples or more: statistics over their first "
             f"{STATS_ROWS} ({len(capped)} steps: {escape(format_ranges(capped))}).</p>" if capped else "")
+    body += _check_section(dump_dir, stream.key)
     if explain:
         from rollout_mock.debug.forensics import explain_html, read_explain
 
@@ -330,6 +331,38 @@ def render_report(
     data = {"charts": specs, "dump": str(dump_dir), "split": stream.key,
             "steps": {str(s.step): s.to_json() for s in summaries if s.step in shown}}
     return RenderedReport(page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data), summaries)
+
+
+def _check_section(dump_dir: str | os.PathLike[str], stream: str) -> str:
+    """Check mode's verdicts of the stream, per step and per sample (paired by key): the samples that
+    differ, their first diverging token and the log-prob difference of the tokens before it."""
+    from rollout_mock.wrap.check import read_check_verdicts
+
+    verdicts = [v for v in read_check_verdicts(dump_dir) if v.stream == stream]
+    if not verdicts:
+        return ""
+    rows, details = [], []
+    for v in verdicts:
+        s = v.samples or {}
+        rows.append(f"<tr><td>{v.step}</td><td class=\"{'good' if v.passed else 'bad'}\">"
+                    f"{'pass' if v.passed else 'FAIL'}</td><td>{v.match:.4f}</td>"
+                    f"<td>{escape(str(s.get('paired_by', '-')))}</td>" + "".join(
+                        f"<td>{escape(str(s.get(k, '-')))}</td>" for k in ("paired", "identical", "differs", "missing",
+                                                                            "extra")) + "</tr>")
+        for sample in (x for x in s.get("samples", []) if isinstance(x, dict) and x.get("status") != "equal"):
+            details.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in (
+                v.step, sample.get("key", "")[:24], sample.get("status"), sample.get("recorded_index"),
+                sample.get("live_index"), sample.get("first_diff"), sample.get("recorded_token"),
+                sample.get("live_token"), sample.get("logprob_diff_before"))) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("step", "verdict", "match", "paired by", "paired", "identical",
+                                              "differ", "missing", "extra"))
+    out = f"<h2>Check mode, by sample</h2><table><tr>{head}</tr>{''.join(rows)}</table>"
+    if details:
+        cols = ("step", "sample key", "status", "recorded #", "live #", "first diverging token", "recorded token",
+                "live token", "max |log-prob diff| before it")
+        out += ("<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>" + "".join(details[:500])
+                + "</table>")
+    return out
 
 
 def write_report(dump_dir: str | os.PathLike[str], output: str | os.PathLike[str], **options: Any) -> Path:

@@ -16,6 +16,8 @@ The public API, all importable from here::
   :func:`register_volatile_fields`;
 * the flight recorder (``keep:``): :func:`observe` and :func:`pin` reach every dump-mode
   scheduler of this process (``MockScheduler.observe`` / ``.pin`` reach one);
+* forensics: :func:`anomaly_hooks` / :func:`explain` name the module and op that made a step's
+  numbers non-finite (``rollout-mock explain``);
 * determinism: the ``rollout_mock.determinism`` package;
 * every error: defined in ``rollout_mock.errors`` and importable from here too (all subclass
   :class:`RolloutMockError`; :class:`MetricsWarning` is a warning).
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import os as _os
 from typing import TYPE_CHECKING, Any
 
 from rollout_mock import errors as _errors
@@ -67,6 +70,8 @@ _EXPORTS: dict[str, str] = {
     "CheckVerdict": "rollout_mock.wrap.check",
     "register_volatile_fields": "rollout_mock.wrap.hooks",
     "observe": "rollout_mock.wrap.retention",
+    "anomaly_hooks": "rollout_mock.debug.forensics",
+    "explain": "rollout_mock.debug.forensics",
     "pin": "rollout_mock.wrap.retention",
 }
 
@@ -83,6 +88,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.compare.traces import batch_traces
     from rollout_mock.compare.verify import VerifyReport, verify
     from rollout_mock.config import RolloutMockConfig, load_config
+    from rollout_mock.debug.forensics import anomaly_hooks, explain
     from rollout_mock.modes import Mode
     from rollout_mock.storage.reader import Dump, load_step, open_dump, rank_rows
     from rollout_mock.storage.store import DirectoryStore, MemoryStore, StepStore, Store
@@ -134,3 +140,10 @@ def __dir__() -> list[str]:
 # (rollout_mock.wrap.hooks) — are made whatever the user imports: ``from rollout_mock.x import y``
 # runs this module first. Cheap: rollout_mock.adapters imports no framework, torch or numpy.
 from rollout_mock import adapters as _adapters  # noqa: E402
+
+# ``rollout-mock explain`` runs the training command with ROLLOUT_MOCK_EXPLAIN set: its step hook
+# starts the anomaly probe when the chosen step is called (nothing is imported when it is unset).
+if _os.environ.get("ROLLOUT_MOCK_EXPLAIN"):
+    from rollout_mock.debug.forensics import install_from_env as _install_explain
+
+    _install_explain()

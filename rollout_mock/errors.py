@@ -34,6 +34,7 @@ __all__ = [
     "MetricsDivergenceError",
     "MetricsError",
     "MetricsFormatError",
+    "EmptyMetricsError",
     "MetricsNotFoundError",
     "MetricsWarning",
     "MissingExtraError",
@@ -287,6 +288,11 @@ class MetricsFormatError(MetricsError, ValueError):
     ) -> None:
         super().__init__(message, path=path, step=step)
         self.line = line
+
+
+class EmptyMetricsError(MetricsFormatError):
+    """A metrics file holds no metric at all (an empty file, or steps without values): ``verify``
+    calls that run empty, an inconclusive verdict (exit 3); other readers refuse it."""
 
 
 class InvalidMetricError(MetricsError, ValueError):

@@ -1,8 +1,10 @@
-"""``rollout-mock verify BASELINE CANDIDATE``: compare the metrics of two runs.
+"""``rollout-mock verify BASELINE CANDIDATE``: compare the metrics of two runs; ``rollout-mock
+verify-resume UNINTERRUPTED RESUMED --resume-step K``: the restart-replay gate.
 
 Exit codes: 0 when every compared metric matches (bitwise by default), 1 on any divergence or
-one-sided metric/step, 2 on bad input (missing or malformed files, bad options; reported by
-:func:`rollout_mock.cli.main` as one line on stderr).
+one-sided step, 2 on bad input (missing or malformed files, bad options, a baseline whose content
+id is not ``--expected-id``; reported by :func:`rollout_mock.cli.main` as one line on stderr), 3
+inconclusive (an empty run, a metric logged on one side only, fewer than ``--min-steps`` steps).
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rollout_mock.compare.metrics import MetricsTable, read_metrics
-from rollout_mock.compare.verify import VerifyReport, format_report, verify
-from rollout_mock.errors import VerifyInputError
+from rollout_mock.compare.verify import VerifyReport, format_report, verify, verify_resume
+from rollout_mock.errors import EmptyMetricsError, VerifyInputError
 
 __all__ = [
-    "Failure", "add_parser", "first_failure", "parse_metric_names", "parse_tolerances", "run", "verify_with_options",
+    "COMMANDS", "Failure", "add_parser", "add_resume_parser", "first_failure", "parse_metric_names",
+    "parse_tolerances", "run", "run_resume", "verify_with_options",
 ]
 
 _TOL_HELP = (
@@ -38,11 +41,21 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
         description=(
             "Compare training metrics of two runs (metrics.jsonl, .csv, TensorBoard events or a "
             "run directory holding one). Exit 0 if identical (or within tolerance), 1 if they "
-            "diverge, 2 on bad input."
+            "diverge, 2 on bad input or a baseline that is not --expected-id, 3 inconclusive (an "
+            "empty run, a metric on one side only, fewer than --min-steps steps)."
         ),
     )
     parser.add_argument("baseline", help="baseline metrics file or run directory")
-    parser.add_argument("candidate", help="candidate metrics file or run directory")
+    parser.add_argument("candidate", nargs="?", help="candidate metrics file or run directory "
+                        "(not with --print-id)")
+    parser.add_argument("--expected-id", metavar="sha256:HEX",
+                        help="refuse (exit 2) a baseline whose content id differs: pin the id that "
+                             "--print-id printed when the baseline was reviewed")
+    parser.add_argument("--print-id", action="store_true",
+                        help="print the baseline's content id (sha256 of its values, whatever the "
+                             "file format) and exit")
+    parser.add_argument("--min-steps", type=int, default=1, metavar="N",
+                        help="fewer steps compared than N is inconclusive, exit 3 (default 1)")
     parser.add_argument("--rtol", action="append", default=[], metavar="[METRIC=]FLOAT", help=_TOL_HELP)
     parser.add_argument("--atol", action="append", default=[], metavar="[METRIC=]FLOAT", help=_TOL_HELP)
     parser.add_argument(
@@ -101,7 +114,8 @@ Tolerance = tuple[float, dict[str, float]]
 
 
 def verify_with_options(baseline: MetricsTable, candidate: MetricsTable, *, rtol: Tolerance, atol: Tolerance,
-                        metrics: Sequence[str] | None) -> VerifyReport:
+                        metrics: Sequence[str] | None, min_steps: int = 1,
+                        expected_id: str | None = None) -> VerifyReport:
     """:func:`~rollout_mock.compare.verify.verify` with the parsed ``--rtol``/``--atol`` values of
     :func:`parse_tolerances` (the plain value for every compared metric, ``METRIC=FLOAT`` overrides)
     and ``--metrics`` (``None``: every metric of either run). Shared by ``verify`` and ``bisect``."""
@@ -112,6 +126,8 @@ def verify_with_options(baseline: MetricsTable, candidate: MetricsTable, *, rtol
         metrics=metrics,
         rtol={**dict.fromkeys(names, rtol[0]), **rtol[1]},
         atol={**dict.fromkeys(names, atol[0]), **atol[1]},
+        min_steps=min_steps,
+        expected_id=expected_id,
     )
 
 
@@ -149,10 +165,14 @@ def first_failure(report: VerifyReport, sides: tuple[str, str] = ("baseline", "c
 
 
 def _read(path: str) -> MetricsTable:
-    """Read a table, turning reader warnings (torn last line) into one stderr line each."""
+    """Read a table, turning reader warnings (torn last line) into one stderr line each. A run that
+    logged nothing is an empty table (its verdict is inconclusive), not bad input."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        table = read_metrics(path)
+        try:
+            table = read_metrics(path)
+        except EmptyMetricsError as exc:
+            table = MetricsTable({}, source=str(exc.path or path), format=None)
     for w in caught:
         print(f"rollout-mock verify: warning: {w.message}", file=sys.stderr)
     return table
@@ -187,6 +207,14 @@ def _read_both(baseline: str, candidate: str, *, progress: bool | None) -> tuple
 
 def run(args: argparse.Namespace) -> int:
     """Run the comparison; return the exit code (errors propagate to :func:`rollout_mock.cli.main`)."""
+    if args.print_id:
+        print(f"{_read(args.baseline).content_id()}  {args.baseline}")
+        return 0
+    if args.candidate is None:
+        raise VerifyInputError("verify: CANDIDATE is missing: rollout-mock verify BASELINE CANDIDATE "
+                               "(or: rollout-mock verify --print-id BASELINE)")
+    if args.min_steps < 1:
+        raise VerifyInputError(f"--min-steps {args.min_steps}: must be >= 1")
     rtol = parse_tolerances(args.rtol, "--rtol")
     atol = parse_tolerances(args.atol, "--atol")
     selected = parse_metric_names(args.metrics)
@@ -198,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
             plot_missing = True  # the report still prints; the plot is skipped with a hint
 
     baseline, candidate = _read_both(args.baseline, args.candidate, progress=False if args.no_progress else None)
-    report = verify_with_options(baseline, candidate, rtol=rtol, atol=atol, metrics=selected)
+    report = verify_with_options(baseline, candidate, rtol=rtol, atol=atol, metrics=selected,
+                                 min_steps=args.min_steps, expected_id=args.expected_id)
     plot_path: Path | None = None
     if plot_missing:
         print(f"rollout-mock verify: --plot {args.plot} skipped: matplotlib is not installed; "
@@ -216,4 +245,59 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(report))
         if plot_path is not None:
             print(f"  plot: {plot_path}")
-    return 0 if report.ok else 1
+    return report.exit_code
+
+
+def add_resume_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """Register the ``verify-resume`` subcommand."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "verify-resume",
+        help="the restart-replay gate: a run stopped and resumed equals the uninterrupted run, bit for bit",
+        description=(
+            "Compare the metrics of a run that was stopped and resumed from a checkpoint with those of "
+            "the same run done in one go, bitwise. RESUMED holds the resumed process's steps (and the "
+            "first leg's, when appended to the same file); every step of UNINTERRUPTED from --resume-step "
+            "on must be in it and identical. Exit 0 identical, 1 a step differs or is missing (the "
+            "message names the first step and how far after the resume it is), 2 bad input, 3 "
+            "inconclusive (no step after the resume on both sides, an empty run, a metric on one side)."
+        ),
+    )
+    parser.add_argument("uninterrupted", help="metrics of the run done in one go (file or run directory)")
+    parser.add_argument("resumed", help="metrics of the run stopped and resumed (file or run directory)")
+    parser.add_argument("--resume-step", type=int, required=True, metavar="K",
+                        help="the first step the resumed process ran (the checkpoint's step + 1)")
+    parser.add_argument("--metrics", metavar="A,B,...", help="compare only these metrics")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar (default: on a TTY only)")
+    return parser
+
+
+def run_resume(args: argparse.Namespace) -> int:
+    """The restart-replay gate; return the exit code."""
+    if args.resume_step < 0:
+        raise VerifyInputError(f"--resume-step {args.resume_step}: must be >= 0")
+    reference, resumed = _read_both(args.uninterrupted, args.resumed,
+                                    progress=False if args.no_progress else None)
+    report = verify_resume(reference, resumed, resume_step=args.resume_step,
+                           metrics=parse_metric_names(args.metrics))
+    first = first_failure(report, ("uninterrupted run", "resumed run"))
+    if args.json:
+        out = report.to_json()
+        out["resume_step"] = args.resume_step
+        out["first_failure"] = None if first is None else {"step": first.step, "metric": first.metric,
+                                                            "reason": first.reason}
+        print(json.dumps(out, indent=2, allow_nan=False))
+        return report.exit_code
+    print(format_report(report).replace("rollout-mock verify:", "rollout-mock verify-resume:", 1))
+    if report.verdict == "fail" and first is not None:
+        after = "" if first.step is None else f" ({first.step - args.resume_step} step(s) after the resume at " \
+                                              f"{args.resume_step})"
+        print(f"  the resumed run differs: {first.reason}{after}; what the checkpoint does not restore "
+              f"(RNG state, optimizer or scheduler state, data-loader position) shows first there")
+    return report.exit_code
+
+
+COMMANDS = {
+    "verify": (add_parser, run),
+    "verify-resume": (add_resume_parser, run_resume),
+}

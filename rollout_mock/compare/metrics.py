@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from rollout_mock.errors import (
+    EmptyMetricsError,
     InvalidMetricError,
     MetricsFormatError,
     MetricsNotFoundError,
@@ -211,6 +212,24 @@ class MetricsTable(Mapping[str, Mapping[int, float]]):
         """Every step that any metric was logged at, ascending."""
         return sorted({s for series in self._data.values() for s in series})
 
+    def content_id(self) -> str:
+        """``sha256:`` and the hex digest of the values, whatever file format holds them: per metric
+        in name order, the UTF-8 name, then each step (int64) and value (float64 bits; every NaN as
+        one pattern, the formats keep no payload), all little-endian. So a baseline can be pinned
+        (``verify --expected-id``) and re-encoding it (JSONL to CSV) keeps its id; a changed value,
+        step or metric name changes it."""
+        import hashlib
+
+        digest = hashlib.sha256(b"rollout_mock.metrics.v1\0")
+        for name in sorted(self._data):
+            encoded = name.encode("utf-8")
+            digest.update(struct.pack("<Q", len(encoded)) + encoded)
+            series = self._data[name]
+            digest.update(struct.pack("<Q", len(series)))
+            for step, value in series.items():
+                digest.update(struct.pack("<qd", step, math.nan if math.isnan(value) else value))
+        return "sha256:" + digest.hexdigest()
+
     def describe(self) -> str:
         """One line: source, format, metric count and step range (for reports)."""
         steps = self.steps
@@ -245,7 +264,7 @@ class _TableBuilder:
 
     def build(self, fmt: str) -> MetricsTable:
         if not self.data:
-            raise MetricsFormatError(
+            raise EmptyMetricsError(
                 f"{self.path}: contains no metrics (empty file, or only steps without values)",
                 path=self.path,
             )
@@ -529,8 +548,8 @@ def read_metrics(path: str | Path) -> MetricsTable:
         if data is None:
             raise MetricsNotFoundError(f"{resolved}: no such metrics file", path=resolved)
         if not data:
-            raise MetricsFormatError(f"{resolved}: empty metrics file", path=resolved)
+            raise EmptyMetricsError(f"{resolved}: empty metrics file", path=resolved)
         return read_jsonl(resolved, data=data)
     if resolved.is_file() and kind != "tensorboard" and resolved.stat().st_size == 0:
-        raise MetricsFormatError(f"{resolved}: empty metrics file", path=resolved)
+        raise EmptyMetricsError(f"{resolved}: empty metrics file", path=resolved)
     return _READERS[kind](resolved)

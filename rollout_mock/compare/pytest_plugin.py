@@ -18,6 +18,15 @@ Use it in three ways::
     def test_with_fixture(assert_matches_baseline, tmp_path):      # tolerances from the CLI too
         train(...); assert_matches_baseline(tmp_path / "metrics.jsonl")
 
+    def test_resume_is_exact(tmp_path):                             # the restart-replay gate
+        train(steps=10, metrics=tmp_path / "full.jsonl")
+        train(steps=4, metrics=tmp_path / "resumed.jsonl", save_checkpoint=True)
+        train(steps=10, metrics=tmp_path / "resumed.jsonl", resume_from_checkpoint=True)
+        assert_resume_matches(tmp_path / "full.jsonl", tmp_path / "resumed.jsonl", resume_step=5)
+
+An inconclusive comparison (an empty run, a metric logged on one side only) fails the test too,
+with the reason: a test that compared nothing must not pass.
+
 Options: ``--rollout-mock-baseline=PATH`` (metrics file or run directory; tests using the
 fixtures are *skipped* when it is not given), ``--rollout-mock-rtol`` and ``--rollout-mock-atol``
 (default 0: bitwise).
@@ -35,7 +44,7 @@ if TYPE_CHECKING:
     from rollout_mock.compare.metrics import MetricsTable
     from rollout_mock.compare.verify import VerifyReport
 
-__all__ = ["assert_metrics_match"]
+__all__ = ["assert_metrics_match", "assert_resume_matches"]
 
 _BASELINE_OPT = "--rollout-mock-baseline"
 
@@ -59,7 +68,29 @@ def assert_metrics_match(
 
     report = verify(baseline, candidate, metrics=metrics, rtol=rtol, atol=atol)
     if not report.ok:
-        raise AssertionError("metrics diverge from the baseline\n" + format_report(report))
+        what = "diverge from" if report.verdict == "fail" else "cannot be compared with"
+        raise AssertionError(f"metrics {what} the baseline\n" + format_report(report))
+    return report
+
+
+def assert_resume_matches(
+    uninterrupted: MetricsTable | str | Path,
+    resumed: MetricsTable | str | Path,
+    *,
+    resume_step: int,
+    metrics: Sequence[str] | None = None,
+) -> VerifyReport:
+    """The restart-replay gate as an assertion: ``resumed`` (a run stopped, then resumed at
+    ``resume_step``, its first step) equals ``uninterrupted`` bit for bit; see
+    :func:`rollout_mock.compare.verify.verify_resume`. Returns the passing report."""
+    __tracebackhide__ = True
+    from rollout_mock.compare.verify import format_report, verify_resume
+
+    report = verify_resume(uninterrupted, resumed, resume_step=resume_step, metrics=metrics)
+    if not report.ok:
+        what = "differs from" if report.verdict == "fail" else "cannot be compared with"
+        raise AssertionError(f"the run resumed at step {resume_step} {what} the uninterrupted run\n"
+                             + format_report(report))
     return report
 
 

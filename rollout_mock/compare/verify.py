@@ -7,7 +7,12 @@ Rules (per metric, per step present on both sides; ``a`` = candidate, ``b`` = ba
   identical whatever their payload (payloads are not stored in the metrics formats).
 * **Tolerance**: ``|a - b| <= atol + rtol * |b|`` (numpy's ``isclose``, relative to the
   baseline). Infinities pass only against the same infinity; NaN passes only against NaN.
-* A step logged on one side only, or a metric logged on one side only, is a failure.
+* A step logged on one side only is a failure.
+
+Three verdicts (:attr:`VerifyReport.verdict`): ``"pass"``, ``"fail"`` (a common step diverges, or a
+step is logged on one side only) and ``"inconclusive"``: a run is empty, a metric is logged on one
+side only, or fewer than ``min_steps`` steps were compared, and nothing diverged. A verdict says
+what was *shown*: an empty candidate matches nothing, it does not pass. The CLI exits 0, 1, 3.
 
 Reported statistics: ``max_abs_diff`` is ``max |a - b|`` over steps where neither value is NaN
 (``inf`` when an infinity meets a finite value or the opposite infinity; 0 for identical
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +33,18 @@ from rollout_mock.errors import VerifyInputError
 from rollout_mock.text import json_float
 
 __all__ = [
+    "INCONCLUSIVE",
     "MetricComparison",
     "VerifyInputError",
     "VerifyReport",
     "format_report",
     "verify",
+    "verify_resume",
 ]
+
+#: The three verdicts of a comparison, and the exit code the CLI gives each.
+PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
+EXIT_CODES = {PASS: 0, FAIL: 1, INCONCLUSIVE: 3}
 
 #: How many one-sided steps a report lists per metric before eliding.
 _MAX_LISTED_STEPS = 10
@@ -102,21 +113,65 @@ class MetricComparison:
 
 @dataclass(frozen=True)
 class VerifyReport:
-    """Result of :func:`verify`. ``ok`` is True only when every check passed."""
+    """Result of :func:`verify`. ``ok`` is True only when the verdict is ``"pass"``.
+
+    ``baseline_id``/``candidate_id``: each run's content id (:meth:`MetricsTable.content_id`).
+    ``notes``: further reasons the comparison shows nothing (``verify_resume``: no step after the
+    resume), each making the verdict inconclusive unless something diverged.
+    """
 
     baseline: str
     candidate: str
     comparisons: tuple[MetricComparison, ...]
     only_in_baseline: tuple[str, ...] = ()
     only_in_candidate: tuple[str, ...] = ()
+    min_steps: int = 1
+    baseline_steps: int = 0
+    candidate_steps: int = 0
+    baseline_id: str | None = None
+    candidate_id: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def steps_compared(self) -> int:
+        """Steps that at least one metric compared on both sides."""
+        return max((c.steps_compared for c in self.comparisons), default=0)
+
+    @property
+    def inconclusive_reasons(self) -> tuple[str, ...]:
+        """Why the comparison shows too little to pass (empty when it shows enough)."""
+        reasons: list[str] = []
+        for side, n in (("baseline", self.baseline_steps), ("candidate", self.candidate_steps)):
+            if n == 0:
+                reasons.append(f"the {side} run is empty (no metric logged at any step)")
+        if self.only_in_baseline:
+            reasons.append(f"metric(s) absent from the candidate: {', '.join(self.only_in_baseline)}")
+        if self.only_in_candidate:
+            reasons.append(f"metric(s) absent from the baseline: {', '.join(self.only_in_candidate)}")
+        if not reasons and self.steps_compared < self.min_steps:
+            reasons.append(f"{self.steps_compared} step(s) compared, fewer than the {self.min_steps} "
+                           f"required (--min-steps)")
+        return (*reasons, *self.notes)
+
+    @property
+    def verdict(self) -> str:
+        """``"fail"`` when a compared value diverges or a step is one-sided (a definite answer even
+        when other metrics are missing), else ``"inconclusive"`` when :attr:`inconclusive_reasons`
+        says anything, else ``"pass"``. An empty run is inconclusive whatever the other holds."""
+        if self.baseline_steps == 0 or self.candidate_steps == 0:
+            return INCONCLUSIVE
+        if any(not c.ok for c in self.comparisons):
+            return FAIL
+        return INCONCLUSIVE if self.inconclusive_reasons else PASS
+
+    @property
+    def exit_code(self) -> int:
+        """0 pass, 1 fail, 3 inconclusive (the CLI's exit codes, as ``bisect``'s)."""
+        return EXIT_CODES[self.verdict]
 
     @property
     def ok(self) -> bool:
-        return (
-            all(c.ok for c in self.comparisons)
-            and not self.only_in_baseline
-            and not self.only_in_candidate
-        )
+        return self.verdict == PASS
 
     @property
     def failed(self) -> tuple[MetricComparison, ...]:
@@ -146,6 +201,12 @@ class VerifyReport:
         first = self.first_divergence
         return {
             "ok": self.ok,
+            "verdict": self.verdict,
+            "inconclusive_reasons": list(self.inconclusive_reasons) if self.verdict == INCONCLUSIVE else [],
+            "steps_compared": self.steps_compared,
+            "min_steps": self.min_steps,
+            "baseline_id": self.baseline_id,
+            "candidate_id": self.candidate_id,
             "first_divergence": None if first is None else {
                 "step": first.first_divergent_step,
                 "metric": first.name,
@@ -253,8 +314,14 @@ def verify(
     metrics: Sequence[str] | None = None,
     rtol: float | Mapping[str, float] = 0.0,
     atol: float | Mapping[str, float] = 0.0,
+    min_steps: int = 1,
+    expected_id: str | None = None,
 ) -> VerifyReport:
     """Compare the candidate run's metrics against the baseline's.
+
+    ``min_steps``: fewer common steps make the verdict inconclusive. ``expected_id``: the
+    baseline's pinned content id (``sha256:...``, printed by ``rollout-mock verify --print-id``);
+    a baseline whose content differs raises :class:`VerifyInputError` before anything is compared.
 
     ``baseline``/``candidate`` are tables or anything :func:`~rollout_mock.compare.metrics.read_metrics`
     accepts. ``metrics`` restricts the comparison (other metrics are ignored, even one-sided ones);
@@ -264,6 +331,9 @@ def verify(
     Reading errors propagate as :class:`~rollout_mock.errors.MetricsError`.
     """
     base, cand = _as_table(baseline), _as_table(candidate)
+    if min_steps < 1:
+        raise VerifyInputError(f"min_steps must be >= 1, got {min_steps}")
+    check_expected_id(base, expected_id)
     if metrics is not None:
         wanted = list(dict.fromkeys(metrics))
         absent = [m for m in wanted if m not in base and m not in cand]
@@ -286,7 +356,56 @@ def verify(
         comparisons=comparisons,
         only_in_baseline=tuple(m for m in wanted if m in base and m not in cand),
         only_in_candidate=tuple(m for m in wanted if m in cand and m not in base),
+        min_steps=min_steps,
+        baseline_steps=len(base.steps),
+        candidate_steps=len(cand.steps),
+        baseline_id=base.content_id(),
+        candidate_id=cand.content_id(),
     )
+
+
+def check_expected_id(table: MetricsTable, expected_id: str | None) -> None:
+    """Refuse a baseline whose content id is not ``expected_id`` (nothing to check when None)."""
+    if expected_id is None:
+        return
+    if not expected_id.startswith("sha256:") or len(expected_id) != 71:
+        raise VerifyInputError(f"--expected-id {expected_id!r}: expected sha256: and 64 hex digits, as "
+                               f"printed by: rollout-mock verify --print-id BASELINE")
+    actual = table.content_id()
+    if actual != expected_id.lower():
+        raise VerifyInputError(
+            f"baseline {table.source or '<memory>'} changed: its content id is {actual}, not the pinned "
+            f"{expected_id}; a verdict against it would not be the one you pinned. Restore the baseline, "
+            f"or pin the new one after review: rollout-mock verify --print-id {table.source or 'BASELINE'}"
+        )
+
+
+def verify_resume(
+    uninterrupted: MetricsTable | str | Path,
+    resumed: MetricsTable | str | Path,
+    *,
+    resume_step: int,
+    metrics: Sequence[str] | None = None,
+) -> VerifyReport:
+    """The restart-replay gate: a run stopped and resumed at ``resume_step`` (the first step the
+    resumed process ran) must equal the uninterrupted run bit for bit.
+
+    ``resumed`` holds the resumed process's metrics (steps from ``resume_step`` on) and, when it
+    was appended to the first leg's file, the steps before too: every step it holds is compared,
+    and every step of ``uninterrupted`` from ``resume_step`` on must be in it (one missing fails).
+    Steps of ``uninterrupted`` before ``resume_step`` that ``resumed`` lacks are not required. The
+    verdict is inconclusive when no step at or after ``resume_step`` is in both runs.
+    """
+    base, cand = _as_table(uninterrupted), _as_table(resumed)
+    kept = set(cand.steps)
+    trimmed = MetricsTable(
+        {m: {s: v for s, v in series.items() if s >= resume_step or s in kept} for m, series in base.items()},
+        source=base.source, format=base.format,
+    )
+    report = verify(trimmed, cand, metrics=metrics)
+    after = [s for s in cand.steps if s >= resume_step and s in set(trimmed.steps)]
+    notes = () if after else (f"no step at or after the resume step {resume_step} is in both runs",)
+    return replace(report, notes=notes, baseline_id=base.content_id())
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,11 +433,15 @@ def format_report(report: VerifyReport) -> str:
     """
     failed = len(report.failed) + len(report.only_in_baseline) + len(report.only_in_candidate)
     total = len(report.comparisons) + len(report.only_in_baseline) + len(report.only_in_candidate)
-    verdict = "OK" if report.ok else f"FAIL ({failed} of {total} metrics differ)"
+    if report.verdict == INCONCLUSIVE:
+        verdict = "INCONCLUSIVE (" + "; ".join(report.inconclusive_reasons) + ")"
+    else:
+        verdict = "OK" if report.ok else f"FAIL ({failed} of {total} metrics differ)"
+    ids = {"baseline": report.baseline_id, "candidate": report.candidate_id}
     lines = [
         f"rollout-mock verify: {verdict}",
-        f"  baseline : {report.baseline}",
-        f"  candidate: {report.candidate}",
+        f"  baseline : {report.baseline}" + (f"  [{ids['baseline']}]" if ids["baseline"] else ""),
+        f"  candidate: {report.candidate}" + (f"  [{ids['candidate']}]" if ids["candidate"] else ""),
         "",
     ]
     header = ("metric", "mode", "steps", "identical", "max abs diff", "max rel diff", "status", "first divergence")

@@ -532,6 +532,13 @@ class RolloutMockConfig(BaseModel):
     (token sequences: the fraction of equal tokens; otherwise the fraction of equal values), e.g.
     ``0.9`` as miles' ``--ci-inject-rollout-data-min-match-ratio``. ``null``: never fail."""
 
+    check_sample_key: str | None = None
+    """Check mode: the key whose value identifies a sample (a request id: ``request_id``,
+    ``non_tensor_batch.index``; the end of a dotted key, as ``check_tolerances``). Live and
+    recorded samples are paired by it, whatever order they come back in. ``null`` (default): by a
+    hash of the prompt tokens (``prompts``, ``prompt_ids``, ``prompt_tokens``, ``prompt``), samples
+    of one prompt by their longest common response prefix; by position when there is no prompt."""
+
     check_tolerances: dict[str, Tolerance] | None = None
     """Check mode: ``{key pattern: {rtol, atol}}`` for floating-point keys (patterns are dotted
     paths with ``*`` wildcards, matched against the end of a key: ``logprobs``,
@@ -571,6 +578,13 @@ class RolloutMockConfig(BaseModel):
     def _check_replay_keys(cls, value: list[str] | None) -> list[str] | None:
         if value is not None and (not value or any(not k or not isinstance(k, str) for k in value)):
             raise ValueError("must be a non-empty list of key names")
+        return value
+
+    @field_validator("check_sample_key")
+    @classmethod
+    def _check_sample_key(cls, value: str | None) -> str | None:
+        if value is not None and (not value.strip(".").strip() or ".." in value):
+            raise ValueError("must be a key name or dotted path, e.g. request_id or non_tensor_batch.index")
         return value
 
     @field_validator("name")

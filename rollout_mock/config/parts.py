@@ -199,11 +199,12 @@ class MatchSettings:
 
 @dataclass(frozen=True)
 class CheckSettings:
-    """Check mode (``check_serves``, ``check_min_match``, ``check_tolerances``)."""
+    """Check mode (``check_serves``, ``check_min_match``, ``check_tolerances``, ``check_sample_key``)."""
 
     serves: CheckServes
     min_match: float | None
     tolerances: tuple[tuple[str, Tolerance], ...]
+    sample_key: str | None = None
 
     def tolerance(self, key: str) -> Tolerance | None:
         """The tolerance of the first pattern matching the end of dotted ``key``, if any."""
@@ -254,7 +255,7 @@ def config_parts(config: RolloutMockConfig) -> ConfigParts:
         ),
         match=MatchSettings(None if config.match_on is None else tuple(config.match_on), config.on_mismatch),
         check=CheckSettings(config.check_serves, config.check_min_match,
-                            tuple((config.check_tolerances or {}).items())),
+                            tuple((config.check_tolerances or {}).items()), config.check_sample_key),
         watchdog=config.watchdog,
         replay_rng=config.replay_rng is True,
     )

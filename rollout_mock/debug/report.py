@@ -277,6 +277,7 @@ def render_report(
     trusted: bool = False,
     against: str | os.PathLike[str] | None = None,
     progress: bool | None = False,
+    explain: Sequence[str | os.PathLike[str]] = (),
 ) -> RenderedReport:
     """The report's page and the summaries of its steps (see :func:`write_report`)."""
     from rollout_mock.compare.expected import read_expected
@@ -310,6 +311,11 @@ def render_report(
     capped = [s.step for s in summaries if s.capped]
     note = (f"<p class=\"muted\">Steps with {STATS_ROWS} samples or more: statistics over their first "
             f"{STATS_ROWS} ({len(capped)} steps: {escape(format_ranges(capped))}).</p>" if capped else "")
+    body += _check_section(dump_dir, stream.key)
+    if explain:
+        from rollout_mock.debug.forensics import explain_html, read_explain
+
+        body += explain_html([read_explain(path) for path in explain])
     body += f"<h2>Per step</h2>{note}{charts_html(charts, specs)}{step_table(summaries)}"
     table = read_expected(dump_dir)  # contained: never a link out of the dump, a FIFO or a device
     if table is not None:
@@ -327,6 +333,38 @@ def render_report(
     return RenderedReport(page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data), summaries)
 
 
+def _check_section(dump_dir: str | os.PathLike[str], stream: str) -> str:
+    """Check mode's verdicts of the stream, per step and per sample (paired by key): the samples that
+    differ, their first diverging token and the log-prob difference of the tokens before it."""
+    from rollout_mock.wrap.check import read_check_verdicts
+
+    verdicts = [v for v in read_check_verdicts(dump_dir) if v.stream == stream]
+    if not verdicts:
+        return ""
+    rows, details = [], []
+    for v in verdicts:
+        s = v.samples or {}
+        rows.append(f"<tr><td>{v.step}</td><td class=\"{'good' if v.passed else 'bad'}\">"
+                    f"{'pass' if v.passed else 'FAIL'}</td><td>{v.match:.4f}</td>"
+                    f"<td>{escape(str(s.get('paired_by', '-')))}</td>" + "".join(
+                        f"<td>{escape(str(s.get(k, '-')))}</td>" for k in ("paired", "identical", "differs", "missing",
+                                                                            "extra")) + "</tr>")
+        for sample in (x for x in s.get("samples", []) if isinstance(x, dict) and x.get("status") != "equal"):
+            details.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in (
+                v.step, sample.get("key", "")[:24], sample.get("status"), sample.get("recorded_index"),
+                sample.get("live_index"), sample.get("first_diff"), sample.get("recorded_token"),
+                sample.get("live_token"), sample.get("logprob_diff_before"))) + "</tr>")
+    head = "".join(f"<th>{h}</th>" for h in ("step", "verdict", "match", "paired by", "paired", "identical",
+                                              "differ", "missing", "extra"))
+    out = f"<h2>Check mode, by sample</h2><table><tr>{head}</tr>{''.join(rows)}</table>"
+    if details:
+        cols = ("step", "sample key", "status", "recorded #", "live #", "first diverging token", "recorded token",
+                "live token", "max |log-prob diff| before it")
+        out += ("<table><tr>" + "".join(f"<th>{c}</th>" for c in cols) + "</tr>" + "".join(details[:500])
+                + "</table>")
+    return out
+
+
 def write_report(dump_dir: str | os.PathLike[str], output: str | os.PathLike[str], **options: Any) -> Path:
     """Write the HTML report of ``dump_dir`` to ``output`` (atomically) and return its path.
 
@@ -336,7 +374,8 @@ def write_report(dump_dir: str | os.PathLike[str], output: str | os.PathLike[str
     --json``; ``max_samples``, full sample previews per step; ``against``, a second dump to compare
     with, step by step and key by key, or a metrics file (a mock run's ``MetricsWriter`` output,
     CSV, TensorBoard...) compared with the dump run's recorded metrics, bitwise; ``trusted``, load
-    with the plain unpickler; ``progress``, a bar over the steps (``None``: on a terminal only).
+    with the plain unpickler; ``progress``, a bar over the steps (``None``: on a terminal only);
+    ``explain``, reports of ``rollout-mock explain`` to show (paths).
     Raises :class:`DebugInputError` when the stream has no step (nothing to report); a step that
     cannot be read is marked in the page, not raised.
     """

@@ -14,6 +14,15 @@ trajectories of an AReaL list or the samples of a slime record aggregate into on
   largest absolute difference is reported;
 * everything else: equal or not.
 
+**Samples are paired by key, not position** (:func:`pair_samples`): by ``check_sample_key`` (a
+request id) when set, else by a hash of the prompt tokens (samples of one prompt, a GRPO group,
+by their longest common response prefix), else by position. The live batch is put in the
+recorded order before the key-by-key comparison, so an engine that returns the same samples in
+another order checks equal. Per sample the verdict keeps the first diverging token and the
+largest log-prob difference of the tokens before it. A comparison that is empty (no sample on a
+side) or partial (a sample on one side only) fails the step: a check that compared nothing must
+not pass.
+
 The step's *match* is the token fraction when the batch has token sequences, else the fraction
 of equal values. Volatile fields (:func:`rollout_mock.wrap.hooks.register_volatile_fields`) are
 left out, as in request matching.
@@ -38,9 +47,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.batch import batch_parts
+from rollout_mock.batch import batch_parts, take_rows
 from rollout_mock.config import CheckServes, CheckSettings
-from rollout_mock.errors import CheckFailedError, DumpNotWritableError, UnsafePathError
+from rollout_mock.errors import CheckFailedError, DumpNotWritableError, RolloutMockError, UnsafePathError
 from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.manifest import StreamId, utc_now
 from rollout_mock.storage.store import StepStore, Store, open_store
@@ -49,7 +58,7 @@ from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_
 
 __all__ = [
     "CHECKS_DIR", "MAX_VERDICTS", "MAX_VERDICT_BYTES", "VERDICT_FORMAT", "CheckVerdict", "Checker",
-    "compare_batches", "read_check_verdicts", "verdict_relpath",
+    "compare_batches", "pair_samples", "read_check_verdicts", "verdict_relpath",
 ]
 
 VERDICT_FORMAT = "rollout_mock.check/1"
@@ -60,6 +69,10 @@ MAX_VERDICT_BYTES = 256 << 10
 MAX_KEYS = 64
 _RESPONSE_KEYS = ("responses", "response_ids", "completion_ids", "response_tokens")
 _TOKEN_SUFFIXES = ("ids", "tokens")
+_PROMPT_KEYS = ("prompts", "prompt_ids", "prompt_tokens", "prompt")
+_LOGPROB_KEYS = ("rollout_log_probs", "rollout_logprobs", "logprobs", "old_log_probs", "log_probs", "old_logps")
+#: Samples listed per verdict (differing ones first; the others are counted).
+MAX_SAMPLES = 256
 
 
 def verdict_relpath(stream: StreamId, step: int) -> str:
@@ -87,6 +100,8 @@ class CheckVerdict:
     keys: list[dict[str, Any]] = field(default_factory=list)
     omitted: int = 0
     checked_at: str = ""
+    #: the sample pairing (:func:`pair_samples`): ``paired_by``, counts and one dict per sample
+    samples: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -114,6 +129,7 @@ class CheckVerdict:
                 served=str(data.get("served", ""))[:20],
                 keys=[k for k in keys[:MAX_KEYS] if isinstance(k, dict)] if isinstance(keys, list) else [],
                 omitted=int(data.get("omitted", 0)), checked_at=str(data.get("checked_at", ""))[:40],
+                samples=data["samples"] if isinstance(data.get("samples"), dict) else None,
             )
         except (KeyError, TypeError, ValueError, OverflowError, RecursionError, UnsafePathError):
             return None
@@ -293,6 +309,147 @@ def compare_batches(live: Any, recorded: Any, settings: CheckSettings,
             "keys": keys, "omitted": max(len(differing) - MAX_KEYS, 0)}
 
 
+# ----------------------------------------------------------------------------- samples by key
+def _rows(values: list[Any]) -> list[Any] | None:
+    """The per-sample rows of one key (its values over ``[]`` items, concatenated): a tensor or
+    array's first dimension, a list's items; ``None`` when a value has no rows."""
+    out: list[Any] = []
+    for value in values:
+        array = _as_array(value)
+        if array is not None:
+            if array.ndim == 0:
+                return None
+            out.extend(array[i] for i in range(array.shape[0]))
+        elif isinstance(value, list | tuple):
+            out.extend(value)
+        elif isinstance(value, np.ndarray):  # an object array (verl's non_tensor_batch)
+            out.extend(value.tolist())
+        else:
+            return None
+    return out
+
+
+def _seq(row: Any) -> list[Any]:
+    if isinstance(row, np.ndarray):
+        return row.reshape(-1).tolist()
+    return list(row) if isinstance(row, list | tuple) else [row]
+
+
+def _find(leaves: Mapping[str, list[Any]], names: tuple[str, ...]) -> str | None:
+    """The first key (in ``names`` order) whose last component, or dotted end, is one of ``names``."""
+    for name in names:
+        for key in leaves:
+            if key == name or key.endswith((f".{name}", f"[]{name}")):
+                return key
+    return None
+
+
+def _identity(row: Any) -> str:
+    return json.dumps(_seq(row), default=str, sort_keys=True)
+
+
+def _common_prefix(a: list[Any], b: list[Any]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def pair_samples(live: Any, recorded: Any, sample_key: str | None = None) -> dict[str, Any] | None:
+    """Pair the samples of two batches by key (see the module docstring): ``{"paired_by", "live",
+    "recorded", "paired", "missing", "extra", "identical", "order"`` (for each recorded sample, the
+    live index paired with it, or None)``, "samples": [...]}``; ``None`` when the batches hold no
+    token sequences to pair. A sample: ``key`` (its request key or prompt digest), ``status``
+    (``equal``, ``differs``, ``missing``: recorded only, ``extra``: live only), ``first_diff``
+    (the first diverging token position), the tokens there, both lengths, and the largest
+    absolute log-prob difference of the tokens before ``first_diff`` (``logprob_diff_before``)."""
+    import hashlib
+
+    sides = []
+    for obj in (live, recorded):
+        leaves: dict[str, list[Any]] = {}
+        for path, value in _leaves(obj, ()):
+            leaves.setdefault(_key(path), []).append(value)
+        sides.append(leaves)
+    response = _find(sides[1], _RESPONSE_KEYS)
+    if response is None or response not in sides[0]:
+        return None
+    live_rows, recorded_rows = _rows(sides[0][response]), _rows(sides[1][response])
+    if live_rows is None or recorded_rows is None:
+        return None
+    rows = [live_rows, recorded_rows]
+    paired_by, keys = "position", [list(map(str, range(len(r)))) for r in rows]
+    key_name = _find(sides[1], (sample_key,)) if sample_key else _find(sides[1], _PROMPT_KEYS)
+    if key_name is not None and key_name in sides[0]:
+        live_ids, recorded_ids = _rows(sides[0][key_name]), _rows(sides[1][key_name])
+        if live_ids is not None and recorded_ids is not None and len(live_ids) == len(live_rows) \
+                and len(recorded_ids) == len(recorded_rows):
+            paired_by = f"request key {key_name}" if sample_key else f"prompt hash of {key_name}"
+            keys = [[_identity(r) if sample_key else hashlib.sha256(_identity(r).encode()).hexdigest()[:12]
+                     for r in side] for side in (live_ids, recorded_ids)]
+    logprob = _find(sides[1], _LOGPROB_KEYS)
+    lps = [_rows(side[logprob]) if logprob in side else None for side in sides] if logprob else [None, None]
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys[0]):
+        groups.setdefault(key, []).append(i)
+    order: list[int | None] = []
+    samples: list[dict[str, Any]] = []
+    live_seqs = [_seq(r) for r in rows[0]]
+    for j, key in enumerate(keys[1]):
+        rec = _seq(rows[1][j])
+        free = groups.get(key, [])
+        if not free:
+            order.append(None)
+            samples.append({"key": key[:80], "recorded_index": j, "live_index": None, "status": "missing"})
+            continue
+        best = max(free, key=lambda i: (_common_prefix(live_seqs[i], rec), -i))
+        free.remove(best)
+        order.append(best)
+        got = live_seqs[best]
+        first = _common_prefix(got, rec)
+        sample: dict[str, Any] = {"key": key[:80], "recorded_index": j, "live_index": best,
+                                  "recorded_len": len(rec), "live_len": len(got)}
+        if first == len(rec) == len(got):
+            sample.update(status="equal", first_diff=None)
+        else:
+            sample.update(status="differs", first_diff=first,
+                          recorded_token=rec[first] if first < len(rec) else None,
+                          live_token=got[first] if first < len(got) else None)
+        if lps[0] is not None and lps[1] is not None and best < len(lps[0]) and j < len(lps[1]):
+            a = np.asarray(_seq(lps[0][best]), dtype=np.float64)
+            b = np.asarray(_seq(lps[1][j]), dtype=np.float64)
+            n = min(first, len(a), len(b))
+            diff = np.abs(a[:n] - b[:n])
+            diff = diff[~np.isnan(diff)]
+            sample["logprob_diff_before"] = json_float(float(diff.max())) if diff.size else 0.0
+        samples.append(sample)
+    extra = [i for members in groups.values() for i in members]
+    samples += [{"key": keys[0][i][:80], "recorded_index": None, "live_index": i, "status": "extra"} for i in extra]
+    counts = {status: sum(1 for s in samples if s["status"] == status) for status in ("equal", "differs", "missing")}
+    listed = sorted(samples, key=lambda s: (s["status"] == "equal", s.get("recorded_index") or 0))
+    return {
+        "paired_by": paired_by, "live": len(rows[0]), "recorded": len(rows[1]),
+        "paired": counts["equal"] + counts["differs"], "identical": counts["equal"], "differs": counts["differs"],
+        "missing": counts["missing"], "extra": len(extra), "order": order,
+        "samples": listed[:MAX_SAMPLES], "omitted": max(len(listed) - MAX_SAMPLES, 0),
+    }
+
+
+def _incomplete(pairing: dict[str, Any] | None) -> str | None:
+    """Why a pairing shows too little to pass: an empty or a partial comparison."""
+    if pairing is None:
+        return None
+    if not pairing["live"] or not pairing["recorded"]:
+        return (f"empty comparison: {pairing['recorded']} recorded and {pairing['live']} live sample(s), "
+                f"nothing was compared")
+    if pairing["missing"] or pairing["extra"]:
+        return (f"partial comparison: {pairing['missing']} recorded sample(s) have no live counterpart and "
+                f"{pairing['extra']} live sample(s) no recorded one (paired by {pairing['paired_by']})")
+    return None
+
+
 # ----------------------------------------------------------------------------- the checker
 class Checker:
     """Check mode for one stream: compare, write the verdict, pick the batch to serve.
@@ -318,23 +475,47 @@ class Checker:
         the verdict, raise :class:`CheckFailedError` below ``check_min_match``, return the batch
         to serve."""
         view = self.views.get(method)
-        result = compare_batches(live if view is None else view(live), recorded if view is None else view(recorded),
-                                 self.settings, self._volatile)
+        live_view, recorded_view = (live, recorded) if view is None else (view(live), view(recorded))
+        pairing = pair_samples(live_view, recorded_view, self.settings.sample_key)
+        incomplete = _incomplete(pairing)
+        if pairing is not None and incomplete is None and pairing["order"] != list(range(len(pairing["order"]))):
+            try:  # the live samples in the recorded order: every key is then compared sample by sample
+                live_view = take_rows(live_view, [int(i) for i in pairing["order"]])
+            except (RolloutMockError, TypeError, ValueError, IndexError) as exc:
+                logger.warning("[RolloutMock] check mode, step %d of %s: cannot reorder the live batch by sample "
+                               "(%s); its keys are compared by position", step, self.stream, exc)
+        result = compare_batches(live_view, recorded_view, self.settings, self._volatile)
         threshold = self.settings.min_match
+        if pairing is not None:
+            pairing.pop("order")
         verdict = CheckVerdict(
             stream=self.stream.key, step=source, run_step=step, method=method, match=result["match"],
-            token_match=result["token_match"], tokens=result["tokens"], equal=result["equal"],
-            passed=threshold is None or result["match"] >= threshold, served=self.settings.serves.value,
-            keys=result["keys"], omitted=result["omitted"], checked_at=utc_now())
+            token_match=result["token_match"], tokens=result["tokens"], equal=result["equal"] and incomplete is None,
+            passed=(threshold is None or result["match"] >= threshold) and incomplete is None,
+            served=self.settings.serves.value, keys=result["keys"], omitted=result["omitted"], checked_at=utc_now(),
+            samples=pairing)
         self.checked += 1
         self._write(verdict)
         first = verdict.keys[0] if verdict.keys else None
+        if pairing is not None and pairing["differs"]:
+            sample = next(x for x in pairing["samples"] if x["status"] == "differs")
+            logger.warning("[RolloutMock] Checked step %d of %s: %d of %d sample(s) differ (paired by %s); first: "
+                           "sample %s at token %s (recorded %r, live %r; log-prob diff before it %s)", source,
+                           self.stream, pairing["differs"], pairing["paired"], pairing["paired_by"], sample["key"][:16],
+                           sample["first_diff"], sample.get("recorded_token"), sample.get("live_token"),
+                           sample.get("logprob_diff_before"))
         logger.log(
             step_log_level(self.checked) if verdict.equal else 30,
             "[RolloutMock] Checked step %d of %s: %s (match %.4f%s)%s", source, self.stream,
             "equal to the recording" if verdict.equal else "DIFFERS from the recording", verdict.match,
             "" if verdict.token_match is None else f" of {verdict.tokens} tokens",
             "" if first is None else f"; first: {first['key']} ({first['status']}: {first['detail']})")
+        if incomplete is not None:
+            raise CheckFailedError(
+                f"[RolloutMock] mode=check, step {step} of {self.stream}: {incomplete}; a check must compare every "
+                f"sample. Did the engine drop or add samples, or does check_sample_key name a key that differs "
+                f"between runs? The verdict is in {verdict_relpath(self.stream, source)}.",
+                match=verdict.match, threshold=threshold or 0.0, mode="check", split=self.stream.split, step=step)
         if not verdict.passed:
             assert threshold is not None
             raise CheckFailedError(

@@ -17,6 +17,10 @@ only: a wrapper names its framework (``MockScheduler(..., framework="verl")``, w
 passes) and :func:`volatile_patterns` gives that framework's patterns; a wrapper that names none
 (the generic ``wrap_scheduler``) compares every field.
 
+Tools that act at a given step (``rollout-mock explain`` starts its anomaly probe when step N is
+called) register a *step hook* (:func:`register_step_hook`): the interceptor runs each with the
+split, the step and the mode when a call starts, on the calling thread, before the step is served.
+
 The built-in adapters register theirs when ``rollout_mock.adapters`` is imported, which
 ``import rollout_mock`` does.
 """
@@ -29,14 +33,19 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
-    "SchedulerHook", "compile_patterns", "matches_pattern", "prepare_scheduler", "register_scheduler_hook",
-    "register_volatile_fields", "scheduler_hooks", "volatile_fields", "volatile_patterns",
+    "SchedulerHook", "StepHook", "compile_patterns", "matches_pattern", "prepare_scheduler",
+    "register_scheduler_hook", "register_step_hook", "register_volatile_fields", "run_step_hooks", "scheduler_hooks",
+    "volatile_fields", "volatile_patterns",
 ]
 
 #: Called with the real scheduler; the return value is ignored.
 SchedulerHook = Callable[[Any], object]
 
+#: Called with (split, step, mode) when an intercepted call starts; exceptions propagate.
+StepHook = Callable[[str, int, str], object]
+
 _HOOKS: list[SchedulerHook] = []
+_STEP_HOOKS: list[StepHook] = []
 _VOLATILE: dict[str, tuple[str, ...]] = {}
 
 
@@ -58,6 +67,19 @@ def prepare_scheduler(scheduler: Any) -> None:
     its job must say so rather than let two recorders write the same files)."""
     for hook in tuple(_HOOKS):
         hook(scheduler)
+
+
+def register_step_hook(hook: StepHook) -> StepHook:
+    """Add ``hook`` (once), run by :func:`run_step_hooks` when a call starts; returns it."""
+    if hook not in _STEP_HOOKS:
+        _STEP_HOOKS.append(hook)
+    return hook
+
+
+def run_step_hooks(split: str, step: int, mode: str) -> None:
+    """Run every step hook (nothing, cheaply, when none is registered)."""
+    for hook in tuple(_STEP_HOOKS):
+        hook(split, step, mode)
 
 
 def register_volatile_fields(owner: str, *patterns: str) -> None:

@@ -54,6 +54,7 @@ from rollout_mock.wrap.calls import (
     step_from_call,
 )
 from rollout_mock.wrap.check import Checker
+from rollout_mock.wrap.hooks import run_step_hooks
 from rollout_mock.wrap.matching import Request
 from rollout_mock.wrap.mismatch import KeyFunction, RequestMatcher
 from rollout_mock.wrap.recording import Recorder
@@ -271,6 +272,7 @@ class Interceptor:
         self._methods_seen.add(method)
         step = self.resolve_step(args, kwargs, position, method)
         index = self.calls.begin(step)
+        run_step_hooks(self.split, step, self.mode.value)
         request = self.matcher.request(method, args, kwargs, self.params.get(method), position)
         call = call_summary(args, kwargs)
         if request is not None:

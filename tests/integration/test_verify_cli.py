@@ -116,7 +116,6 @@ def test_json_output(runs: dict[str, Path], capsys: pytest.CaptureFixture[str], 
     ("name", "content", "message"),
     [
         ("missing.jsonl", None, "no such metrics file or run directory"),
-        ("empty.jsonl", "", "empty metrics file"),
         ("garbage.jsonl", '{"step": 0, "loss": 1}\nnot json\n{"step": 1, "loss": 1}\n', ":2: malformed metrics line"),
         ("nostep.csv", "loss,kl\n1,2\n", ":1: CSV header has no 'step' column"),
         ("odd.txt", "x", "unknown metrics file type"),
@@ -206,3 +205,45 @@ def test_verify_has_a_progress_bar_over_the_bytes_read(runs: dict[str, Path], ca
     progress_spy.clear()
     run_cli([str(runs["base"].parent), str(runs["same"]), "--no-progress"], capsys, monkeypatch)  # a run directory
     assert progress_spy[0]["enabled"] is False and progress_spy[0]["total"] == 2 * runs["base"].stat().st_size
+
+
+def test_print_id_then_expected_id(runs: dict[str, Path], capsys: pytest.CaptureFixture[str],
+                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    code, out, _ = run_cli(["--print-id", str(runs["base"])], capsys, monkeypatch)
+    pinned = out.split()[0]
+    assert code == 0 and pinned.startswith("sha256:") and out.strip().endswith(str(runs["base"]))
+    code, out, _ = run_cli([str(runs["base"]), str(runs["same"]), "--expected-id", pinned], capsys, monkeypatch)
+    assert code == 0 and f"[{pinned}]" in out
+    code, out, err = run_cli([str(runs["diverged"]), str(runs["same"]), "--expected-id", pinned], capsys, monkeypatch)
+    assert code == 2 and out == "" and "changed: its content id is sha256:" in err and err.count("\n") == 1
+
+
+def test_inconclusive_exits_3(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                              monkeypatch: pytest.MonkeyPatch) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    for args in ([str(runs["base"]), str(empty)], [str(empty), str(runs["base"])]):  # an empty run: 3, not 2
+        code, out, _ = run_cli(args, capsys, monkeypatch)
+        assert code == 3 and out.startswith("rollout-mock verify: INCONCLUSIVE (the ")
+        assert " run is empty (no metric logged at any step)" in out
+    code, out, _ = run_cli([str(runs["base"]), str(runs["same"]), "--min-steps", "11"], capsys, monkeypatch)
+    assert code == 3 and "10 step(s) compared, fewer than the 11 required" in out
+    no_kl = write_run(tmp_path / "nokl", LOSS)
+    code, out, _ = run_cli([str(runs["base"]), str(no_kl), "--json"], capsys, monkeypatch)
+    assert code == 3 and json.loads(out)["verdict"] == "inconclusive"
+
+
+def test_verify_resume_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    full = write_run(tmp_path / "full", LOSS, KL)
+    resumed_loss = {s: v for s, v in LOSS.items() if s >= 4}
+    resumed_loss[6] = math.nextafter(resumed_loss[6], 2.0)
+    good = write_run(tmp_path / "good", {s: v for s, v in LOSS.items() if s >= 4}, KL)
+    bad = write_run(tmp_path / "bad", resumed_loss, KL)
+    assert cli.main(["verify-resume", str(full), str(good), "--resume-step", "4"]) == 0
+    assert capsys.readouterr().out.startswith("rollout-mock verify-resume: OK")
+    assert cli.main(["verify-resume", str(full), str(bad), "--resume-step", "4"]) == 1
+    out = capsys.readouterr().out
+    assert "the resumed run differs: step 6, loss: uninterrupted run" in out
+    assert "(2 step(s) after the resume at 4)" in out
+    assert cli.main(["verify-resume", str(full), str(good), "--resume-step", "40"]) == 3
+    assert "no step at or after the resume step 40 is in both runs" in capsys.readouterr().out

@@ -3,6 +3,7 @@
 python trl_run.py OUT_JSON MODE DUMP_DIR [--max-steps N] [--lr LR] [--forbid] [--metrics PATH]
     [--num-generations N] [--batch-size N] [--save-steps N] [--resume CHECKPOINT] [--output-dir DIR]
     [--eval-steps N] [--trainer grpo|rloo] [--conversational] [--rollout-func] [--config-json JSON]
+    [--plant-overflow]
 
 Builds a LlamaForCausalLM from a LlamaConfig and a word-level tokenizer (nothing downloaded),
 wraps the GRPOTrainer (or RLOOTrainer) with rollout_mock.wrap_trl, trains, and writes
@@ -90,6 +91,8 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-shuffle", action="store_true")
     parser.add_argument("--chat-template", default="{% for m in messages %}{{ m['content'] }} {% endfor %}")
+    parser.add_argument("--plant-overflow", action="store_true",
+                        help="scale layer 0's input norm weights to 1e30 before training: attention overflows")
     args = parser.parse_args()
 
     import torch
@@ -141,6 +144,9 @@ def main() -> int:
             rollout_mock.wrap_trl(trainer, block)
     except rollout_mock.RolloutMockError as exc:
         return failed(args.out, exc)
+    if args.plant_overflow:
+        with torch.no_grad():
+            trainer.model.model.layers[0].input_layernorm.weight.fill_(1e30)
     if args.forbid:
         os.environ["TRL_RUN_FORBID"] = "1"
 

@@ -47,6 +47,7 @@ BAD: dict[str, tuple[object, str]] = {
     "check_serves": ("both", "valid choices: recorded, live"),
     "check_min_match": (1.5, "less than or equal to 1"),
     "check_tolerances": ({"logprobs": {"rtol": -1}}, "greater than or equal to 0"),
+    "check_sample_key": ("a..b", "must be a key name or dotted path"),
 }
 
 

@@ -157,15 +157,16 @@ def test_per_metric_tolerance() -> None:
         verify(BASE, cand, atol=NAN)
 
 
-def test_mismatched_metric_sets_fail() -> None:
+def test_mismatched_metric_sets_are_inconclusive() -> None:
     cand = table(loss=dict(BASE["loss"]), entropy={0: 1.0})
     report = verify(BASE, cand)
-    assert not report.ok
+    assert not report.ok and report.verdict == "inconclusive" and report.exit_code == 3
     assert report.only_in_baseline == ("kl",) and report.only_in_candidate == ("entropy",)
     assert all(c.ok for c in report.comparisons)
     text = format_report(report)
     assert "metrics only in baseline : kl" in text and "metrics only in candidate: entropy" in text
-    assert "FAIL (2 of 3 metrics differ)" in text
+    assert text.startswith("rollout-mock verify: INCONCLUSIVE (metric(s) absent from the candidate: kl; "
+                           "metric(s) absent from the baseline: entropy)")
 
 
 def test_metric_selection() -> None:

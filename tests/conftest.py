@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,32 @@ import torch
 
 # Keep torch's CPU results independent of the number of cores the CI machine has.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: The bound on waiting for something that must happen (a process ends, a marker file appears, a
+#: watchdog reports): there only so that a real hang fails one test instead of blocking the suite.
+#: It is never the verdict (the event is), and it is far beyond what a loaded machine needs: the
+#: suite must stay green on a 2-CPU machine that other jobs keep busy. ROLLOUT_MOCK_TEST_HANG_S
+#: changes it.
+HANG_S = float(os.environ.get("ROLLOUT_MOCK_TEST_HANG_S", "600"))
+
+
+def wait_until(condition: Callable[[], object], what: str, *, bound: float = HANG_S, poll: float = 0.02) -> None:
+    """Return as soon as ``condition()`` is true; fail naming ``what`` if it is still false after
+    ``bound`` seconds (a hang, not slowness: see :data:`HANG_S`)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{what}: still not the case after {bound:g} s")
+        time.sleep(poll)
+
+
+def cpu_seconds(action: Callable[[], object]) -> float:
+    """The CPU time ``action()`` takes in this process (all its threads): unlike wall-clock time it
+    does not grow while other jobs have the CPUs, so "refused quickly" checks stay true on a busy
+    machine (runaway work, e.g. a decompression or YAML bomb, still shows)."""
+    started = time.process_time()
+    action()
+    return time.process_time() - started
 
 
 #: How to install each optional package the tests may need (the reason a skip gives).

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 from report_cases import GROUP, framework_dump, install_roll, open_page, run_metrics, trl_batch
 from report_cases import browser as get_browser
 
@@ -140,7 +141,7 @@ def test_a_real_trl_run_gets_a_full_report(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, str(REPO / "tests" / "integration" / "trl_run.py"), str(tmp_path / "o.json"),
                           "dump", str(tmp_path / "dump"), "--max-steps", "3"],
-                         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
+                         capture_output=True, text=True, timeout=HANG_S, env=env, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     data = _data(write_report(tmp_path / "dump", tmp_path / "r.html").read_text())
     step = data["steps"]["0"]

@@ -91,6 +91,26 @@ def _fast(item: pytest.Item) -> bool:
             and not any(item.get_closest_marker(m) is not None for m in _NOT_FAST_MARKERS))
 
 
+#: The second tier runs on pytest-xdist workers (``-n 2 --dist loadgroup``, the README's command):
+#: each test file is one group, kept on one worker (its module fixtures are made once, its tests run
+#: in order), and the files below share the ``serial`` group, one test at a time on one worker: real
+#: Ray clusters (two ``ray.init`` at once starve a 2-CPU machine) and moto S3 servers.
+_SERIAL_FILES = frozenset({
+    "test_s3_store.py", "test_s3_ray.py", "test_bundle.py", "test_flight_recorder_scenario.py",
+    "test_hmac_bound_bytes.py",
+})
+SERIAL = "serial"
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The pytest-xdist group of ``item`` (see :data:`_SERIAL_FILES`)."""
+    path = Path(str(item.fspath))
+    if item.get_closest_marker("ray") is not None or path.name in _SERIAL_FILES:
+        return SERIAL
+    return f"{path.parent.name}/{path.name}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups, and before -m selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skips = {marker: requires(module) for marker, module in _MARKER_NEEDS.items()}
     for item in items:
@@ -99,6 +119,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
         if _fast(item):
             item.add_marker(pytest.mark.fast)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 @pytest.fixture

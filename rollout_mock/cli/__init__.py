@@ -172,10 +172,13 @@ class _SafeStream:
     """A text stream that writes everything through :func:`~rollout_mock.text.terminal_safe`:
     the CLI prints values read from dumps (keys, prompts, file names, manifest fields), which are
     untrusted; none of its own output uses control characters, so escaping every write is
-    exact (JSON output never holds raw controls either: ``json`` escapes them)."""
+    exact (JSON output never holds raw controls either: ``json`` escapes them). The one exception,
+    progress bars (their carriage returns redraw the line), draw on :attr:`unescaped` and escape
+    their own descriptions (:func:`rollout_mock.text.progress_bar`)."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
+        self.unescaped = stream
 
     def write(self, text: str) -> int:
         self._stream.write(terminal_safe(text))

@@ -368,6 +368,18 @@ class TrlRollout:
         for scheduler in self._schedulers.values():
             scheduler.close()
 
+    @property
+    def interceptor(self) -> Any:
+        """The train split's interceptor (``expected=`` of a MetricsWriter reads its rank)."""
+        return self._scheduler("train").interceptor
+
+    def __enter__(self) -> TrlRollout:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        for scheduler in self._schedulers.values():
+            scheduler.__exit__(exc_type, *exc_info)
+
 
 def _callback(rollout: TrlRollout) -> Any:
     from transformers import TrainerCallback

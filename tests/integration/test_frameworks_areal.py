@@ -188,3 +188,20 @@ def test_a_handle_that_cannot_be_fetched_stops_the_dump_at_dump_time(tmp_path: P
         rollout.prepare_batch(None, workflow="rlvr")
     rollout.close()
     assert open_dump(tmp_path / "d").steps(open_dump(tmp_path / "d").stream("train")) == []
+
+
+def test_the_wrapper_is_a_context_manager_and_an_expected_source(tmp_path: Path) -> None:
+    """Works wherever a MockScheduler does: ``with``, and ``expected=`` of a MetricsWriter."""
+    from rollout_mock import MetricsWriter
+    from rollout_mock.compare.expected import read_expected
+
+    dump = tmp_path / "d"
+    with wrap_areal(Engine(), {"enable": True, "mode": "dump", "dump_dir": str(dump)}) as rollout, \
+            MetricsWriter(tmp_path / "m.jsonl", expected=rollout) as log:
+        for step in range(2):
+            rollout.step = step
+            rollout.prepare_batch(None, workflow=None, group_size=2)
+            log.log(step, {"loss": 1.0})
+    assert open_dump(dump).steps(open_dump(dump).stream("train")) == [0, 1]  # closed: the manifest is written
+    expected = read_expected(dump)
+    assert expected is not None and expected.steps == [0, 1]

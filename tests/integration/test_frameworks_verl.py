@@ -214,3 +214,27 @@ def test_a_faithful_rerun_with_fresh_uids_replays_and_other_prompts_stop(tmp_pat
         wrap_verl_rollout(FitTrainer({**block, "mode": "mock"}, n=4, temperature=0.6))
     assert [d[0] for d in settings.value.differences] == ["actor_rollout_ref.rollout.n",
                                                           "actor_rollout_ref.rollout.temperature"]
+
+
+def test_the_wrapper_works_where_a_mock_scheduler_does(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A context manager, ``expected=`` of a MetricsWriter (it raised "cannot read a config from
+    VerlRollout"), and a run without validation closes without warning about ``val``."""
+    import logging
+
+    from rollout_mock import MetricsWriter
+    from rollout_mock.compare.expected import read_expected
+
+    dump = tmp_path / "d"
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    trainer = Trainer({"enable": True, "mode": "dump", "dump_dir": str(dump)})
+    with wrap_verl_rollout(trainer) as rollout, MetricsWriter(tmp_path / "m.jsonl", expected=rollout) as log:
+        for step in (1, 2):
+            batch = DataProto.from_dict(tensors={"input_ids": torch.zeros(4, 2, dtype=torch.long)})
+            batch.meta_info["global_steps"] = step
+            rollout.generate_sequences(batch)
+            log.log(step, {"loss": 1.0 / step})
+    assert "closed without recording" not in caplog.text, caplog.text  # no validation: no val stream
+    listing = open_dump(dump)
+    assert {s.key: listing.steps(s) for s in listing.streams()} == {"train": [1, 2]}
+    expected = read_expected(dump)
+    assert expected is not None and expected.steps == [1, 2]

@@ -55,6 +55,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from rollout_mock.adapters.frameworks import TRL_OUTPUT_NAMES, TRL_RECORD_FORMAT
 from rollout_mock.config import CheckServes, RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, ReplayMismatchError, StepNotFoundError
 from rollout_mock.wrap.rng import capture_rng, restore_rng
@@ -63,7 +64,7 @@ from rollout_mock.wrap.scheduler import MockScheduler
 __all__ = ["RECORD_FORMAT", "SETTINGS", "TrlRollout", "trl_settings", "wrap_trl"]
 
 #: ``format`` of one recorded generation call.
-RECORD_FORMAT = "rollout_mock.trl/1"
+RECORD_FORMAT = TRL_RECORD_FORMAT
 _METHOD = "rollout"
 #: The ``GRPOConfig``/``RLOOConfig`` fields that decide what a generation call produces (those a
 #: TRL version lacks are left out): the pre-flight check compares them.
@@ -75,8 +76,7 @@ SETTINGS = (
     "use_transformers_paged", "cache_implementation", "mask_truncated_completions", "reward_weights",
 )
 #: The names of the generation's outputs (``_generate``'s tuple), for check mode's comparison.
-_OUTPUT_NAMES = ("prompt_ids", "completion_ids", "tool_mask", "completions", "logprobs", "extra_fields", "images",
-                 "tool_images")
+_OUTPUT_NAMES = TRL_OUTPUT_NAMES
 
 
 def _name(function: Any) -> str:

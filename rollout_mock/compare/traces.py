@@ -198,7 +198,8 @@ def _trl_traces(record: Mapping[str, Any], *, limit: int, renderer: _Renderer) -
     from rollout_mock.adapters.frameworks import trl_outputs
 
     named = trl_outputs(record)
-    prompts, completions, texts = named.get("prompt_ids") or [], named.get("completion_ids") or [], named.get("completions")
+    prompts, completions = named.get("prompt_ids") or [], named.get("completion_ids") or []
+    texts = named.get("completions")
     rewards = record.get("rewards")
     per_func = rewards.get("rewards_per_func") if isinstance(rewards, Mapping) else None
     traces = []

@@ -184,3 +184,36 @@ def test_framework_reports_and_a_comparison_in_a_real_browser(tmp_path: Path, ro
             finally:
                 b.close()
             assert errors == [] and requests == [], (name, errors, requests)
+
+
+def test_a_long_text_field_wraps_in_the_detail_pane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's ``response_text`` (one long line) in the selected sample's JSON made the page 2,669 px
+    wide in a 1,400 px window: it wraps, the page never scrolls sideways."""
+    import numpy as np
+    from report_cases import BUILDERS, verl_fields
+
+    def with_text(step: int) -> Any:
+        tensors, others = verl_fields(step)
+        n = len(others["uid"])
+        others["response_text"] = np.array(["x" * 3000 + f" row {i}" for i in range(n)] + [None], dtype=object)[:n]
+        return {**tensors, **others}
+
+    monkeypatch.setitem(BUILDERS, "verl-text", with_text)
+    page_file = write_report(framework_dump(tmp_path / "d", "verl-text", 3), tmp_path / "text.html")
+    sync_playwright, chromium = get_browser()
+    with sync_playwright() as p:  # type: ignore[operator]
+        errors: list[str] = []
+        requests: list[str] = []
+        b, page = open_page(p, chromium, page_file.as_uri(), errors, requests)
+        try:
+            page.locator("#samples li").nth(1).click()
+            detail = page.locator("#detail").inner_text(timeout=HANG_S * 1000)
+            assert "xxxxxxxx" in detail
+            shots = os.environ.get("ROLLOUT_MOCK_REPORT_SHOTS")
+            if shots:
+                page.screenshot(path=f"{shots}/report-long-text.png", full_page=True)
+            width, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+            assert width <= window, (width, window)
+        finally:
+            b.close()
+        assert errors == [] and requests == [], (errors, requests)

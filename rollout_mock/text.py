@@ -362,14 +362,43 @@ class ProgressBar(Protocol):
     def __exit__(self, *exc: object) -> object: ...
 
 
-def progress_bar(total: float, *, stream: TextIO | None = None, enabled: bool | None = None,
-                 unit: str = "B", unit_scale: bool = True, desc: str = "") -> ProgressBar:
-    """A ``tqdm`` bar on ``stream`` (stderr); by default shown only on a TTY outside CI."""
+#: Seconds before a bar first draws (a command that ends sooner shows none).
+PROGRESS_DELAY_S = 0.5
+
+
+def progress_stream(stream: TextIO) -> TextIO:
+    """The stream under the CLI's escaping wrapper (``cli._SafeStream``, which names it
+    ``unescaped``): a bar's own carriage returns must reach the terminal as such, not as a visible
+    ``\x0d``; what a bar shows from data (its description) is escaped by the bar itself."""
+    for _ in range(8):  # wrappers of wrappers; never loops on an object that answers every attribute
+        inner = getattr(stream, "unescaped", None)
+        if inner is None or inner is stream:
+            break
+        stream = inner
+    return stream
+
+
+def _bar_class() -> type:
+    """tqdm, with every description (a key or file name from a dump: untrusted) escaped."""
     from tqdm import tqdm  # imported on first use: most imports of this module draw no bar
 
+    class SafeBar(tqdm):
+        def set_description(self, desc: str | None = None, refresh: bool = True) -> None:
+            super().set_description(None if desc is None else terminal_safe(desc, newlines=False), refresh)
+
+    return SafeBar
+
+
+def progress_bar(total: float, *, stream: TextIO | None = None, enabled: bool | None = None,
+                 unit: str = "B", unit_scale: bool = True, desc: str = "") -> ProgressBar:
+    """A ``tqdm`` bar on ``stream`` (stderr); by default shown only on a TTY outside CI. It draws
+    on the stream under the CLI's escaping (see :func:`progress_stream`), with ``desc`` escaped."""
     stream = sys.stderr if stream is None else stream
     if enabled is None:
         isatty = getattr(stream, "isatty", None)
         enabled = bool(isatty and isatty()) and not os.environ.get("CI")
-    return tqdm(total=total, file=stream, disable=not enabled or total <= 0, unit=unit,
-                unit_scale=unit_scale, desc=desc, delay=0.5, leave=False, dynamic_ncols=True)
+    bar: ProgressBar = _bar_class()(
+        total=total, file=progress_stream(stream), disable=not enabled or total <= 0, unit=unit,
+        unit_scale=unit_scale, desc=terminal_safe(desc, newlines=False), delay=PROGRESS_DELAY_S, leave=False,
+        dynamic_ncols=True)
+    return bar

@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,32 @@ import torch
 
 # Keep torch's CPU results independent of the number of cores the CI machine has.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+#: The bound on waiting for something that must happen (a process ends, a marker file appears, a
+#: watchdog reports): there only so that a real hang fails one test instead of blocking the suite.
+#: It is never the verdict (the event is), and it is far beyond what a loaded machine needs: the
+#: suite must stay green on a 2-CPU machine that other jobs keep busy. ROLLOUT_MOCK_TEST_HANG_S
+#: changes it.
+HANG_S = float(os.environ.get("ROLLOUT_MOCK_TEST_HANG_S", "600"))
+
+
+def wait_until(condition: Callable[[], object], what: str, *, bound: float = HANG_S, poll: float = 0.02) -> None:
+    """Return as soon as ``condition()`` is true; fail naming ``what`` if it is still false after
+    ``bound`` seconds (a hang, not slowness: see :data:`HANG_S`)."""
+    deadline = time.monotonic() + bound
+    while not condition():
+        if time.monotonic() >= deadline:
+            pytest.fail(f"{what}: still not the case after {bound:g} s")
+        time.sleep(poll)
+
+
+def cpu_seconds(action: Callable[[], object]) -> float:
+    """The CPU time ``action()`` takes in this process (all its threads): unlike wall-clock time it
+    does not grow while other jobs have the CPUs, so "refused quickly" checks stay true on a busy
+    machine (runaway work, e.g. a decompression or YAML bomb, still shows)."""
+    started = time.process_time()
+    action()
+    return time.process_time() - started
 
 
 #: How to install each optional package the tests may need (the reason a skip gives).
@@ -64,6 +91,26 @@ def _fast(item: pytest.Item) -> bool:
             and not any(item.get_closest_marker(m) is not None for m in _NOT_FAST_MARKERS))
 
 
+#: The second tier runs on pytest-xdist workers (``-n 2 --dist loadgroup``, the README's command):
+#: each test file is one group, kept on one worker (its module fixtures are made once, its tests run
+#: in order), and the files below share the ``serial`` group, one test at a time on one worker: real
+#: Ray clusters (two ``ray.init`` at once starve a 2-CPU machine) and moto S3 servers.
+_SERIAL_FILES = frozenset({
+    "test_s3_store.py", "test_s3_ray.py", "test_bundle.py", "test_flight_recorder_scenario.py",
+    "test_hmac_bound_bytes.py",
+})
+SERIAL = "serial"
+
+
+def xdist_group(item: pytest.Item) -> str:
+    """The pytest-xdist group of ``item`` (see :data:`_SERIAL_FILES`)."""
+    path = Path(str(item.fspath))
+    if item.get_closest_marker("ray") is not None or path.name in _SERIAL_FILES:
+        return SERIAL
+    return f"{path.parent.name}/{path.name}"
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker reads the groups, and before -m selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     skips = {marker: requires(module) for marker, module in _MARKER_NEEDS.items()}
     for item in items:
@@ -72,6 +119,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
         if _fast(item):
             item.add_marker(pytest.mark.fast)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
 
 
 @pytest.fixture

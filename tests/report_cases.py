@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from conftest import HANG_S
 
 from rollout_mock import MockScheduler
 
@@ -259,5 +260,5 @@ def open_page(p: Any, chromium: str, url: str, errors: list[str], requests: list
     if dialogs is not None:
         page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
     page.on("request", lambda r: requests.append(r.url) if r.url != url else None)
-    page.goto(url, timeout=30_000)
+    page.goto(url, timeout=HANG_S * 1000)
     return browser, page

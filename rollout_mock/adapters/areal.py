@@ -308,6 +308,12 @@ class ArealRollout:
     def close(self) -> None:
         self._mock.close()
 
+    def __enter__(self) -> ArealRollout:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        self._mock.__exit__(exc_type, *exc_info)
+
     def __getattr__(self, attribute: str) -> Any:
         if attribute.startswith("__") or attribute in ("_mock", "_step", "_version", "_no_engine", "_feeds"):
             raise AttributeError(attribute)

@@ -295,9 +295,51 @@ SLIME_RECORD = BatchType(
 )
 
 
+# --------------------------------------------------------------------------- TRL records
+#: What :mod:`rollout_mock.adapters.trl` records per generation call: ``{"format", "mode",
+#: "generate": {"output": [...], ...}, "rewards": {"rewards_per_func": [N, F] tensor, ...}}``,
+#: ``output`` being ``_generate``'s tuple, named by :data:`TRL_OUTPUT_NAMES`; a row is a completion.
+TRL_RECORD_FORMAT = "rollout_mock.trl/1"
+TRL_OUTPUT_NAMES = ("prompt_ids", "completion_ids", "tool_mask", "completions", "logprobs", "extra_fields", "images",
+                    "tool_images")
+
+
+def _is_trl(obj: Any) -> bool:
+    return (isinstance(obj, dict) and obj.get("format") == TRL_RECORD_FORMAT and isinstance(obj.get("generate"), dict)
+            and isinstance(obj["generate"].get("output"), list | tuple))
+
+
+def trl_outputs(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A TRL record's generation outputs by name (``prompt_ids``, ``completion_ids``, ...)."""
+    return dict(zip(TRL_OUTPUT_NAMES, record["generate"]["output"]))
+
+
+def _trl_rows(record: Any) -> int | None:
+    completions = trl_outputs(record).get("completion_ids")
+    return len(completions) if isinstance(completions, list | tuple) else None
+
+
+def _trl_take(record: Any, index: list[int]) -> Any:
+    n = _trl_rows(record)
+    output = [[value[i] for i in index] if isinstance(value, list | tuple) and len(value) == n else value
+              for value in record["generate"]["output"]]
+    taken = {**record, "generate": {**record["generate"], "output": output}}
+    rewards = record.get("rewards")
+    if isinstance(rewards, dict) and getattr(rewards.get("rewards_per_func"), "shape", (None,))[0] == n:
+        taken["rewards"] = {**rewards, "rewards_per_func": rewards["rewards_per_func"][index]}
+    return taken
+
+
+TRL_RECORD = BatchType(
+    "trl", _is_trl, _trl_rows, _trl_take,
+    keys=lambda b: [name for name, value in trl_outputs(b).items() if value is not None],
+    parts=lambda b: dict(b), rebuild=lambda b, parts: {**b, **parts},
+)
+
+
 # --------------------------------------------------------------------------- registration
 # The latest registered type is checked first: DataProto-like objects, the most common batches.
-for _batch_type in (SLIME_RECORD, TENSORDICT, REQUEST, DATAPROTO):
+for _batch_type in (TRL_RECORD, SLIME_RECORD, TENSORDICT, REQUEST, DATAPROTO):
     register_batch_type(_batch_type)
 
 register_step_name("global_step")  # ROLL: get_batch(data, global_step, batch_size), meta_info["global_step"]

@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from rollout_mock.adapters.frameworks import is_tokenizer, tokenizer_fingerprint
+from rollout_mock.adapters.frameworks import TRL_OUTPUT_NAMES, TRL_RECORD_FORMAT, is_tokenizer, tokenizer_fingerprint
 from rollout_mock.config import CheckServes, RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, CorruptStepError, ReplayMismatchError, StepNotFoundError
 from rollout_mock.wrap.rng import capture_rng, restore_rng
@@ -64,7 +64,7 @@ from rollout_mock.wrap.scheduler import MockScheduler
 __all__ = ["RECORD_FORMAT", "SETTINGS", "TrlRollout", "trl_settings", "wrap_trl"]
 
 #: ``format`` of one recorded generation call.
-RECORD_FORMAT = "rollout_mock.trl/1"
+RECORD_FORMAT = TRL_RECORD_FORMAT
 _METHOD = "rollout"
 #: The ``GRPOConfig``/``RLOOConfig`` fields that decide what a generation call produces (those a
 #: TRL version lacks are left out): the pre-flight check compares them.
@@ -79,8 +79,7 @@ SETTINGS = (
     "seed", "data_seed", "shuffle_dataset", "full_determinism",
 )
 #: The names of the generation's outputs (``_generate``'s tuple), for check mode's comparison.
-_OUTPUT_NAMES = ("prompt_ids", "completion_ids", "tool_mask", "completions", "logprobs", "extra_fields", "images",
-                 "tool_images")
+_OUTPUT_NAMES = TRL_OUTPUT_NAMES
 
 
 def _name(function: Any) -> str:
@@ -439,6 +438,18 @@ class TrlRollout:
         """Write everything pending and release the dump (idempotent); called at train end."""
         for scheduler in self._schedulers.values():
             scheduler.close()
+
+    @property
+    def interceptor(self) -> Any:
+        """The train split's interceptor (``expected=`` of a MetricsWriter reads its rank)."""
+        return self._scheduler("train").interceptor
+
+    def __enter__(self) -> TrlRollout:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        for scheduler in self._schedulers.values():
+            scheduler.__exit__(exc_type, *exc_info)
 
 
 def _callback(rollout: TrlRollout) -> Any:

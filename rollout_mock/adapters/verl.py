@@ -106,40 +106,73 @@ def is_validation(prompts: Any) -> bool:
 
 
 class VerlRollout:
-    """``generate_sequences`` recorded/replayed per split; everything else passes through."""
+    """``generate_sequences`` recorded/replayed per split; everything else passes through.
+
+    Works wherever a :class:`MockScheduler` does: a context manager (closing both splits),
+    ``expected=`` of a :class:`~rollout_mock.MetricsWriter` (:attr:`config`, :attr:`interceptor`:
+    the train split's). The ``val`` split is opened at the first validation call: a run without
+    validation records (and warns about) no ``val`` stream."""
 
     def __init__(self, rollout: Any, config: Any, *, method: str = "generate_sequences",
                  rollout_settings: Mapping[str, Any] | None = None) -> None:
         self._rollout = rollout
         self._method = method
-        cfg = load_config(config)
+        self._cfg = load_config(config)
+        self._settings = rollout_settings
         #: a replayed output's live-served fields (the uid) get the live request's values
-        self._serves_recorded = cfg.enable and cfg.mode.replays
-        self._splits = {
-            split: MockScheduler(rollout, cfg, split=split, methods=(method,), rollout_settings=rollout_settings,
-                                 framework="verl")
-            for split in ("train", "val")
-        }
+        self._serves_recorded = self._cfg.enable and self._cfg.mode.replays
+        self._splits: dict[str, MockScheduler[Any]] = {}
+        self._split("train")  # mock mode: fail now if the dump cannot be opened or the settings differ
 
     def __repr__(self) -> str:
         return f"VerlRollout({self._rollout!r})"
 
+    def _split(self, split: str) -> MockScheduler[Any]:
+        mock = self._splits.get(split)
+        if mock is None:
+            mock = self._splits[split] = MockScheduler(self._rollout, self._cfg, split=split, methods=(self._method,),
+                                                       rollout_settings=self._settings, framework="verl")
+        return mock
+
+    @property
+    def config(self) -> Any:
+        """The ``rollout_mock:`` settings (a :class:`~rollout_mock.RolloutMockConfig`)."""
+        return self._splits["train"].config
+
+    @property
+    def interceptor(self) -> Any:
+        """The train split's interceptor (``None`` when disabled)."""
+        return self._splits["train"].interceptor
+
     def generate_sequences(self, prompts: Any, *args: Any, **kwargs: Any) -> Any:
         split = "val" if is_validation(prompts) else "train"
-        output = getattr(self._splits[split], self._method)(prompts, *args, **kwargs)
+        output = getattr(self._split(split), self._method)(prompts, *args, **kwargs)
         return serve_live_fields("verl", prompts, output) if self._serves_recorded else output
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("__") or attribute in ("_rollout", "_splits", "_method", "_serves_recorded"):
+        if attribute.startswith("__") or attribute in ("_rollout", "_splits", "_method", "_cfg", "_settings",
+                                                       "_serves_recorded"):
             raise AttributeError(attribute)
         if attribute == self._method:
             return self.generate_sequences
         return getattr(self._rollout, attribute)
 
+    def flush(self) -> None:
+        """Wait until every step queued so far is written, in both splits."""
+        for mock in self._splits.values():
+            mock.flush()
+
     def close(self) -> None:
         """Flush pending dumps of both splits (also done at interpreter exit)."""
         for mock in self._splits.values():
             mock.close()
+
+    def __enter__(self) -> VerlRollout:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
+        for mock in self._splits.values():
+            mock.__exit__(exc_type, *exc_info)
 
 
 def wrap_verl_rollout(trainer: Any, config: Any = None, *, attribute: str | None = None) -> VerlRollout | None:

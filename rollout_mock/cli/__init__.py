@@ -12,6 +12,7 @@ elsewhere, is :func:`resolve_dump` (every command that reads a dump calls it).
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import logging
 import os
@@ -157,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         several = getattr(module, "COMMANDS", None)
         add, run = several[command] if several is not None else (module.add_parser, module.run)
         sub_parser = add(sub)
-        sub_parser.set_defaults(_run=run)
+        sub_parser.set_defaults(_run=run, _parser=sub_parser)
         # -q / -v after the command too (`rollout-mock ls -q DUMP`); SUPPRESS keeps a value given
         # before the command when none is given after it
         _add_loudness(sub_parser, default=argparse.SUPPRESS)
@@ -176,10 +177,13 @@ class _SafeStream:
     """A text stream that writes everything through :func:`~rollout_mock.text.terminal_safe`:
     the CLI prints values read from dumps (keys, prompts, file names, manifest fields), which are
     untrusted; none of its own output uses control characters, so escaping every write is
-    exact (JSON output never holds raw controls either: ``json`` escapes them)."""
+    exact (JSON output never holds raw controls either: ``json`` escapes them). The one exception,
+    progress bars (their carriage returns redraw the line), draw on :attr:`unescaped` and escape
+    their own descriptions (:func:`rollout_mock.text.progress_bar`)."""
 
     def __init__(self, stream: Any) -> None:
         self._stream = stream
+        self.unescaped = stream
 
     def write(self, text: str) -> int:
         self._stream.write(terminal_safe(text))
@@ -211,9 +215,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout, sys.stderr = saved
 
 
+def unrecognized(parser: argparse.ArgumentParser, extras: Sequence[str]) -> str:
+    """argparse's "unrecognized arguments" message, with the nearest option of ``parser`` for each
+    misspelt one (``--agianst``: did you mean --against?)."""
+    options = [name for action in parser._actions for name in action.option_strings if name.startswith("--")]
+    hints = []
+    for extra in extras:
+        name = extra.partition("=")[0]
+        if name.startswith("-") and name not in options:
+            near = difflib.get_close_matches(name, options, n=1, cutoff=0.6)
+            if near:
+                hints.append(f"did you mean {near[0]} (not {name})?")
+    return "; ".join([f"unrecognized arguments: {' '.join(extras)}", *hints])
+
+
 def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:  # said by the command's own parser (its usage line), with the option meant
+        command_parser = getattr(args, "_parser", parser)
+        command_parser.error(unrecognized(command_parser, extras))
     if args.command is None:  # `rollout-mock` alone: say what it can do
         parser.print_help()
         print("\nstart with: rollout-mock demo   (records and replays a toy run, then verifies it)")

@@ -192,6 +192,39 @@ def _slime_samples(batch: Any) -> Sequence[Any] | None:
     return None
 
 
+def _trl_traces(record: Mapping[str, Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
+    """A TRL generation record: one trace per completion (its prompt's and completion's token
+    ids, the completion's text or messages), the reward the sum of the reward functions'."""
+    from rollout_mock.adapters.frameworks import trl_outputs
+
+    named = trl_outputs(record)
+    prompts, completions = named.get("prompt_ids") or [], named.get("completion_ids") or []
+    texts = named.get("completions")
+    rewards = record.get("rewards")
+    per_func = rewards.get("rewards_per_func") if isinstance(rewards, Mapping) else None
+    traces = []
+    for row in range(min(len(completions), limit)):
+        messages: list[dict[str, Any]] = []
+        if row < len(prompts):
+            ids = [int(t) for t in prompts[row]]
+            messages.append({"role": "user", "content": renderer.content(ids), "tokens": ids})
+        ids = [int(t) for t in completions[row]]
+        text = texts[row] if isinstance(texts, list | tuple) and row < len(texts) else None
+        chat = None if isinstance(text, str) else _chat_messages(text, renderer)
+        if chat:
+            messages += [{**m, "role": "assistant" if m["role"] == "user" else m["role"]} for m in chat]
+        else:
+            messages.append({"role": "assistant", "content": text if isinstance(text, str) else renderer.content(ids),
+                             "tokens": ids})
+        reward = None
+        if per_func is not None and row < len(per_func):
+            values = [to_float(v) for v in per_func[row].tolist()]
+            finite = [v for v in values if v is not None and v == v]
+            reward = sum(finite) if finite else None  # TRL sums the reward functions, NaN ones left out
+        traces.append(Trace(row, "ok", reward, messages, {"row": row, "mode": record.get("mode")}))
+    return traces
+
+
 def _list_traces(batch: Sequence[Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
     """AReaL's list of trajectories; ``None`` items are rejected traces (they count toward ``limit``)."""
     traces: list[Trace] = []
@@ -251,8 +284,11 @@ def batch_traces(
         raise TraceError(f"max_traces must be >= 0, got {max_traces}")
     renderer = _Renderer(tokenizer)
     slime = _slime_samples(batch)
+    kind = batch_type_of(batch)
     if slime is not None:
         traces = _slime_traces(slime, limit=max_traces, renderer=renderer)
+    elif kind is not None and kind.name == "trl":
+        traces = _trl_traces(batch, limit=max_traces, renderer=renderer)
     elif isinstance(batch, list | tuple):
         traces = _list_traces(batch, limit=max_traces, renderer=renderer)
     elif (columns := batch_columns_of(batch)) is not None and _has_parts(batch):
@@ -277,6 +313,9 @@ def count_traces(batch: Any) -> int | None:
     slime = _slime_samples(batch)
     if slime is not None:
         return sum(len(item) if isinstance(item, list | tuple) else 1 for item in slime)
+    kind = batch_type_of(batch)
+    if kind is not None and kind.name == "trl":
+        return kind.rows(batch)
     if isinstance(batch, list | tuple):
         total = 0
         for item in batch:

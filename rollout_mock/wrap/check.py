@@ -450,6 +450,17 @@ def _incomplete(pairing: dict[str, Any] | None) -> str | None:
     return None
 
 
+def key_summary(key: Mapping[str, Any]) -> str:
+    """One differing key of a verdict in words: ``differs: match 0.2700, max_abs_diff 0.73`` (and
+    the comparison's own note, when it made one: "3 recorded, 4 live")."""
+    parts = [f"match {key['match']:.4f}"] if isinstance(key.get("match"), (int, float)) else []
+    if key.get("max_abs_diff") is not None:
+        parts.append(f"max_abs_diff {key['max_abs_diff']:.3g}")
+    if key.get("detail"):
+        parts.append(str(key["detail"]))
+    return f"{key.get('status', 'differs')}: {', '.join(parts) or 'no detail recorded'}"
+
+
 # ----------------------------------------------------------------------------- the checker
 class Checker:
     """Check mode for one stream: compare, write the verdict, pick the batch to serve.
@@ -509,7 +520,7 @@ class Checker:
             "[RolloutMock] Checked step %d of %s: %s (match %.4f%s)%s", source, self.stream,
             "equal to the recording" if verdict.equal else "DIFFERS from the recording", verdict.match,
             "" if verdict.token_match is None else f" of {verdict.tokens} tokens",
-            "" if first is None else f"; first: {first['key']} ({first['status']}: {first['detail']})")
+            "" if first is None else f"; first: {first['key']} ({key_summary(first)})")
         if incomplete is not None:
             raise CheckFailedError(
                 f"[RolloutMock] mode=check, step {step} of {self.stream}: {incomplete}; a check must compare every "

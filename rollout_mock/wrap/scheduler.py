@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
 from rollout_mock.config import RolloutMockConfig, load_config
-from rollout_mock.errors import ConfigError, SchedulerUnavailableError, StreamNotFoundError
+from rollout_mock.errors import ConfigError, ReplayMismatchError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention
 from rollout_mock.storage.store import StepStore, Store
 from rollout_mock.text import logger
@@ -182,6 +182,8 @@ class MockScheduler(Generic[T]):
         self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank,
                                        match_keys=match_keys, check_views=check_views, capture=capture,
                                        provenance=provenance, framework=framework)
+        if self.config.mode.replays:
+            _check_recorded_methods(self.interceptor, self.methods)
         conventions = self._conventions(scheduler, spec)
         settings = flatten_settings(rollout_settings)
         if self.config.mode.records and self.interceptor.writes:
@@ -415,6 +417,24 @@ class MockScheduler(Generic[T]):
     def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> None:
         self._close(failed=exc_type is not None,
                     interrupted=exc_type is not None and issubclass(exc_type, KeyboardInterrupt))
+
+
+def _check_recorded_methods(interceptor: Interceptor, methods: Sequence[str]) -> None:
+    """Mock and check mode: the stream was recorded by a call of one of ``methods``. A dump of
+    another method (another framework's adapter: verl's ``generate_sequences`` read by slime's
+    ``generate_rollout``) would fail later on its arguments with generic fixes, after a warning
+    about rollout settings that is beside the point: say what was recorded and what is called."""
+    recorded = sorted(interceptor.store.methods(interceptor.stream))
+    if not recorded or set(recorded) & set(methods):
+        return
+    context = interceptor.matcher.context
+    names = " or ".join(f"`{m}`" for m in recorded)
+    calls = " or ".join(f"`{m}`" for m in methods)
+    raise ReplayMismatchError(
+        f"[RolloutMock] mode={context.get('mode')}: {context.get('path')} ({context.get('stream')}) recorded {names}; "
+        f"this run calls {calls}. A dump made through another framework's adapter (or another method) cannot be "
+        f"replayed here: replay it with the adapter that recorded it, or record a new dump (mode: dump).",
+        method=methods[0], recorded=names, live=calls, mode=context.get("mode"), split=interceptor.stream.split)
 
 
 @overload

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 from test_hostile_dumps import REPO
 
 pytest.importorskip("omegaconf")
@@ -71,7 +72,7 @@ def _load(path: Path, *, dictconfig: bool = False) -> str:
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     try:
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60,
+        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=HANG_S,
                               check=False)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"load_config({path.name}) did not return in 60 s: the bomb was resolved") from None

@@ -186,7 +186,6 @@ def s3_url(s3_server: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     yield url, s3_server["storage_options"]
 
 
-@pytest.mark.timeout(120)
 @pytest.mark.parametrize("entry_point", ["open", "open verify=False", "load", "load keys"])
 def test_s3_views_return_only_authenticated_bytes(s3_url: tuple[str, dict[str, Any]],
                                                   monkeypatch: pytest.MonkeyPatch, entry_point: str) -> None:

@@ -17,18 +17,18 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S, wait_until
 
 from rollout_mock import MockScheduler, RolloutMockError
 from rollout_mock.errors import ConfigError, ManifestError, UnsafePathError
 
 REPO = Path(__file__).resolve().parents[2]
-TIMEOUT = float(os.environ.get("ROLLOUT_MOCK_ADVERSARIAL_TIMEOUT", "120"))  # generous: the test machine is shared; a FIFO that blocks would never return at all
+TIMEOUT = float(os.environ.get("ROLLOUT_MOCK_ADVERSARIAL_TIMEOUT", str(HANG_S)))  # a hang bound only: a FIFO that blocks would never return at all
 SECRET = "SECRET-PROMPT-7f3a"
 
 
@@ -50,13 +50,11 @@ def cli(*argv: str | Path, cwd: Path, timeout: float = TIMEOUT) -> tuple[int, st
     """``rollout-mock ARGV`` in a subprocess (this checkout first on the path); bytes decoded
     leniently so that a raw control byte or invalid UTF-8 is seen, not hidden."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONIOENCODING": "utf-8"}
-    started = time.monotonic()
     try:
         done = subprocess.run([sys.executable, "-m", "rollout_mock", *map(str, argv)], cwd=cwd, env=env,
                               capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
         raise AssertionError(f"rollout-mock {argv} did not finish in {timeout} s (blocked on a planted file?)") from None
-    assert time.monotonic() - started < timeout
     out, err = done.stdout.decode("utf-8", "backslashreplace"), done.stderr.decode("utf-8", "backslashreplace")
     assert "Traceback" not in err, err[-3000:]
     for stream in (done.stdout, done.stderr):
@@ -193,14 +191,10 @@ def test_stall_reports_are_not_written_through_a_link(tmp_path: Path, outside: P
     watchdog = StallWatchdog(WatchdogConfig(absolute_seconds=0.05, min_seconds=0.0), directory=dump_dir)
     try:
         watchdog.enter("get_batch")
-        deadline = time.monotonic() + 30
-        while watchdog._reported != watchdog._token and time.monotonic() < deadline:  # bounded wait
-            time.sleep(0.02)
-        time.sleep(0.2)
-        assert watchdog._reported == watchdog._token, "the watchdog never reported the stall"
+        wait_until(lambda: watchdog._reported == watchdog._token, "the watchdog never reported the stall")
     finally:
         watchdog.leave("get_batch")
-        watchdog.close()
+        watchdog.close()  # joins its thread: the report's write has been tried
     assert watchdog.reports == []
     assert _listing(outside) == {}
     # and with a real directory the report is written inside the dump
@@ -208,9 +202,7 @@ def test_stall_reports_are_not_written_through_a_link(tmp_path: Path, outside: P
     watchdog = StallWatchdog(WatchdogConfig(absolute_seconds=0.05, min_seconds=0.0), directory=dump_dir)
     try:
         watchdog.enter("get_batch")
-        deadline = time.monotonic() + 30
-        while not watchdog.reports and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: watchdog.reports, "the watchdog never reported the stall")
     finally:
         watchdog.leave("get_batch")
         watchdog.close()

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import requires
+from conftest import HANG_S, requires
 
 from rollout_mock import MockScheduler
 from rollout_mock.storage import file_digest
@@ -69,7 +69,7 @@ def test_report_memory_is_bounded_by_bytes_read_not_declared_rows(tmp_path: Path
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+                          timeout=HANG_S, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     grew_mib = json.loads(done.stdout.strip().splitlines()[-1])["grew_kib"] / 1024
     # the declared data itself (~0.5 MiB) and a few thousand rows' previews: far below the

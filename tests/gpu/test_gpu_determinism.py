@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock.determinism import FINGERPRINT_ENV_VARS, PROFILE_VAR, SEED_VAR, TF32_VAR
 
@@ -81,7 +82,7 @@ def _clean_env() -> dict[str, str]:
 def _python(code: str) -> Any:
     """Run ``code`` in a fresh interpreter without determinism variables; its last line is JSON."""
     done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=_clean_env(), timeout=240
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_clean_env(), timeout=HANG_S
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -94,7 +95,7 @@ def _run(script: Path, mode: str) -> dict[str, Any]:
         capture_output=True,
         text=True,
         env=env,
-        timeout=240,
+        timeout=HANG_S,
         check=False,
     )
     assert done.returncode == 0, f"{mode} run failed:\n{done.stderr}"

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import MockScheduler, open_dump
 from rollout_mock.codec import BufferPool, capture, decode, encode, encode_bytes
@@ -256,7 +257,7 @@ def _loop(script: Path, mode: str, dump_dir: Path, out: Path) -> dict[str, Any]:
     hidden = {*FINGERPRINT_ENV_VARS, SEED_VAR, PROFILE_VAR, TF32_VAR}
     env = {k: v for k, v in os.environ.items() if k not in hidden}
     done = subprocess.run([sys.executable, str(script), mode, str(dump_dir), str(out)],
-                          capture_output=True, text=True, env=env, timeout=300, check=False)
+                          capture_output=True, text=True, env=env, timeout=HANG_S, check=False)
     assert done.returncode == 0, f"{mode} run failed:\n{done.stderr}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -25,8 +25,6 @@ from rollout_mock.compare.expected import MetricsWriter
 from rollout_mock.storage import FsspecBackend
 from rollout_mock.storage.bundle import Bundle
 
-pytestmark = pytest.mark.timeout(180)
-
 SECRET = "SECRET-PROMPT-31c"
 
 

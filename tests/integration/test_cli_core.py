@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import cfg
+from conftest import HANG_S, cfg
 
 from rollout_mock import MockScheduler
 from rollout_mock.cli import main
@@ -38,7 +38,7 @@ def test_ls_lists_without_unpickling(dump_dir: Path, capsys, monkeypatch) -> Non
 def test_ls_on_a_missing_dump_is_one_line(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rollout_mock", "ls", str(tmp_path / "nope")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=HANG_S,
     )
     assert result.returncode == 2
     assert "dump directory not found" in result.stderr and "Traceback" not in result.stderr
@@ -74,7 +74,7 @@ def test_console_script_runs_demo(tmp_path: Path) -> None:
     command = [str(script)] if script.exists() else [sys.executable, "-m", "rollout_mock"]
     result = subprocess.run(
         command + ["demo", "--steps", "3", "--workdir", str(tmp_path / "demo")],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True, text=True, timeout=HANG_S, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "BIT-IDENTICAL" in result.stdout and "scheduler built 0x" in result.stdout

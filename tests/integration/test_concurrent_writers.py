@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import LockedError, MockScheduler
 
-pytestmark = pytest.mark.timeout(120)
-
 OWNER = textwrap.dedent(
     """
-    import sys, time, torch
+    import sys, torch
     from rollout_mock import MockScheduler
 
     class Scheduler:
@@ -29,7 +28,7 @@ OWNER = textwrap.dedent(
     sched.get_batch(None, global_step=0)
     sched.flush()
     print("READY", flush=True)
-    time.sleep(120)
+    sys.stdin.read()  # holds the lock until the test kills it (or closes stdin): no time limit
     """
 )
 
@@ -45,7 +44,7 @@ def dump_config(dump_dir: Path) -> dict[str, object]:
 
 def start_owner(dump_dir: Path) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
-        [sys.executable, "-c", OWNER, str(dump_dir)], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", OWNER, str(dump_dir)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -68,7 +67,7 @@ def test_second_process_is_refused_naming_the_owner_and_lock_survives_sigkill(tm
             named.get_batch(None, global_step=0)
     finally:
         os.kill(owner.pid, signal.SIGKILL)
-        owner.wait(timeout=30)
+        owner.wait(timeout=HANG_S)
     assert owner.returncode == -signal.SIGKILL
     # the owner died holding the lock: a new writer takes it at once (no stale lock)
     with MockScheduler(Scheduler(), {**dump_config(tmp_path)}) as sched:

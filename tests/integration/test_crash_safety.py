@@ -25,9 +25,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.timeout(240)
+from conftest import HANG_S
 
 KILLS = 60
 
@@ -140,7 +138,15 @@ HELPER = textwrap.dedent(
             except BaseException:
                 traceback.print_exc()
                 os._exit(3)
-        time.sleep(rng.uniform(0.003, 0.1))
+        # progress first (an event, however busy the machine: the step after the next one is on
+        # disk), then a random moment of the writes that follow
+        progress = dump_dir / "train" / ("step_%06d.pkl" % (stats["max_step"] + 2))
+        deadline = time.monotonic() + float(sys.argv[4])  # HANG_S
+        while not progress.exists() and time.monotonic() < deadline:
+            if os.waitpid(pid, os.WNOHANG) != (0, 0):
+                raise SystemExit("child %d ended before it was killed" % i)
+            time.sleep(0.001)
+        time.sleep(rng.uniform(0.0, 0.05))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -178,10 +184,10 @@ def test_sigkill_during_dump_never_leaves_a_wrong_or_unreadable_step(tmp_path: P
     script.write_text(HELPER)
     dump_dir = tmp_path / "dump"
     proc = subprocess.run(
-        [sys.executable, str(script), str(dump_dir), str(KILLS), "1234"],
+        [sys.executable, str(script), str(dump_dir), str(KILLS), "1234", str(HANG_S)],
         capture_output=True,
         text=True,
-        timeout=200,
+        timeout=HANG_S,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     line = next(out for out in proc.stdout.splitlines() if out.startswith("RESULT "))

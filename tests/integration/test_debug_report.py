@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import cfg
+from conftest import HANG_S, cfg
 from report_cases import browser, open_page
 
 from rollout_mock import MockScheduler
@@ -92,7 +92,7 @@ def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> Non
             items = page.locator("#samples li")
             assert items.count() == 4
             items.nth(1).click()
-            detail = page.locator("#detail").inner_text(timeout=5_000)
+            detail = page.locator("#detail").inner_text(timeout=HANG_S * 1000)
             assert "step 2, sample 1" in detail
             assert EVIL in detail  # shown as text
             assert page.locator(".chart canvas").count() == 1  # the reward; lengths, rejected: one line

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import restored_process_state
+from conftest import HANG_S, restored_process_state
 from tensordict import TensorDict
 
 from rollout_mock import DirectoryStore, MockScheduler, cli, compare_batches, diff_dumps
@@ -302,13 +302,13 @@ def test_corrupt_step_and_unsafe_pickle_exit_2(tmp_path: Path, base: Path, capsy
 def test_cli_subprocess_no_traceback(tmp_path: Path, base: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rollout_mock", "diff", str(base), str(tmp_path / "nope")],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=HANG_S,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr and result.stderr.startswith("rollout-mock diff: error:")
     result = subprocess.run(
         [sys.executable, "-m", "rollout_mock", "diff", str(base), str(base)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True, text=True, timeout=HANG_S,
     )
     assert result.returncode == 0 and "IDENTICAL" in result.stdout
     assert result.stderr == ""  # no progress bar when stderr is not a TTY

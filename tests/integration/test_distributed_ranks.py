@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import HANG_S
 
 from rollout_mock import load_step
 
@@ -31,7 +32,7 @@ pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distribut
 
 WORLD = 2
 STEPS = 3
-TIMEOUT_S = 120
+TIMEOUT_S = HANG_S
 
 WORKER = textwrap.dedent(
     '''
@@ -44,7 +45,7 @@ WORKER = textwrap.dedent(
     STEPS = range(int(os.environ["TEST_STEPS"]))
     dist.init_process_group(
         "gloo", init_method="tcp://127.0.0.1:" + os.environ["MASTER_PORT"], rank=rank, world_size=world,
-        timeout=datetime.timedelta(seconds=60),
+        timeout=datetime.timedelta(seconds=float(os.environ["TEST_HANG_S"])),
     )
 
     class Head:
@@ -112,6 +113,7 @@ def launch(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "GLOO_SOCKET_IFNAME": "lo",
         "OMP_NUM_THREADS": "1",
         "TEST_STEPS": str(STEPS),
+        "TEST_HANG_S": str(HANG_S),
     }
     processes = [
         subprocess.Popen(

@@ -22,8 +22,6 @@ from rollout_mock.storage import Store
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.wrap.recording import DELETE_BATCH
 
-pytestmark = pytest.mark.timeout(300)
-
 TRAIN = StreamId("train")
 
 

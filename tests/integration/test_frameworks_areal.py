@@ -367,3 +367,20 @@ def test_the_by_hand_recipe_replays_an_identical_rerun_and_stops_another_loader_
     assert replayed == dumped
     reshuffled = run("other", "mock", 2, 3)
     assert reshuffled["error"] == "ReplayMismatchError" and "data: row 0, key 'messages'" in reshuffled["message"]
+
+
+def test_the_wrapper_is_a_context_manager_and_an_expected_source(tmp_path: Path) -> None:
+    """Works wherever a MockScheduler does: ``with``, and ``expected=`` of a MetricsWriter."""
+    from rollout_mock import MetricsWriter
+    from rollout_mock.compare.expected import read_expected
+
+    dump = tmp_path / "d"
+    with wrap_areal(Engine(), {"enable": True, "mode": "dump", "dump_dir": str(dump)}) as rollout, \
+            MetricsWriter(tmp_path / "m.jsonl", expected=rollout) as log:
+        for step in range(2):
+            rollout.step = step
+            rollout.prepare_batch(None, workflow=None, group_size=2)
+            log.log(step, {"loss": 1.0})
+    assert open_dump(dump).steps(open_dump(dump).stream("train")) == [0, 1]  # closed: the manifest is written
+    expected = read_expected(dump)
+    assert expected is not None and expected.steps == [0, 1]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import HANG_S
 
 pytest.importorskip("trl", reason="TRL is not installed (pip install 'rollout_mock[test]')")
 pytest.importorskip("datasets", reason="datasets is not installed (pip install 'rollout_mock[test]')")
@@ -34,7 +35,7 @@ def run(tmp: Path, mode: str, *extra: str, check: bool = True) -> tuple[subproce
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run(
         [sys.executable, str(RUN), str(out), mode, str(tmp / "dump"), *extra],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp, check=False,
+        capture_output=True, text=True, timeout=HANG_S, env=env, cwd=tmp, check=False,
     )
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]

@@ -354,3 +354,27 @@ def test_a_changed_chat_template_fails_the_pre_flight_naming_it(tmp_path: Path) 
     with pytest.raises(RolloutSettingsMismatchError) as info:
         wrap_verl_rollout(other)
     assert [d[0] for d in info.value.differences] == ["tokenizer.chat_template"]
+
+
+def test_the_wrapper_works_where_a_mock_scheduler_does(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A context manager, ``expected=`` of a MetricsWriter (it raised "cannot read a config from
+    VerlRollout"), and a run without validation closes without warning about ``val``."""
+    import logging
+
+    from rollout_mock import MetricsWriter
+    from rollout_mock.compare.expected import read_expected
+
+    dump = tmp_path / "d"
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    trainer = Trainer({"enable": True, "mode": "dump", "dump_dir": str(dump)})
+    with wrap_verl_rollout(trainer) as rollout, MetricsWriter(tmp_path / "m.jsonl", expected=rollout) as log:
+        for step in (1, 2):
+            batch = DataProto.from_dict(tensors={"input_ids": torch.zeros(4, 2, dtype=torch.long)})
+            batch.meta_info["global_steps"] = step
+            rollout.generate_sequences(batch)
+            log.log(step, {"loss": 1.0 / step})
+    assert "closed without recording" not in caplog.text, caplog.text  # no validation: no val stream
+    listing = open_dump(dump)
+    assert {s.key: listing.steps(s) for s in listing.streams()} == {"train": [1, 2]}
+    expected = read_expected(dump)
+    assert expected is not None and expected.steps == [1, 2]

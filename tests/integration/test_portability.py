@@ -20,11 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import FormatVersionError, MockScheduler, codec, load_step
 from rollout_mock.storage.manifest import FORMAT_VERSION, read_manifest
-
-pytestmark = pytest.mark.timeout(120)
 
 DECODER = r"""
 import hashlib, io, json, pickle, struct, sys
@@ -162,7 +161,7 @@ def other_pythons() -> list[str]:
         try:
             out = subprocess.run(
                 [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
-                capture_output=True, text=True, timeout=20,
+                capture_output=True, text=True, timeout=HANG_S,
             )
         except (OSError, subprocess.TimeoutExpired):
             continue
@@ -178,7 +177,7 @@ def other_pythons() -> list[str]:
 def decode(python: str, step_file: Path, tmp_path: Path) -> dict[str, object]:
     script = tmp_path / "decode.py"
     script.write_text(DECODER)
-    out = subprocess.run([python, "-I", str(script), str(step_file)], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([python, "-I", str(script), str(step_file)], capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 

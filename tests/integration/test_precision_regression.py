@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import restored_process_state
+from conftest import HANG_S, restored_process_state
 
 from rollout_mock import diff_dumps, verify
 from rollout_mock.compare.pytest_plugin import assert_metrics_match
@@ -121,7 +121,7 @@ def test_demo_negative_control_cli(tmp_path: Path) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     result = subprocess.run(
         [sys.executable, "-m", "rollout_mock", "demo", "--negative-control", "--workdir", str(tmp_path), "--steps", "3"],
-        capture_output=True, text=True, timeout=240, env=env,
+        capture_output=True, text=True, timeout=HANG_S, env=env,
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "BIT-IDENTICAL" in result.stdout

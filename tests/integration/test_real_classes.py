@@ -23,6 +23,7 @@ pytestmark = pytest.mark.verl
 
 sys.path.insert(0, str(Path(__file__).parent))
 import real_class_cases as cases
+from conftest import HANG_S
 
 from rollout_mock import MockScheduler
 from rollout_mock.codec import open_step
@@ -44,7 +45,7 @@ def replayed(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(cases.__file__).parents[2]),
                                                          os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, cases.__file__, str(dump), str(out)], check=False, env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {"dump": dump, "dump_errors": dump_errors, "results": json.loads(out.read_text())}
 

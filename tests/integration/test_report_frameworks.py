@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 from report_cases import GROUP, framework_dump, install_roll, open_page, run_metrics, trl_batch
 from report_cases import browser as get_browser
 
@@ -140,7 +141,7 @@ def test_a_real_trl_run_gets_a_full_report(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, str(REPO / "tests" / "integration" / "trl_run.py"), str(tmp_path / "o.json"),
                           "dump", str(tmp_path / "dump"), "--max-steps", "3"],
-                         capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path, check=False)
+                         capture_output=True, text=True, timeout=HANG_S, env=env, cwd=tmp_path, check=False)
     assert run.returncode == 0, run.stderr[-3000:]
     data = _data(write_report(tmp_path / "dump", tmp_path / "r.html").read_text())
     step = data["steps"]["0"]
@@ -183,3 +184,36 @@ def test_framework_reports_and_a_comparison_in_a_real_browser(tmp_path: Path, ro
             finally:
                 b.close()
             assert errors == [] and requests == [], (name, errors, requests)
+
+
+def test_a_long_text_field_wraps_in_the_detail_pane(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """verl's ``response_text`` (one long line) in the selected sample's JSON made the page 2,669 px
+    wide in a 1,400 px window: it wraps, the page never scrolls sideways."""
+    import numpy as np
+    from report_cases import BUILDERS, verl_fields
+
+    def with_text(step: int) -> Any:
+        tensors, others = verl_fields(step)
+        n = len(others["uid"])
+        others["response_text"] = np.array(["x" * 3000 + f" row {i}" for i in range(n)] + [None], dtype=object)[:n]
+        return {**tensors, **others}
+
+    monkeypatch.setitem(BUILDERS, "verl-text", with_text)
+    page_file = write_report(framework_dump(tmp_path / "d", "verl-text", 3), tmp_path / "text.html")
+    sync_playwright, chromium = get_browser()
+    with sync_playwright() as p:  # type: ignore[operator]
+        errors: list[str] = []
+        requests: list[str] = []
+        b, page = open_page(p, chromium, page_file.as_uri(), errors, requests)
+        try:
+            page.locator("#samples li").nth(1).click()
+            detail = page.locator("#detail").inner_text(timeout=HANG_S * 1000)
+            assert "xxxxxxxx" in detail
+            shots = os.environ.get("ROLLOUT_MOCK_REPORT_SHOTS")
+            if shots:
+                page.screenshot(path=f"{shots}/report-long-text.png", full_page=True)
+            width, window = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+            assert width <= window, (width, window)
+        finally:
+            b.close()
+        assert errors == [] and requests == [], (errors, requests)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import local_ray_cluster
+from conftest import HANG_S, local_ray_cluster
 from storage_conformance import s3_server  # noqa: F401
 
 from rollout_mock import open_dump
@@ -17,7 +17,7 @@ from rollout_mock.storage.manifest import StreamId
 
 ray = pytest.importorskip("ray")
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ACTORS = 4
 STEPS = 5
@@ -58,7 +58,7 @@ def test_many_actors_dump_into_one_s3_dump(ray_cluster: None, s3_server: dict[st
     url = f"s3://{s3_server['bucket']}/ray-{os.getpid()}"
     config = {"enable": True, "mode": "dump", "dump_dir": url, "storage_options": options, "ranks": "all"}
     actors = [Rollout.remote(i, config) for i in range(ACTORS)]
-    assert ray.get([a.run.remote(STEPS) for a in actors], timeout=180) == [STEPS] * ACTORS
+    assert ray.get([a.run.remote(STEPS) for a in actors], timeout=HANG_S) == [STEPS] * ACTORS
     dump = open_dump(url, storage_options=options)
     assert sorted(s.key for s in dump.streams()) == [f"train@rank{i}" for i in range(ACTORS)]
     for i in range(ACTORS):

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 from storage_conformance import (  # noqa: F401
     TRAIN,
     BackendConformance,
@@ -27,8 +28,6 @@ from storage_conformance import (  # noqa: F401
 from rollout_mock import LockedError, MockScheduler, open_dump
 from rollout_mock.cli import main as cli_main
 from rollout_mock.storage import FsspecBackend, FsspecStore
-
-pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.fixture
@@ -58,18 +57,32 @@ def test_conditional_put_is_real(url: str, s3_server: dict[str, Any]) -> None:
     assert store.backend.read("x/probe.json") == b"1"
 
 
-def test_expired_lease_is_taken_over_and_the_old_writer_stops(url: str, s3_server: dict[str, Any]) -> None:
+class _Later:
+    """The ``time`` module as the lease code sees it once ``ahead`` seconds have passed: expiry is
+    tested by moving the clock, not by sleeping (no wall-clock race on a busy machine)."""
+
+    def __init__(self, ahead: float) -> None:
+        self.ahead, self.monotonic, self.sleep = ahead, time.monotonic, time.sleep
+
+    def time(self) -> float:
+        return time.time() + self.ahead
+
+
+def test_expired_lease_is_taken_over_and_the_old_writer_stops(url: str, s3_server: dict[str, Any],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from rollout_mock.storage import backend as backend_module
+
     options = s3_server["storage_options"]
-    ttl = 10.0  # room for a slow local S3 server on a busy machine (4 s was seen to expire too soon)
+    ttl = float(HANG_S)  # the lease cannot expire on its own during the test, however slow the server
     dead = FsspecStore(url, storage_options=options, lease_ttl=ttl)
     save(dead, TRAIN, 0)
     handle = dead._owned[TRAIN.key].handle
     handle._stop.set()  # the writer hangs: no more heartbeats
-    handle._thread.join(timeout=5)
+    handle._thread.join(timeout=HANG_S)
     with pytest.raises(LockedError, match="expires in"):
         FsspecStore(url, storage_options=options).open_writer(TRAIN)
-    time.sleep(ttl + 0.2)
-    successor = FsspecStore(url, storage_options=options, lease_ttl=30)
+    monkeypatch.setattr(backend_module, "time", _Later(ttl + 1))  # the lease's time runs out
+    successor = FsspecStore(url, storage_options=options, lease_ttl=ttl)
     save(successor, TRAIN, 1)
     current = json.loads(dead.backend.read(f"{TRAIN.directory}/.writer.lock") or b"{}")
     assert current["owner"] == successor._owned[TRAIN.key].handle.owner != handle.owner
@@ -148,7 +161,7 @@ def test_writer_killed_mid_upload_leaves_no_step(url: str, s3_server: dict[str, 
     script.write_text(KILLED_WRITER)
     options = dict(s3_server["storage_options"])
     proc = subprocess.run([sys.executable, str(script), url, json.dumps(options), upload], capture_output=True,
-                          text=True, timeout=90)
+                          text=True, timeout=HANG_S)
     assert proc.returncode == -9 and "UPLOADING" in proc.stdout, proc.stderr[-3000:]
     dump = open_dump(url, storage_options=options)
     assert dump.steps(TRAIN) == [0]
@@ -217,7 +230,7 @@ def test_read_only_credentials_are_one_error_with_the_fix(tmp_path: Path) -> Non
     pytest.importorskip("moto.server")
     script = tmp_path / "read_only.py"
     script.write_text(READ_ONLY_CREDENTIALS)
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=110)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result["type"] == "DumpNotWritableError" and not result["chained"], result

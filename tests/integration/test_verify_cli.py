@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 from rollout_mock import MetricsWriter, MissingExtraError, cli, read_metrics, verify
 
@@ -188,9 +189,9 @@ def test_console_script(runs: dict[str, Path]) -> None:
     script = Path(sys.executable).parent / "rollout-mock"
     if not script.exists():
         pytest.skip(f"console script not installed next to {sys.executable}")
-    ok = subprocess.run([str(script), "verify", str(runs["base"]), str(runs["same"])], capture_output=True, text=True, timeout=120)
+    ok = subprocess.run([str(script), "verify", str(runs["base"]), str(runs["same"])], capture_output=True, text=True, timeout=HANG_S)
     assert ok.returncode == 0, ok.stderr
-    bad = subprocess.run([str(script), "verify", str(runs["base"]), str(runs["diverged"]), "--json"], capture_output=True, text=True, timeout=120)
+    bad = subprocess.run([str(script), "verify", str(runs["base"]), str(runs["diverged"]), "--json"], capture_output=True, text=True, timeout=HANG_S)
     assert bad.returncode == 1, bad.stderr
     assert json.loads(bad.stdout)["metrics"]["loss"]["first_divergent_step"] == 6
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import load_step
 
@@ -23,16 +24,17 @@ STEPS = 6
 
 CHILD = textwrap.dedent(
     """
-    import json, sys, time
+    import atexit, json, sys, threading
     import torch
     from rollout_mock import MockScheduler
     from rollout_mock.storage import Store
 
     dump_dir, fail_step = sys.argv[1], int(sys.argv[2])
     original_save = Store.save
+    script_ended = threading.Event()
 
     def slow_save(self, stream, step, batch, info, **kwargs):
-        time.sleep(0.1)  # steps are still queued when the script ends
+        script_ended.wait()  # every step is still queued when the script ends
         if step == fail_step:
             raise OSError(f"injected failure on step {step}")
         return original_save(self, stream, step, batch, info, **kwargs)
@@ -50,6 +52,7 @@ CHILD = textwrap.dedent(
         batch = mock.get_batch(None, step)
         batch["x"].zero_()  # the pipeline mutates the batch right after the call returns
     print(json.dumps({"pending": mock.interceptor._writer.pending}), flush=True)
+    atexit.register(script_ended.set)  # runs first at exit (atexit is last-in, first-out)
     # no mock.close(): the atexit hook must write everything
     """
 ) % {"steps": STEPS}
@@ -72,7 +75,7 @@ def children(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
     results = {}
     for name, proc in procs.items():
         try:
-            out, err = proc.communicate(timeout=120)
+            out, err = proc.communicate(timeout=HANG_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()

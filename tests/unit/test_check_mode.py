@@ -128,3 +128,17 @@ def test_hostile_verdict_files_are_skipped(recorded: tuple[Path, list[Any]]) -> 
     (folder / "step_000011.json").write_text(json.dumps({"format": "rollout_mock.check/1", "stream": "../x"}))
     assert [v.step for v in read_check_verdicts(dump)] == [0]
     assert read_check_verdicts(dump.parent / "nothing-here") == []
+
+
+def test_the_log_line_says_how_the_first_key_differs(recorded: tuple[Path, list[Any]],
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """The line named the key with an empty detail ("(differs: )") although the verdict holds
+    the match and max_abs_diff."""
+    dump, _ = recorded
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    with MockScheduler(Engine(noise=0.73), cfg(dump, "check")) as mock:
+        mock.get_batch(prompts(0), 0)
+    key = read_check_verdicts(dump)[0].keys[0]
+    assert key["key"] == "logprobs" and key["max_abs_diff"] == pytest.approx(0.73, abs=1e-5)
+    assert "; first: logprobs (differs: match 0.0000, max_abs_diff 0.73)" in caplog.text, caplog.text
+    assert "(differs: )" not in caplog.text

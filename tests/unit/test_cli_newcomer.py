@@ -130,3 +130,20 @@ def test_env_after_demo_explains_differences(tmp_path: Path, capsys: pytest.Capt
     assert any("NCCL_ALGO" in line and "determinism.apply()" in line for line in lines)
     assert any("deterministic_algorithms" in line for line in lines)
     assert any("platform" in line and "informational" in line for line in lines)
+
+
+@pytest.mark.parametrize(("argv", "meant"), [
+    (["report", "DUMP", "--agianst", "OTHER"], "--against"),
+    (["ls", "DUMP", "--verfy"], "--verify"),
+    (["diff", "DUMP", "OTHER", "--stpes=3"], "--steps"),
+])
+def test_a_misspelt_flag_is_named_by_the_command_with_the_flag_meant(
+        argv: list[str], meant: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    wrong = next(arg for arg in argv if arg.startswith("--")).partition("=")[0]
+    assert err.startswith(f"usage: rollout-mock {argv[0]} "), err  # the command's usage, not the top level's
+    assert f"rollout-mock {argv[0]}: error: unrecognized arguments: " in err
+    assert f"; did you mean {meant} (not {wrong})?" in err, err

@@ -9,6 +9,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -107,7 +108,7 @@ def test_zlib_fallback_when_isal_is_missing(tmp_path: Path) -> None:
         "    store.close()\n"
         "print('ok')\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import cfg
+from conftest import HANG_S, cfg, wait_until
 
 from rollout_mock import MockScheduler, load_config
 from rollout_mock.config.model import WatchdogConfig
@@ -17,17 +17,22 @@ from rollout_mock.wrap.watchdog import StallWatchdog
 
 
 class HangingScheduler:
-    def __init__(self, hang_at: int, seconds: float) -> None:
-        self.hang_at, self.seconds = hang_at, seconds
+    """Step ``hang_at`` hangs until the watchdog has reported it (an event: a busy machine wakes the
+    watchdog late, never too early), then ``extra`` seconds more."""
+
+    def __init__(self, hang_at: int, stalls: Path | None = None, extra: float = 0.0) -> None:
+        self.hang_at, self.stalls, self.extra = hang_at, stalls, extra
 
     def get_batch(self, data: object, global_step: int) -> dict[str, list[int]]:
         if global_step == self.hang_at:
-            deliberately_hanging_rollout(self.seconds)
+            deliberately_hanging_rollout(self.stalls, self.extra)
         return {"input_ids": [global_step]}
 
 
-def deliberately_hanging_rollout(seconds: float) -> None:
-    time.sleep(seconds)
+def deliberately_hanging_rollout(stalls: Path | None, extra: float) -> None:
+    assert stalls is not None
+    wait_until(lambda: _stall_files(stalls.parent), "the watchdog never reported the hanging call")
+    time.sleep(extra)
 
 
 def _stall_files(dump_dir: Path) -> list[Path]:
@@ -37,11 +42,12 @@ def _stall_files(dump_dir: Path) -> list[Path]:
 def test_hanging_call_writes_the_stacks_once(dump_dir: Path, caplog: pytest.LogCaptureFixture) -> None:
     config = cfg(dump_dir, watchdog={"absolute_seconds": 0.5, "min_seconds": 0.0})
     caplog.set_level(logging.WARNING, logger="rollout_mock")
-    with MockScheduler(HangingScheduler(hang_at=1, seconds=2.0), config) as mock:
+    # after the report the call hangs 3x the limit more: the watchdog wakes again and must not repeat it
+    with MockScheduler(HangingScheduler(hang_at=1, stalls=dump_dir / "stalls", extra=1.5), config) as mock:
         mock.get_batch(None, 0)
         started = time.monotonic()
         mock.get_batch(None, 1)
-        assert time.monotonic() - started >= 2.0
+        assert time.monotonic() - started >= 0.5  # a lower bound: true however busy the machine is
     files = _stall_files(dump_dir)
     assert len(files) == 1, files  # once per stall, although the call ran 4x the limit
     text = files[0].read_text()
@@ -54,7 +60,7 @@ def test_hanging_call_writes_the_stacks_once(dump_dir: Path, caplog: pytest.LogC
 
 def test_no_report_when_nothing_stalls(dump_dir: Path) -> None:
     config = cfg(dump_dir, watchdog={"absolute_seconds": 5.0})
-    with MockScheduler(HangingScheduler(hang_at=-1, seconds=0), config) as mock:
+    with MockScheduler(HangingScheduler(hang_at=-1), config) as mock:
         for step in range(20):
             mock.get_batch(None, step)
         thread = mock.interceptor.watchdog._thread
@@ -73,9 +79,7 @@ def test_relative_limit_catches_a_slow_gap(tmp_path: Path) -> None:
             time.sleep(0.001)
         limit, why = watchdog.limit("gap")
         assert limit == pytest.approx(0.2) and "median" in why
-        deadline = time.monotonic() + 5.0  # bounded: a loaded machine wakes the watchdog late
-        while not watchdog.reports and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_until(lambda: watchdog.reports, "the watchdog never reported the gap")  # late on a busy machine
         assert len(watchdog.reports) == 1
         assert "no intercepted call" in watchdog.reports[0].read_text()
     finally:
@@ -85,8 +89,10 @@ def test_relative_limit_catches_a_slow_gap(tmp_path: Path) -> None:
 def test_pending_asyncio_tasks_are_listed(tmp_path: Path) -> None:
     watchdog = StallWatchdog(WatchdogConfig(absolute_seconds=0.3), directory=tmp_path)
 
-    async def waiting_for_a_reply_forever() -> None:
-        await asyncio.sleep(1.0)
+    async def waiting_for_a_reply_forever() -> None:  # until the watchdog has reported it (HANG_S at most)
+        deadline = time.monotonic() + HANG_S
+        while not watchdog.reports and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     async def main() -> None:
         watchdog.note_loop(asyncio.get_running_loop())
@@ -96,8 +102,9 @@ def test_pending_asyncio_tasks_are_listed(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=asyncio.run, args=(main(),))
     thread.start()
-    thread.join(timeout=10)
+    thread.join(timeout=HANG_S)
     watchdog.close()
+    assert watchdog.reports, "the watchdog never reported the pending task"
     text = watchdog.reports[0].read_text()
     assert "stuck-task" in text and "waiting_for_a_reply_forever" in text
 

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import ConfigError, MockScheduler, load_config, open_dump
 from rollout_mock.codec import BufferPool, capture, decode, encode_bytes
@@ -392,7 +393,7 @@ def test_prefetch_copies_the_next_step_on_the_worker_and_hands_it_off_on_the_cal
         first = prefetcher.get(0)
         assert torch.all(first["x"] == 0.0) and fake.on_device[id(first["x"])] == 0
         pending = prefetcher._pending[1]
-        pending.result(timeout=10)  # step 1 was loaded and copied in the background...
+        pending.result(timeout=HANG_S)  # step 1 was loaded and copied in the background...
         synced = [entry for entry in fake.log if entry[0] == "synchronize"]
         assert synced[-1][2].startswith("rollout-mock-prefetch")  # ...and waited for there
         before = len(fake.log)

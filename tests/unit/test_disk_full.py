@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import DirectoryStore, DiskFullError, MockScheduler, WriterError, load_step
 from rollout_mock.storage import BatchInfo
@@ -207,7 +208,7 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     try:
         result = subprocess.run(
             ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True, text=True, timeout=HANG_S,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         pytest.skip(f"cannot mount a tmpfs here: {exc}")
@@ -216,7 +217,7 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
     try:
         yield mount_point
     finally:
-        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=10)
+        subprocess.run(["umount", "-l", str(mount_point)], capture_output=True, timeout=HANG_S)
 
 
 def test_real_full_filesystem(tiny_fs: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +23,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "NO_MKDOCS_2_WARNING": "1"}
     result = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=HANG_S,
     )
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout[-6000:]}\n{result.stderr[-6000:]}"
     return out

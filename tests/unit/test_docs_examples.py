@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKER = "<!-- runnable -->"
-TIMEOUT_S = 120
+TIMEOUT_S = HANG_S
 
 _BLOCK = re.compile(
     r"^[ \t]*" + re.escape(MARKER) + r"[ \t]*\n(?:[ \t]*\n)*"   # the marker, then blank lines

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import DiskFullError, MockScheduler
 from rollout_mock.errors import DumpNotWritableError
@@ -108,7 +109,7 @@ def mounted(tmp_path: Path) -> Iterator[Any]:
         point.mkdir()
         try:
             done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True,
-                                  text=True, timeout=30)
+                                  text=True, timeout=HANG_S)
         except (OSError, subprocess.SubprocessError) as exc:
             pytest.skip(f"cannot mount a tmpfs here: {exc}")
         if done.returncode != 0:
@@ -118,7 +119,7 @@ def mounted(tmp_path: Path) -> Iterator[Any]:
 
     yield mount
     for point in points:
-        subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=30)
+        subprocess.run(["umount", "-l", str(point)], capture_output=True, timeout=HANG_S)
 
 
 def test_a_real_read_only_file_system(tmp_path: Path, mounted: Any) -> None:
@@ -135,7 +136,7 @@ def test_a_real_read_only_file_system(tmp_path: Path, mounted: Any) -> None:
                 return {{"x": torch.ones(2)}}
         MockScheduler(S(), {{"enable": True, "mode": "dump", "dump_dir": {str(dump_dir)!r}}}).get_batch(None, 0)
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
     assert done.returncode == 1 and done.stderr.count("Traceback") == 1, done.stderr
     assert "During handling" not in done.stderr and "pathlib" not in done.stderr, done.stderr

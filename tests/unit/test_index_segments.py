@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import CorruptStepError, ManifestError, open_dump
 from rollout_mock.errors import FormatVersionError
@@ -152,7 +153,7 @@ CRASHING = textwrap.dedent(
 def test_resume_after_sigkill_folds_at_most_one_segment(tmp_path: Path, leftover: str) -> None:
     dump = tmp_path / "d"
     proc = subprocess.run([sys.executable, "-c", CRASHING, str(dump), "23", leftover], capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=HANG_S)
     assert proc.returncode == -9, proc.stderr[-2000:]
     names = index_names(dump)
     assert len([n for n in names if n.startswith("step_")]) == 3  # 23 = 5 segments of 4 + 3 entries

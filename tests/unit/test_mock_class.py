@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import ConfigError, LockedError, SchedulerUnavailableError, mock_class
 
@@ -149,7 +150,7 @@ class Gate:
         if self.released_in_time is None:
             self.thread = threading.current_thread().name
             self.entered.set()
-            self.released_in_time = self.release.wait(20)
+            self.released_in_time = self.release.wait(HANG_S)  # only a failing run waits this long
         return (str, ("gate",))
 
 

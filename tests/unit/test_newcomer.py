@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import ConfigError, MockScheduler, load_config
 from rollout_mock.cli import build_parser, main
@@ -163,7 +164,7 @@ def test_demo_piped_keeps_its_order_and_suggests_next_commands(tmp_path: Path) -
     proc = subprocess.run(
         [sys.executable, "-m", "rollout_mock", "demo", "--steps", "2", "--batch-size", "4", "--negative-control",
          "--workdir", str(tmp_path / "w")],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=300, check=False)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, timeout=HANG_S, check=False)
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0, proc.stdout[-3000:]
     header = next(i for i, line in enumerate(lines) if line.startswith("4. negative control"))

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import torch
-from conftest import cfg
+from conftest import HANG_S, cfg
 
 from rollout_mock import MockScheduler
 from rollout_mock.storage.reader import Prefetcher
 
-WAIT = 5.0
+WAIT = HANG_S  # a hang bound only: each wait returns as soon as its event happens
 
 
 class FakeLoader:

@@ -31,3 +31,29 @@ def test_the_test_command_runs_the_fast_tier_first_then_the_rest() -> None:
     """The two tiers (tests/conftest.py marks the fast one) cover every test between them."""
     tests = _bash_blocks()[1]
     assert tests.index("-m pytest -m fast &&") < tests.index('-m pytest -m "not fast"')
+
+
+def test_the_second_tier_runs_on_two_workers_that_the_test_extra_installs() -> None:
+    """``-n 2 --dist loadgroup`` needs pytest-xdist: the install step of the same command brings it
+    (the ``test`` extra), so the command works as written on a fresh machine."""
+    tests = _bash_blocks()[1]
+    assert '-m pytest -m "not fast" -n 2 --dist loadgroup' in tests and '".[test,all]"' in tests
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    test_extra = re.search(r"^test = \[(.*?)^\]", pyproject, flags=re.S | re.M)
+    assert test_extra is not None and '"pytest-xdist"' in test_extra.group(1)
+
+
+def test_ray_and_s3_tests_share_one_serial_worker_and_other_files_stay_whole() -> None:
+    from conftest import SERIAL, xdist_group
+
+    class Item:  # what xdist_group reads of a pytest.Item
+        def __init__(self, path: str, *markers: str) -> None:
+            self.fspath, self.markers = ROOT / "tests" / path, markers
+
+        def get_closest_marker(self, name: str) -> object:
+            return name if name in self.markers else None
+
+    assert xdist_group(Item("integration/test_replayed_batches.py", "ray")) == SERIAL
+    assert xdist_group(Item("integration/test_s3_store.py")) == SERIAL
+    assert xdist_group(Item("integration/test_replayed_batches.py")) == "integration/test_replayed_batches.py"
+    assert xdist_group(Item("unit/test_diff.py")) != xdist_group(Item("integration/test_diff.py"))

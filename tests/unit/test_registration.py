@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 #: A scheduler that carries ROLL's RolloutMockMixin state with its own mock on (as ROLL's
 #: schedulers do when the same `rollout_mock:` block is in their config).
@@ -31,7 +32,7 @@ def _run(code: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "case.py"
     script.write_text(textwrap.dedent(code))
     return subprocess.run([sys.executable, str(script), str(tmp_path / "dump")], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+                          timeout=HANG_S, cwd=tmp_path)
 
 
 @pytest.mark.parametrize("import_line", [

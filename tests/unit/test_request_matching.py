@@ -506,3 +506,29 @@ def test_a_list_of_prompt_dicts_names_the_row_and_key() -> None:
     long_text = differences(digest_request({"p": [["x" * 150 + "a"], ["y"]]}), digest_request({"p": [["x" * 150 + "b"],
                                                                                                    ["y"]]}))
     assert "xa']" in long_text[0].recorded and "xb']" in long_text[0].live  # a window around the difference
+
+
+def test_a_dump_of_another_method_names_both_methods_before_any_other_check(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """slime's adapter on a verl dump raised a mismatch about data_source/prompts with generic
+    fixes, after a false "recorded without rollout settings" warning."""
+    import logging
+
+    from rollout_mock import MockScheduler, ReplayMismatchError
+
+    class Verl:
+        def generate_sequences(self, prompts: Any) -> dict[str, Any]:
+            return {"responses": [1, 2, 3], "global_steps": 0}
+
+    dump = tmp_path / "verl"
+    with MockScheduler(Verl(), {"enable": True, "mode": "dump", "dump_dir": str(dump)},
+                       methods=("generate_sequences",)) as mock:
+        mock.generate_sequences({"global_steps": 0})
+    caplog.set_level(logging.WARNING, logger="rollout_mock")
+    with pytest.raises(ReplayMismatchError) as info:
+        MockScheduler(None, {"enable": True, "mode": "mock", "dump_dir": str(dump)}, methods=("generate_rollout",),
+                      rollout_settings={"rollout_batch_size": 4})
+    message = str(info.value)
+    assert "recorded `generate_sequences`; this run calls `generate_rollout`" in message, message
+    assert str(dump) in message and "mode=mock" in message
+    assert "without rollout settings" not in caplog.text

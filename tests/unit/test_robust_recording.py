@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import cfg
+from conftest import HANG_S, cfg, wait_until
 
 from rollout_mock import DirectoryStore, MockScheduler, ReplayMismatchError, RolloutMockError, WriterError, codec
 from rollout_mock.errors import StepArgumentError
@@ -211,10 +211,7 @@ def test_a_failed_job_does_not_keep_its_snapshot(dump_dir: Path, monkeypatch: py
     mock.get_batch(None, global_step=1)
     writer = mock.interceptor._writer
     assert isinstance(writer, BackgroundWriter)
-    deadline = time.monotonic() + 30
-    while writer.pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert writer.pending == 0
+    wait_until(lambda: writer.pending == 0, "the background writer never finished its queue")
     assert [r() for r in refs] == [None, None], "the kept failure holds the failed step's snapshot"
     with pytest.raises(WriterError, match="injected write failure") as info:
         mock.interceptor.flush()
@@ -267,11 +264,12 @@ def test_sigterm_waits_a_bounded_time(fresh_writers: None, monkeypatch: pytest.M
     signal.signal(signal.SIGTERM, lambda signum, frame: seen.append(signum))
     done: list[int] = []
     writer = BackgroundWriter(max_pending=2)
-    _slow_jobs(writer, done, 1, 1.5)
-    start = time.perf_counter()
-    signal.raise_signal(signal.SIGTERM)
-    assert time.perf_counter() - start < 1.0 and seen == [signal.SIGTERM] and done == []
+    release = threading.Event()  # the job is written only once the handler has returned: an event, no clock
+    writer.submit(WriteJob(lambda: (release.wait(HANG_S), done.append(0)), "job 0"))
+    signal.raise_signal(signal.SIGTERM)  # an unbounded wait would hang here until HANG_S, then see done == [0]
+    assert seen == [signal.SIGTERM] and done == []
     assert "still not written" in caplog.text
+    release.set()
     writer.close()
     assert done == [0]
 

@@ -292,3 +292,32 @@ def test_cli_show_verl_dump(dump_dir: Path, capsys: pytest.CaptureFixture[str]) 
     assert cli.main(["show", str(dump_dir)]) == 0  # DataProto loads with the safe loader
     out = capsys.readouterr().out
     assert "[system]\n    sys" in out and "uid: b" in out and "reward 0.5" in out
+
+
+def test_trl_records_give_one_trace_per_completion_in_show_and_samples_in_ls(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`show DUMP --step 0` printed "0 of 0 traces" for TRL dumps and `ls` samples=None."""
+    from report_cases import framework_dump, trl_batch
+
+    from rollout_mock.batch import count_samples, take_rows
+
+    record = trl_batch(0, n=4)
+    assert count_samples(record) == 4 and count_traces(record) == 4
+    traces = batch_traces(record)
+    assert [t.index for t in traces] == [0, 1, 2, 3]
+    first = traces[0]
+    assert [m["role"] for m in first.messages] == ["user", "assistant"]
+    assert first.messages[0]["tokens"] == record["generate"]["output"][0][0]
+    assert first.messages[1]["content"] == "completion 0 of step 0"
+    assert first.reward == pytest.approx(float(record["rewards"]["rewards_per_func"][0].sum()))
+    two = take_rows(record, [3, 1])
+    assert count_samples(two) == 2 and two["generate"]["output"][3] == ["completion 3 of step 0", "completion 1 of step 0"]
+    assert torch.equal(two["rewards"]["rewards_per_func"], record["rewards"]["rewards_per_func"][[3, 1]])
+
+    dump = framework_dump(tmp_path / "trl", "trl", steps=2)
+    assert cli.main(["show", str(dump), "--step", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "16 of 16 traces" in out and "completion 0 of step 0" in out, out
+    assert cli.main(["ls", str(dump)]) == 0
+    out = capsys.readouterr().out
+    assert "samples=16" in out and "samples=None" not in out, out

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 from rollout_mock import MetricsWriter, VerifyInputError, verify
 from rollout_mock.compare.metrics import MetricsTable
@@ -221,7 +222,7 @@ def test_plugin_import_is_light() -> None:
         "heavy = sorted(m for m in ('torch', 'numpy', 'matplotlib', 'tensorboard') if m in sys.modules); "
         "print(heavy); sys.exit(1 if heavy else 0)"
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == 0, f"plugin import pulled in {proc.stdout.strip()} {proc.stderr[-500:]}"
 
 

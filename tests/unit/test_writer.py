@@ -9,11 +9,12 @@ import threading
 from collections.abc import Callable
 
 import pytest
+from conftest import HANG_S
 
 from rollout_mock import WriterError
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 
-WAIT = 5.0  # seconds; generous upper bound for things that should happen at once
+WAIT = HANG_S  # a hang bound only: each wait returns as soon as its event happens
 
 
 def job(run: Callable[[], object], name: str = "job") -> WriteJob:

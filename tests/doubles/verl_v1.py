@@ -78,6 +78,24 @@ class _StubFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return None
 
 
+def _instantiate(config: Any, _convert_: str = "partial", **kwargs: Any) -> Any:
+    """hydra.utils.instantiate for verl's ``_target_`` dataclass configs."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(config, (DictConfig, ListConfig)):
+        config = OmegaConf.to_container(config, resolve=True)
+    if isinstance(config, list):
+        return [_instantiate(item) for item in config]
+    if not isinstance(config, dict):
+        return config
+    values = {k: _instantiate(v) for k, v in config.items() if k != "_target_"}
+    if "_target_" not in config:
+        return values
+    module, _, name = config["_target_"].rpartition(".")
+    target = getattr(importlib.import_module(module), name)
+    return target(**values, **kwargs)
+
+
 def install_imports() -> None:
     """The transfer_queue double as ``transfer_queue``; stand-ins for verl's uninstalled optional
     imports (never needed on the code paths the tests run, except codetiming's ``Timer``)."""
@@ -93,6 +111,13 @@ def install_imports() -> None:
         codetiming.Timer = _Timer  # type: ignore[attr-defined]
         sys.modules["codetiming"] = codetiming
         missing.discard("codetiming")
+    if "hydra" in missing:
+        hydra = types.ModuleType("hydra")
+        utils = types.ModuleType("hydra.utils")
+        utils.instantiate = _instantiate  # type: ignore[attr-defined]
+        hydra.utils = utils  # type: ignore[attr-defined]
+        sys.modules["hydra"], sys.modules["hydra.utils"] = hydra, utils
+        missing.discard("hydra")
     if "torchdata" in missing:
         stateful = types.ModuleType("torchdata.stateful_dataloader")
         stateful.StatefulDataLoader = torch.utils.data.DataLoader  # type: ignore[attr-defined]
@@ -155,7 +180,7 @@ class AgentLoop:
 
     def _pause(self) -> None:
         if self.asynchronous:
-            time.sleep(self._random.random() * 0.004)
+            time.sleep(self._random.random() * 0.02)
 
     def _run(self, row: dict[str, Any]) -> None:
         from verl.utils.tensordict_utils import list_of_dict_to_tensordict

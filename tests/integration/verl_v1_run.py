@@ -22,9 +22,8 @@ from verl_v1 import ActorGroup, AgentLoop, Tracking, Weights, dataset, install_i
 
 install_imports()
 
-from omegaconf import OmegaConf  # noqa: E402
-
 import verl  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
 
 WALL_CLOCK = ("timing", "perf/time_per_step", "perf/throughput", "perf/max_memory")
 
@@ -102,10 +101,10 @@ def main(argv: list[str]) -> None:
 
     cfg = config(trainer_mode, mode, dump_dir, steps, 4)
     trainer, loop = build(trainer_mode, cfg)
-    if batch != 4:  # a mock run asking for another batch size than the dump's
+    wrapper = wrap_verl_rollout(trainer)  # the one line
+    if batch != 4:  # the sampler asks for another count than the dump's (after the pre-flight check)
         trainer.config.data.train_batch_size = batch
         trainer.config.actor_rollout_ref.actor.ppo_mini_batch_size = batch
-    wrapper = wrap_verl_rollout(trainer)  # the one line
     versions: list[Any] = []
     real_update = trainer._update_actor
 
@@ -114,7 +113,13 @@ def main(argv: list[str]) -> None:
         return real_update(batch_meta, metrics)
 
     trainer._update_actor = update_actor
-    trainer.fit(loop)
+    from rollout_mock.errors import RolloutMockError
+
+    try:
+        trainer.fit(loop)
+    except RolloutMockError as exc:
+        torch.save({"error": type(exc).__name__, "message": str(exc), "step": exc.step}, out)
+        sys.exit(3)
     if wrapper is not None:
         wrapper.close()
     metrics = [(step, {k: float(v) for k, v in m.items() if not any(w in k for w in WALL_CLOCK)

@@ -1,0 +1,83 @@
+"""verl's V1 trainer (``trainer.use_v1: true``, verl 0.9's default), its real code on a CPU.
+
+Each run is ``verl_v1_run.py`` in its own process: verl's real ``PPOTrainerSync`` /
+``PPOTrainerColocateAsync`` / ``PPOTrainerSeparateAsync`` (``fit``, ``step``, the real
+``ReplayBuffer``/``ReplayBufferAsync`` sampling with staleness eviction and refills, balancing,
+advantages, metrics) over the TransferQueue double, with an agent loop whose asynchronous
+timing differs in every process and a tiny torch actor. Dump, then mock with another
+``PYTHONHASHSEED``: the parameters and the logged metrics are bit-identical and nothing is
+generated in mock mode.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+pytest.importorskip("verl.protocol")
+pytestmark = pytest.mark.verl
+
+from rollout_mock import open_dump  # noqa: E402
+
+RUN = Path(__file__).with_name("verl_v1_run.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(mode: str, trainer_mode: str, dump: Path, out: Path, *, seed: str, batch: int = 4,
+        expect: int = 0) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed}
+    proc = subprocess.run([sys.executable, str(RUN), mode, trainer_mode, str(dump), str(out), "4", str(batch)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == expect, proc.stderr[-4000:]
+    result: dict[str, Any] = torch.load(out, weights_only=False)
+    return result
+
+
+def same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["params"].keys() == b["params"].keys()
+    for name in a["params"]:
+        assert torch.equal(a["params"][name], b["params"][name]), name
+    assert [step for step, _ in a["metrics"]] == [1, 2, 3, 4]
+    assert a["metrics"] == b["metrics"]
+    assert a["versions"] == b["versions"]
+
+
+@pytest.mark.parametrize("trainer_mode", ["sync", "separate_async", "colocate_async"])
+def test_v1_dump_then_mock_in_separate_processes_is_bit_identical(trainer_mode: str, tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    recorded = run("dump", trainer_mode, dump, tmp_path / "dump.pt", seed="1")
+    assert recorded["generated"] > 0
+    replayed = run("mock", trainer_mode, dump, tmp_path / "mock.pt", seed="2")
+    assert replayed["generated"] == 0  # AgentLoopManagerTQ.generate_sequences never ran
+    same_run(recorded, replayed)
+
+    listing = open_dump(dump)
+    assert {s.key: list(listing.steps(s)) for s in listing.streams()} == {"train": [1, 2, 3, 4]}
+    record = listing.load(2)
+    assert record["partition"] == "train" and record["batch_size"] == 4
+    assert len(record["keys"]) == 8 and all(rest.endswith("_0") for _, rest in record["keys"])  # rollout.n = 2
+    assert {"prompts", "responses", "rm_scores", "uid"} <= set(record["fields"])
+    versions = [(t["min_global_steps"], t["max_global_steps"]) for t in record["tags"]]
+    assert versions == recorded["versions"][1]
+    if trainer_mode == "sync":
+        assert recorded["versions"] == [[(s, s)] * 8 for s in range(4)]  # on-policy
+    else:
+        # one warm-up batch: step s trains on prompts submitted at step s-1 (staleness 1)
+        assert [t["global_steps"] for t in record["tags"]] == [1] * 8
+        assert all(hi <= 1 for _, hi in versions)
+
+
+def test_v1_another_batch_size_is_an_error_naming_step_and_counts(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    run("dump", "sync", dump, tmp_path / "dump.pt", seed="1")
+    error = run("mock", "sync", dump, tmp_path / "mock.pt", seed="3", batch=8, expect=3)
+    assert error["error"] == "ReplayMismatchError"
+    assert error["step"] == 1
+    assert "step=1" in error["message"] and "asks for 8 prompt groups" in error["message"]
+    assert "consumed 4" in error["message"] and "nothing is cycled" in error["message"]

@@ -487,9 +487,9 @@ def wrap_verl_rollout(trainer: Any, config: Any = None, *,
     if not cfg.enable:
         return None
     if attribute is None and _is_v1(trainer):
-        if isinstance(trainer.replay_buffer.sample, type(trainer.fit)) and isinstance(
-                getattr(trainer.replay_buffer.sample, "__self__", None), VerlV1Rollout):
-            return trainer.replay_buffer.sample.__self__
+        wrapped = getattr(trainer.replay_buffer.sample, "__self__", None)
+        if isinstance(wrapped, VerlV1Rollout):
+            return wrapped
         return VerlV1Rollout(trainer, cfg, rollout_settings=verl_settings(trainer_config))
     names = (attribute,) if attribute else ATTRIBUTES
     for name in names:

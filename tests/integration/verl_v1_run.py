@@ -1,11 +1,12 @@
 """One verl V1 training run (real ``verl.trainer.ppo.v1`` trainer code, CPU stand-ins from
 ``tests/doubles/verl_v1.py``), run in its own process by ``test_frameworks_verl_v1.py``.
 
-    python tests/integration/verl_v1_run.py MODE TRAINER_MODE DUMP_DIR OUT [STEPS] [BATCH]
+    python tests/integration/verl_v1_run.py MODE TRAINER_MODE DUMP_DIR OUT [STEPS] [BATCH] [VAL_BATCH]
 
 MODE: dump | mock | off; TRAINER_MODE: sync | separate_async | colocate_async. Writes to OUT (torch.save):
 the tiny model's parameters, the metrics ``fit`` logged (wall-clock ones left out), how many
-prompts the agent loop generated, and the weight versions of what each step trained on.
+prompts the agent loop generated, and the weight versions of what each step trained on. VAL_BATCH:
+validate before training and every 2 steps over 6 validation prompts in batches of VAL_BATCH.
 """
 
 from __future__ import annotations
@@ -28,12 +29,12 @@ from omegaconf import OmegaConf  # noqa: E402
 WALL_CLOCK = ("timing", "perf/time_per_step", "perf/throughput", "perf/max_memory")
 
 
-def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int) -> Any:
+def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int, val_batch: int = 0) -> Any:
     path = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
     cfg = OmegaConf.load(path)
     overrides = {
         "data": {"train_batch_size": batch, "gen_batch_size": None if trainer_mode == "sync" else 1,
-                 "val_batch_size": 2},
+                 "val_batch_size": val_batch or 2},
         "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
         "actor_rollout_ref": {
             "hybrid_engine": trainer_mode != "separate_async",
@@ -43,7 +44,7 @@ def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int) 
         },
         "critic": {"enable": False},
         "trainer": {
-            "val_before_train": False, "test_freq": -1, "save_freq": -1, "total_epochs": 1,
+            "val_before_train": bool(val_batch), "test_freq": 2 if val_batch else -1, "save_freq": -1, "total_epochs": 1,
             "total_training_steps": steps, "logger": ["console"], "resume_mode": "disable", "device": "cpu",
             "v1": {"trainer_mode": trainer_mode,
                    "separate_async": {"parameter_sync_step": 1, "num_warmup_batches": 1},
@@ -71,7 +72,7 @@ def build(trainer_mode: str, cfg: Any) -> tuple[Any, AgentLoop]:
     trainer.train_dataloader = DataLoader(dataset(64), batch_size=gen_batch, shuffle=True, drop_last=True,
                                           collate_fn=collate_fn, generator=torch.Generator().manual_seed(1))
     trainer.train_dataloader_it = None
-    trainer.val_dataloader = DataLoader(dataset(6), batch_size=2, collate_fn=collate_fn)
+    trainer.val_dataloader = DataLoader(dataset(6), batch_size=int(cfg.data.val_batch_size), collate_fn=collate_fn)
     trainer.steps_per_epoch = 64 // cfg.data.train_batch_size
     trainer.total_training_steps = int(cfg.trainer.total_training_steps)
     trainer.actor_rollout_wg = ActorGroup()
@@ -97,9 +98,10 @@ def main(argv: list[str]) -> None:
     mode, trainer_mode, dump_dir, out = argv[:4]
     steps = int(argv[4]) if len(argv) > 4 else 4
     batch = int(argv[5]) if len(argv) > 5 else 4
+    val_batch = int(argv[6]) if len(argv) > 6 else 0
     from rollout_mock.adapters.verl import wrap_verl_rollout
 
-    cfg = config(trainer_mode, mode, dump_dir, steps, 4)
+    cfg = config(trainer_mode, mode, dump_dir, steps, 4, val_batch)
     trainer, loop = build(trainer_mode, cfg)
     wrapper = wrap_verl_rollout(trainer)  # the one line
     if batch != 4:  # the sampler asks for another count than the dump's (after the pre-flight check)

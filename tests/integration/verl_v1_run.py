@@ -1,12 +1,13 @@
 """One verl V1 training run (real ``verl.trainer.ppo.v1`` trainer code, CPU stand-ins from
 ``tests/doubles/verl_v1.py``), run in its own process by ``test_frameworks_verl_v1.py``.
 
-    python tests/integration/verl_v1_run.py MODE TRAINER_MODE DUMP_DIR OUT [STEPS] [BATCH] [VAL_BATCH]
+    python tests/integration/verl_v1_run.py MODE TRAINER_MODE DUMP_DIR OUT [STEPS] [BATCH] [VAL_BATCH] [SYNC_STEPS]
 
 MODE: dump | mock | off; TRAINER_MODE: sync | separate_async | colocate_async. Writes to OUT (torch.save):
 the tiny model's parameters, the metrics ``fit`` logged (wall-clock ones left out), how many
 prompts the agent loop generated, and the weight versions of what each step trained on. VAL_BATCH:
 validate before training and every 2 steps over 6 validation prompts in batches of VAL_BATCH.
+SYNC_STEPS: separate_async's parameter_sync_step (mini-batches, so ``sample`` calls, per step).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from omegaconf import OmegaConf  # noqa: E402
 WALL_CLOCK = ("timing", "perf/time_per_step", "perf/throughput", "perf/max_memory")
 
 
-def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int, val_batch: int = 0) -> Any:
+def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int, val_batch: int = 0,
+           sync_steps: int = 1) -> Any:
     path = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
     cfg = OmegaConf.load(path)
     overrides = {
@@ -38,7 +40,7 @@ def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int, 
         "algorithm": {"adv_estimator": "grpo", "use_kl_in_reward": False},
         "actor_rollout_ref": {
             "hybrid_engine": trainer_mode != "separate_async",
-            "actor": {"ppo_mini_batch_size": batch, "use_kl_loss": False},
+            "actor": {"ppo_mini_batch_size": batch // sync_steps, "use_kl_loss": False},
             "rollout": {"n": 2, "nnodes": 1, "n_gpus_per_node": 1, "calculate_log_probs": False,
                         "checkpoint_engine": {"backend": "nccl" if trainer_mode == "separate_async" else "naive"}},
         },
@@ -47,7 +49,7 @@ def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int, 
             "val_before_train": bool(val_batch), "test_freq": 2 if val_batch else -1, "save_freq": -1, "total_epochs": 1,
             "total_training_steps": steps, "logger": ["console"], "resume_mode": "disable", "device": "cpu",
             "v1": {"trainer_mode": trainer_mode,
-                   "separate_async": {"parameter_sync_step": 1, "num_warmup_batches": 1},
+                   "separate_async": {"parameter_sync_step": sync_steps, "num_warmup_batches": 1},
                    "colocate_async": {"num_warmup_batches": 1},
                    "sampler": {"max_off_policy_threshold": 2, "max_off_policy_strategy": "drop"}},
         },
@@ -99,9 +101,10 @@ def main(argv: list[str]) -> None:
     steps = int(argv[4]) if len(argv) > 4 else 4
     batch = int(argv[5]) if len(argv) > 5 else 4
     val_batch = int(argv[6]) if len(argv) > 6 else 0
+    sync_steps = int(argv[7]) if len(argv) > 7 else 1
     from rollout_mock.adapters.verl import wrap_verl_rollout
 
-    cfg = config(trainer_mode, mode, dump_dir, steps, 4, val_batch)
+    cfg = config(trainer_mode, mode, dump_dir, steps, 4, val_batch, sync_steps)
     trainer, loop = build(trainer_mode, cfg)
     wrapper = wrap_verl_rollout(trainer)  # the one line
     if batch != 4:  # the sampler asks for another count than the dump's (after the pre-flight check)

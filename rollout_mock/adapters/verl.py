@@ -265,6 +265,7 @@ class _Consumption:
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> dict[str, Any]:
         before = self._prompts_in_queue(partition_id)
+        submitted = len(self._submissions.uids.get(partition_id, []))
         self.refills = []
         try:
             meta, metrics = self._real(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
@@ -272,7 +273,9 @@ class _Consumption:
         finally:
             self.refills = None
         self.live = (meta, metrics)
-        cleared = before - self._prompts_in_queue(partition_id)
+        # refilled prompts that were selected (or evicted) within this call count as cleared too
+        refilled = set(self._submissions.uids.get(partition_id, [])[submitted:])
+        cleared = (before | refilled) - self._prompts_in_queue(partition_id)
         ordinals = self._submissions.ordinals.get(partition_id, {})
         keys: list[list[Any]] = []
         for key in meta.keys:

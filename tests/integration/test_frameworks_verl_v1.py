@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(mode: str, trainer_mode: str, dump: Path, out: Path, *, seed: str, batch: int = 4,
-        val_batch: int = 0, sync_steps: int = 1, expect: int = 0) -> dict[str, Any]:
+        val_batch: int = 0, sync_steps: int = 1, threshold: int = 2, expect: int = 0) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed}
     proc = subprocess.run([sys.executable, str(RUN), mode, trainer_mode, str(dump), str(out), "4", str(batch),
-                           str(val_batch), str(sync_steps)],
+                           str(val_batch), str(sync_steps), str(threshold)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == expect, proc.stderr[-4000:]
     result: dict[str, Any] = torch.load(out, weights_only=False)
@@ -47,6 +47,7 @@ def same_run(a: dict[str, Any], b: dict[str, Any]) -> None:
     assert [step for step, _ in a["metrics"] if step > 0] == [1, 2, 3, 4]
     assert a["metrics"] == b["metrics"]
     assert a["versions"] == b["versions"]
+    assert a["prompts_left"] == b["prompts_left"]  # the same prompts cleared (selected or evicted)
 
 
 @pytest.mark.parametrize("trainer_mode", ["sync", "separate_async", "colocate_async"])
@@ -72,6 +73,26 @@ def test_v1_dump_then_mock_in_separate_processes_is_bit_identical(trainer_mode: 
         # one warm-up batch: step s trains on prompts submitted at step s-1 (staleness 1)
         assert [t["global_steps"] for t in record["tags"]] == [1] * 8
         assert all(hi <= 1 for _, hi in versions)
+
+
+def test_v1_separate_async_evictions_and_refills_replay(tmp_path: Path) -> None:
+    """max_off_policy_threshold=1: at every step the sampler evicts the prompts submitted the step
+    before (staleness metrics logged) and refills as many; which groups a step trains on depends
+    on what finished first. The mock run makes the same refills (the data loader advances alike),
+    clears the same prompts and trains on the same groups, bit-identically."""
+    dump = tmp_path / "dump"
+    recorded = run("dump", "separate_async", dump, tmp_path / "dump.pt", seed="1", threshold=1)
+    replayed = run("mock", "separate_async", dump, tmp_path / "mock.pt", seed="2", threshold=1)
+    assert replayed["generated"] == 0
+    same_run(recorded, replayed)
+    evicted = [m.get("training/off_policy/evicted_samples", 0) for _, m in recorded["metrics"]]
+    assert sum(evicted) > 0
+    listing = open_dump(dump)
+    records = [listing.load(step) for step in (1, 2, 3, 4)]
+    for r in records:  # every evicted group was refilled, and cleared with the selected ones
+        assert sum(r["refills"]) == r["metrics"].get("training/off_policy/evicted_samples", 0)
+        assert len(r["cleared"]) == 4 + sum(r["refills"])
+    assert sum(sum(r["refills"]) for r in records) == sum(evicted)
 
 
 def test_v1_another_batch_size_is_an_error_naming_step_and_counts(tmp_path: Path) -> None:

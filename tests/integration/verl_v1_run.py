@@ -1,13 +1,16 @@
 """One verl V1 training run (real ``verl.trainer.ppo.v1`` trainer code, CPU stand-ins from
 ``tests/doubles/verl_v1.py``), run in its own process by ``test_frameworks_verl_v1.py``.
 
-    python tests/integration/verl_v1_run.py MODE TRAINER_MODE DUMP_DIR OUT [STEPS] [BATCH] [VAL_BATCH] [SYNC_STEPS]
+    python tests/integration/verl_v1_run.py MODE TRAINER_MODE DUMP_DIR OUT [STEPS] [BATCH] [VAL_BATCH] [SYNC_STEPS] [THRESHOLD]
 
 MODE: dump | mock | off; TRAINER_MODE: sync | separate_async | colocate_async. Writes to OUT (torch.save):
 the tiny model's parameters, the metrics ``fit`` logged (wall-clock ones left out), how many
-prompts the agent loop generated, and the weight versions of what each step trained on. VAL_BATCH:
+prompts the agent loop generated, the weight versions of what each step trained on, and the
+submission steps of the prompts left in the queue at the end. VAL_BATCH:
 validate before training and every 2 steps over 6 validation prompts in batches of VAL_BATCH.
 SYNC_STEPS: separate_async's parameter_sync_step (mini-batches, so ``sample`` calls, per step).
+THRESHOLD: trainer.v1.sampler.max_off_policy_threshold (default 2: trajectories at most one
+version stale; 1 evicts every prompt submitted before the current step, and refills).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ WALL_CLOCK = ("timing", "perf/time_per_step", "perf/throughput", "perf/max_memor
 
 
 def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int, val_batch: int = 0,
-           sync_steps: int = 1) -> Any:
+           sync_steps: int = 1, threshold: int = 2) -> Any:
     path = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
     cfg = OmegaConf.load(path)
     overrides = {
@@ -51,7 +54,7 @@ def config(trainer_mode: str, mode: str, dump_dir: str, steps: int, batch: int, 
             "v1": {"trainer_mode": trainer_mode,
                    "separate_async": {"parameter_sync_step": sync_steps, "num_warmup_batches": 1},
                    "colocate_async": {"num_warmup_batches": 1},
-                   "sampler": {"max_off_policy_threshold": 2, "max_off_policy_strategy": "drop"}},
+                   "sampler": {"max_off_policy_threshold": threshold, "max_off_policy_strategy": "drop"}},
         },
         "rollout_mock": {"enable": mode != "off", "mode": "dump" if mode == "off" else mode, "dump_dir": dump_dir},
     }
@@ -102,9 +105,10 @@ def main(argv: list[str]) -> None:
     batch = int(argv[5]) if len(argv) > 5 else 4
     val_batch = int(argv[6]) if len(argv) > 6 else 0
     sync_steps = int(argv[7]) if len(argv) > 7 else 1
+    threshold = int(argv[8]) if len(argv) > 8 else 2
     from rollout_mock.adapters.verl import wrap_verl_rollout
 
-    cfg = config(trainer_mode, mode, dump_dir, steps, 4, val_batch, sync_steps)
+    cfg = config(trainer_mode, mode, dump_dir, steps, 4, val_batch, sync_steps, threshold)
     trainer, loop = build(trainer_mode, cfg)
     wrapper = wrap_verl_rollout(trainer)  # the one line
     if batch != 4:  # the sampler asks for another count than the dump's (after the pre-flight check)
@@ -130,8 +134,11 @@ def main(argv: list[str]) -> None:
     metrics = [(step, {k: float(v) for k, v in m.items() if not any(w in k for w in WALL_CLOCK)
                        and isinstance(v, (int, float)) or hasattr(v, "item") and not any(w in k for w in WALL_CLOCK)})
                for step, m in Tracking.logs]
+    import transfer_queue as tq
+
+    left = sorted(tag["global_steps"] for tag in tq.kv_list("train").get("train", {}).values() if tag.get("is_prompt"))
     torch.save({"params": {k: v.clone() for k, v in trainer.actor_rollout_wg.model.state_dict().items()},
-                "metrics": metrics, "generated": loop.generated, "versions": versions}, out)
+                "metrics": metrics, "generated": loop.generated, "versions": versions, "prompts_left": left}, out)
 
 
 if __name__ == "__main__":

@@ -393,9 +393,12 @@ def _registered_type_of(value: Any) -> BatchType | None:
     return None
 
 
+_SCALARS = frozenset({str, bytes, int, float, bool})
+
+
 def batch_type_of(batch: Any) -> BatchType | None:
     """The :class:`BatchType` describing ``batch`` (registered types first), else ``None``."""
-    if batch is None:
+    if batch is None or type(batch) in _SCALARS:  # (a call's plain arguments: asked for at every call)
         return None
     for batch_type in (*_REGISTERED, *_BUILTIN):
         if batch_type.matches(batch):

@@ -210,13 +210,19 @@ class ReplayMismatchError(RolloutMockError, ValueError):
     served. ``step`` is the run's step, ``dump_step`` the recorded step it maps to, ``method`` the
     intercepted method, ``argument`` the first argument (or path inside one) that differs,
     ``recorded``/``live`` short descriptions of both values, and ``nearest`` a recorded step whose
-    request equals this call's, when there is one (e.g. a loader shifted by one step).
+    request equals this call's, when there is one (e.g. a loader shifted by one step). ``call``: the
+    index of the recorded call within its step when the step holds several calls (``None``
+    otherwise); ``counts``: ``(recorded, this run)`` calls of ``method`` at the step when the two
+    runs make a different number of calls.
     """
 
     def __init__(self, message: str, *, method: str | None = None, argument: str | None = None,
                  dump_step: int | None = None, recorded: str | None = None, live: str | None = None,
-                 nearest: int | None = None, **context: Any) -> None:
+                 nearest: int | None = None, call: int | None = None, counts: tuple[int, int] | None = None,
+                 **context: Any) -> None:
         super().__init__(message, **context)
+        self.call = call
+        self.counts = counts
         self.method = method
         self.argument = argument
         self.dump_step = dump_step

@@ -43,8 +43,16 @@ from rollout_mock.storage.bundle import (
     open_bundle,
 )
 from rollout_mock.storage.directory import fsync_dir
-from rollout_mock.storage.index import MANIFEST_BYTES, read_doc
-from rollout_mock.storage.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, StreamId, format_ranges, parse_manifest
+from rollout_mock.storage.index import MANIFEST_BYTES, pack_relpath, read_doc
+from rollout_mock.storage.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    StepEntry,
+    StreamId,
+    format_ranges,
+    parse_manifest,
+)
 from rollout_mock.storage.paths import NAME_PATTERN, check_relpath, is_url, open_inside
 from rollout_mock.storage.verified import corrupt_error
 from rollout_mock.text import progress_bar
@@ -171,6 +179,12 @@ def _step_part(store: Store, stream: StreamId, step: int) -> Part:
     copied: a damaged step never goes into a bundle or a pulled dump."""
     entry = store.entry(stream, step)
     assert entry is not None
+    return _file_part(store, entry, stream, step)
+
+
+def _file_part(store: Store, entry: StepEntry, stream: StreamId, step: int | None) -> Part:
+    """A file of the dump (``entry.file``) read in pieces, checked against ``entry``'s size and
+    CRC-32 as it is copied."""
     rel, backend, where = entry.file, store.backend, store.where(entry.file)
 
     def pieces() -> Iterator[bytes]:
@@ -191,6 +205,23 @@ def _step_part(store: Store, stream: StreamId, step: int) -> Part:
                                                      f"{entry.checksum}")
 
     return Part(rel, entry.size, pieces)
+
+
+def _pack_parts(store: Store, stream: StreamId, steps: set[int]) -> list[Part]:
+    """The packs of extra calls holding a call of ``steps``, whole (record and data; a replay of
+    the selection ignores the calls of steps it does not hold), the data checked as it is copied."""
+    parts = []
+    for pack in store.packs(stream):
+        if not any(call.step in steps for call in pack.calls) and not set(pack.drop) & steps:
+            continue
+        record = pack_relpath(stream, pack.seq, ".json")
+        body = store.backend.read(record, 0, MANIFEST_BYTES + 1)
+        if body is None:
+            continue
+        entry = StepEntry(file=pack.file, size=pack.size, checksum=pack.checksum, samples=None, type="", keys={},
+                          written_at="")
+        parts += [_whole(record, body), _file_part(store, entry, stream, None)]
+    return parts
 
 
 def _expected_parts(store: Store, steps: set[int]) -> tuple[list[Part], int]:
@@ -261,6 +292,7 @@ def slice_dump(store: Store, *, steps: Sequence[int] | None, splits: Sequence[st
             view.entry(stream, step)  # validated (file name, fields) before it is copied
             data["steps"][str(step)] = view.raw_entry(stream, step)
             parts.append(_step_part(store, stream, step))
+        parts += _pack_parts(store, stream, set(wanted))
         manifest["streams"][stream.key] = data
         chosen[stream.key] = wanted
     body = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode("utf-8")

@@ -90,12 +90,17 @@ def _check_files(dump: Any, *, verify: bool, progress: bool | None) -> dict[str,
     from rollout_mock.text import progress_bar
 
     entries = [(stream, step, dump.entry(stream, step)) for stream in dump.streams() for step in dump.steps(stream)]
-    total = sum(e.size for _, _, e in entries if e is not None) if verify else 0
+    packs = [(stream, pack) for stream in dump.streams() for pack in dump.store.packs(stream)]
+    total = (sum(e.size for _, _, e in entries if e is not None) + sum(p.size for _, p in packs)) if verify else 0
     damaged: dict[str, dict[int, str]] = {}
     with progress_bar(total, enabled=progress if verify else False, desc="verify") as bar:
         for stream, step, entry in entries:
             if entry is not None and (what := _damage(dump, entry, verify=verify, bar=bar)) is not None:
                 damaged.setdefault(stream.key, {})[step] = what
+        for stream, pack in packs:  # a pack of further calls: each step with a call in it is damaged
+            if (what := _damage(dump, pack, verify=verify, bar=bar)) is not None:
+                for step in {call.step for call in pack.calls}:
+                    damaged.setdefault(stream.key, {}).setdefault(step, f"{pack.file} (its further calls): {what}")
     return damaged
 
 
@@ -163,8 +168,12 @@ def run(args: argparse.Namespace) -> int:
                 compressed.setdefault(entry.compression, []).append(step)
         compression = "; ".join(f"compression: {name} (steps {format_ranges(members)})"
                                 for name, members in compressed.items())
+        extra = dump.store.extra_calls(stream)
+        packs = dump.store.packs(stream)
+        calls = (f"; {sum(map(len, extra.values()))} further call(s) of steps {format_ranges(sorted(extra))} in "
+                 f"{len(packs)} pack(s), {sum(p.size for p in packs) / 1e6:.2f} MB") if extra else ""
         print(f"\n{stream}: steps {format_ranges(steps)} ({len(steps)} files, {total / 1e6:.2f} MB)"
-              + (f"; methods: {methods}" if methods else "")
+              + calls + (f"; methods: {methods}" if methods else "")
               + (f"; pinned: {format_ranges(pinned)}" if pinned else "")
               + (f"; {compression}" if compression else ""))
         groups: dict[str, list[int]] = {}
@@ -174,7 +183,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  step {step:>6}  {entry.file}  {entry.size / 1e6:9.2f} MB  samples={entry.samples}  "
                   f"{entry.type}  {entry.checksum}" + (f"  {entry.compression}" if entry.compression else "")
                   + ("" if what is None else f"  DAMAGED: {what}")
-                  + ("" if not entry.pin else f"  PINNED: {'; '.join(entry.pin)}"))
+                  + ("" if not entry.pin else f"  PINNED: {'; '.join(entry.pin)}")
+                  + (f"  +{len(extra[step])} call(s)" if step in extra else ""))
             groups.setdefault(_key_set(entry.keys), []).append(step)
         if args.keys:
             for signature, members in groups.items():

@@ -146,6 +146,13 @@ def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
     return True
 
 
+def _call_meta(meta: list[Any], pack: Any, record: Any, redact: bool) -> dict[str, Any]:
+    """The recorded summary of an extra call (scrubbed with ``redact``, as a step's own call is)."""
+    position = pack.calls.index(record)
+    item = meta[position] if position < len(meta) and isinstance(meta[position], dict) else {}
+    return dict(redact_call(item) or {}) if redact else dict(item)
+
+
 def cut_dump(
     src: str | os.PathLike[str],
     dst: str | os.PathLike[str],
@@ -231,21 +238,33 @@ def cut_dump(
                         f"{src_path}: step {step} of {stream} holds a batch class that is not registered "
                         f"in this process; pass --import <module that defines and registers it> "
                         f"(imports=[...]) so the cut dump keeps the class ({exc})") from exc
-                index = _rows(row_count(batch), sample_list, group_list, group_size)
-                if index is not None:
-                    whole = whole and index == list(range(row_count(batch)))
-                    batch = select_rows(batch, index)
-                if key_list:
-                    batch = select_keys(batch, key_list)
-                    whole = False
-                if redact:
-                    batch, hit = redact_batch(batch)
-                    redacted.update(hit)
+                def cut(batch: Any) -> Any:
+                    nonlocal whole
+                    index = _rows(row_count(batch), sample_list, group_list, group_size)
+                    if index is not None:
+                        whole = whole and index == list(range(row_count(batch)))
+                        batch = select_rows(batch, index)
+                    if key_list:
+                        batch = select_keys(batch, key_list)
+                        whole = False
+                    if redact:
+                        batch, hit = redact_batch(batch)
+                        redacted.update(hit)
+                    return batch
+
+                batch = cut(batch)
                 # the recorded call (manifest.json, index) may hold a prompt too: scrubbed alike
                 call = dict(redact_call(entry.call) or {}) if redact and entry.call is not None else entry.call
                 store.save(stream, step, batch, BatchInfo.of(batch), method=entry.method,
                            rollout_seconds=entry.rollout_seconds, call=call)
                 result.rows[stream.key][step] = row_count(batch)
+                # the step's further calls (a validation in several batches, an agent's turns): cut alike
+                extra = [(cut(dump.store.load_call(stream, pack, record, trusted=trusted)), record,
+                          _call_meta(dump.store.pack_meta(stream, pack), pack, record, redact))
+                         for pack, record in dump.store.extra_calls(stream).get(step, [])]
+                if extra:
+                    store.save_pack(stream, store.next_pack_seq(stream), [(b, [r]) for b, r, _ in extra],
+                                    [m for _, _, m in extra])
                 bar.update(1)
     except BaseException:
         bar.close()

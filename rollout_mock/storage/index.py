@@ -59,6 +59,7 @@ from rollout_mock.storage.backend import BackendDefaults
 from rollout_mock.storage.manifest import (
     MANIFEST_NAME,
     Manifest,
+    PackRecord,
     StepEntry,
     StepSet,
     StreamId,
@@ -68,6 +69,7 @@ from rollout_mock.storage.manifest import (
 from rollout_mock.text import logger
 
 __all__ = [
+    "CALLS_DIR", "calls_dir", "pack_relpath", "read_packs", "seq_of_pack_name",
     "ENTRY_BYTES", "FINGERPRINT_NAME", "INDEX_DIR", "INLINE_STEPS", "INVALID", "MANIFEST_BYTES", "MANIFEST_LOCK",
     "SEGMENT_STEPS", "STREAMS_DIR", "StreamIndex", "decode_entry", "decode_segment", "decode_stream_record",
     "encode_entry", "encode_segment", "encode_stream_record", "entry_relpath", "index_dir", "lock_holder",
@@ -83,6 +85,7 @@ SEGMENT_STEPS = 1024
 INLINE_STEPS = 10_000
 SEGMENT_FORMAT = "rollout_mock.segment"
 INDEX_DIR = ".index"
+CALLS_DIR = ".calls"
 STREAMS_DIR = ".streams"
 FINGERPRINT_NAME = ".fingerprint.json"
 MANIFEST_LOCK = ".manifest.lock"
@@ -116,6 +119,46 @@ def stream_record_name(stream: StreamId) -> str:
     parts = [stream.split] + ([] if stream.name is None else [stream.name])
     parts += [] if stream.rank is None else [f"rank{stream.rank}"]
     return "~".join(parts) + ".json"
+
+
+def calls_dir(stream: StreamId) -> str:
+    """Where a stream's packs of extra calls live (``train/.calls``: a name no split or scheduler
+    name can take)."""
+    return f"{stream.directory}/{CALLS_DIR}"
+
+
+def pack_relpath(stream: StreamId, seq: int, suffix: str = ".pkl") -> str:
+    """A pack's data file (``.pkl``) or its record (``.json``, the pack's commit point)."""
+    return f"{calls_dir(stream)}/pack_{seq:06d}{stream.suffix}{suffix}"
+
+
+def seq_of_pack_name(stream: StreamId, name: str) -> int | None:
+    """The sequence number of a pack record's file name in ``calls_dir(stream)``, or None."""
+    match = re.fullmatch(rf"pack_([0-9]{{6,9}}){re.escape(stream.suffix)}\.json", name, re.ASCII)
+    return None if match is None else int(match.group(1))
+
+
+def read_packs(backend: BackendDefaults, stream: StreamId) -> list[PackRecord]:
+    """The stream's pack records, by sequence number; one that cannot be parsed, or that names
+    another stream or file, is ignored with a warning (a torn or planted file is never a call)."""
+    directory = calls_dir(stream)
+    packs = []
+    for name in sorted(backend.listdir(directory)):
+        seq = seq_of_pack_name(stream, name)
+        if seq is None:
+            continue
+        rel = f"{directory}/{name}"
+        data = backend.read(rel, 0, MANIFEST_BYTES + 1)
+        if data is None:
+            continue
+        where = backend.where(rel)
+        try:
+            raw = loads_bounded(data, where=where, what="pack record", max_bytes=MANIFEST_BYTES, fix=_FIX)
+            packs.append(PackRecord.from_json(raw, stream_key=stream.key, seq=seq,
+                                              file=pack_relpath(stream, seq), where=where))
+        except ManifestError as exc:
+            logger.warning("[RolloutMock] ignoring %s: %s", where, str(exc)[:300])
+    return sorted(packs, key=lambda p: p.seq)
 
 
 def segment_relpath(stream: StreamId, seq: int) -> str:
@@ -363,7 +406,8 @@ ReadManifest = Callable[[], "Manifest | None"]
 def _recover_names(stream: StreamId) -> Callable[[str], bool]:
     """Which names in the stream's directories a crashed writer of ``stream`` may have left half
     written: its step files, entries, segments."""
-    pattern = re.compile(rf"(step_-?[0-9]{{1,18}}|segment_[0-9]{{6,9}}){re.escape(stream.suffix)}\.(pkl|json)",
+    pattern = re.compile(rf"(step_-?[0-9]{{1,18}}|segment_[0-9]{{6,9}}|pack_[0-9]{{6,9}}){re.escape(stream.suffix)}"
+                         rf"\.(pkl|json)",
                          re.ASCII)
     return lambda name: pattern.fullmatch(name) is not None
 
@@ -388,6 +432,8 @@ class StreamIndex:
         self.pending: dict[int, Any] = {}  # entry files not folded yet: the raw entry, or None (tombstone)
         self.methods: dict[str, dict[str, Any]] = {}
         self.next_seq = 0
+        #: the stream has packs of further calls (the manifest then requires "call-packs")
+        self.has_packs = False
 
     @classmethod
     def open(cls, backend: BackendDefaults, stream: StreamId, read_manifest: ReadManifest) -> StreamIndex:
@@ -417,6 +463,7 @@ class StreamIndex:
         names = _recover_names(stream)
         backend.recover(stream.directory, names)
         backend.recover(index_dir(stream), names)
+        backend.recover(calls_dir(stream), names)
         backend.recover(STREAMS_DIR, lambda name: name == stream_record_name(stream))
 
     def _resume(self) -> None:
@@ -517,6 +564,8 @@ class StreamIndex:
             data = manifest.stream(stream, create=True)
             assert data is not None
             data["methods"].update(self.methods)
+            if self.has_packs:  # older readers must refuse it rather than serve one call per step
+                data["calls"] = True
             emptied = strip_steps(data, set(self.pending))
             for step in self.pending:
                 data["steps"].pop(str(step), None)

@@ -55,6 +55,8 @@ from rollout_mock.text import short_repr
 from rollout_mock.version import __version__
 
 __all__ = [
+    "CallRecord",
+    "PackRecord",
     "FORMAT",
     "FEATURES",
     "FORMAT_VERSION",
@@ -81,7 +83,8 @@ FORMAT_VERSION = 2  # 2: data-only step files (rollout_mock.codec), entry-file i
 #: Additions to a format version that a reader must understand, named in the manifest's
 #: ``"requires"`` list only when used: a reader refuses a manifest requiring one it does not know.
 #: ``index-segments``: streams reference index segment files (``"segments"``).
-FEATURES = frozenset({"index-segments"})
+#: ``call-packs``: steps with several calls keep the further ones in packs (``{split}/.calls/``).
+FEATURES = frozenset({"index-segments", "call-packs"})
 #: Bound on the steps the segment references of one manifest may name (a forged range cannot
 #: make a reader allocate without limit).
 MAX_RANGED_STEPS = 5_000_000
@@ -505,11 +508,20 @@ class Manifest:
         )
 
     # ------------------------------------------------------------------ (de)serialisation
+    def required(self) -> list[str]:
+        """The format features this manifest uses (its ``"requires"``)."""
+        required = []
+        if any(d.get("segments") for d in self.streams.values()):
+            required.append("index-segments")
+        if any(d.get("calls") for d in self.streams.values()):
+            required.append("call-packs")
+        return required
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
-            **({"requires": ["index-segments"]} if any(d.get("segments") for d in self.streams.values()) else {}),
+            **({"requires": required} if (required := self.required()) else {}),
             "created_at": self.created_at,
             "writer": self.writer,
             "fingerprint": self.fingerprint,
@@ -687,3 +699,147 @@ def dumps_manifest(manifest: Manifest) -> str:
     """The manifest as compact JSON (no indent: the C encoder, ~10x faster at 100,000 steps;
     ``rollout-mock ls --json`` pretty-prints it)."""
     return json.dumps(manifest.to_json(), separators=(",", ":"), sort_keys=False, allow_nan=False)
+
+
+# --------------------------------------------------------------------------- extra calls
+#: Bounds of a pack record (the index is read as hostile input).
+MAX_PACK_CALLS = 1 << 20
+MAX_PROVENANCE_CHARS = 4096
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One extra call of a step (the step's first recorded call is its step file): where its batch
+    lies inside a pack (``offset``, ``size``, ``checksum`` of those bytes), what was called, and the
+    request digest matched in mock mode (``None``: recorded without matching)."""
+
+    step: int
+    call: int
+    method: str | None
+    offset: int
+    size: int
+    checksum: str
+    digest: int | None = None
+    seconds: float | None = None
+    samples: int | None = None
+    item: int | None = None
+    """Small calls are written together: their bytes (``offset``, ``size``) encode a list of
+    their batches and this is the call's place in it; ``None``: the bytes are the batch itself."""
+    task: int | None = None
+    """The asyncio task that made the call, numbered from its ``at_step`` block (equal requests
+    are matched within the same task first); ``None``: not known."""
+    provenance: dict[str, Any] | None = None
+
+    def to_json(self) -> list[Any]:
+        row: list[Any] = [self.step, self.call, self.method, self.offset, self.size, self.checksum, self.digest,
+                          self.seconds, self.samples, self.item, self.task]
+        if self.provenance is not None:
+            row.append(self.provenance)
+        return row
+
+
+def _count(value: Any, what: str, *, signed: bool = False) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or (value < 0 and not signed) or abs(value) >= 1 << 63:
+        raise ValueError(f"{what} {short_repr(value)} is not a count")
+    return value
+
+
+@dataclass(frozen=True)
+class PackRecord:
+    """A pack of extra calls (``{split}/.calls/pack_000003.json``): one data file holding the
+    batches of calls beyond each step's first, one after the other, each a complete step
+    encoding; ``meta`` locates the calls' summaries and request nodes (``[offset, size,
+    checksum]``). ``drop``: steps whose calls in earlier packs this pack supersedes (a step
+    recorded again with ``overwrite``)."""
+
+    seq: int
+    file: str
+    size: int
+    checksum: str
+    calls: tuple[CallRecord, ...]
+    meta: tuple[int, int, str] | None = None
+    hmac: str | None = None
+    drop: tuple[int, ...] = ()
+    written_at: str = ""
+
+    def to_json(self, stream_key: str) -> dict[str, Any]:
+        data: dict[str, Any] = {"format": PACK_FORMAT, "stream": stream_key, "seq": self.seq, "file": self.file,
+                                "size": self.size, "checksum": self.checksum, "hmac": self.hmac,
+                                "meta": None if self.meta is None else list(self.meta),
+                                "calls": [c.to_json() for c in self.calls], "written_at": self.written_at}
+        if self.drop:
+            data["drop"] = list(self.drop)
+        return data
+
+    @classmethod
+    def from_json(cls, data: Any, *, stream_key: str, seq: int, file: str, where: str) -> PackRecord:
+        """A validated pack record; :class:`ManifestError` naming ``where`` for anything else."""
+        try:
+            if not isinstance(data, dict) or data.get("format") != PACK_FORMAT:
+                raise ValueError("not a pack record")
+            if data.get("stream") != stream_key or data.get("seq") != seq or data.get("file") != file:
+                raise ValueError("it names another stream, sequence number or file")
+            size = _count(data.get("size"), "size")
+            checksum = str(data.get("checksum"))
+            if not _CHECKSUM.fullmatch(checksum):
+                raise ValueError(f"checksum {short_repr(checksum)} is not of the form crc32:xxxxxxxx")
+            mac = data.get("hmac")
+            if mac is not None and not isinstance(mac, str):
+                raise ValueError("hmac is not a string")
+            raw_calls = data.get("calls")
+            if not isinstance(raw_calls, list) or len(raw_calls) > MAX_PACK_CALLS:
+                raise ValueError("calls is not a list of call rows")
+            calls = tuple(_call_row(row, size) for row in raw_calls)
+            meta = data.get("meta")
+            parsed_meta = None
+            if meta is not None:
+                if not (isinstance(meta, list) and len(meta) == 3):
+                    raise ValueError("meta is not [offset, size, checksum]")
+                start, length = _count(meta[0], "meta offset"), _count(meta[1], "meta size")
+                if start + length > size or not _CHECKSUM.fullmatch(str(meta[2])):
+                    raise ValueError("meta lies outside the pack or has no crc32 checksum")
+                parsed_meta = (start, length, str(meta[2]))
+            drop = data.get("drop", [])
+            if not isinstance(drop, list) or len(drop) > MAX_PACK_CALLS:
+                raise ValueError("drop is not a list of steps")
+            written = data.get("written_at", "")
+            return cls(seq, file, size, checksum, calls, parsed_meta, mac,
+                       tuple(_count(s, "dropped step") for s in drop), str(written)[:64])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"{where}: malformed pack of extra calls ({exc}); restore the dump from a copy, or "
+                                f"re-dump", path=where) from None
+
+
+PACK_FORMAT = "rollout_mock.calls"
+
+
+def _call_row(row: Any, pack_size: int) -> CallRecord:
+    if not isinstance(row, list) or len(row) not in (11, 12):
+        raise ValueError(f"call row {short_repr(row)} is not [step, call, method, offset, size, checksum, "
+                         f"digest, seconds, samples, item, task(, provenance)]")
+    step, call = _count(row[0], "step"), _count(row[1], "call index")
+    method = row[2]
+    if method is not None and (not isinstance(method, str) or len(method) > 200):
+        raise ValueError(f"method {short_repr(method)} is not a name")
+    offset, size = _count(row[3], "offset"), _count(row[4], "size")
+    if offset + size > pack_size:
+        raise ValueError(f"call {call} of step {step} lies outside the pack")
+    checksum = str(row[5])
+    if not _CHECKSUM.fullmatch(checksum):
+        raise ValueError(f"checksum {short_repr(checksum)} of call {call} of step {step} is not crc32:xxxxxxxx")
+    digest = row[6]
+    if digest is not None:
+        _count(digest, "request digest")
+    seconds = row[7]
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))):
+        raise ValueError(f"seconds {short_repr(seconds)} is not a number")
+    samples = None if row[8] is None else _count(row[8], "samples")
+    item = None if row[9] is None else _count(row[9], "item")
+    if item is not None and item >= MAX_PACK_CALLS:
+        raise ValueError(f"item {item} of call {call} of step {step} is beyond any pack")
+    task = None if row[10] is None else _count(row[10], "task", signed=True)
+    provenance = row[11] if len(row) == 12 else None
+    if provenance is not None and (not isinstance(provenance, dict)
+                                   or len(json.dumps(provenance, default=str)) > MAX_PROVENANCE_CHARS):
+        raise ValueError(f"provenance of call {call} of step {step} is not a small object")
+    return CallRecord(step, call, method, offset, size, checksum, digest, seconds, samples, item, task, provenance)

@@ -34,7 +34,7 @@ from typing import Any
 from rollout_mock.batch import concat, count_samples, subset, take_rows
 from rollout_mock.codec import StepView
 from rollout_mock.codec.device import DevicePlacement
-from rollout_mock.errors import IncompleteDumpError, ManifestError, RolloutMockError
+from rollout_mock.errors import IncompleteDumpError, ManifestError, RolloutMockError, StepNotFoundError
 from rollout_mock.storage.index import STREAMS_DIR, parse_step_relpath
 from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StepSet, StreamId
 from rollout_mock.storage.store import DirectoryStore, Store, open_store
@@ -97,6 +97,18 @@ class RecordedStep:
     entry: StepEntry
     path: Path | str
     """A local path, or the URL of the object for object-store dumps."""
+
+
+@dataclass(frozen=True)
+class CallInfo:
+    """One recorded call of a step (:meth:`Dump.calls`): its index in the step, method, samples
+    and the provenance recorded with it (``MockScheduler(provenance=...)``)."""
+
+    step: int
+    call: int
+    method: str | None
+    samples: int | None
+    provenance: dict[str, Any] | None
 
 
 class Dump:
@@ -164,6 +176,37 @@ class Dump:
         """
         return load_partial(self._store, self._resolve(stream), step, keys=keys, rows=rows, trusted=trusted,
                             mapped=mapped)
+
+    def calls(self, step: int, stream: StreamId | str = "train") -> list[CallInfo]:
+        """Every recorded call of ``step``, in call order: its step file's call, then the
+        further calls kept in packs (a step of one call has one)."""
+        key = self._resolve(stream)
+        entry = self.entry(key, step)
+        if entry is None:
+            return []
+        call = entry.call or {}
+        index = call.get("index", 0)
+        provenance = call.get("provenance")
+        found = [CallInfo(step, index if type(index) is int else 0, entry.method, entry.samples,
+                          provenance if isinstance(provenance, dict) else None)]
+        found += [CallInfo(step, record.call, record.method, record.samples, record.provenance)
+                  for _, record in self._store.extra_calls(key).get(step, [])]
+        return sorted(found, key=lambda c: c.call)
+
+    def load_call(self, step: int, call: int, stream: StreamId | str = "train", *, trusted: bool = False) -> Any:
+        """Load and verify call ``call`` of ``step`` (see :meth:`calls`)."""
+        key = self._resolve(stream)
+        entry = self.entry(key, step)
+        own = (entry.call or {}).get("index", 0) if entry is not None else None
+        if entry is not None and own == call:
+            return self.load(step, key, trusted=trusted)
+        for pack, record in self._store.extra_calls(key).get(step, []):
+            if record.call == call:
+                return self._store.load_call(key, pack, record, trusted=trusted)
+        known = [c.call for c in self.calls(step, key)]
+        raise StepNotFoundError(f"[RolloutMock] {self.dump_dir}: step {step} of {key} has no call {call} (recorded "
+                                f"calls: {known or 'none'})", mode="read", split=key.split, step=step,
+                                path=str(self.dump_dir))
 
     def open(self, step: int, stream: StreamId | str = "train", *, trusted: bool = False, mapped: bool = True,
              verify: bool = True) -> StepView:
@@ -366,6 +409,13 @@ class Prefetcher:
                 self._pending.pop(other).cancel()
             if upcoming is not None and upcoming not in self._pending and not self.closed:
                 self._pending[upcoming] = self._executor.submit(self._fetch, upcoming, target)
+
+    def load_now(self, load: Callable[[int], Any], step: int) -> Any:
+        """``load(step)`` on the caller's thread, placed as this prefetcher places its steps (the
+        extra calls of a step, read from their pack)."""
+        if self.place is None:
+            return load(step)
+        return self.place.hand_off(self.place.load(load, step, self._target()))
 
     def get(self, step: int) -> Any:
         """The batch of ``step``; blocks only if its background load has not finished."""

@@ -13,9 +13,12 @@ backend each.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
+import hmac as hmac_lib
 import json
 import os
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +28,7 @@ from typing import Any, Protocol, runtime_checkable
 import rollout_mock.codec as codec
 from rollout_mock.batch import count_samples, describe_keys, rejected_count, type_name
 from rollout_mock.codec import ByteSource, BytesSource, ReadAheadSource
+from rollout_mock.crc import crc32
 from rollout_mock.errors import (
     CorruptStepError,
     DiskFullError,
@@ -45,21 +49,26 @@ from rollout_mock.storage.index import (
     MANIFEST_BYTES,
     STREAMS_DIR,
     StreamIndex,
+    calls_dir,
     decode_entry,
     encode_entry,
     entry_relpath,
     index_dir,
     manifest_lock,
     merge_stream,
+    pack_relpath,
     read_entries,
     read_fingerprint,
+    read_packs,
     read_segment,
     read_stream_records,
 )
 from rollout_mock.storage.manifest import (
     MANIFEST_NAME,
     MAX_PIN_REASONS,
+    CallRecord,
     Manifest,
+    PackRecord,
     StepEntry,
     StepSet,
     StreamId,
@@ -69,7 +78,7 @@ from rollout_mock.storage.manifest import (
     utc_now,
 )
 from rollout_mock.storage.paths import is_url
-from rollout_mock.storage.verified import corrupt_error, load_source_verified, load_verified
+from rollout_mock.storage.verified import corrupt_error, load_bytes_verified, load_source_verified, load_verified
 from rollout_mock.text import logger
 
 __all__ = ["BatchInfo", "DirectoryStore", "FsspecStore", "MemoryStore", "StepStore", "Store", "open_store"]
@@ -77,6 +86,25 @@ __all__ = ["BatchInfo", "DirectoryStore", "FsspecStore", "MemoryStore", "StepSto
 
 #: Objects up to this size are loaded with one GET; larger ones with ranged GETs into the tensors.
 WHOLE_READ_BYTES = 16 << 20
+#: A pack's HMAC is bound to ``(stream, _PACK_MAC_BASE + seq)``: never a step's context.
+_PACK_MAC_BASE = -(1 << 40)
+_PACK_NAME = re.compile(r"pack_([0-9]{6,9})(?:_rank[0-9]{1,9})?\.(?:pkl|json)", re.ASCII)
+
+
+class _MemberSink:
+    """Passes one pack member's bytes on to the pack's sink, counting them and taking their CRC."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.size = 0
+        self.crc = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        self.crc = crc32(view, self.crc)
+        self.sink.write(view)
+        self.size += view.nbytes
+        return view.nbytes
 
 
 @dataclass(frozen=True)
@@ -206,6 +234,9 @@ class Store:
         self._manifest_sig: Any = None
         self._manifest_file_cache: Manifest | None = None
         self._view_cache: Manifest | None = None
+        self._packs: dict[str, tuple[tuple[str, ...], list[PackRecord]]] = {}
+        self._pack_cache: list[tuple[tuple[str, int, str], bytes]] = []
+        self._group_cache: dict[tuple[str, int, str, int], tuple[list[Any], set[int]]] = {}
 
     def __repr__(self) -> str:
         return f"Store({self.backend!r})"
@@ -535,6 +566,171 @@ class Store:
             owner.amended(step, entry)
         self._view_cache = None
         return entry
+
+    # ------------------------------------------------------------------ extra calls (packs)
+    def next_pack_seq(self, stream: StreamId) -> int:
+        """The sequence number the stream's next pack takes (after every record and data file
+        there, so that a pack left by a writer that died is never overwritten)."""
+        self._owner(stream)
+        seqs = [0]
+        for name in self.backend.listdir(calls_dir(stream)):
+            match = _PACK_NAME.fullmatch(name)
+            if match is not None:
+                seqs.append(int(match.group(1)) + 1)
+        return max(seqs)
+
+    def save_pack(self, stream: StreamId, seq: int, members: Sequence[tuple[Any, Sequence[CallRecord]]],
+                  meta: list[dict[str, Any]], *, drop: Sequence[int] = (), compression: str = "none") -> PackRecord:
+        """Write a pack of extra calls: its members (each a batch, or its codec capture, of one
+        call; or a list of the batches of several small calls) encoded one after the other into
+        one data file, then the calls' summaries (``meta``, in the order of the members' calls),
+        then the pack record (the commit point, created exclusively). A member's ``CallRecord``s
+        give each call's step, index, method, digest...; their offsets, sizes, checksums and list
+        positions (``item``, for a list member) are filled in here."""
+        self._owner(stream)
+        rel = pack_relpath(stream, seq)
+        placed: list[CallRecord] = []
+        meta_at: tuple[int, int, str] | None = None
+
+        def produce(sink: Any) -> None:
+            nonlocal meta_at
+            for payload, records in members:
+                start, member = sink.size, _MemberSink(sink)
+                codec.encode(payload, member, compression=compression)
+                checksum = f"crc32:{member.crc:08x}"
+                listed = isinstance(payload, list)
+                placed.extend(dataclasses.replace(record, offset=start, size=member.size, checksum=checksum,
+                                                  item=i if listed else None) for i, record in enumerate(records))
+            start, member = sink.size, _MemberSink(sink)
+            codec.encode(meta, member)
+            meta_at = (start, member.size, f"crc32:{member.crc:08x}")
+
+        with self._writing(f"writing pack {seq} of extra calls of {stream}"):
+            size, checksum, mac = self._write_step(rel, stream, _PACK_MAC_BASE + seq, produce)
+        record = PackRecord(seq, rel, size, checksum, tuple(placed), meta_at, mac, tuple(drop), utc_now())
+        data = json.dumps(record.to_json(stream.key), allow_nan=False, separators=(",", ":")).encode("utf-8")
+        try:
+            with self._writing(f"committing pack {seq} of extra calls of {stream}"):
+                if not self.backend.create(pack_relpath(stream, seq, ".json"), data):
+                    raise exists_error(stream, placed[0].step if placed else 0,
+                                       self.backend.where(pack_relpath(stream, seq, ".json")))
+        except BaseException:
+            self.backend.remove([rel])
+            raise
+        self._packs.pop(stream.key, None)
+        self._owner(stream).has_packs = True
+        return record
+
+    def packs(self, stream: StreamId) -> list[PackRecord]:
+        """The stream's packs of extra calls, by sequence number (re-read when the folder changed)."""
+        signature = tuple(sorted(self.backend.listdir(calls_dir(stream))))
+        cached = self._packs.get(stream.key)
+        if cached is None or cached[0] != signature:
+            cached = (signature, read_packs(self.backend, stream))
+            self._packs[stream.key] = cached
+        return cached[1]
+
+    def extra_calls(self, stream: StreamId) -> dict[int, list[tuple[PackRecord, CallRecord]]]:
+        """Every step's extra calls (beyond its step file), in call order, without those a later
+        pack dropped (a step recorded again), and only for steps the index holds."""
+        packs = self.packs(stream)
+        dropped: dict[int, int] = {}
+        for pack in packs:
+            for step in pack.drop:
+                dropped[step] = pack.seq
+        steps = self.steps(stream)
+        calls: dict[int, list[tuple[PackRecord, CallRecord]]] = {}
+        for pack in packs:
+            for call in pack.calls:
+                if call.step in steps and pack.seq >= dropped.get(call.step, -1):
+                    calls.setdefault(call.step, []).append((pack, call))
+        for listed in calls.values():
+            listed.sort(key=lambda item: item[1].call)
+        return calls
+
+    def prune_packs(self, stream: StreamId) -> int:
+        """Remove the packs none of whose calls belongs to a step the index still holds (their
+        steps were deleted by retention): the record first, then the data. Returns how many."""
+        owner = self._owner(stream)
+        doomed = [pack for pack in self.packs(stream)
+                  if pack.calls and not any(call.step in owner.live for call in pack.calls)]
+        for pack in doomed:
+            with self._writing(f"removing pack {pack.seq} of extra calls of {stream}"):
+                self.backend.remove([pack_relpath(stream, pack.seq, ".json")])
+                self.backend.remove([pack.file])
+        if doomed:
+            self._packs.pop(stream.key, None)
+        return len(doomed)
+
+    def _pack_bytes(self, stream: StreamId, pack: PackRecord) -> bytes:
+        """A pack's data, read whole and checked against its record (size, CRC, the bound HMAC);
+        the last two packs read are kept in memory (the calls of a step are served one by one)."""
+        key = (stream.key, pack.seq, pack.checksum)
+        for cached_key, data in self._pack_cache:
+            if cached_key == key:
+                return data
+        where = self.where(pack.file)
+        read = self.backend.read(pack.file, 0, pack.size + 1)
+        if read is None:
+            raise corrupt_error(where, stream, None, "the pack of extra calls listed in the index is missing")
+        data = read
+        if len(data) != pack.size:
+            raise corrupt_error(where, stream, None, f"size is {len(data)} bytes, its record says {pack.size}")
+        if self.hmac_key is not None and not pack.hmac:
+            raise corrupt_error(where, stream, None, "its record has no HMAC signature, but a key is configured")
+        if self.verify or self.hmac_key is not None:
+            digest = Digest(self.hmac_key, mac_context(stream.key, _PACK_MAC_BASE + pack.seq) if self.hmac_key
+                            else b"", threaded=False)
+            digest.update(data)
+            checksum, mac = digest.finish()
+            if checksum != pack.checksum:
+                raise corrupt_error(where, stream, None, f"checksum {checksum} does not match its record's "
+                                    f"{pack.checksum}")
+            if self.hmac_key is not None and not hmac_lib.compare_digest(str(mac), str(pack.hmac)):
+                raise corrupt_error(where, stream, None, "HMAC signature does not match: the pack (or its record) "
+                                    "was changed or moved, or the key differs from the one used to dump")
+        self._pack_cache = [(key, data), *self._pack_cache[:1]]
+        return data
+
+    def load_call(self, stream: StreamId, pack: PackRecord, call: CallRecord, *, trusted: bool = False) -> Any:
+        """The batch of one extra call (its bytes checked against the pack record). The calls of a
+        list member are decoded together once; each is handed out once (a call asked for again
+        gets a fresh decode), so that no two callers share a batch."""
+        key = (stream.key, pack.seq, pack.checksum, call.offset)
+        if call.item is not None:
+            cached = self._group_cache.get(key)
+            if cached is not None and call.item not in cached[1] and call.item < len(cached[0]):
+                cached[1].add(call.item)
+                return cached[0][call.item]
+        data = self._pack_bytes(stream, pack)
+        member = data[call.offset:call.offset + call.size]
+        entry = StepEntry(file=pack.file, size=call.size, checksum=call.checksum, samples=call.samples, type="",
+                          keys={}, written_at="")
+        where = f"{self.where(pack.file)} (call {call.call} of step {call.step})"
+        # the whole pack was checked when it was read (CRC, HMAC): its members need no second pass
+        value = load_bytes_verified(member, entry, where=where, stream=stream, step=call.step, trusted=trusted,
+                                    verify=False)
+        if call.item is None:
+            return value
+        if not isinstance(value, list) or call.item >= len(value):
+            raise corrupt_error(where, stream, call.step, f"its record places the call at item {call.item} of a "
+                                f"list of its pack, which holds {type(value).__name__} "
+                                f"{len(value) if isinstance(value, list) else ''}".rstrip())
+        self._group_cache[key] = (value, {call.item})
+        while len(self._group_cache) > 4:
+            del self._group_cache[next(iter(self._group_cache))]
+        return value[call.item]
+
+    def pack_meta(self, stream: StreamId, pack: PackRecord) -> list[Any]:
+        """The summaries (arguments, request nodes) of a pack's calls, in the pack's order."""
+        if pack.meta is None:
+            return []
+        start, size, checksum = pack.meta
+        data = self._pack_bytes(stream, pack)
+        entry = StepEntry(file=pack.file, size=size, checksum=checksum, samples=None, type="", keys={}, written_at="")
+        value = load_bytes_verified(data[start:start + size], entry, where=f"{self.where(pack.file)} (summaries)",
+                                    stream=stream, step=None, trusted=False, verify=self.verify)
+        return value if isinstance(value, list) else []
 
     def close(self) -> None:
         """Fold every stream this object writes into manifest.json and release the locks."""

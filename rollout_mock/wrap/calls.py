@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import hashlib
 import inspect
 import math
 import operator
+import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -17,6 +21,7 @@ from rollout_mock.text import json_float, short_repr
 
 __all__ = [
     "STATE_VERSION",
+    "StepCalls",
     "STEP_ARG",
     "call_summary",
     "detect_convention",
@@ -247,3 +252,92 @@ def call_summary(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, 
 
 def elapsed(start: float) -> float:
     return round(time.perf_counter() - start, 6)
+
+
+class StepCalls:
+    """The call key's second half: each call of a step gets the next index of that step, in the
+    order calls *begin* (thread-safe), so that threads, asyncio tasks and Ray calls that finish
+    in any order keep the index they started with; and the step that calls without a step
+    argument take inside :meth:`at_step` (a context variable, inherited by asyncio tasks created
+    inside, else the step pinned by the innermost open block of any thread).
+
+    Only the indices of the :data:`KEEP` most recent steps are kept (a step seen again after that
+    starts over at 0)."""
+
+    KEEP = 4096
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: dict[int, int] = {}
+        self._current: contextvars.ContextVar[int | None] = contextvars.ContextVar("rollout_mock_step", default=None)
+        self._pinned: list[int] = []
+        self._task_base: contextvars.ContextVar[int | None] = contextvars.ContextVar("rollout_mock_tasks",
+                                                                                     default=None)
+
+    def begin(self, step: int) -> int:
+        """The index of a call of ``step`` that begins now (0 for the first)."""
+        with self._lock:
+            index = self._next.get(step, 0)
+            self._next[step] = index + 1
+            if len(self._next) > self.KEEP:
+                for old in sorted(self._next)[: len(self._next) - self.KEEP]:
+                    del self._next[old]
+            return index
+
+    def begun(self, step: int) -> int:
+        """How many calls of ``step`` began so far."""
+        with self._lock:
+            return self._next.get(step, 0)
+
+    def current(self) -> int | None:
+        """The step of an open :meth:`at_step` block (this context's, else any thread's), or None."""
+        step = self._current.get()
+        if step is None and self._pinned:
+            step = self._pinned[-1]
+        return step
+
+    def enter(self, step: int) -> contextvars.Token[int | None]:
+        with self._lock:
+            self._pinned.append(step)
+        self._task_base.set(_next_task_number())
+        return self._current.set(step)
+
+    def leave(self, token: contextvars.Token[int | None], step: int) -> None:
+        try:
+            self._current.reset(token)
+        except ValueError:  # left from another context (a generator moved between tasks)
+            self._current.set(None)
+        self._task_base.set(None)
+        with self._lock:
+            if step in self._pinned:
+                self._pinned.reverse()
+                self._pinned.remove(step)
+                self._pinned.reverse()
+
+    def task(self) -> int | None:
+        """Which asyncio task of the open :meth:`at_step` block is calling: the task's creation
+        number counted from the block's start (an episode created by ``asyncio.gather`` keeps its
+        number from run to run, whatever order its calls finish in), or ``None`` (no block, not
+        in a task, a task named by the user). Calls with equal requests are matched to the
+        recorded call of the same task first."""
+        base = self._task_base.get()
+        if base is None:
+            return None
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:  # no running loop
+            return None
+        match = _TASK_NAME.fullmatch(task.get_name()) if task is not None else None
+        return None if match is None else int(match.group(1)) - base
+
+
+_TASK_NAME = re.compile(r"Task-([0-9]{1,18})", re.ASCII)
+
+
+def _next_task_number() -> int | None:
+    """The number asyncio gives the next task it names (``Task-N``; the number is taken)."""
+    counter = getattr(asyncio.tasks, "_task_name_counter", None)
+    try:
+        return int(counter()) if callable(counter) else None
+    except (TypeError, ValueError):
+        return None

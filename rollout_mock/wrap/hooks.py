@@ -21,6 +21,7 @@ The built-in adapters register theirs when ``rollout_mock.adapters`` is imported
 from __future__ import annotations
 
 import fnmatch
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -76,6 +77,11 @@ def volatile_fields() -> dict[str, tuple[str, ...]]:
 
 def compile_patterns(patterns: Sequence[str]) -> tuple[tuple[str, ...], ...]:
     """Dotted patterns as tuples of components (for :func:`matches_pattern`)."""
+    return _compiled(tuple(patterns))
+
+
+@functools.lru_cache(maxsize=64)
+def _compiled(patterns: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(p.strip(".").split(".")) for p in patterns if p.strip("."))
 
 

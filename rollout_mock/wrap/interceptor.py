@@ -45,12 +45,19 @@ from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.store import StepStore, open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.text import logger
-from rollout_mock.wrap.calls import STATE_VERSION, _distributed_rank, call_summary, elapsed, step_from_call
+from rollout_mock.wrap.calls import (
+    STATE_VERSION,
+    StepCalls,
+    _distributed_rank,
+    call_summary,
+    elapsed,
+    step_from_call,
+)
 from rollout_mock.wrap.check import Checker
 from rollout_mock.wrap.matching import Request
 from rollout_mock.wrap.mismatch import KeyFunction, RequestMatcher
 from rollout_mock.wrap.recording import Recorder
-from rollout_mock.wrap.replay import Replayer, describe_expected
+from rollout_mock.wrap.replay import Recorded, Replayer, describe_expected
 from rollout_mock.wrap.rng import RngHook
 from rollout_mock.wrap.watchdog import StallWatchdog
 
@@ -59,6 +66,9 @@ __all__ = ["Interceptor"]
 #: Dump mode: what is recorded of a live batch (``None``: the batch itself), e.g. AReaL's remote
 #: tensor handles replaced by their values; the caller still gets the live batch.
 Capture = Callable[[Any], Any]
+#: Dump mode: a small JSON-able description recorded with a call, e.g. the weight versions of its
+#: samples (``None``: nothing).
+Provenance = Callable[[Any], "dict[str, Any] | None"]
 
 
 class Interceptor:
@@ -80,6 +90,7 @@ class Interceptor:
         match_keys: Mapping[str, KeyFunction] | None = None,
         check_views: Mapping[str, Callable[[Any], Any]] | None = None,
         capture: Capture | None = None,
+        provenance: Provenance | None = None,
     ) -> None:
         if not config.enable:
             raise ValueError("Interceptor needs an enabled config")
@@ -109,6 +120,9 @@ class Interceptor:
         #: positional parameter names of each intercepted method (names a call's arguments)
         self.params: dict[str, Sequence[str] | None] = {}
         self.capture = capture
+        self.provenance = provenance
+        #: the call key's second half: each call's index within its step (and at_step's step)
+        self.calls = StepCalls()
         self.closed = False
         #: the dump half (dump mode) and the mock half (mock and check mode): exactly one is set
         self.recorder: Recorder | None = None
@@ -154,6 +168,13 @@ class Interceptor:
     @next_step.setter
     def next_step(self, value: int) -> None:
         self._next_step = int(value)
+        if self.replayer is not None:
+            self.replayer.rewind()
+
+    def continue_after(self, step: int) -> None:
+        """Calls without a step continue after ``step`` (the end of an ``at_step`` block)."""
+        with self._lock:
+            self._next_step = max(self._next_step, step + 1)
 
     def resolve_step(self, args: tuple[Any, ...], kwargs: Mapping[str, Any], position: int | None,
                      method: str | None = None) -> int:
@@ -163,6 +184,8 @@ class Interceptor:
         explicit = step_from_call(
             args, kwargs, position, method=method, mode=self.mode.value, split=self.split
         )
+        if explicit is None and (current := self.calls.current()) is not None:
+            return current  # inside at_step(n): every call is a call of step n
         with self._lock:
             step = self._next_step if explicit is None else explicit
             self._next_step = step + 1
@@ -181,7 +204,7 @@ class Interceptor:
                 f"[RolloutMock] load_state_dict: the state is of stream {state['stream']!r}, this scheduler "
                 f"records/replays {self.stream.key!r}; load each scheduler's own state_dict",
                 mode=self.mode.value, split=self.split)
-        self._next_step = int(state["next_step"])
+        self.next_step = int(state["next_step"])
 
     # ------------------------------------------------------------------ request matching
     def check_settings(self, settings: Mapping[str, Any] | None, method: str) -> None:
@@ -189,16 +212,19 @@ class Interceptor:
         if self.mode.replays:
             self.matcher.check_settings(settings, method)
 
-    def source_of(self, step: int, method: str, request: Request | None) -> int | None:
-        """Mock and check mode: the recorded step that serves run step ``step`` (``None``: the step
-        is run live and recorded, ``on_missing_step: record``), after checking that the call asks
-        for what the dump run's call of that step asked for. Dump mode: ``None``."""
+    def source_of(self, step: int, method: str, request: Request | None,
+                  task: int | None = None) -> tuple[int, Recorded | None] | None:
+        """Mock and check mode: the recorded step that serves run step ``step`` and which of its
+        recorded calls serves this call (``None``: the step is run live and recorded,
+        ``on_missing_step: record``), after checking that the call asks for what the dump run's
+        call asked for (:meth:`Replayer.pick`). Dump mode: ``None``."""
         if self.replayer is None:
             return None
         source = self.replayer.replay_source(step)
-        if source is not None and source == self.replayer.settings.dump_step(step):
-            self.matcher.check(request, step=step, dump_step=source, method=method)
-        return source
+        if source is None:
+            return None
+        exact = source == self.replayer.settings.dump_step(step)
+        return source, self.replayer.pick(step, source, method, request, self.matcher if exact else None, task)
 
     # ------------------------------------------------------------------ the two halves
     @property
@@ -233,20 +259,24 @@ class Interceptor:
 
     # ------------------------------------------------------------------ dispatch
     def begin(self, method: str, args: tuple[Any, ...], kwargs: Mapping[str, Any],
-              position: int | None) -> tuple[int, dict[str, Any], Request | None]:
-        """Start an intercepted call: its step, plain-argument summary and request digest (kept
-        in the summary, so that dump mode records it with the step); dump mode fails fast if the
-        step cannot be recorded. A step argument that is present but not a non-negative integer
-        raises :class:`~rollout_mock.errors.StepArgumentError` here, before the real rollout runs."""
+              position: int | None) -> tuple[int, int, dict[str, Any], Request | None]:
+        """Start an intercepted call: its key (step, and its index among the step's calls in the
+        order they begin), plain-argument summary and request digest (kept in the summary, so that
+        dump mode records it with the call); dump mode fails fast if the step cannot be recorded.
+        A step argument that is present but not a non-negative integer raises
+        :class:`~rollout_mock.errors.StepArgumentError` here, before the real rollout runs."""
         self._methods_seen.add(method)
         step = self.resolve_step(args, kwargs, position, method)
+        index = self.calls.begin(step)
         request = self.matcher.request(method, args, kwargs, self.params.get(method), position)
         call = call_summary(args, kwargs)
         if request is not None:
             call["request"] = request.to_json()
+        if (task := self.calls.task()) is not None:
+            call["task"] = task
         if self.recorder is not None:
-            self.recorder.before_rollout(step)
-        return step, call, request
+            self.recorder.before_rollout(step, index)
+        return step, index, call, request
 
     def _real(self, method: str, real: Callable[..., Any] | None,
               resolve: Callable[[], Callable[..., Any]] | None) -> Callable[..., Any]:
@@ -263,7 +293,8 @@ class Interceptor:
             )
         return real
 
-    def _keep(self, step: int, batch: Any, *, method: str, seconds: float, call: dict[str, Any]) -> None:
+    def _keep(self, step: int, index: int, batch: Any, *, method: str, seconds: float,
+              call: dict[str, Any]) -> None:
         """Record a live call's batch: dump mode (when ``step`` is recorded) or a missing step
         of mock mode (``on_missing_step: record``, written synchronously: it is rare). Check mode
         writes no step."""
@@ -271,18 +302,38 @@ class Interceptor:
             logger.warning("[RolloutMock] step %d of %s is not recorded: mode=check serves the live batch "
                            "unchecked and writes no step", step, self.stream)
         elif self.replayer is not None:
+            if index:
+                logger.warning("[RolloutMock] call %d of missing step %d of %s is not recorded: on_missing_step="
+                               "record records the first call of a step only", index, step, self.stream)
+                return
             self.replayer.record_missing(self.replayer.settings.dump_step(step), self._captured(batch),
                                          method=method, seconds=seconds, call=call)
         elif self.recorder is not None and self.recorder.records_step(step):
-            self.recorder.record(step, self._captured(batch), method=method, seconds=seconds, call=call)
+            provenance = None if self.provenance is None else self.provenance(batch)
+            self.recorder.record_call(step, index, self._captured(batch), method=method, seconds=seconds, call=call,
+                                      provenance=provenance)
 
     def _captured(self, batch: Any) -> Any:
         return batch if self.capture is None else self.capture(batch)
 
-    def _checked(self, step: int, source: int, method: str, live: Any) -> Any:
+    def _checked(self, step: int, served: tuple[int, Recorded | None], method: str, live: Any) -> Any:
         assert self.checker is not None and self.replayer is not None
+        source, chosen = served
         return self.checker.check(step=step, source=source, method=method, live=live,
-                                  recorded=self.replayer.replay_at(source))
+                                  recorded=self.replayer.replay_call(source, chosen))
+
+    def _replayed(self, step: int, index: int, served: tuple[int, Recorded | None]) -> Any:
+        assert self.replayer is not None
+        source, chosen = served
+        batch = self.replayer.replay_call(source, chosen)
+        if chosen is None or chosen.pack is None:  # the random state is recorded with a step's first call
+            self.after_replayed_call(step, source, batch)
+        else:
+            self.replayed += 1
+        return batch
+
+    def _rng_before_call(self, step: int, index: int) -> dict[str, Any] | None:
+        return self._rng_before(step) if index == 0 else None
 
     def call(self, method: str, real: Callable[..., Any] | None, args: tuple[Any, ...],
              kwargs: dict[str, Any], position: int | None,
@@ -290,23 +341,20 @@ class Interceptor:
         """One intercepted plain call: replay, or call ``real`` and record (or check) its batch.
 
         ``resolve`` builds the real method on demand (mock mode, ``on_missing_step: record``)."""
-        step, call, request = self.begin(method, args, kwargs, position)
+        step, index, call, request = self.begin(method, args, kwargs, position)
         with self._watching(method, step):
-            source = self.source_of(step, method, request)
-            if source is not None and self.checker is None:
-                assert self.replayer is not None
-                batch = self.replayer.replay_at(source)
-                self.after_replayed_call(step, source, batch)
-                return batch
+            served = self.source_of(step, method, request)
+            if served is not None and self.checker is None:
+                return self._replayed(step, index, served)
             function = self._real(method, real, resolve)
             start = time.perf_counter()
-            rng_before = self._rng_before(step)
+            rng_before = self._rng_before_call(step, index)
             batch = function(*args, **kwargs)
             seconds = elapsed(start)
             self.after_live_call(step, method, batch)
-            if source is not None:
-                return self._checked(step, source, method, batch)
-            self._keep(step, batch, method=method, seconds=seconds, call=call)
+            if served is not None:
+                return self._checked(step, served, method, batch)
+            self._keep(step, index, batch, method=method, seconds=seconds, call=call)
             self.rng.after_call(step, rng_before, self._writer)
             return batch
 
@@ -314,28 +362,35 @@ class Interceptor:
                          kwargs: dict[str, Any], position: int | None,
                          resolve: Callable[[], Callable[..., Any]] | None = None) -> Any:
         """Like :meth:`call` for ``async def`` methods; capture and I/O stay off the event loop."""
-        step, call, request = self.begin(method, args, kwargs, position)
+        step, index, call, request = self.begin(method, args, kwargs, position)
         loop = asyncio.get_running_loop()
         if self.watchdog is not None:
             self.watchdog.note_loop(loop)
         with self._watching(method, step):
-            source = self.source_of(step, method, request)
-            if source is not None and self.checker is None:
+            served = self.source_of(step, method, request, call.get("task"))
+            if served is not None and self.checker is None:
+                source, chosen = served
                 assert self.replayer is not None
-                batch = await self.replayer.replay_at_async(source)
-                self.after_replayed_call(step, source, batch)
-                return batch
+                if chosen is None or chosen.pack is None:
+                    batch = await self.replayer.replay_at_async(source)
+                    self.after_replayed_call(step, source, batch)
+                    return batch
+                return self._replayed(step, index, served)  # a pack member: in memory once its pack is read
             function = self._real(method, real, resolve)
             start = time.perf_counter()
-            rng_before = self._rng_before(step)
+            rng_before = self._rng_before_call(step, index)
             batch = await function(*args, **kwargs)
             seconds = elapsed(start)
             self.after_live_call(step, method, batch)
-            if source is not None:
-                return await loop.run_in_executor(None, lambda: self._checked(step, source, method, batch))
+            if served is not None:
+                checked = served
+                return await loop.run_in_executor(None, lambda: self._checked(step, checked, method, batch))
             self.rng.after_call(step, rng_before, self._writer)
+            if index:  # an extra call is captured here and written with others: no thread hop
+                self._keep(step, index, batch, method=method, seconds=seconds, call=call)
+                return batch
             await loop.run_in_executor(
-                None, lambda: self._keep(step, batch, method=method, seconds=seconds, call=call))
+                None, lambda: self._keep(step, index, batch, method=method, seconds=seconds, call=call))
             return batch
 
     def call_remote(self, method: str, real: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -348,18 +403,15 @@ class Interceptor:
         there and its seconds are measured to that point (an upper bound when the writer was busy)."""
         import ray
 
-        step, call, request = self.begin(method, args, kwargs, position)
+        step, index, call, request = self.begin(method, args, kwargs, position)
         label = f"{method}(step {step})"
         if self.watchdog is not None:
             self.watchdog.enter(label)
         pending = False
         try:
-            source = self.source_of(step, method, request)
-            if source is not None and self.checker is None:
-                assert self.replayer is not None
-                batch = self.replayer.replay_at(source)
-                self.after_replayed_call(step, source, batch)
-                return ray.put(batch)
+            served = self.source_of(step, method, request)
+            if served is not None and self.checker is None:
+                return ray.put(self._replayed(step, index, served))
             function: Any = self._real(method, real, resolve)
             remote = function.options(**options) if options else function
             start = time.perf_counter()
@@ -368,12 +420,16 @@ class Interceptor:
                 batch = ray.get(ref)
                 seconds = elapsed(start)
                 self.after_live_call(step, method, batch)
-                if source is not None:
-                    return ray.put(self._checked(step, source, method, batch))
-                self._keep(step, batch, method=method, seconds=seconds, call=call)
+                if served is not None:
+                    return ray.put(self._checked(step, served, method, batch))
+                self._keep(step, index, batch, method=method, seconds=seconds, call=call)
                 return ray.put(batch)
             self.after_live_call(step, method, None)
-            if self.recorder is not None and self.recorder.records_step(step):
+            if self.recorder is not None and self.recorder.records_step(step) and index:
+                # a further call of the step: fetched now (a pack member is captured on this thread)
+                batch = ray.get(ref)
+                self._keep(step, index, batch, method=method, seconds=elapsed(start), call=call)
+            elif self.recorder is not None and self.recorder.records_step(step):
                 # Ray objects are immutable: no snapshot needed; fetched on the writer thread.
                 self.recorder.record_later(step, lambda: self._captured(ray.get(ref)), method=method,
                                            started=start, call=call, done=lambda: self._unwatch(label))

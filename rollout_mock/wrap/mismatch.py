@@ -39,12 +39,14 @@ from rollout_mock.wrap.calls import step_names
 from rollout_mock.wrap.matching import REQUEST_FORMAT, Node, Request, block_bounds, digest_request
 
 __all__ = [
-    "MAX_SETTINGS", "Difference", "KeyFunction", "RequestMatcher", "bind_arguments", "check_dump_settings",
-    "check_settings", "differences", "flatten_settings",
+    "MAX_SETTINGS", "Difference", "KeyFunction", "RequestMatcher", "bind_arguments",
+    "check_dump_settings", "check_settings", "differences", "flatten_settings",
 ]
 
 #: A request key function: the call's named arguments (step left out) -> what is compared.
 KeyFunction = Callable[[dict[str, Any]], Any]
+
+
 #: Settings kept per stream (flattened keys); more are cut with a note.
 MAX_SETTINGS = 512
 #: Recorded steps searched (nearest first) for one equal to a mismatched call.
@@ -257,12 +259,20 @@ class RequestMatcher:
         return out
 
     def check(self, live: Request | None, *, step: int, dump_step: int, method: str) -> None:
-        """Compare a call with the recorded call of ``dump_step``; act on a difference."""
+        """Compare a call with the recorded call of ``dump_step`` (its step file's); act on a
+        difference."""
         if live is None:
             return
         entry = self.store.entry(self.stream, dump_step)
-        context = self.context
         raw = ((None if entry is None else entry.call) or {}).get("request")
+        self.check_recorded(raw, live, step=step, dump_step=dump_step, method=method)
+
+    def check_recorded(self, raw: Any, live: Request, *, step: int, dump_step: int, method: str,
+                       call: int | None = None) -> None:
+        """Compare a call with a recorded request (``raw``: its JSON); act on a difference.
+        ``call``: the recorded call's index in its step, named in the error (``None``: a step of
+        one call)."""
+        context = self.context
         recorded = Request.from_json(raw)
         if recorded is None and Request.format_of(raw) not in (None, REQUEST_FORMAT):
             self._other_format(Request.format_of(raw), step=step, dump_step=dump_step, method=method)
@@ -287,8 +297,9 @@ class RequestMatcher:
         found = differences(recorded, live, scope)
         if not found:
             return
-        nearest = self._nearest(live, self._nearby(dump_step), dump_step)
-        message = self._message(found, step=step, dump_step=dump_step, method=method, nearest=nearest, context=context)
+        nearest = self._nearest(live, self._nearby(dump_step), dump_step) if call is None else None
+        message = self._message(found, step=step, dump_step=dump_step, method=method, nearest=nearest, context=context,
+                                call=call)
         if self.settings.policy is MismatchPolicy.WARN:
             if method not in self._warned:
                 self._warned.add(method)
@@ -299,7 +310,7 @@ class RequestMatcher:
         raise ReplayMismatchError(
             message, method=method, argument=first.path, dump_step=dump_step, recorded=first.recorded,
             live=first.live, nearest=nearest, mode=context.get("mode"), split=context.get("split"), step=step,
-            path=context.get("path"))
+            path=context.get("path"), call=call)
 
     def _other_format(self, version: Any, *, step: int, dump_step: int, method: str) -> None:
         """A call recorded with another digest format: its digest cannot be compared with this
@@ -332,12 +343,15 @@ class RequestMatcher:
 
     @staticmethod
     def _message(found: list[Difference], *, step: int, dump_step: int, method: str, nearest: int | None,
-                 context: Mapping[str, Any]) -> str:
+                 context: Mapping[str, Any], call: int | None = None) -> str:
         mapped = "" if dump_step == step else f" (dump step {dump_step})"
+        which = "the dump run's call of that step" if call is None else (
+            f"every call of that step the dump run made and this run has not been served yet; compared with "
+            f"the first of them, call {call}")
         lines = [
-            f"[RolloutMock] mode={context.get('mode')}, {context.get('stream')} step {step}{mapped}: {method} asks "
-            f"for other data than the dump run's call of that step, so its recorded batch is not what this run "
-            f"would train on; it is not served.",
+            f"[RolloutMock] mode={context.get('mode')}, {context.get('stream')} step {step}{mapped}"
+            f"{'' if call is None else f', call {call}'}: {method} asks for other data than {which}, so its "
+            f"recorded batch is not what this run would train on; it is not served.",
         ]
         lines += [f"  {d.path}: {d.what}" for d in found[:6]]
         if len(found) > 6:

@@ -17,26 +17,32 @@ sent :data:`DELETE_BATCH` steps at a time).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import rollout_mock.codec as codec
+from rollout_mock.batch import count_samples
 from rollout_mock.config import DiskFullPolicy, RecordSettings
 from rollout_mock.determinism.fingerprint import fingerprint
-from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError, StepExistsError
+from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError
 from rollout_mock.storage.directory import free_bytes
-from rollout_mock.storage.manifest import StreamId, format_ranges
+from rollout_mock.storage.manifest import CallRecord, StreamId, format_ranges
 from rollout_mock.storage.store import BatchInfo, StepStore, Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed
 from rollout_mock.wrap.retention import MetricWatch, Plan, Retention, nonfinite_values, register, unregister
 
-__all__ = ["DELETE_BATCH", "Recorder", "scannable"]
+__all__ = ["DELETE_BATCH", "PACK_BYTES", "PACK_PENDING_BYTES", "Recorder", "scannable"]
 
 #: On an object store, the ring's deletions are sent once this many steps are due (two batched
 #: requests: entries, then data) and at close; on a local disk at once.
 DELETE_BATCH = 16
+#: A pack of extra calls holds up to this many bytes (a larger call gets a pack of its own).
+PACK_BYTES = 64 << 20
+#: Captured extra calls waiting for the writer beyond this many bytes make the next call wait.
+PACK_PENDING_BYTES = 512 << 20
 
 
 def scannable(written: Any) -> Any:
@@ -46,6 +52,33 @@ def scannable(written: Any) -> Any:
     if isinstance(written, codec.Capture):
         return codec.view_capture(written)
     return written
+
+
+#: Extra calls smaller than this are written as one list per pack (one header for all of them:
+#: a replay decodes them together); larger ones as a member of their own.
+SMALL_CALL_BYTES = 256 << 10
+
+
+def _nbytes(snap: Any) -> int:
+    return snap.nbytes if isinstance(snap, codec.Capture) else 0
+
+
+def _members(part: list[tuple[Any, CallRecord, dict[str, Any]]]
+             ) -> tuple[list[tuple[Any, list[CallRecord]]], list[dict[str, Any]]]:
+    """A pack's members and the calls' summaries in the same order: the small calls' batches as
+    one list (each rebuilt over its capture's memory: no copy), then each larger call's capture
+    on its own."""
+    small = [item for item in part if _nbytes(item[0]) < SMALL_CALL_BYTES]
+    large = [item for item in part if _nbytes(item[0]) >= SMALL_CALL_BYTES]
+    members: list[tuple[Any, list[CallRecord]]] = []
+    if len(small) > 1:
+        members.append(([codec.view_capture(s) if isinstance(s, codec.Capture) else s for s, _, _ in small],
+                        [record for _, record, _ in small]))
+    else:
+        large = small + large
+        small = []
+    members += [(snap, [record]) for snap, record, _ in large]
+    return members, [call for _, _, call in small + large]
 
 
 class Recorder:
@@ -75,8 +108,19 @@ class Recorder:
         self._deleted_count = 0
         self._capped_said = False
         self._scan_failed_said = False
-        #: steps this run has recorded (a second call with one of them is refused)
+        #: steps whose step file this run has recorded (their later calls go to packs)
         self._recorded: set[int] = set()
+        self._lock = threading.Lock()
+        #: extra calls captured and not written yet: (capture, record, call summary)
+        self._pack_queue: list[tuple[Any, CallRecord, dict[str, Any]]] = []
+        self._pack_bytes = 0
+        self._pack_ready = threading.Condition()
+        self._drain_queued = False
+        self._drops: list[int] = []
+        self._pack_seq: int | None = None
+        self._old_extra_steps: set[int] | None = None
+        #: extra calls written so far
+        self.extra_saved = 0
         self.closed = False
         if not writes:
             return
@@ -100,21 +144,111 @@ class Recorder:
     def records_step(self, step: int) -> bool:
         return self.writes and not self.dump_disabled and self.settings.records_step(step)
 
-    def before_rollout(self, step: int) -> None:
-        """Fail fast, before an expensive rollout, if its result could not be recorded: a step
-        recorded by an earlier run (unless ``overwrite``), or by this run (always: a second call
-        with the same step would replace the batch the first call returned)."""
-        if self.records_step(step) and step in self._recorded:
-            raise StepExistsError(
-                f"[RolloutMock] step {step} of {self.stream} was already recorded by this run (mode=dump): a second "
-                f"call with the same step would replace the batch the first call returned, and a replay would "
-                f"serve one batch for both. The scheduler is called more than once per step (a validation run in "
-                f"several batches, for instance): give each call its own step, or make it one call per step",
-                mode="dump", split=self.stream.split, step=step)
-        if self.records_step(step) and isinstance(self.store, Store):
+    def before_rollout(self, step: int, index: int = 0) -> None:
+        """Fail fast, before an expensive rollout, if its result could not be recorded: the first
+        call of a step recorded by an earlier run (unless ``overwrite``). Further calls of a step
+        (``index`` > 0) are recorded beside its first one."""
+        if index == 0 and self.records_step(step) and step not in self._recorded and isinstance(self.store, Store):
             self.store.check_writable(self.stream, step, overwrite=self.settings.overwrite)
         if self.writer is not None and isinstance(self.writer, BackgroundWriter):
             self.writer.raise_if_failed()
+
+    def record_call(self, step: int, index: int, batch: Any, *, method: str, seconds: float | None,
+                    call: dict[str, Any], provenance: dict[str, Any] | None = None) -> None:
+        """Record call ``index`` of ``step`` (dump mode, on the calling thread): the first call of
+        the step to *finish* becomes its step file, as a step of one call always was (its index
+        is noted in the entry when it is not 0); every later one goes to a pack of extra calls
+        (:meth:`record_extra`). Concurrent calls of one step are decided under a lock."""
+        with self._lock:
+            first = step not in self._recorded
+            if first:
+                self._recorded.add(step)
+        if first:
+            if index:
+                call = {**call, "index": index}
+            if provenance is not None:
+                call = {**call, "provenance": provenance}
+            if self.settings.overwrite and isinstance(self.store, Store) and step in self._old_extra():
+                with self._lock:
+                    self._drops.append(step)  # its extra calls of an earlier run: superseded
+                self._schedule_drain()
+            self.record(step, batch, method=method, seconds=seconds, call=call)
+        else:
+            self.record_extra(step, index, batch, method=method, seconds=seconds, call=call, provenance=provenance)
+
+    def _old_extra(self) -> set[int]:
+        if self._old_extra_steps is None:
+            assert isinstance(self.store, Store)
+            self._old_extra_steps = set(self.store.extra_calls(self.stream))
+        return self._old_extra_steps
+
+    def record_extra(self, step: int, index: int, batch: Any, *, method: str, seconds: float | None,
+                     call: dict[str, Any], provenance: dict[str, Any] | None = None) -> None:
+        """Queue call ``index`` of ``step`` for the next pack of extra calls. The batch is captured
+        now (the caller may change it once this returns); the writer thread writes everything
+        queued as one pack, so many small calls cost one file write, not one each. Blocks while
+        :data:`PACK_PENDING_BYTES` of captured calls wait for the writer."""
+        if not self.writes or self.writer is None or not isinstance(self.store, Store):
+            raise ConfigError(f"[RolloutMock] {self.stream} (mode=dump): several calls of step {step} need a "
+                              f"rollout_mock Store (a dump_dir), not {self.store!r}")
+        snap: Any = codec.capture(batch) if isinstance(self.writer, BackgroundWriter) else batch
+        request = call.get("request")
+        digest = request.get("d") if isinstance(request, dict) and type(request.get("d")) is int else None
+        task = call.get("task")
+        record = CallRecord(step, index, method, 0, 0, "crc32:00000000", digest, seconds, count_samples(batch),
+                            task=task if type(task) is int else None, provenance=provenance)
+        size = snap.nbytes if isinstance(snap, codec.Capture) else 0
+        with self._pack_ready:
+            while self._pack_bytes > PACK_PENDING_BYTES and self._pack_queue:
+                self._pack_ready.wait()
+            self._pack_queue.append((snap, record, call))
+            self._pack_bytes += size
+        self._schedule_drain()
+
+    def _schedule_drain(self) -> None:
+        with self._lock:
+            if self._drain_queued:
+                return
+            self._drain_queued = True
+        assert self.writer is not None
+        self.writer.submit(WriteJob(self._drain, f"extra calls of {self.stream}"))
+
+    def _drain(self) -> None:
+        """Write every queued extra call as packs of at most :data:`PACK_BYTES` (writer thread)."""
+        with self._lock:
+            self._drain_queued = False
+            drops, self._drops = self._drops, []
+        with self._pack_ready:
+            queued, self._pack_queue = self._pack_queue, []
+            self._pack_bytes = 0
+            self._pack_ready.notify_all()
+        if self.dump_disabled:
+            return
+        assert isinstance(self.store, Store)
+        start = 0
+        while start < len(queued) or drops:
+            end, size = start, 0
+            while end < len(queued) and (end == start or size < PACK_BYTES):
+                size += _nbytes(queued[end][0])
+                end += 1
+            part = queued[start:end]
+            if self._pack_seq is None:
+                self._pack_seq = self.store.next_pack_seq(self.stream)
+            try:
+                members, meta = _members(part)
+                pack = self.store.save_pack(self.stream, self._pack_seq, members, meta, drop=drops,
+                                            compression=self.settings.compression)
+            finally:
+                for snap, _, _ in part:
+                    if isinstance(snap, codec.Capture):
+                        snap.release()
+            self._pack_seq += 1
+            self.extra_saved += len(part)
+            drops = []
+            start = end
+            logger.log(step_log_level(self.extra_saved), "[RolloutMock] Dumped %d extra call(s) of step%s %s: %s "
+                       "(%.2fMB)", len(part), "s" if len({r.step for _, r, _ in part}) > 1 else "",
+                       format_ranges({r.step for _, r, _ in part}), self.store.where(pack.file), pack.size / 2**20)
 
     def record(self, step: int, batch: Any, *, method: str, seconds: float | None,
                call: dict[str, Any] | None = None, snapshot: bool = True) -> None:
@@ -122,7 +256,8 @@ class Recorder:
         first, so the caller may mutate it as soon as this returns; the copy is taken only once
         the writer has a free slot, so at most ``max_pending`` copies exist at a time."""
         assert self.writer is not None
-        self._recorded.add(step)
+        with self._lock:
+            self._recorded.add(step)
         info = BatchInfo.of(batch)
         describe = f"step {step} of {self.stream}"
 
@@ -153,6 +288,8 @@ class Recorder:
         recorded for ``step``, which stays free for a retry, and recording goes on; only failures
         to *write* stop the dump.
         """
+        with self._lock:
+            self._recorded.add(step)
         def write() -> None:
             try:
                 batch = produce()
@@ -319,6 +456,8 @@ class Recorder:
             return
         if isinstance(self.store, Store):
             self.store.delete_many(self.stream, doomed)
+            if self.extra_saved:  # packs of further calls whose steps are all gone go too
+                self.store.prune_packs(self.stream)
         else:
             for step in doomed:
                 self.store.delete(self.stream, step)

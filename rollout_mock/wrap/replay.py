@@ -20,7 +20,11 @@ its state declared in ``__init__``; the interceptor decides when a call is repla
 
 from __future__ import annotations
 
+import functools
 import os
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,14 +33,16 @@ from rollout_mock.codec.device import DevicePlacement
 from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, ReplaySettings, RolloutMockConfig
 from rollout_mock.config.model import VerdictAction
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
-from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, StepNotFoundError
-from rollout_mock.storage.manifest import StreamId, format_ranges
+from rollout_mock.errors import FingerprintMismatchError, IncompleteDumpError, ReplayMismatchError, StepNotFoundError
+from rollout_mock.storage.manifest import CallRecord, PackRecord, StreamId, format_ranges
 from rollout_mock.storage.reader import Prefetcher, load_partial, rank_rows
 from rollout_mock.storage.store import BatchInfo, StepStore, Store
 from rollout_mock.text import logger, step_log_level
+from rollout_mock.wrap.matching import Request
+from rollout_mock.wrap.mismatch import RequestMatcher
 
-__all__ = ["EXPECTED_DIR", "Replayer", "describe_expected", "expected_path", "expected_relpath", "keep_rows",
-           "subsample_batch"]
+__all__ = ["EXPECTED_DIR", "Recorded", "Replayer", "describe_expected", "expected_path", "expected_relpath",
+           "keep_rows", "subsample_batch"]
 
 
 def keep_rows(n: int, fraction: float) -> list[int]:
@@ -59,6 +65,85 @@ def subsample_batch(batch: Any, fraction: float) -> Any:
     return batch_type.take(batch, keep_rows(n, fraction))
 
 
+#: Run steps whose served calls are remembered (a count mismatch of an older step is said then).
+SERVED_STEPS = 64
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+@dataclass
+class Recorded:
+    """One recorded call of a step: its step file (``pack`` is ``None``: the step's first recorded
+    call) or a member of a pack of extra calls."""
+
+    call: int
+    method: str | None
+    digest: int | None
+    task: int | None = None
+    pack: PackRecord | None = None
+    record: CallRecord | None = None
+    raw_request: Any = None
+    load_meta: Callable[[], list[Any]] | None = field(default=None, repr=False)
+
+    def request(self) -> Any:
+        """The recorded request's JSON (a pack call's is read from its pack on demand)."""
+        if self.pack is None or self.record is None or self.load_meta is None:
+            return self.raw_request
+        meta = self.load_meta()
+        position = self.pack.calls.index(self.record)
+        item = meta[position] if position < len(meta) else None
+        return item.get("request") if isinstance(item, dict) else None
+
+
+class _Taken:
+    """The recorded calls of the step serving one run step, and which were served: the calls
+    by (method, digest) and the first not served yet per method, found without a scan."""
+
+    def __init__(self, source: int, calls: list[Recorded]) -> None:
+        self.source = source
+        self.calls = calls
+        self.served: set[int] = set()
+        self._by_digest: dict[tuple[str | None, int | None], deque[Recorded]] = {}
+        for call in calls:
+            self._by_digest.setdefault((call.method, call.digest), deque()).append(call)
+        self._next: dict[str, int] = {}
+
+    def first_unserved(self, method: str) -> Recorded | None:
+        i, calls = self._next.get(method, 0), self.calls
+        while i < len(calls) and (calls[i].call in self.served or calls[i].method not in (None, method)):
+            i += 1
+        self._next[method] = i
+        return calls[i] if i < len(calls) else None
+
+    def equal(self, method: str, digest: int, task: int | None = None) -> Recorded | None:
+        """The first call not served yet of ``method`` recorded with request digest ``digest``:
+        the first one made by ``task`` when it is known and one was, else the first."""
+        for key in ((method, digest), (None, digest)):
+            queue = self._by_digest.get(key)
+            while queue and queue[0].call in self.served:
+                queue.popleft()
+            if queue:
+                if task is not None and queue[0].task != task:
+                    same = next((c for c in queue if c.task == task and c.call not in self.served), None)
+                    if same is not None:
+                        return same
+                return queue[0]
+        return None
+
+
+def _recorded_digest(call: Any) -> int | None:
+    """The digest of a step entry's recorded request (``None``: none, or not this format's)."""
+    request = Request.from_json(call.get("request")) if isinstance(call, dict) else None
+    return None if request is None else request.digest
+
+
+def _call_index(call: Any) -> int:
+    index = call.get("index", 0) if isinstance(call, dict) else 0
+    return index if type(index) is int and 0 <= index < 1 << 62 else 0
+
+
 class Replayer:
     """Serves one stream's recorded batches (mock mode; see the module docstring).
 
@@ -79,14 +164,125 @@ class Replayer:
         #: on_missing_step: record took the stream's writer lock
         self._recorder_open = False
         self.prefetcher: Prefetcher | None = None
+        #: the extra calls of every recorded step (read once, on the first step that needs them)
+        self._extra: dict[int, list[tuple[PackRecord, CallRecord]]] | None = None
+        #: run step -> (the recorded step serving it, its recorded calls, the calls served so far)
+        self._taken: dict[int, _Taken] = {}
         self._open()
 
     def __repr__(self) -> str:
         return f"Replayer({self.stream}, store={self.store!r})"
 
     def close(self) -> None:
+        for step in list(self._taken):
+            self._forget(step)
         if self.prefetcher is not None:
             self.prefetcher.close()
+
+    # ------------------------------------------------------------------ the calls of a step
+    def recorded_calls(self, source: int) -> list[Recorded]:
+        """Every recorded call of step ``source``, in call order: its step file's, then the
+        extra calls of its packs."""
+        entry = self.store.entry(self.stream, source)
+        calls = []
+        if entry is not None:
+            call = entry.call or {}
+            task = call.get("task")
+            calls.append(Recorded(_call_index(call), entry.method, _recorded_digest(call),
+                                  task if type(task) is int else None, raw_request=call.get("request")))
+        if self._extra is None:
+            self._extra = self.store.extra_calls(self.stream) if isinstance(self.store, Store) else {}
+        for pack, record in self._extra.get(source, []):
+            calls.append(Recorded(record.call, record.method, record.digest, record.task, pack, record,
+                                  load_meta=functools.partial(self._pack_meta, pack)))
+        calls.sort(key=lambda c: c.call)
+        return calls
+
+    def _pack_meta(self, pack: PackRecord) -> list[Any]:
+        assert isinstance(self.store, Store)
+        return self.store.pack_meta(self.stream, pack)
+
+    def pick(self, step: int, source: int, method: str, request: Request | None,
+             matcher: RequestMatcher | None, task: int | None = None) -> Recorded | None:
+        """The recorded call of step ``source`` that serves this call of run step ``step``: the
+        first not yet served (in recorded order) whose request digest equals this call's, so that
+        equal requests are served in recorded order; a recorded call without a digest matches by
+        its place. With ``match_on`` (a part of the request is compared) or without matching, the
+        first not yet served, checked. A call equal to none is explained against the first not yet
+        served (``on_mismatch: error`` raises, ``warn`` serves it). Each recorded call is served
+        once per run step. ``matcher`` is ``None`` where the run step maps to another recorded step
+        than its own (nothing is compared then). Raises :class:`ReplayMismatchError` naming the
+        step and both counts when this run makes more calls of ``method`` at the step than the dump
+        run did. A step of one recorded call is served and checked as it always was. ``task``:
+        the asyncio task making the call (:meth:`StepCalls.task`): among equal requests, the one
+        the same task made in the dump run is served first."""
+        held = self._taken.get(step)
+        if held is None or held.source != source:
+            if held is not None:
+                self._forget(step)
+            held = self._taken[step] = _Taken(source, self.recorded_calls(source))
+            while len(self._taken) > SERVED_STEPS:
+                self._forget(next(iter(self._taken)))
+        if len(held.calls) <= 1:  # a step of one call: served (and checked) as before calls were keyed
+            if matcher is not None:
+                matcher.check(request, step=step, dump_step=source, method=method)
+            only = held.calls[0] if held.calls else None
+            held.served.add(0 if only is None else only.call)
+            return only
+        first = held.first_unserved(method)
+        if first is None:
+            recorded = sum(1 for c in held.calls if c.method is None or c.method == method)
+            mapped = "" if source == step else f" (dump step {source})"
+            raise ReplayMismatchError(
+                f"[RolloutMock] mode={self.mode.value}, {self.stream} step {step}{mapped}: the dump run made "
+                f"{recorded} call(s) of {method} at this step and this run makes a {_ordinal(recorded + 1)}, so "
+                f"there is no recorded batch left to serve it (each recorded call is served once; nothing is "
+                f"cycled). The run asks for more data than the dump run did: check the batch and group sizes, "
+                f"the number of validation batches and agent turns, or re-dump with this run's settings.",
+                method=method, dump_step=source, counts=(recorded, recorded + 1), mode=self.mode.value,
+                split=self.split, step=step, path=str(self.settings.dump_dir))
+        chosen: Recorded = first
+        if matcher is not None and request is not None:
+            equal = None
+            if matcher.settings.match_on is None:
+                equal = held.equal(method, request.digest, task) or (first if first.digest is None else None)
+            if equal is None:  # explained against the first call not served yet (warn: served)
+                matcher.check_recorded(first.request(), request, step=step, dump_step=source, method=method,
+                                       call=first.call)
+            else:
+                chosen = equal
+        held.served.add(chosen.call)
+        return chosen
+
+    def rewind(self) -> None:
+        """Forget which calls were served (the run was moved to another step: a resume)."""
+        self._taken.clear()
+
+    def _forget(self, step: int) -> None:
+        """Stop tracking run step ``step``; say so when it was served fewer calls than recorded."""
+        held = self._taken.pop(step)
+        source, calls, served = held.source, held.calls, held.served
+        if len(calls) > 1 and len(served) < len(calls):
+            logger.warning(
+                "[RolloutMock] %s step %d%s: the dump run made %d call(s) at this step, this run was served %d; "
+                "the recorded calls %s were never asked for (a run that consumes less than the dump run did)",
+                self.stream, step, "" if source == step else f" (dump step {source})", len(calls), len(served),
+                format_ranges(sorted(c.call for c in calls if c.call not in served)))
+
+    def replay_call(self, source: int, chosen: Recorded | None) -> Any:
+        """Serve ``chosen`` (a recorded call of step ``source``): its step file through the
+        prefetcher, or its member of a pack."""
+        if chosen is None or chosen.pack is None or chosen.record is None:
+            return self.replay_at(source)
+        store = self.store
+        assert self.prefetcher is not None and isinstance(store, Store)
+        pack, record = chosen.pack, chosen.record
+        batch = self.prefetcher.load_now(
+            lambda _: store.load_call(self.stream, pack, record, trusted=self.settings.trust_pickle), source)
+        self.loaded += 1
+        logger.log(step_log_level(self.loaded), "[RolloutMock] Loaded step %d, call %d: %s (samples=%s)", source,
+                   record.call, self.store.describe_location(self.stream, source), record.samples)
+        return self._served(batch)
 
     def _open(self) -> None:
         place = DevicePlacement.for_setting(self.settings.device, mode=self.mode.value)  # before any I/O

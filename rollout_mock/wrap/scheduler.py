@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, Generic, TypeVar, cast, overload
 
 from rollout_mock.config import RolloutMockConfig, load_config
@@ -12,9 +13,9 @@ from rollout_mock.errors import ConfigError, SchedulerUnavailableError, StreamNo
 from rollout_mock.modes import Convention
 from rollout_mock.storage.store import StepStore, Store
 from rollout_mock.text import logger
-from rollout_mock.wrap.calls import detect_convention, parameter_names, ray_actor_class, step_arg_position
+from rollout_mock.wrap.calls import as_step, detect_convention, parameter_names, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
-from rollout_mock.wrap.interceptor import Capture, Interceptor
+from rollout_mock.wrap.interceptor import Capture, Interceptor, Provenance
 from rollout_mock.wrap.mismatch import KeyFunction, flatten_settings
 
 __all__ = ["MockScheduler", "wrap_scheduler"]
@@ -114,6 +115,9 @@ class MockScheduler(Generic[T]):
             :meth:`match_key`. The same function must be given in dump and mock mode.
         check_views: ``{method: function}``: what check mode compares of a batch (default: all).
         capture: dump mode: what is recorded of a live batch (the caller still gets the batch).
+        provenance: dump mode: ``provenance(batch)``, a small JSON-able dict recorded with each
+            call (the weight versions its samples were generated with, for instance); read back
+            with :meth:`rollout_mock.storage.Store.extra_calls` and the step entries.
 
     A Ray actor handle is wrapped on the driver: ``wrapped.get_batch.remote(...)`` returns an
     ``ObjectRef`` as before. Dump mode fetches the batch with ``ray.get`` on the writer thread
@@ -146,6 +150,7 @@ class MockScheduler(Generic[T]):
         match_keys: Mapping[str, KeyFunction] | None = None,
         check_views: Mapping[str, Callable[[Any], Any]] | None = None,
         capture: Capture | None = None,
+        provenance: Provenance | None = None,
     ) -> None:
         self.config: RolloutMockConfig = load_config(config if config is not None else {})
         self.split = split
@@ -171,7 +176,8 @@ class MockScheduler(Generic[T]):
         if scheduler is not None and self.config.mode.runs_scheduler:
             prepare_scheduler(scheduler)
         self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank,
-                                       match_keys=match_keys, check_views=check_views, capture=capture)
+                                       match_keys=match_keys, check_views=check_views, capture=capture,
+                                       provenance=provenance)
         conventions = self._conventions(scheduler, spec)
         settings = flatten_settings(rollout_settings)
         if self.config.mode.records and self.interceptor.writes:
@@ -313,6 +319,29 @@ class MockScheduler(Generic[T]):
     def step(self, value: int) -> None:
         if self.interceptor is not None:
             self.interceptor.next_step = value
+
+    @contextlib.contextmanager
+    def at_step(self, step: int) -> Iterator[int]:
+        """Make every call without a step argument inside the block a call of ``step`` (an agent
+        loop's many ``generate`` calls of one training step, a validation in several batches):
+        each is recorded as the next call of the step, in the order the calls begin, and replayed
+        by its request (see the docs' "Several calls per step"). A context variable: asyncio
+        tasks created inside the block inherit it; other threads see it while the block is open.
+        Afterwards the counter continues at ``step + 1``. Does nothing when disabled."""
+        interceptor = self.interceptor
+        checked = as_step(step, method="at_step", argument="step",
+                          mode=None if interceptor is None else interceptor.mode.value, split=self.split)
+        assert checked is not None
+        step = checked
+        if interceptor is None:
+            yield step
+            return
+        token = interceptor.calls.enter(step)
+        try:
+            yield step
+        finally:
+            interceptor.calls.leave(token, step)
+            interceptor.continue_after(step)
 
     def state_dict(self) -> dict[str, Any]:
         """rollout_mock's position, plus the wrapped scheduler's own state if it has one."""

@@ -286,13 +286,13 @@ def test_no_handler_when_sigterm_is_ignored(fresh_writers: None) -> None:
 
 @pytest.mark.parametrize("overwrite", [False, True])
 @pytest.mark.parametrize("background", [True, False])
-def test_a_second_call_with_a_step_this_run_recorded_is_refused_before_its_rollout(
+def test_a_second_call_with_a_step_this_run_recorded_is_kept_beside_the_first(
         tmp_path: Path, overwrite: bool, background: bool) -> None:
     """verl's validation in several batches calls generate_sequences twice with one global_steps:
-    the second batch must not silently replace the first (a replay would serve one for both),
-    even with overwrite (meant for steps of an earlier run); it is refused before the rollout
-    runs, naming the step, and recording goes on for the next steps."""
-    from rollout_mock.errors import StepExistsError
+    the second batch must not replace the first (a replay would serve one for both), even with
+    overwrite (meant for steps of an earlier run): both are recorded, as calls 0 and 1 of the step,
+    and a replay serves each its own batch, in order, then refuses a third call."""
+    from rollout_mock.errors import ReplayMismatchError
 
     calls: list[int] = []
 
@@ -304,9 +304,11 @@ def test_a_second_call_with_a_step_this_run_recorded_is_refused_before_its_rollo
     dump_dir = tmp_path / "d"
     with MockScheduler(Rollout(), cfg(dump_dir, overwrite=overwrite, background=background)) as mock:
         mock.get_batch(1, 0)
-        with pytest.raises(StepExistsError, match="step 0 of train was already recorded by this run") as info:
-            mock.get_batch(2, 0)
-        assert info.value.step == 0 and calls == [1]  # the second rollout never ran
+        mock.get_batch(2, 0)
         mock.get_batch(3, 1)
+    assert calls == [1, 2, 3]
     with MockScheduler(None, cfg(dump_dir, "mock", match_on=["step"])) as mock:
-        assert mock.get_batch(0, 0)["x"].tolist() == [0, 1] and mock.get_batch(0, 1)["x"].tolist() == [1, 3]
+        assert mock.get_batch(0, 0)["x"].tolist() == [0, 1] and mock.get_batch(0, 0)["x"].tolist() == [0, 2]
+        assert mock.get_batch(0, 1)["x"].tolist() == [1, 3]
+        with pytest.raises(ReplayMismatchError, match="made 2 call"):
+            mock.get_batch(0, 0)

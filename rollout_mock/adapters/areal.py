@@ -21,6 +21,17 @@ batch is captured, and the caller still gets the handles. A handle whose data ca
 stops the dump with :class:`~rollout_mock.errors.UnrecordableBatchError` at dump time, naming
 the handle; replay never meets a handle. Mock mode serves the recorded values as local tensors.
 
+Asynchronous rollout (``submit(data, workflow)`` many times, then ``wait(count)``; staleness
+bounded by ``max_head_offpolicyness``): what ``wait`` returns depends on which rollouts finished
+first, so it is recorded as *consumed*: each ``wait`` call is one step of the ``{split}/wait``
+stream (its step: ``step=``, or the next), holding the trajectories in the order ``wait`` returned
+them, each with its ``versions`` (the weight version of every token; the per-row min/max is the
+record's provenance). Mock mode: ``submit`` does nothing (no engine, no generation) and ``wait``
+serves the record, whatever the timing; a ``count`` other than the recorded call's is a
+:class:`~rollout_mock.errors.ReplayMismatchError` naming the step and both counts (as is a
+``prepare_batch`` whose ``dataloader.batch_size`` differs from the recorded batch's length).
+Nothing is keyed by the submitted data: ``wait`` is keyed by its step, in call order.
+
 Resume: pass ``step=`` (the trainer's ``global_step``, restored by AReaL's recover/checkpoint
 logic), or ``state_dict()``/``load_state_dict()`` of the wrapper with your checkpoint: the resumed
 mock run then serves the records the dump run made at those steps.
@@ -31,6 +42,7 @@ AReaL's own ``trajectory_debug`` files are read by :mod:`rollout_mock.adapters.f
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -38,12 +50,12 @@ from typing import Any
 
 from rollout_mock.adapters.frameworks import is_tokenizer, tokenizer_fingerprint
 from rollout_mock.config import config_parts, load_config
-from rollout_mock.errors import ConfigError, UnrecordableBatchError
+from rollout_mock.errors import ConfigError, ReplayMismatchError, UnrecordableBatchError
 from rollout_mock.storage.store import open_store
 from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = ["BATCH_METHODS", "ENGINE_CONTROL", "ArealRollout", "LoaderTurn", "is_remote_tensor", "localize",
-           "request_key", "wrap_areal"]
+           "request_key", "versions_provenance", "wrap_areal"]
 
 #: The engine's batch methods the wrapper records and replays (those the engine has).
 BATCH_METHODS = ("rollout_batch", "prepare_batch")
@@ -80,6 +92,43 @@ def localize(batch: Any, *, _depth: int = 0) -> Any:
     if isinstance(batch, dict):
         return {key: localize(value, _depth=_depth + 1) for key, value in batch.items()}
     return batch
+
+def versions_provenance(batch: Any) -> dict[str, Any]:
+    """Per trajectory of ``batch`` (a list of trajectory dicts; ``None`` for a rejected one), per
+    row: the lowest and highest weight version of its generated tokens (``versions`` >= 0; AReaL
+    writes -1 on prompt tokens), ``None`` where a trajectory has no ``versions``."""
+    lows: list[Any] = []
+    highs: list[Any] = []
+    for item in batch if isinstance(batch, list) else [batch]:
+        versions = item.get("versions") if isinstance(item, dict) else None
+        if versions is None or not hasattr(versions, "dim"):
+            lows.append(None)
+            highs.append(None)
+            continue
+        rows = versions if versions.dim() > 1 else versions[None]
+        low, high = [], []
+        for row in rows:
+            generated = row[row >= 0]
+            low.append(int(generated.min()) if generated.numel() else None)
+            high.append(int(generated.max()) if generated.numel() else None)
+        lows.append(low)
+        highs.append(high)
+    return {"min": lows, "max": highs}
+
+
+class _WaitAPI:
+    """The signature of AReaL's ``wait`` (``areal.api.engine_api.InferenceEngine``), for mock
+    mode without an engine."""
+
+    def wait(self, count: int, timeout: float | None = None, raise_timeout: bool = True) -> list[Any]:
+        raise NotImplementedError
+
+
+def _provenance_option() -> dict[str, Any]:
+    if "provenance" in inspect.signature(MockScheduler.__init__).parameters:
+        return {"provenance": versions_provenance}
+    return {}
+
 
 #: What AReaL's trainer calls on its rollout engine besides the batch methods (weight updates,
 #: offloading, shutdown). In mock mode there is no engine: these become no-ops (``get_version``
@@ -259,7 +308,12 @@ class ArealRollout:
         self._mock = MockScheduler(engine, config, methods=tuple(methods), split=split, factory=factory,
                                    rollout_settings=settings if rollout_settings is not None or settings else None,
                                    capture=localize, framework="areal",
-                                   match_keys=dict.fromkeys(methods, request_key))
+                                   match_keys=dict.fromkeys(methods, request_key), **_provenance_option())
+        self._engine = engine
+        self._split = split
+        self._config = config
+        self._rollout_settings = settings if rollout_settings is not None or settings else None
+        self._waits: MockScheduler[Any] | None = None
         self._step = step
         self._version = 0
         self._feeds: dict[int, _LoaderFeed] = {}
@@ -277,6 +331,17 @@ class ArealRollout:
             feed = self._feeds[id(loader)] = _LoaderFeed(loader, engine_reads=self._mock.config.mode.runs_scheduler)
         return LoaderTurn(feed, feed.claim())
 
+    def _replays(self) -> bool:
+        return self._mock.enabled and not self._mock.config.mode.runs_scheduler
+
+    def _count_mismatch(self, method: str, asked: int, recorded: int, step: int) -> ReplayMismatchError:
+        mode = self._mock.config.mode.value
+        return ReplayMismatchError(
+            f"[RolloutMock] AReaL (mode={mode}, split={self._split}, step={step}): {method} asks for {asked} "
+            f"trajectories, the recorded call returned {recorded}: another batch size than the dump run's "
+            f"(nothing is cycled or cut to fit)", mode=mode, split=self._split, step=step, method=method,
+            argument="count", recorded=str(recorded), live=str(asked))
+
     def _stepped(self, method: str) -> Callable[..., Any]:
         def call(*args: Any, **kwargs: Any) -> Any:
             if self._step is not None:
@@ -286,10 +351,48 @@ class ArealRollout:
                     args = (self._turn(args[0]), *args[1:])
                 elif "dataloader" in kwargs:
                     kwargs["dataloader"] = self._turn(kwargs["dataloader"])
-            return getattr(self._mock, method)(*args, **kwargs)
+            step = self._mock.step
+            batch = getattr(self._mock, method)(*args, **kwargs)
+            if method == "prepare_batch" and self._replays() and isinstance(batch, list):
+                loader = args[0] if args else kwargs.get("dataloader")
+                size = getattr(loader, "batch_size", None)
+                if isinstance(size, int) and size != len(batch):
+                    raise self._count_mismatch(method, size, len(batch), step)
+            return batch
 
         call.__name__ = method
         return call
+
+    def submit(self, data: Any, *args: Any, **kwargs: Any) -> Any:
+        """AReaL's ``submit(data, workflow, ...)``: passed to the engine; nothing in mock mode
+        (the trajectories ``wait`` returns are the recorded ones)."""
+        if self._replays():
+            return None
+        return self._real().submit(data, *args, **kwargs)
+
+    def _real(self) -> Any:
+        engine = self._mock.scheduler
+        if engine is None:
+            raise ConfigError("[RolloutMock] AReaL: no engine to call (pass it, or a factory)")
+        return engine
+
+    def wait(self, count: int, *args: Any, **kwargs: Any) -> Any:
+        """AReaL's ``wait(count, ...)``: recorded (dump) or served (mock) as consumed; see the
+        module docstring."""
+        if not self._mock.enabled:
+            return self._real().wait(count, *args, **kwargs)
+        if self._waits is None:
+            self._waits = MockScheduler(None if self._replays() else self._mock.scheduler, self._config,
+                                        methods=("wait",), split=self._split, name="wait", spec=_WaitAPI,
+                                        rollout_settings=self._rollout_settings, capture=localize,
+                                        match_keys={"wait": lambda arguments: None}, **_provenance_option())
+        if self._step is not None:
+            self._waits.step = int(self._step())
+        step = self._waits.step
+        batch = self._waits.wait(count, *args, **kwargs)
+        if self._replays() and isinstance(batch, list) and len(batch) != int(count):
+            raise self._count_mismatch("wait", int(count), len(batch), step)
+        return batch
 
     @property
     def step(self) -> int:
@@ -306,6 +409,8 @@ class ArealRollout:
         self._mock.load_state_dict(state)
 
     def close(self) -> None:
+        if self._waits is not None:
+            self._waits.close()
         self._mock.close()
 
     def __enter__(self) -> ArealRollout:
@@ -315,7 +420,8 @@ class ArealRollout:
         self._mock.__exit__(exc_type, *exc_info)
 
     def __getattr__(self, attribute: str) -> Any:
-        if attribute.startswith("__") or attribute in ("_mock", "_step", "_version", "_no_engine", "_feeds"):
+        if attribute.startswith("__") or attribute in ("_mock", "_step", "_version", "_no_engine", "_feeds", "_waits",
+                                                       "_engine", "_split", "_config", "_rollout_settings"):
             raise AttributeError(attribute)
         if attribute in ENGINE_CONTROL and self._no_engine:
             return self._control(attribute)

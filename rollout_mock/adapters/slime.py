@@ -23,6 +23,13 @@ The record is plain data (``Sample.to_dict()`` dicts, nested as the rollout retu
 dump replays in safe mode; ``rollout-mock import`` converts slime's own
 ``--save-debug-rollout-data`` files into the same record.
 
+Partial rollouts (``--partial-rollout``): a sample aborted at a weight update is continued later
+under the new weights, so its tokens come from several weight versions; slime appends the
+version of each generation segment to ``Sample.weight_versions`` (e.g. ``["2", "4", "6"]``).
+The record holds every sample's ``weight_versions`` as slime wrote them (replayed exactly, in
+order), and :func:`segment_versions` (per sample: the segments' versions, first and last) is the
+record's provenance.
+
 Faithful replay: the rollout settings in ``args`` (:data:`SETTINGS`: batch size, samples per
 prompt, sampling parameters, lengths, data keys, shuffling and its seed, the ``--prompt-data``
 file by content — size and SHA-256, not its path —, the tokenizer files of ``hf_checkpoint``)
@@ -54,7 +61,7 @@ from rollout_mock.wrap.scheduler import MockScheduler
 __all__ = [
     "DATA_SOURCE_STATE", "DEFAULT_ROLLOUT", "FILE_SETTINGS", "RECORD_FORMAT", "SETTINGS", "TOKENIZER_FILES",
     "generate_rollout", "output_from_record", "record_from_flat", "record_from_output", "reset", "restore_data_source",
-    "slime_request", "slime_settings",
+    "segment_versions", "slime_request", "slime_settings",
 ]
 
 #: slime arguments that decide what a rollout generates (absent ones are left out). What slime
@@ -181,6 +188,32 @@ def record_from_flat(samples: list[dict[str, Any]], *, evaluation: bool) -> dict
     return {"format": RECORD_FORMAT, "kind": "train", "metrics": None, "samples": groups}
 
 
+def _samples_of(record: Mapping[str, Any]) -> list[Any]:
+    if record.get("kind") == "eval":
+        return [s for info in record.get("data", {}).values() for s in info.get("samples", [])]
+    flat: list[Any] = []
+    for item in record.get("samples") or []:
+        flat.extend(item if isinstance(item, list) else [item])
+    return flat
+
+
+def segment_versions(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Provenance of a slime record: per sample (groups flattened, in order), the weight
+    version of each generation segment (``Sample.weight_versions``; several after partial
+    rollouts), and its first and last. A sample without versions has ``[]`` and ``None``."""
+    segments = [list(s.get("weight_versions") or []) if isinstance(s, Mapping) else [] for s in _samples_of(record)]
+    return {"segments": segments, "first": [v[0] if v else None for v in segments],
+            "last": [v[-1] if v else None for v in segments]}
+
+
+def _provenance_option() -> dict[str, Any]:
+    import inspect
+
+    if "provenance" in inspect.signature(MockScheduler.__init__).parameters:
+        return {"provenance": segment_versions}
+    return {}
+
+
 def _sample_class() -> Any:
     from slime.utils.types import Sample  # type: ignore[import-not-found]
 
@@ -268,7 +301,8 @@ def _wrapper(args: Any, evaluation: bool) -> tuple[Any, _Rollout]:
             # The real rollout is only imported when called (dump mode, on_missing_step: record).
             _wrappers[key] = (MockScheduler(inner, config, split=split, methods=("generate_rollout",),
                                             rollout_settings=slime_settings(args),
-                                            match_keys={"generate_rollout": _request}, framework="slime"), inner)
+                                            match_keys={"generate_rollout": _request}, framework="slime",
+                                            **_provenance_option()), inner)
         return _wrappers[key]
 
 

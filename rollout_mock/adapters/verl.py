@@ -1,10 +1,14 @@
-"""verl: one call wraps the trainer's rollout.
+"""verl: one call wraps the trainer's rollout, V1 (``trainer.use_v1: true``, verl >= 0.9's
+default) or V0 (``RayPPOTrainer``).
 
 ::
 
-    trainer.init_workers()
+    trainer.init()                        # V1; V0: trainer.init_workers()
     wrap_verl_rollout(trainer)            # reads trainer.config.rollout_mock (or pass a config)
-    trainer.fit()
+    trainer.fit(agent_loop_manager)       # V0: trainer.fit()
+
+V1 (``verl.trainer.ppo.v1``: the sync, colocate_async and separate_async trainers) is described
+under :class:`VerlV1Rollout`. V0 follows.
 
 verl's ``RayPPOTrainer`` gets every rollout from ``generate_sequences(prompts: DataProto)`` on
 ``trainer.async_rollout_manager`` (verl >= 0.6, ``AgentLoopManager``) or, in older versions,
@@ -32,15 +36,20 @@ verl's own ``skip.rollout`` dumps are read by :mod:`rollout_mock.adapters.foreig
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import inspect
+import sys
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from rollout_mock.adapters.frameworks import is_tokenizer, serve_live_fields, tokenizer_fingerprint
 from rollout_mock.config import load_config
-from rollout_mock.errors import ConfigError
+from rollout_mock.errors import ConfigError, ReplayMismatchError, UnrecordableBatchError
+from rollout_mock.wrap.matching import digest_request
 from rollout_mock.wrap.scheduler import MockScheduler
 
-__all__ = ["ATTRIBUTES", "SETTINGS", "VerlRollout", "is_validation", "verl_settings", "wrap_verl_rollout"]
+__all__ = ["ATTRIBUTES", "SETTINGS", "VerlRollout", "VerlV1Rollout", "is_validation", "verl_settings",
+           "wrap_verl_rollout"]
 
 #: Trainer attributes holding the rollout, newest verl first.
 ATTRIBUTES = ("async_rollout_manager", "actor_rollout_wg")
@@ -175,8 +184,342 @@ class VerlRollout:
             mock.__exit__(exc_type, *exc_info)
 
 
-def wrap_verl_rollout(trainer: Any, config: Any = None, *, attribute: str | None = None) -> VerlRollout | None:
-    """Wrap ``trainer``'s rollout object in place and return the wrapper (``None`` if disabled).
+# ------------------------------------------------------------------ verl V1 (trainer.use_v1)
+
+#: Fields of a prompt row that are not its content: the random uid, the trainer's step, the split.
+_PROMPT_VOLATILE = ("uid", "global_steps", "validate")
+
+
+def _tq() -> Any:
+    """verl's ``transfer_queue`` module (imported by verl before any trainer exists)."""
+    module = sys.modules.get("transfer_queue")
+    if module is None:
+        import transfer_queue
+
+        module = transfer_queue
+    return module
+
+
+def _column(value: Any, count: int) -> list[Any]:
+    """One TransferQueue column as its per-sample values (what the queue stores per key)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return list(value.unbind(0)) if value.is_nested else [value[i] for i in range(count)]
+    data = getattr(value, "tolist", None)
+    if callable(data) and type(value).__name__ == "NonTensorStack":
+        return list(data())
+    if type(value).__name__ == "NonTensorData":
+        return [value.data] * count
+    return list(value)
+
+
+def _pack(values: list[Any]) -> Any:
+    """Per-sample values as one column ``kv_batch_put`` splits back into the same values."""
+    import torch
+    from tensordict import NonTensorStack
+
+    if values and all(isinstance(v, torch.Tensor) for v in values):
+        if all(v.dim() == 0 for v in values):
+            return torch.stack(values)
+        if all(v.shape == values[0].shape for v in values):
+            return torch.stack(values)
+        return torch.nested.as_nested_tensor(values, layout=torch.jagged)
+    return NonTensorStack(*values)
+
+
+def _partition(prompts: Any) -> str:
+    try:
+        validate = prompts.get("validate", None) if "validate" in prompts.keys() else None
+    except (AttributeError, TypeError):
+        validate = None
+    validate = getattr(validate, "data", validate)
+    return "val" if bool(validate) else "train"
+
+
+def _prompt_rows(prompts: Any) -> tuple[list[str], list[int]]:
+    """The uids of a prompt batch (a ``TensorDict``) and a digest of each row's content."""
+    count = int(prompts.batch_size[0])
+    columns = {name: _column(prompts.get(name), count) for name in prompts.keys()
+               if name not in _PROMPT_VOLATILE and type(prompts.get(name)).__name__ != "NonTensorData"}
+    uids = [str(u) for u in _column(prompts.get("uid"), count)]
+    digests = [digest_request({name: column[i] for name, column in columns.items()}, volatile=[]).digest
+               for i in range(count)]
+    return uids, digests
+
+
+class _Submissions:
+    """The prompts handed to generation, per partition, in submission order: a prompt is known by
+    its ordinal (the live run's uids are fresh ``uuid4``s) and checked by its content digest."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.uids: dict[str, list[str]] = {"train": [], "val": []}
+        self.digests: dict[str, list[int]] = {"train": [], "val": []}
+        self.ordinals: dict[str, dict[str, int]] = {"train": {}, "val": {}}
+
+    def add(self, prompts: Any) -> None:
+        partition = _partition(prompts)
+        uids, digests = _prompt_rows(prompts)
+        with self._lock:
+            for uid, digest in zip(uids, digests):
+                self.ordinals.setdefault(partition, {})[uid] = len(self.uids.setdefault(partition, []))
+                self.uids[partition].append(uid)
+                self.digests.setdefault(partition, []).append(digest)
+
+
+class _SubmittingLoop:
+    """verl's agent loop manager: each submitted prompt batch is counted; in mock mode nothing is
+    generated (``generate_sequences`` of V1 returns ``None`` and writes into the queue)."""
+
+    def __init__(self, manager: Any, submissions: _Submissions, *, generate: bool) -> None:
+        self._manager = manager
+        self._submissions = submissions
+        self._generate = generate
+
+    def generate_sequences(self, prompts: Any, *args: Any, **kwargs: Any) -> Any:
+        self._submissions.add(prompts)
+        if self._generate:
+            return self._manager.generate_sequences(prompts, *args, **kwargs)
+        return None
+
+    def __getattr__(self, attribute: str) -> Any:
+        if attribute.startswith("__") or attribute in ("_manager", "_submissions", "_generate"):
+            raise AttributeError(attribute)
+        return getattr(self._manager, attribute)
+
+
+class _Consumption:
+    """The replay buffer's ``sample`` as a record of what the trainer consumes (the object
+    :class:`MockScheduler` intercepts): the sampled trajectories' fields, tags and keys (prompt
+    ordinal + ``_{session}_{index}``) in sampling order, the metrics, the prompts the sampling
+    cleared and the refills it asked for."""
+
+    def __init__(self, real_sample: Callable[..., Any], submissions: _Submissions) -> None:
+        self._real = real_sample
+        self._submissions = submissions
+        self.refills: list[int] | None = None
+        self.live: Any = None
+
+    def refilled(self, count: int) -> None:
+        if self.refills is not None:
+            self.refills.append(int(count))
+
+    def _prompts_in_queue(self, partition: str) -> set[str]:
+        tags = _tq().kv_list(partition) or {}
+        return {key for key, tag in tags.get(partition, {}).items() if tag.get("is_prompt", False)}
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> dict[str, Any]:
+        before = self._prompts_in_queue(partition_id)
+        submitted = len(self._submissions.uids.get(partition_id, []))
+        self.refills = []
+        try:
+            meta, metrics = self._real(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
+            refills = self.refills
+        finally:
+            self.refills = None
+        self.live = (meta, metrics)
+        # refilled prompts that were selected (or evicted) within this call count as cleared too
+        refilled = set(self._submissions.uids.get(partition_id, [])[submitted:])
+        cleared = (before | refilled) - self._prompts_in_queue(partition_id)
+        ordinals = self._submissions.ordinals.get(partition_id, {})
+        keys: list[list[Any]] = []
+        for key in meta.keys:
+            uid, _, rest = str(key).partition("_")
+            if uid not in ordinals:
+                raise UnrecordableBatchError(
+                    f"[RolloutMock] verl V1 (mode=dump, split={partition_id}, step={global_steps}): the replay "
+                    f"buffer sampled {key!r}, whose prompt uid was never submitted through the wrapped agent loop "
+                    f"manager; call wrap_verl_rollout(trainer) before trainer.fit(...)", mode="dump",
+                    split=partition_id, step=global_steps)
+            keys.append([ordinals[uid], rest])
+        fields: dict[str, list[Any]] = {}
+        if meta.keys:
+            data = _tq().kv_batch_get(keys=list(meta.keys), partition_id=partition_id)
+            fields = {name: _column(data.get(name), len(meta.keys)) for name in data.keys()}
+        consumed = sorted({ordinal for ordinal, _ in keys})
+        digests = self._submissions.digests[partition_id]
+        return {
+            "partition": partition_id, "batch_size": int(batch_size), "keys": keys,
+            "tags": [dict(tag) for tag in meta.tags], "fields": fields, "metrics": dict(metrics),
+            "cleared": sorted(ordinals[uid] for uid in cleared if uid in ordinals), "refills": refills,
+            "prompt_digests": {str(o): digests[o] for o in consumed},
+        }
+
+
+def weight_versions(record: Mapping[str, Any]) -> dict[str, Any]:
+    """Provenance of a V1 record: per sample, the weight versions its tokens were generated
+    under (verl's ``min_global_steps``/``max_global_steps`` tags) and the step its prompt was
+    submitted at (``global_steps``)."""
+    tags = record.get("tags", [])
+    return {"min": [t.get("min_global_steps") for t in tags], "max": [t.get("max_global_steps") for t in tags],
+            "submitted": [t.get("global_steps") for t in tags]}
+
+
+class VerlV1Rollout:
+    """verl's V1 trainer (``verl.trainer.ppo.v1``) recorded at what it consumes.
+
+    In V1 the trainer puts prompts into a TransferQueue, ``AgentLoopManagerTQ.generate_sequences``
+    returns ``None`` and writes the trajectories into the queue, and the trainer trains on what
+    ``ReplayBuffer.sample(global_steps, partition_id, batch_size)`` selects, reading the fields
+    with ``tq.kv_batch_get``. Which trajectories a step gets depends on timing in the async modes
+    (what finished first, what went stale), so the record is the consumption, not the generation:
+
+    * every prompt batch handed to ``generate_sequences`` is counted per partition: a prompt is
+      known by its *ordinal* (the live run's uids are fresh ``uuid4``s) and a digest of its row;
+    * dump mode: each ``sample`` call is recorded (step = ``global_steps``; ``val`` partition in
+      the ``val`` split) as the sampled keys (prompt ordinal + ``_{session}_{index}``) in sampling
+      order, every field the queue holds for them, their tags (``min_global_steps`` /
+      ``max_global_steps``: the weight versions, also recorded as provenance), the sampler's
+      metrics, the prompts it cleared (selected or evicted as stale) and the refills it asked for;
+    * mock mode: ``generate_sequences`` generates nothing; ``sample`` makes the recorded refills
+      (the dataloader advances as in the dump run), writes the recorded fields into the queue
+      under the live run's keys (``{live uid of the ordinal}_{session}_{index}``, the ``uid`` field
+      rewritten), clears the recorded prompts and returns the recorded batch and metrics. The
+      trainer's own code then reads, balances, trains and clears as usual.
+
+    Checks (mock mode): another ``batch_size`` than the recorded call's, a recorded prompt the
+    live run has not submitted, or one whose content differs: :class:`ReplayMismatchError` naming
+    the step and both counts (or the prompt ordinal); never a cycle over what was recorded.
+    ``trainer.v1.separate_async.hybrid_rollout.enable_switch`` (switches decided by wall-clock
+    waits) is refused.
+    """
+
+    def __init__(self, trainer: Any, config: Any, *, rollout_settings: Mapping[str, Any] | None = None) -> None:
+        cfg = load_config(config)
+        self.config = cfg
+        self._trainer = trainer
+        buffer = trainer.replay_buffer
+        switch = _lookup(getattr(trainer, "config", None), "trainer.v1.separate_async.hybrid_rollout.enable_switch")
+        mode = str(_lookup(getattr(trainer, "config", None), "trainer.v1.trainer_mode")[1])
+        if mode == "separate_async" and switch[0] and bool(switch[1]):
+            raise ConfigError(
+                "[RolloutMock] verl V1: trainer.v1.separate_async.hybrid_rollout.enable_switch=true lends the "
+                "trainer's GPUs to generation by wall-clock waits and refills prompts outside sampling; such a "
+                "run cannot be recorded and replayed. Set it to false (verl's default).")
+        self.submissions = _Submissions()
+        self._generate = cfg.mode.runs_scheduler
+        self._consumption = _Consumption(buffer.sample, self.submissions)
+        refill = getattr(buffer, "refill_fn", None)
+        self._refill = refill
+        if refill is not None:
+            def counted_refill(count: int) -> Any:
+                self._consumption.refilled(count)
+                return refill(count)
+
+            buffer.refill_fn = counted_refill
+        extra: dict[str, Any] = {}
+        if "provenance" in inspect.signature(MockScheduler.__init__).parameters:
+            extra["provenance"] = weight_versions
+        self._scheduler_options = {"methods": ("sample",), "spec": _Consumption, "rollout_settings": rollout_settings,
+                                   "match_keys": {"sample": lambda arguments: arguments.get("partition_id")}, **extra}
+        #: the val split is opened by the first validation sample (a run without validation
+        #: leaves no empty val stream behind)
+        self._splits = {"train": self._scheduler("train")}
+        buffer.sample = self.sample
+        real_fit = trainer.fit
+
+        def fit(agent_loop_manager: Any, *args: Any, **kwargs: Any) -> Any:
+            return real_fit(self.wrap_agent_loop_manager(agent_loop_manager), *args, **kwargs)
+
+        trainer.fit = fit
+
+    def __repr__(self) -> str:
+        return f"VerlV1Rollout({type(self._trainer).__name__}, mode={self.config.mode.value})"
+
+    def _scheduler(self, split: str) -> MockScheduler[Any]:
+        return MockScheduler(self._consumption if self._generate else None, self.config, split=split,
+                             **self._scheduler_options)
+
+    def wrap_agent_loop_manager(self, manager: Any) -> Any:
+        """``manager`` with its submissions counted (and nothing generated in mock mode);
+        :meth:`__init__` does it for ``trainer.fit(manager)``."""
+        if isinstance(manager, _SubmittingLoop):
+            return manager
+        return _SubmittingLoop(manager, self.submissions, generate=self._generate)
+
+    def sample(self, global_steps: int, partition_id: str, batch_size: int) -> tuple[Any, dict[str, Any]]:
+        split = "val" if partition_id == "val" else "train"
+        if split not in self._splits:
+            self._splits[split] = self._scheduler(split)
+        record = self._splits[split].sample(global_steps=global_steps, partition_id=partition_id,
+                                             batch_size=batch_size)
+        if self._generate:
+            meta, metrics = self._consumption.live
+            return meta, metrics
+        return self._replay(record, global_steps, partition_id, batch_size)
+
+    def _mismatch(self, message: str, step: int, split: str, **context: Any) -> ReplayMismatchError:
+        return ReplayMismatchError(f"[RolloutMock] verl V1 (mode={self.config.mode.value}, split={split}, "
+                                   f"step={step}): {message}", mode=self.config.mode.value, split=split,
+                                   step=step, method="sample", **context)
+
+    def _replay(self, record: Mapping[str, Any], step: int, partition: str,
+                batch_size: int) -> tuple[Any, dict[str, Any]]:
+        tq = _tq()
+        split = "val" if partition == "val" else "train"
+        if int(record["batch_size"]) != int(batch_size):
+            raise self._mismatch(
+                f"ReplayBuffer.sample asks for {batch_size} prompt groups, the recorded call consumed "
+                f"{record['batch_size']}: another data.train_batch_size or parameter_sync_step than the dump "
+                f"run's (nothing is cycled or cut to fit)", step, split, argument="batch_size",
+                recorded=str(record["batch_size"]), live=str(batch_size))
+        for count in record.get("refills") or []:
+            buffer_refill = self._trainer.replay_buffer.refill_fn
+            buffer_refill(int(count))
+        uids = self.submissions.uids.get(partition, [])
+        digests = self.submissions.digests.get(partition, [])
+
+        def live_uid(ordinal: int) -> str:
+            if ordinal >= len(uids):
+                raise self._mismatch(
+                    f"the recorded call consumed prompt #{ordinal} of the {partition} partition; this run has "
+                    f"submitted {len(uids)} prompts so far (fewer prompts per step, or another warm-up)",
+                    step, split, argument="prompts", recorded=f"prompt #{ordinal}", live=f"{len(uids)} submitted")
+            return uids[ordinal]
+
+        for ordinal, digest in record.get("prompt_digests", {}).items():
+            if ordinal.isdigit() and int(ordinal) < len(digests) and digests[int(ordinal)] != int(digest):
+                raise self._mismatch(
+                    f"prompt #{ordinal} of the {partition} partition differs from the dump run's (another "
+                    f"dataset, seed or data loader position)", step, split, argument=f"prompts[{ordinal}]",
+                    recorded=f"digest {digest}", live=f"digest {digests[int(ordinal)]}")
+        keys = [f"{live_uid(int(ordinal))}_{rest}" for ordinal, rest in record["keys"]]
+        tags = [dict(tag) for tag in record["tags"]]
+        if keys:
+            from tensordict import TensorDict
+
+            columns = {}
+            for name, values in record["fields"].items():
+                values = list(values)
+                if name == "uid":
+                    values = [live_uid(int(ordinal)) for ordinal, _ in record["keys"]]
+                columns[name] = _pack(values)
+            tq.kv_batch_put(keys=keys, partition_id=partition, fields=TensorDict(columns, batch_size=[len(keys)]),
+                            tags=tags)
+        cleared = [live_uid(int(ordinal)) for ordinal in record.get("cleared", [])]
+        if cleared:
+            tq.kv_clear(keys=cleared, partition_id=partition)
+        return tq.KVBatchMeta(partition_id=partition, keys=keys, tags=tags), dict(record.get("metrics", {}))
+
+    def close(self) -> None:
+        """Flush pending dumps of both splits (also done at interpreter exit)."""
+        for mock in self._splits.values():
+            mock.close()
+
+
+def _is_v1(trainer: Any) -> bool:
+    buffer = getattr(trainer, "replay_buffer", None)
+    return buffer is not None and callable(getattr(buffer, "sample", None)) and callable(getattr(trainer, "fit", None))
+
+
+def wrap_verl_rollout(trainer: Any, config: Any = None, *,
+                      attribute: str | None = None) -> VerlRollout | VerlV1Rollout | None:
+    """Wrap ``trainer``'s rollout in place and return the wrapper (``None`` if disabled).
+
+    A V1 trainer (it has a ``replay_buffer``; call after ``trainer.init()``, before ``fit``) gets a
+    :class:`VerlV1Rollout`; a V0 ``RayPPOTrainer`` (call after ``init_workers()``) a
+    :class:`VerlRollout` around ``async_rollout_manager`` or ``actor_rollout_wg``.
 
     ``config``: the ``rollout_mock:`` block in any form :func:`load_config` takes; default
     ``trainer.config`` (verl's OmegaConf config holding ``rollout_mock:``, e.g. from
@@ -192,6 +535,11 @@ def wrap_verl_rollout(trainer: Any, config: Any = None, *, attribute: str | None
     cfg = load_config(config)
     if not cfg.enable:
         return None
+    if attribute is None and _is_v1(trainer):
+        wrapped = getattr(trainer.replay_buffer.sample, "__self__", None)
+        if isinstance(wrapped, VerlV1Rollout):
+            return wrapped
+        return VerlV1Rollout(trainer, cfg, rollout_settings=verl_settings(trainer_config))
     names = (attribute,) if attribute else ATTRIBUTES
     for name in names:
         rollout = getattr(trainer, name, None)

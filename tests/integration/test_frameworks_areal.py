@@ -384,3 +384,62 @@ def test_the_wrapper_is_a_context_manager_and_an_expected_source(tmp_path: Path)
     assert open_dump(dump).steps(open_dump(dump).stream("train")) == [0, 1]  # closed: the manifest is written
     expected = read_expected(dump)
     assert expected is not None and expected.steps == [0, 1]
+
+
+# ---------------------------------------------------------------- asynchronous rollout, versions
+
+AREAL_RUN = Path(__file__).with_name("areal_run.py")
+
+
+def areal_run(mode: str, method: str, dump: Path, out: Path, *, seed: str, count: int = 4,
+              expect: int = 0) -> dict[str, Any]:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PYTHONHASHSEED": seed}
+    proc = subprocess.run([sys.executable, str(AREAL_RUN), mode, method, str(dump), str(out), str(count)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == expect, proc.stderr[-4000:]
+    result: dict[str, Any] = torch.load(out, weights_only=False)
+    return result
+
+
+@pytest.mark.parametrize("method", ["wait", "prepare_batch"])
+def test_async_producer_with_staleness_2_dump_then_mock_in_separate_processes(method: str, tmp_path: Path) -> None:
+    """A producer thread (max_head_offpolicyness=2) generates with its own timing in each process;
+    the trainer consumes what is ready (submit many + wait(count), or prepare_batch). The mock run
+    generates nothing and trains bit-identically on what the dump run consumed, versions included."""
+    dump = tmp_path / "dump"
+    recorded = areal_run("dump", method, dump, tmp_path / "dump.pt", seed="1")
+    replayed = areal_run("mock", method, dump, tmp_path / "mock.pt", seed="2")
+    assert recorded["generated"] > 0 and replayed["generated"] == 0
+    for name in recorded["params"]:
+        assert torch.equal(recorded["params"][name], replayed["params"][name]), name
+    assert recorded["metrics"] == replayed["metrics"]
+    assert recorded["versions"] == replayed["versions"]
+    # off-policy data was consumed: some tokens were generated 1-2 versions before they were trained on
+    assert max(m["max_staleness"] for m in recorded["metrics"]) >= 1
+    assert max(m["max_staleness"] for m in recorded["metrics"]) <= 2
+    listing = open_dump(dump)
+    stream = listing.stream("train", name="wait") if method == "wait" else listing.stream("train")
+    assert list(listing.steps(stream)) == [0, 1, 2, 3, 4]
+    batch = listing.load(4, stream)
+    assert [t["versions"].tolist() for t in batch] == recorded["versions"][4]
+
+
+def test_async_wait_with_another_count_is_an_error_naming_step_and_counts(tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    areal_run("dump", "wait", dump, tmp_path / "dump.pt", seed="1")
+    error = areal_run("mock", "wait", dump, tmp_path / "mock.pt", seed="3", count=3, expect=3)
+    assert error["error"] == "ReplayMismatchError" and error["step"] == 0
+    assert "step=0" in error["message"] and "wait asks for 3 trajectories" in error["message"]
+    assert "returned 4" in error["message"] and "nothing is cycled" in error["message"]
+
+
+def test_versions_provenance_per_row_min_and_max() -> None:
+    from rollout_mock.adapters.areal import versions_provenance
+
+    traj = {"versions": torch.tensor([[-1, -1, 2, 2, 4], [-1, 6, 6, -1, -1]], dtype=torch.int32)}
+    assert versions_provenance([traj, None, {"input_ids": torch.zeros(1, 2)}]) == {
+        "min": [[2, 6], None, None], "max": [[4, 6], None, None]}

@@ -171,3 +171,37 @@ def test_faithful_rerun_resume_and_mismatches(slime_pkg: Any, tmp_path: Path, mo
         a = _slime_args()
         a.rollout_temperature = 0.7
         call_rollout_fn(fn, a, 0, RolloutDataSource(a), evaluation=False)
+
+
+def test_partial_rollouts_keep_every_segments_weight_version(slime_pkg: Any, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """--partial-rollout: a sample aborted at a weight update is continued under the next
+    weights; slime appends each segment's version to Sample.weight_versions. The record keeps
+    them in order (provenance: segment_versions) and mock mode hands them back exactly."""
+    from slime.rollout.base_types import call_rollout_fn
+
+    real = slime_pkg.generate_rollout
+    plans = [["2", "4", "6"], ["6"], ["4", "6"], ["2", "4", "6"]]
+
+    def partial(args: Any, rollout_id: int, data_source: Any, evaluation: bool = False) -> Any:
+        output = real(args, rollout_id, data_source, evaluation=evaluation)
+        for sample, versions in zip([s for g in output.samples for s in g], plans):
+            sample.weight_versions = list(versions)  # one entry per generation segment
+            sample.tokens = sample.tokens + [7] * (len(versions) - 1)  # continued segments add tokens
+        return output
+
+    monkeypatch.setattr(slime_pkg, "generate_rollout", partial)
+    monkeypatch.setenv("ROLLOUT_MOCK_MODE", "dump")
+    monkeypatch.setenv("ROLLOUT_MOCK_DUMP_DIR", str(tmp_path / "d"))
+    recorded = call_rollout_fn(adapter.generate_rollout, args(), 0, None, evaluation=False)
+    adapter.reset()
+    record = open_dump(tmp_path / "d").load(0)
+    assert adapter.segment_versions(record) == {
+        "segments": plans, "first": ["2", "6", "4", "2"], "last": ["6", "6", "6", "6"]}
+
+    monkeypatch.setenv("ROLLOUT_MOCK_MODE", "mock")
+    slime_pkg.CALLS.clear()
+    out = call_rollout_fn(adapter.generate_rollout, args(), 0, None, evaluation=False)
+    assert [s.weight_versions for g in out.samples for s in g] == plans
+    assert [[s.to_dict() for s in g] for g in out.samples] == [[s.to_dict() for s in g] for g in recorded.samples]
+    assert slime_pkg.CALLS == []

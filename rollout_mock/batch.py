@@ -202,6 +202,23 @@ _CLASSES: set[tuple[str, str]] = set()
 _STEP_NAMES: list[str] = ["global_step"]
 
 
+_VALUE_WRAPPERS: list[Callable[[Any], bool]] = []
+
+
+def register_value_wrapper(predicate: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """Teach the batch model a class that wraps plain values inside a batch (TensorDict's
+    ``NonTensorData``): structural walks (``--redact``) look into it. Adapters call it at import
+    with a predicate that must not run code of the object (its class only); returns it."""
+    if predicate not in _VALUE_WRAPPERS:
+        _VALUE_WRAPPERS.append(predicate)
+    return predicate
+
+
+def is_value_wrapper(value: Any) -> bool:
+    """Whether ``value`` is of a registered value-wrapper class (:func:`register_value_wrapper`)."""
+    return any(predicate(value) for predicate in _VALUE_WRAPPERS)
+
+
 def register_batch_type(batch_type: BatchType) -> BatchType:
     """Teach the batch model a type (checked before the built-in ones, latest first). Adapters
     call it at import; registering a type of the same ``name`` again replaces it."""

@@ -45,6 +45,7 @@ from rollout_mock.batch import (
     dataproto_fields,
     register_batch_type,
     register_step_name,
+    register_value_wrapper,
     select_keys,
     take_columns,
     take_rows,
@@ -331,13 +332,21 @@ def _trl_take(record: Any, index: list[int]) -> Any:
 
 
 TRL_RECORD = BatchType(
-    "trl", _is_trl, _trl_rows, _trl_take,
+    "trl", _is_trl, _trl_rows, _trl_take, columns=trl_outputs,
     keys=lambda b: [name for name, value in trl_outputs(b).items() if value is not None],
     parts=lambda b: dict(b), rebuild=lambda b, parts: {**b, **parts},
 )
 
 
+def _is_non_tensor_data(value: Any) -> bool:
+    """tensordict's wrappers of plain values (``NonTensorData``, ``NonTensorStack``, ``MetaData``),
+    by class: their text is data that ``--redact`` scrubs."""
+    cls = type(value)
+    return cls.__name__ in ("NonTensorData", "NonTensorStack", "MetaData") and cls.__module__.startswith("tensordict")
+
+
 # --------------------------------------------------------------------------- registration
+register_value_wrapper(_is_non_tensor_data)
 # The latest registered type is checked first: DataProto-like objects, the most common batches.
 for _batch_type in (TRL_RECORD, SLIME_RECORD, TENSORDICT, REQUEST, DATAPROTO):
     register_batch_type(_batch_type)

@@ -195,9 +195,8 @@ def _slime_samples(batch: Any) -> Sequence[Any] | None:
 def _trl_traces(record: Mapping[str, Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
     """A TRL generation record: one trace per completion (its prompt's and completion's token
     ids, the completion's text or messages), the reward the sum of the reward functions'."""
-    from rollout_mock.adapters.frameworks import trl_outputs
-
-    named = trl_outputs(record)
+    kind = batch_type_of(record)
+    named = kind.columns(record) if kind is not None and kind.columns is not None else {}
     prompts, completions = named.get("prompt_ids") or [], named.get("completion_ids") or []
     texts = named.get("completions")
     rewards = record.get("rewards")

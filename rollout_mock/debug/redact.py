@@ -25,7 +25,15 @@ from typing import Any, cast
 
 import numpy as np
 
-from rollout_mock.batch import batch_parts, batch_type_of, instance_state, is_array, is_tensor, rebuild
+from rollout_mock.batch import (
+    batch_parts,
+    batch_type_of,
+    instance_state,
+    is_array,
+    is_tensor,
+    is_value_wrapper,
+    rebuild,
+)
 
 __all__ = [
     "CALL_ARGUMENTS", "KEPT_VALUES", "MAX_DEPTH", "PLACEHOLDER", "TEXT_KEYS", "redact", "redact_batch", "redact_call",
@@ -188,8 +196,9 @@ class _Walk:
 
 
 def _is_non_tensor(value: Any) -> bool:
-    cls = type(value)
-    return cls.__name__ in ("NonTensorData", "NonTensorStack", "MetaData") and cls.__module__.startswith("tensordict")
+    """A wrapper of plain values inside a batch (TensorDict's non-tensor data: the adapters register
+    it, :func:`rollout_mock.batch.register_value_wrapper`)."""
+    return is_value_wrapper(value)
 
 
 def _text_free(value: Any) -> bool:

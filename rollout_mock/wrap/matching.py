@@ -89,10 +89,12 @@ FLATTEN = 64
 MAX_DEPTH = 64
 _STR_SHOWN = 48
 #: A kept list of containers (an object column: chat messages, ``extra_info`` dicts, AReaL's
-#: prompt dicts) keeps the CRC of each of its first :data:`SMALL` rows (``"rc"``: the first
+#: prompt dicts) keeps the CRC of each of its first :data:`ROW_CRCS` rows (``"rc"``: the first
 #: differing row is named) and a short text of its first :data:`ROWS_SHOWN` rows (``"rv"``: a dict
 #: row key by key, so the first differing key is named with both values).
 ROWS_SHOWN = 2
+#: Rows whose CRCs are kept (past them, the block prefix CRCs locate a difference).
+ROW_CRCS = 16
 _ROW_CHARS = 240
 _ROW_KEYS = 8
 _ROW_REPR = reprlib.Repr()
@@ -392,6 +394,10 @@ class _Digester:
         self._flat_keys: dict[tuple[tuple[Any, ...], tuple[str, ...] | None], bool] = {}
         self.forced = forced
         self.candidates: list[tuple[int, int, Node]] = []
+        #: the volatile fields' names as bytes (``None`` when a pattern's name is a wildcard):
+        #: a packed row that holds none of them holds no volatile field
+        self._row_names = None if any(any(c in p[-1] for c in "*?[") for p in ignore) else \
+            tuple(p[-1].encode("utf-8", "surrogatepass") for p in ignore)
 
     def run(self, arguments: Mapping[str, Any]) -> Request:
         total = 0
@@ -472,6 +478,19 @@ class _Digester:
         if node and path is not None and info is not None:
             self.candidates.append((depth, len(self.candidates), Node(".".join(path), digest, info)))
         return digest
+
+    def _row_crcs(self, rows: Sequence[Any], item_path: tuple[str, ...] | None, depth: int) -> list[int]:
+        """The CRC of each row (only compared with the same node's rows in another request): one
+        msgpack call per row where no volatile field can be inside it (no volatile name among its
+        bytes), else the row's digest."""
+        if self._row_names is not None:
+            try:
+                packed = [msgpack.packb(row) for row in rows]
+            except (TypeError, OverflowError, ValueError):  # not plain data: row by row below
+                packed = []
+            if packed and not any(name in row for row in packed for name in self._row_names):
+                return [crc32(row) for row in packed]
+        return [self.value(row, item_path, depth, False) for row in rows]
 
     def _row_info(self, value: Any, item_path: tuple[str, ...] | None) -> Any:
         """What a kept row shows: a dict key by key (:data:`_ROW_KEYS` keys, volatile ones left
@@ -564,7 +583,7 @@ class _Digester:
             info["head"] = _head(shown, n)
         elif n and depth < MAX_DEPTH:  # rows of containers: their CRCs and the first ones' values
             item_path = None if path is None else (*path, "[]")
-            info["rc"] = [self.value(item, item_path, depth + 1, False) for item in obj[:SMALL]]
+            info["rc"] = self._row_crcs(obj[:ROW_CRCS], item_path, depth + 1)
             info["rv"] = [self._row_info(item, item_path) for item in obj[:ROWS_SHOWN]]
         if len(prefixes) > 1:
             info["b"] = prefixes

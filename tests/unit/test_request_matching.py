@@ -427,7 +427,7 @@ def test_a_difference_deep_in_a_list_of_samples_names_its_block() -> None:
     other = [dict(s) for s in samples]
     other[50] = {**other[50], "tokens": [*other[50]["tokens"][:-1], -1]}
     found = differences(digest_request({"data": samples}), digest_request({"data": other}))
-    assert found[0].path == "data" and "first difference in row 50 (" in found[0].what  # each of 64 rows' CRC
+    assert found[0].path == "data" and "first difference in items 48-55 of 64" in found[0].what  # past the row CRCs
     samples = _samples(80)
     other = [dict(s) for s in samples]
     other[70] = {**other[70], "tokens": [*other[70]["tokens"][:-1], -1]}
@@ -501,8 +501,10 @@ def test_a_list_of_prompt_dicts_names_the_row_and_key() -> None:
     found = differences(digest_request(data(None)), digest_request(data(1)))
     assert found[0].what == ("row 1, key 'messages': [{'content': 'question 1', 'role': 'user'}] in the dump run, "
                              "[{'content': 'another question', 'role': 'user'}] now"), found[0].what
-    far = differences(digest_request(data(None)), digest_request(data(30)))
-    assert far[0].path == "data" and far[0].what.startswith("first difference in row 30 (only the first 2 rows'")
+    far = differences(digest_request(data(None)), digest_request(data(12)))
+    assert far[0].path == "data" and far[0].what.startswith("first difference in row 12 (only the first 2 rows'")
+    farther = differences(digest_request(data(None)), digest_request(data(30)))  # past the row CRCs: its block
+    assert farther[0].what.startswith("first difference in items 30-34 of 40"), farther[0].what
     long_text = differences(digest_request({"p": [["x" * 150 + "a"], ["y"]]}), digest_request({"p": [["x" * 150 + "b"],
                                                                                                    ["y"]]}))
     assert "xa']" in long_text[0].recorded and "xb']" in long_text[0].live  # a window around the difference
@@ -532,3 +534,16 @@ def test_a_dump_of_another_method_names_both_methods_before_any_other_check(
     assert "recorded `generate_sequences`; this run calls `generate_rollout`" in message, message
     assert str(dump) in message and "mode=mock" in message
     assert "without rollout settings" not in caplog.text
+
+
+def test_the_first_differing_row_leaves_volatile_fields_out() -> None:
+    def rows(changed: int | None) -> dict[str, Any]:
+        return {"data": [{"uid": str(uuid.uuid4()), "prompt": "changed" if i == changed else f"p{i}"}
+                         for i in range(8)]}
+
+    same_rows = differences(digest_request(rows(None), volatile=["uid"]), digest_request(rows(None), volatile=["uid"]))
+    assert same_rows == []
+    found = differences(digest_request(rows(None), volatile=["uid"]), digest_request(rows(3), volatile=["uid"]))
+    assert found[0].what.startswith("first difference in row 3 ("), found[0].what
+    found = differences(digest_request(rows(None), volatile=["uid"]), digest_request(rows(1), volatile=["uid"]))
+    assert found[0].what == "row 1, key 'prompt': p1 in the dump run, changed now", found[0].what

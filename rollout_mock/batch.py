@@ -123,6 +123,21 @@ def instance_state(obj: Any) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
+def wrapped_value(obj: Any) -> tuple[Any, Callable[[Any], Any]] | None:
+    """``(value, rewrap)`` of an object that only wraps a value — tensordict's ``NonTensorData``
+    (its ``data``) and ``NonTensorStack`` (its nested list) —, ``rewrap`` making a new one of the
+    same batch size and device around a replacement; ``None`` for anything else. How a walk
+    (redaction) reaches the text of one that is not inside a TensorDict."""
+    cls = type(obj)
+    if not cls.__module__.startswith("tensordict"):
+        return None
+    if cls.__name__ == "NonTensorStack":
+        return obj.tolist(), cls.from_list
+    if cls.__name__ in ("NonTensorData", "MetaData"):
+        return obj.data, lambda value: cls(data=value, batch_size=obj.batch_size, device=obj.device)
+    return None
+
+
 def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
     """``(layout, instance state)`` of a DataProto-like object, read from its ``__dict__`` only
     (no property, ``__getattr__`` or method of ``obj`` runs): ``layout`` is ``"public"``

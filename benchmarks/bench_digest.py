@@ -1,8 +1,9 @@
 """What request matching costs per call (issue 26): the request digest in dump and mock mode.
 
-For three requests — verl prompts (a ``DataProto`` of 8,192 rows: three int64 [8192, 512]
-tensors and five object columns), a slime sample list (512 sample dicts) and an AReaL
-trajectory list (1,024 dicts of 6 tensors) — timed interleaved (medians of ``--repeat``):
+For four requests — verl prompts (a ``DataProto`` of 8,192 rows: three int64 [8192, 512]
+tensors and five object columns), a slime sample list (512 sample dicts), an AReaL trajectory
+list (1,024 dicts of 6 tensors) and a flat dict of 300,000 str -> int items (issue 37: one
+msgpack call, not a walk key by key) — timed interleaved (medians of ``--repeat``):
 
 * dump mode: the digest of the call (``RequestMatcher.request``) and its JSON, what is recorded;
 * mock mode: the digest, the recorded request read back and the comparison (``differences``);
@@ -209,7 +210,7 @@ def report(results: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="verl,slime,areal")
+    parser.add_argument("--shapes", default="verl,slime,areal,flat")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--small", action="store_true", help="tiny shapes (a smoke test)")
     parser.add_argument("--json", type=Path, default=None)
@@ -222,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
         "verl prompts (DataProto, 8,192 rows)": lambda: (make_verl_prompts(64 if args.small else 8192),) * 2,
         "slime samples (512 dicts)": lambda: (make_slime()[: 8 if args.small else 512],) * 2,
         "AReaL trajectories (1,024 dicts)": lambda: (make_areal()[: 8 if args.small else 1024],) * 2,
+        # issue 37: a big plain mapping is digested in a few C calls, not key by key
+        "flat dict (300,000 str -> int)": lambda: ({f"key_{i:07d}": i for i in range(1000 if args.small else 300_000)},
+                                                   {"x": [1]}),
     }
     wanted = args.shapes.split(",")
     results = []

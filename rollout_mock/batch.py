@@ -123,6 +123,21 @@ def instance_state(obj: Any) -> dict[str, Any] | None:
     return state if isinstance(state, dict) else None
 
 
+def wrapped_value(obj: Any) -> tuple[Any, Callable[[Any], Any]] | None:
+    """``(value, rewrap)`` of an object that only wraps a value — tensordict's ``NonTensorData``
+    (its ``data``) and ``NonTensorStack`` (its nested list) —, ``rewrap`` making a new one of the
+    same batch size and device around a replacement; ``None`` for anything else. How a walk
+    (redaction) reaches the text of one that is not inside a TensorDict."""
+    cls = type(obj)
+    if not cls.__module__.startswith("tensordict"):
+        return None
+    if cls.__name__ == "NonTensorStack":
+        return obj.tolist(), cls.from_list
+    if cls.__name__ in ("NonTensorData", "MetaData"):
+        return obj.data, lambda value: cls(data=value, batch_size=obj.batch_size, device=obj.device)
+    return None
+
+
 def dataproto_fields(obj: Any) -> tuple[str, dict[str, Any]] | None:
     """``(layout, instance state)`` of a DataProto-like object, read from its ``__dict__`` only
     (no property, ``__getattr__`` or method of ``obj`` runs): ``layout`` is ``"public"``
@@ -200,23 +215,6 @@ _CLASSES: set[tuple[str, str]] = set()
 #: The names a batch's step goes by, in lookup order: rollout_mock's own ``global_step``, then
 #: those adapters register (:func:`register_step_name`).
 _STEP_NAMES: list[str] = ["global_step"]
-
-
-_VALUE_WRAPPERS: list[Callable[[Any], bool]] = []
-
-
-def register_value_wrapper(predicate: Callable[[Any], bool]) -> Callable[[Any], bool]:
-    """Teach the batch model a class that wraps plain values inside a batch (TensorDict's
-    ``NonTensorData``): structural walks (``--redact``) look into it. Adapters call it at import
-    with a predicate that must not run code of the object (its class only); returns it."""
-    if predicate not in _VALUE_WRAPPERS:
-        _VALUE_WRAPPERS.append(predicate)
-    return predicate
-
-
-def is_value_wrapper(value: Any) -> bool:
-    """Whether ``value`` is of a registered value-wrapper class (:func:`register_value_wrapper`)."""
-    return any(predicate(value) for predicate in _VALUE_WRAPPERS)
 
 
 def register_batch_type(batch_type: BatchType) -> BatchType:

@@ -45,7 +45,6 @@ from rollout_mock.batch import (
     dataproto_fields,
     register_batch_type,
     register_step_name,
-    register_value_wrapper,
     select_keys,
     take_columns,
     take_rows,
@@ -338,15 +337,7 @@ TRL_RECORD = BatchType(
 )
 
 
-def _is_non_tensor_data(value: Any) -> bool:
-    """tensordict's wrappers of plain values (``NonTensorData``, ``NonTensorStack``, ``MetaData``),
-    by class: their text is data that ``--redact`` scrubs."""
-    cls = type(value)
-    return cls.__name__ in ("NonTensorData", "NonTensorStack", "MetaData") and cls.__module__.startswith("tensordict")
-
-
 # --------------------------------------------------------------------------- registration
-register_value_wrapper(_is_non_tensor_data)
 # The latest registered type is checked first: DataProto-like objects, the most common batches.
 for _batch_type in (TRL_RECORD, SLIME_RECORD, TENSORDICT, REQUEST, DATAPROTO):
     register_batch_type(_batch_type)

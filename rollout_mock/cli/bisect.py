@@ -230,12 +230,17 @@ def _fresh_metrics(tree: Path, rel: str) -> str | None:
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
-        return None
+        mode = None
     except OSError as exc:
         return f"--metrics-file {rel}: {exc.strerror}"
-    if stat.S_ISDIR(mode):
+    if mode is not None and stat.S_ISDIR(mode):
         return f"--metrics-file {rel} is a directory in this commit"
-    os.unlink(path)
+    try:
+        if mode is not None:
+            os.unlink(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file where a folder should be, in this commit
+        return f"--metrics-file {rel}: {exc.strerror or exc}"
     return None
 
 

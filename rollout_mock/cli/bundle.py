@@ -104,7 +104,7 @@ def refuse_own_input(out: str | os.PathLike[str], source: str | os.PathLike[str]
 
 
 #: What a dump directory holds at its top (files; directories are splits, expected/...).
-_DUMP_TOP_FILES = frozenset({MANIFEST_NAME, INFO_NAME})
+_DUMP_TOP_FILES = frozenset({MANIFEST_NAME, INFO_NAME, "provenance.json"})  # the last: cut's (debug.cut)
 
 
 def _replaceable(dst: Path) -> str | None:

@@ -11,7 +11,7 @@ Id-like fields (``uid``, ``index``...) are kept, since training groups samples b
 One walk (:func:`_Walk`) covers every holder of a value: mappings, lists, tuples (named ones
 too), numpy arrays, the parts of every batch type of the batch model (a DataProto's
 ``non_tensor_batch`` and ``meta_info``, a TensorDict's entries with their ``NonTensorData`` and
-``NonTensorStack`` values) and the attribute dict of other objects (registered batch classes,
+``NonTensorStack`` values, bare ones too) and the attribute dict of other objects (registered batch classes,
 slime's ``Sample``). It has no depth escape: a container nested deeper than :data:`MAX_DEPTH`
 is replaced whole by the placeholder (named ``(nested deeper than 64 levels)`` among the redacted
 fields), so nothing is kept for being deep. Each object is visited once (shared references do not
@@ -31,8 +31,8 @@ from rollout_mock.batch import (
     instance_state,
     is_array,
     is_tensor,
-    is_value_wrapper,
     rebuild,
+    wrapped_value,
 )
 
 __all__ = [
@@ -109,8 +109,8 @@ class _Walk:
             for idx, item in np.ndenumerate(value):
                 array[idx] = self.value(item, scrub, depth)
             return array if _changed(value.reshape(-1), array.reshape(-1)) else value
-        if _is_non_tensor(value):  # before the TensorDict parts: a bare one has no entries
-            return self._non_tensor(value, scrub, depth)
+        if (wrapped := wrapped_value(value)) is not None:  # before the batch types: it has no entries
+            return self._wrapped(value, wrapped, scrub, depth)
         if isinstance(value, (set, frozenset)):
             items = [self.value(v, scrub, depth) for v in value]
             return type(value)(items) if _changed(value, items) else value
@@ -160,19 +160,13 @@ class _Walk:
             return value
         return _remake(value, items)
 
-    def _non_tensor(self, value: Any, scrub: bool, depth: int) -> Any:
-        """tensordict's ``NonTensorData`` (one value) or ``NonTensorStack`` (a nested list), bare
-        (not inside a TensorDict, whose parts already show their values): rebuilt around the walked
-        value with the same batch size and device."""
-        if type(value).__name__ == "NonTensorStack":
-            items = value.tolist()
-            walked = self.value(items, scrub, depth)
-            return value if walked is items else type(value).from_list(walked)
-        data = value.data
-        walked = self.value(data, scrub, depth)
-        if walked is data:
-            return value
-        return type(value)(data=walked, batch_size=value.batch_size, device=value.device)
+    def _wrapped(self, value: Any, wrapped: tuple[Any, Any], scrub: bool, depth: int) -> Any:
+        """A value a framework class wraps (see :func:`~rollout_mock.batch.wrapped_value`), bare
+        (not inside a TensorDict, whose parts already show their values): rebuilt around the
+        walked value."""
+        inner, rewrap = wrapped
+        walked = self.value(inner, scrub, depth)
+        return value if walked is inner else rewrap(walked)
 
     def _object(self, value: Any, scrub: bool, depth: int) -> Any:
         """An object of another class: its attribute dict, walked like a mapping (no code of the
@@ -193,12 +187,6 @@ class _Walk:
         except (TypeError, AttributeError):  # a class object.__new__ cannot make: nothing of it is kept
             return PLACEHOLDER
         return out
-
-
-def _is_non_tensor(value: Any) -> bool:
-    """A wrapper of plain values inside a batch (TensorDict's non-tensor data: the adapters register
-    it, :func:`rollout_mock.batch.register_value_wrapper`)."""
-    return is_value_wrapper(value)
 
 
 def _text_free(value: Any) -> bool:

@@ -49,6 +49,7 @@ import fnmatch
 import functools
 import itertools
 import operator
+import re
 import reprlib
 import struct
 import types
@@ -62,7 +63,7 @@ import torch
 
 from rollout_mock.batch import batch_parts, batch_type_of, meta_part_names
 from rollout_mock.crc import crc32
-from rollout_mock.text import json_float
+from rollout_mock.text import json_float, logger
 from rollout_mock.wrap.calls import step_names
 from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
 
@@ -238,8 +239,28 @@ def _scalar_info(value: Any) -> dict[str, Any]:
 
 
 def _head(values: Any, n: int) -> list[Any]:
-    return [json_float(item) if isinstance(item, float) else item if isinstance(item, int | bool) else str(item)[:16]
-            for item in values[: SMALL if n <= SMALL else HEAD]]
+    return [json_float(item) if isinstance(item, float) else _head_int(item) if isinstance(item, int | bool)
+            else str_of(item)[:16] for item in values[: SMALL if n <= SMALL else HEAD]]
+
+
+def _head_int(value: int) -> int | str:
+    """An int of a kept head (JSON in the index: past int64, its size, never its 5,000 digits)."""
+    return value if isinstance(value, bool) or -(2**63) <= value < 2**64 else f"<int of {value.bit_length()} bits>"
+
+
+def str_of(value: Any) -> str:
+    """``str(value)``, or ``<TypeName>`` when the value's ``__str__`` raises (or is past the
+    int-string limit)."""
+    try:
+        return str(value)
+    except Exception:  # noqa: BLE001 - a user's __str__
+        return f"<{type(value).__qualname__}>"
+
+
+#: (path, type name) of unreadable values already logged (one line each, per process).
+_WARNED_UNREADABLE: set[tuple[str, str]] = set()
+#: fnmatch's special characters (a pattern without them is an exact name).
+_MAGIC = re.compile(r"[*?\[]")
 
 
 def _row_text(value: Any) -> str:
@@ -398,6 +419,9 @@ class _Digester:
         #: a packed row that holds none of them holds no volatile field
         self._row_names = None if any(any(c in p[-1] for c in "*?[") for p in ignore) else \
             tuple(p[-1].encode("utf-8", "surrogatepass") for p in ignore)
+        self._last_exact: frozenset[str] | None = None
+        self._last_rx: re.Pattern[str] | None = None
+        self._literals: list[str] = []
 
     def run(self, arguments: Mapping[str, Any]) -> Request:
         total = 0
@@ -408,6 +432,13 @@ class _Digester:
         nodes = [n for depth, _, n in self.candidates if depth == 1 or n.path in self.forced]
         rest = [n for depth, _, n in self.candidates if depth > 1 and n.path not in self.forced]
         return Request(total, sorted(arguments), nodes + rest[: max(MAX_NODES - len(nodes), 0)])
+
+    def _forced_below(self, path: tuple[str, ...] | None) -> bool:
+        """Whether a ``match_on`` path names a field inside the value at ``path``."""
+        if not self.forced or path is None:
+            return False
+        prefix = ".".join(path) + "."
+        return any(p.startswith(prefix) for p in self.forced)
 
     def _is_node(self, path: tuple[str, ...], depth: int) -> bool:
         """Whether the value at ``path`` (on an argument's path, not inside a list) is kept."""
@@ -422,6 +453,37 @@ class _Digester:
     def _ignored(self, path: tuple[str, ...]) -> bool:
         return bool(self.ignore) and self.may_end(path[-1]) and matches_pattern(path, self.ignore)
 
+    def _unreadable(self, obj: Any, path: tuple[str, ...] | None, exc: Exception) -> tuple[int, dict[str, Any]]:
+        """The digest of a value that raised while being read (a ``__getitem__`` that lies, a
+        ``__str__`` that raises, a mapping without items): its type's name, said once per path."""
+        name = type(obj).__qualname__
+        where = "a mapping key" if path is None else ".".join(path)
+        if (where, name) not in _WARNED_UNREADABLE and len(_WARNED_UNREADABLE) < 1024:
+            _WARNED_UNREADABLE.add((where, name))
+            logger.warning("[RolloutMock] request matching: %s (a %s) cannot be read (%s: %s); it is compared "
+                           "by its type only", where[:200], name[:80], type(exc).__name__, str_of(exc)[:200])
+        return crc32(b"?!" + name.encode("utf-8", "surrogatepass")), {"k": "object", "t": name, "unreadable": True}
+
+    def _volatile_keys(self, keys: tuple[Any, ...]) -> list[Any]:
+        """The keys among ``keys`` that may end a volatile pattern, found in C-level passes (a
+        set intersection, one regular expression), not one ``fnmatch`` per key and pattern."""
+        if not self._last:
+            return []
+        if self._last_exact is None:
+            self._last_exact = frozenset(w for w in self._last if not _MAGIC.search(w))
+            magic = [w for w in self._last if _MAGIC.search(w)]
+            self._last_rx = re.compile("|".join(map(fnmatch.translate, magic))) if magic else None
+            # a text every key matching a pattern holds (its longest run without wildcards)
+            self._literals = [max(re.split(r"[*?]|\[[^]]*\]", w), key=len) for w in magic]
+        found = list(self._last_exact.intersection(keys))
+        if self._last_rx is not None:
+            if len(keys) > 64 and all(self._literals):  # substring searches over all keys at once
+                joined = "\x00".join(keys)
+                if not any(literal in joined for literal in self._literals):
+                    return found
+            found += [k for k in filter(self._last_rx.fullmatch, keys) if k not in self._last_exact]
+        return found
+
     # ------------------------------------------------------------------ values
     def value(self, obj: Any, path: tuple[str, ...] | None, depth: int, keep: bool = True) -> int:
         """The CRC of ``obj`` at ``path`` (``None``: where no volatile field can be, e.g. a mapping
@@ -429,52 +491,55 @@ class _Digester:
         node = keep and path is not None and self._is_node(path, depth)
         info: dict[str, Any] | None = None
         cls = type(obj)
-        if (cls is list or cls is tuple) and depth <= MAX_DEPTH:  # the commonest inside lists: first
-            digest, info = self._sequence(obj, path, depth, node)
-        elif isinstance(obj, _SCALARS):
-            digest = crc32(_scalar_bytes(obj))
-            if node:
-                info = _scalar_info(obj)
-        elif depth > MAX_DEPTH:
-            digest, info = crc32(b"?deep"), {"k": "object", "t": "too deep"}
-        elif isinstance(obj, torch.Tensor):
-            digest, info = self._tensor(obj, node)
-        elif isinstance(obj, np.ndarray):
-            digest, info = self._array(obj, path, depth, node)
-        elif isinstance(obj, np.generic):
-            return self.value(obj.item(), path, depth, keep)
-        elif isinstance(obj, enum.Enum):
-            digest, info = self.value(obj.value, None, depth + 1), {"k": "enum", "v": str(obj)[:_STR_SHOWN]}
-        elif isinstance(obj, list | tuple):
-            digest, info = self._sequence(obj, path, depth, node)
-        elif isinstance(obj, Mapping):
-            digest, info = self._mapping(b"D", obj, path, depth, keep)
-        elif (batch_type := batch_type_of(obj)) is not None and (parts := batch_parts(obj)) is not None:
-            # a registered batch type (a DataProto, a TensorDict...): its named parts, as the batch
-            # model gives them, under the type's name (and batch size, where it has one)
-            sizes = [int(s) for s in getattr(obj, "batch_size", ())] if hasattr(obj, "batch_size") else []
-            tag = b"B" + batch_type.name.encode() + str(sizes).encode()
-            digest, info = self._mapping(tag, parts, path, depth, keep)
-            info = {"k": batch_type.name, "t": type(obj).__qualname__, "keys": info.get("keys", [])}
-            if sizes:
-                info["batch_size"] = sizes
-        elif isinstance(obj, set | frozenset):
-            items = sorted(self.value(x, None, depth + 1) for x in obj)
-            digest, info = crc32(b"".join(map(_u32, items)), crc32(b"Z")), {"k": "set", "len": len(obj)}
-        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-            fields = {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
-            digest, info = self._mapping(b"C" + type(obj).__qualname__.encode(), fields, path, depth, keep)
-            info["k"], info["t"] = "dataclass", type(obj).__qualname__
-        elif isinstance(obj, types.SimpleNamespace) or type(obj).__name__ == "Namespace":
-            digest, info = self._mapping(b"NS", dict(vars(obj)), path, depth, keep)
-        elif callable(obj) and isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType
-                                          | types.MethodType | functools.partial):
-            target = obj.func if isinstance(obj, functools.partial) else obj
-            name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
-            digest, info = crc32(b"Q" + name.encode("utf-8", "surrogatepass")), {"k": "callable", "v": name[-80:]}
-        else:
-            name = type(obj).__qualname__
-            digest, info = crc32(b"?" + name.encode()), {"k": "object", "t": name}
+        try:  # zero cost unless raised (3.11): a user object that cannot be read is digested by its type
+            if (cls is list or cls is tuple) and depth <= MAX_DEPTH:  # the commonest inside lists: first
+                digest, info = self._sequence(obj, path, depth, node)
+            elif isinstance(obj, _SCALARS):
+                digest = crc32(_scalar_bytes(obj))
+                if node:
+                    info = _scalar_info(obj)
+            elif depth > MAX_DEPTH:
+                digest, info = crc32(b"?deep"), {"k": "object", "t": "too deep"}
+            elif isinstance(obj, torch.Tensor):
+                digest, info = self._tensor(obj, node)
+            elif isinstance(obj, np.ndarray):
+                digest, info = self._array(obj, path, depth, node)
+            elif isinstance(obj, np.generic):
+                return self.value(obj.item(), path, depth, keep)
+            elif isinstance(obj, enum.Enum):
+                digest, info = self.value(obj.value, None, depth + 1), {"k": "enum", "v": str(obj)[:_STR_SHOWN]}
+            elif isinstance(obj, list | tuple):
+                digest, info = self._sequence(obj, path, depth, node)
+            elif isinstance(obj, Mapping):
+                digest, info = self._mapping(b"D", obj, path, depth, keep)
+            elif (batch_type := batch_type_of(obj)) is not None and (parts := batch_parts(obj)) is not None:
+                # a registered batch type (a DataProto, a TensorDict...): its named parts, as the batch
+                # model gives them, under the type's name (and batch size, where it has one)
+                sizes = [int(s) for s in getattr(obj, "batch_size", ())] if hasattr(obj, "batch_size") else []
+                tag = b"B" + batch_type.name.encode() + str(sizes).encode()
+                digest, info = self._mapping(tag, parts, path, depth, keep)
+                info = {"k": batch_type.name, "t": type(obj).__qualname__, "keys": info.get("keys", [])}
+                if sizes:
+                    info["batch_size"] = sizes
+            elif isinstance(obj, set | frozenset):
+                items = sorted(self.value(x, None, depth + 1) for x in obj)
+                digest, info = crc32(b"".join(map(_u32, items)), crc32(b"Z")), {"k": "set", "len": len(obj)}
+            elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+                fields = {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
+                digest, info = self._mapping(b"C" + type(obj).__qualname__.encode(), fields, path, depth, keep)
+                info["k"], info["t"] = "dataclass", type(obj).__qualname__
+            elif isinstance(obj, types.SimpleNamespace) or type(obj).__name__ == "Namespace":
+                digest, info = self._mapping(b"NS", dict(vars(obj)), path, depth, keep)
+            elif callable(obj) and isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType
+                                              | types.MethodType | functools.partial):
+                target = obj.func if isinstance(obj, functools.partial) else obj
+                name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
+                digest, info = crc32(b"Q" + name.encode("utf-8", "surrogatepass")), {"k": "callable", "v": name[-80:]}
+            else:
+                name = type(obj).__qualname__
+                digest, info = crc32(b"?" + name.encode()), {"k": "object", "t": name}
+        except Exception as exc:  # noqa: BLE001 - any error of a user's object: never the training call's
+            digest, info = self._unreadable(obj, path, exc)
         if node and path is not None and info is not None:
             self.candidates.append((depth, len(self.candidates), Node(".".join(path), digest, info)))
         return digest
@@ -510,8 +575,8 @@ class _Digester:
         flat = self._flat_keys.get((keys, path))
         if flat is None:  # once per key set and place: dicts of one column share their keys
             step_in_meta = path is not None and path[-1] in meta_part_names() and not set(step_names()).isdisjoint(keys)
-            flat = all(type(k) is str for k in keys) and not step_in_meta and not (
-                path is not None and any(self.may_end(k) and self._ignored((*path, k)) for k in keys))
+            flat = set(map(type, keys)) <= {str} and not step_in_meta and not (
+                path is not None and any(self._ignored((*path, k)) for k in self._volatile_keys(keys)))
             self._flat_keys[(keys, path)] = flat
         if not flat:
             return None
@@ -533,6 +598,12 @@ class _Digester:
         if flat is not None and not keep:
             return crc, {}
         meta_part = path is not None and path[-1] in meta_part_names()
+        if flat is not None and len(flat) > MAX_NODES and not self._forced_below(path):
+            # a big plain mapping: digested in one msgpack call above; only its first fields can
+            # be kept as nodes (MAX_NODES at most), so only they are walked
+            for key, item in flat[:MAX_NODES]:
+                self.value(item, None if path is None else (*path, key), depth + 1, keep)
+            return crc, {"k": "dict", "len": len(flat), "keys": [key[:40] for key, _ in flat[:12]]}
         keys = _sorted_keys(obj)
         shown: list[str] = []
         for key in keys:

@@ -130,3 +130,27 @@ def test_hooks_from_core_hookspath_never_run(tmp_path: Path, dump: Path, capsys:
     code, result, err = bisect(repo, dump, shas[0], shas[-1], capsys)
     assert code == 1, err
     assert not marker.exists(), marker.read_text()
+
+
+def test_a_file_where_the_metrics_folder_should_be_skips_the_commit(tmp_path: Path, dump: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A commit holding ``out`` as a file: --metrics-file out/metrics.jsonl cannot be written; the
+    commit is skipped (one reason), never an OSError out of the command."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "cmd.py").write_text(CMD)
+    shas = []
+    for value, out_is_file in (("1.0", False), ("1.0", True), ("2.0", False)):
+        (repo / "value.txt").write_text(value + "\n")
+        if out_is_file:
+            (repo / "out").write_text("a file\n")
+        elif (repo / "out").exists():
+            (repo / "out").unlink()
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "--allow-empty", "-m", f"value {value}")
+        shas.append(git(repo, "rev-parse", "HEAD").strip())
+    code, result, err = bisect(repo, dump, shas[0], shas[-1], capsys, "--metrics-file", "out/metrics.jsonl")
+    assert code == 3, err  # the only commit between is skipped: it hides the first bad one
+    reasons = {t["rev"]: t["reason"] for t in result["tested"]}
+    assert "--metrics-file out/metrics.jsonl" in reasons[shas[1]]

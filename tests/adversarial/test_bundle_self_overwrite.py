@@ -134,3 +134,12 @@ def test_overwrite_still_replaces_what_the_command_made(tmp_path: Path, dump: Pa
         code, _, err = run(command, source, "-o", out, "--overwrite", capsys=capsys)
         assert code == 0, err
         assert open_dump(out).load(1) is not None
+
+
+def test_overwrite_replaces_a_cut_dump(tmp_path: Path, dump: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A dump made by ``cut`` (it holds provenance.json) is a dump: --overwrite replaces it."""
+    assert run("cut", dump, tmp_path / "cut", "--steps", "0", capsys=capsys)[0] == 0
+    assert (tmp_path / "cut" / "provenance.json").is_file()
+    code, _, err = run("pull", dump, "-o", tmp_path / "cut", "--overwrite", capsys=capsys)
+    assert code == 0, err
+    assert open_dump(tmp_path / "cut").load(1) is not None

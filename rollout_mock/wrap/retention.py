@@ -187,6 +187,18 @@ _HEALTH_KEYS = 64
 HEALTH_SAMPLE = 1 << 16
 
 
+class _NumpyDtypes:
+    """The torch dtypes numpy reads as they are (others are widened first)."""
+
+    def __contains__(self, dtype: Any) -> bool:
+        import torch
+
+        return dtype in (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+_NUMPY_DTYPES = _NumpyDtypes()
+
+
 def _g(x: float) -> float:
     """Five significant digits: a health line stays a few hundred bytes."""
     return float(f"{x:.5g}")
@@ -228,9 +240,7 @@ class _Health:
                 for item in obj.reshape(-1)[:4096]:
                     self.walk(item, f"{path}[]", depth + 1)
             elif obj.dtype.kind in "fiu" and obj.size:
-                import torch
-
-                self._tensor(torch.from_numpy(obj.reshape(-1)), path)
+                self._tensor(obj, path)
         elif isinstance(obj, Mapping):
             for key, value in obj.items():
                 self.walk(value, f"{path}.{key}" if path else str(key), depth + 1)
@@ -256,40 +266,51 @@ class _Health:
                 self.walk(part, f"{path}.{name}" if path else str(name), depth + 1)
 
     def _tensor(self, t: Any, path: str) -> None:
+        """A tensor's (or array's) values, through numpy: the sample is small, and numpy's
+        single-threaded reductions do not wake torch's intra-op thread pool, which the training
+        thread and the writer thread share."""
+        import numpy as np
         import torch
 
-        if t.is_sparse or t.is_nested or t.device.type == "meta" or t.dtype == torch.bool or t.is_complex():
-            return
-        acc = self._acc(path, "float" if t.is_floating_point() else "int")
-        n = t.numel()
+        if isinstance(t, torch.Tensor):
+            if t.is_sparse or t.is_nested or t.device.type == "meta" or t.dtype == torch.bool or t.is_complex():
+                return
+            floating = t.is_floating_point()
+        else:
+            floating = t.dtype.kind == "f"
+        acc = self._acc(path, "float" if floating else "int")
+        n = int(t.numel() if isinstance(t, torch.Tensor) else t.size)
         acc["n"] += n
         if not n:
             return
         if n > HEALTH_SAMPLE:  # evenly spaced rows (whole rows: the lengths stay right), at most ~HEALTH_SAMPLE values
             stride = -(-n // HEALTH_SAMPLE)
-            rows = t.shape[0] if t.dim() > 1 else n
-            t = t[:: max(1, min(stride, rows))] if t.dim() > 1 and rows >= stride else t.reshape(-1)[::stride]
-            acc["read"] = acc.get("read", 0) + t.numel()
+            rows = t.shape[0] if t.ndim > 1 else n
+            t = t[::stride] if t.ndim > 1 and rows >= stride else t.reshape(-1)[::stride]
+        if isinstance(t, torch.Tensor):
+            t = t.detach().cpu()
+            if (floating and t.element_size() < 4) or t.dtype not in _NUMPY_DTYPES:
+                t = t.float() if floating else t.long()
+            a = t.numpy()
         else:
-            acc["read"] = acc.get("read", 0) + n
-        if t.is_floating_point():
-            lo, hi = torch.aminmax(t)
-            lo_f, hi_f = float(lo), float(hi)
+            a = t
+        acc["read"] = acc.get("read", 0) + a.size
+        if floating:
+            lo_f, hi_f = float(a.min()), float(a.max())
             if not (math.isfinite(lo_f) and math.isfinite(hi_f)):  # rare: count, then the finite part
-                finite = torch.isfinite(t)
-                acc["nf"] += t.numel() - int(finite.sum())
-                t = t[finite]
-                if not t.numel():
+                finite = np.isfinite(a)
+                acc["nf"] += int(a.size - finite.sum())
+                a = a[finite]
+                if not a.size:
                     return
-                lo_f, hi_f = float(t.min()), float(t.max())
+                lo_f, hi_f = float(a.min()), float(a.max())
             self._bounds(acc, lo_f, hi_f)
-            acc["sum"] = acc.get("sum", 0.0) + float(t.sum(dtype=torch.float32 if t.element_size() < 4 else None))
+            acc["sum"] = acc.get("sum", 0.0) + float(a.sum(dtype=np.float64))
         else:
-            lo, hi = torch.aminmax(t)
-            self._bounds(acc, float(lo), float(hi))
+            self._bounds(acc, float(a.min()), float(a.max()))
             name = path.rsplit(".", 1)[-1]
-            if name.endswith("mask") and t.dim() == 2:  # attention / response / loss masks: the lengths
-                acc["lengths"] = acc.get("lengths", []) + t.sum(-1).tolist()
+            if name.endswith("mask") and a.ndim == 2:  # attention / response / loss masks: the lengths
+                acc["lengths"] = acc.get("lengths", []) + a.sum(-1).tolist()
 
     def result(self) -> dict[str, Any]:
         keys: dict[str, dict[str, Any]] = {}

@@ -16,6 +16,11 @@ to read: that it is there and has the recorded size (a truncated or missing file
 DAMAGED). ``--verify`` reads every step file and checks its checksum too (object stores as
 well), with a progress bar on a terminal. Exit 0 when nothing is found wrong, 1 when a step file
 is damaged, 2 bad input.
+
+Every step the dump run wrote has a health line (kept when ``keep:`` drops its batch): ``ls``
+marks the steps whose health stands out (``HEALTH: zero:mask``...) and counts them per stream;
+``--health`` prints the health of every step the run wrote, the dropped ones included (per key:
+values, NaN/inf, min/max/mean, token lengths); ``--json`` adds ``"health": {stream: [...]}``.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="print the dump's format, writer and streams (steps, files, keys) as JSON")
     parser.add_argument("--all", action="store_true",
                         help="with --json: the whole manifest, the environment fingerprint included")
+    parser.add_argument("--health", action="store_true",
+                        help="print the health summary of every step the run wrote (dropped batches included)")
     parser.add_argument("--verify", action="store_true",
                         help="read every step file and check its size and checksum against the index "
                              "(without it: sizes of local files only)")
@@ -135,6 +142,16 @@ def _key_set(keys: dict[str, Any]) -> str:
     return json.dumps(keys, sort_keys=True)
 
 
+def _health_key(key: str, value: Any) -> str:
+    """One key of a health line: ``rewards n=6 lo=0 hi=1 mean=0.5`` (``nf=`` NaN/inf, ``len=`` lengths)."""
+    if not isinstance(value, dict):
+        return key
+    parts = [f"{name}={value[name]}" for name in ("n", "nf", "lo", "hi", "mean") if value.get(name) is not None]
+    if isinstance(value.get("len"), list):
+        parts.append("len=" + "/".join(str(x) for x in value["len"]))
+    return f"{key} " + " ".join(parts)
+
+
 def run(args: argparse.Namespace) -> int:
     from rollout_mock.cli import resolve_dump
     from rollout_mock.errors import RolloutMockError
@@ -152,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.all:
             manifest.pop("fingerprint", None)
         manifest["pinned"] = _pinned(dump)
+        manifest["health"] = {stream.key: dump.health(stream) for stream in dump.streams()}
         print(json.dumps(manifest, indent=1))
         return _verdict(damaged, where, args)
     writer = dump.manifest.writer
@@ -177,6 +195,16 @@ def run(args: argparse.Namespace) -> int:
               + calls + (f"; methods: {methods}" if methods else "")
               + (f"; pinned: {format_ranges(pinned)}" if pinned else "")
               + (f"; {compression}" if compression else ""))
+        health = {line["step"]: line for line in dump.health(stream)}
+        flagged = [s for s, line in health.items() if line.get("anomalies")]
+        if health:
+            stand_out = (f", {len(flagged)} stand out: {format_ranges(sorted(flagged))}" if flagged
+                         else ", none stands out")
+            print(f"  health: {len(health)} step(s) summarised{stand_out}")
+        if args.health:
+            for step, line in health.items():
+                print(f"  health {step:>6}  " + (f"[{', '.join(line['anomalies'])}]  " if line.get("anomalies") else "")
+                      + "  ".join(_health_key(k, v) for k, v in (line.get("keys") or {}).items()))
         groups: dict[str, list[int]] = {}
         for step, entry in zip(steps, entries):
             assert entry is not None
@@ -184,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"  step {step:>6}  {entry.file}  {entry.size / 1e6:9.2f} MB  samples={entry.samples}  "
                   f"{entry.type}  {entry.checksum}" + (f"  {entry.compression}" if entry.compression else "")
                   + ("" if what is None else f"  DAMAGED: {what}")
+                  + (f"  HEALTH: {', '.join(health[step]['anomalies'])}" if health.get(step, {}).get("anomalies")
+                     else "")
                   + ("" if not entry.pin else f"  PINNED: {'; '.join(entry.pin)}")
                   + (f"  +{len(extra[step])} call(s)" if step in extra else ""))
             groups.setdefault(_key_set(entry.keys), []).append(step)

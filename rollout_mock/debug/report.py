@@ -312,6 +312,7 @@ def render_report(
     note = (f"<p class=\"muted\">Steps with {STATS_ROWS} samples or more: statistics over their first "
             f"{STATS_ROWS} ({len(capped)} steps: {escape(format_ranges(capped))}).</p>" if capped else "")
     body += _check_section(dump_dir, stream.key)
+    body += _health_section(dump, stream, specs)
     if explain:
         from rollout_mock.debug.forensics import explain_html, read_explain
 
@@ -331,6 +332,34 @@ def render_report(
     data = {"charts": specs, "dump": str(dump_dir), "split": stream.key,
             "steps": {str(s.step): s.to_json() for s in summaries if s.step in shown}}
     return RenderedReport(page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data), summaries)
+
+
+def _health_section(dump: Any, stream: Any, specs: list[dict[str, Any]]) -> str:
+    """The health of every step the run wrote (kept when its batch was dropped): a chart of the
+    NaN/inf count and of each floating key's mean, with the steps that stand out marked and listed."""
+    lines = dump.health(stream)
+    if not lines:
+        return ""
+    steps = [line["step"] for line in lines]
+    marks = [(line["step"], ", ".join(line["anomalies"])) for line in lines if line.get("anomalies")]
+    nonfinite = [sum(v.get("nf", 0) for v in (line.get("keys") or {}).values() if isinstance(v, dict))
+                 for line in lines]
+    charts = [Chart("health: NaN/inf values per step", steps, {"NaN/inf": nonfinite}, zero=True, marks=marks)]
+    means: dict[str, list[Any]] = {}
+    for line in lines:
+        for key, value in (line.get("keys") or {}).items():
+            if isinstance(value, dict) and "mean" in value and len(means) < 8:
+                means.setdefault(key, [None] * len(steps))
+    for i, line in enumerate(lines):
+        for key in means:
+            value = (line.get("keys") or {}).get(key)
+            means[key][i] = value.get("mean") if isinstance(value, dict) else None
+    for key, values in means.items():
+        charts.append(Chart(f"health: mean of {key}", steps, {key: values}, marks=marks, width=360, height=220))
+    listed = "".join(f"<li>step {s}: {escape(label)}</li>" for s, label in marks[:200])
+    return ("<h2>Health of every step</h2>" + (f"<ul>{listed}</ul>" if listed else
+                                              "<p class=\"muted\">No step stands out.</p>")
+            + charts_html(charts, specs))
 
 
 def _check_section(dump_dir: str | os.PathLike[str], stream: str) -> str:

@@ -111,6 +111,49 @@ class CallInfo:
     provenance: dict[str, Any] | None
 
 
+def flag_health(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Add ``anomalies`` to each health line: what sets the step apart from the run.
+
+    * ``nonfinite:KEY`` and ``beyond_fp16:KEY`` as written;
+    * ``constant:KEY``: all values of a floating key equal (zero variance: a GRPO group with equal
+      rewards) where most steps' are not;
+    * ``zero:KEY``: a zero minimum (a log(0) waiting) where most steps' minimum is above 0;
+    * ``outlier:KEY``: a largest magnitude over 10x the run's median for that key.
+    """
+    stats: dict[str, dict[str, list[float]]] = {}
+    constant: dict[str, int] = {}
+    for line in lines:
+        flags = line.get("flags") or []
+        for key, value in (line.get("keys") or {}).items():
+            bounded = isinstance(value, dict) and all(isinstance(value.get(b), int | float) for b in ("lo", "hi"))
+            if bounded:
+                entry = stats.setdefault(key, {"mag": [], "lo": []})
+                entry["mag"].append(max(abs(value["lo"]), abs(value["hi"])))
+                entry["lo"].append(value["lo"])
+        for flag in flags:
+            if isinstance(flag, str) and flag.startswith("constant:"):
+                constant[flag[9:]] = constant.get(flag[9:], 0) + 1
+    median = {k: (sorted(v["mag"])[len(v["mag"]) // 2], sorted(v["lo"])[len(v["lo"]) // 2]) for k, v in stats.items()}
+    for line in lines:
+        found: list[str] = []
+        for flag in line.get("flags") or []:
+            if not isinstance(flag, str):
+                continue
+            kind, _, key = flag.partition(":")
+            if kind in ("nonfinite", "beyond_fp16") or (kind == "constant" and constant.get(key, 0) * 2 < len(lines)):
+                found.append(flag)
+        for key, value in (line.get("keys") or {}).items():
+            if key not in median or not isinstance(value, dict) or not isinstance(value.get("lo"), int | float):
+                continue
+            mag_median, lo_median = median[key]
+            if value["lo"] == 0 and lo_median > 0:
+                found.append(f"zero:{key}")
+            if mag_median > 0 and max(abs(value["lo"]), abs(value["hi"])) > 10 * mag_median:
+                found.append(f"outlier:{key}")
+        line["anomalies"] = found
+    return lines
+
+
 class Dump:
     """A read-only view of a dump. Listing reads only the index (manifest.json, plus the entry
     files of writers that have not compacted yet); nothing is unpickled."""
@@ -139,6 +182,14 @@ class Dump:
             raise ManifestError(f"{self.dump_dir}: no stream {stream.key!r} (recorded: {known})",
                                 path=str(self.dump_dir))
         return stream
+
+    def health(self, stream: StreamId | str = "train") -> list[dict[str, Any]]:
+        """The health line of every step of ``stream`` the dump run wrote, by step, kept even for
+        steps whose batch was dropped (``keep:``): ``{"step", "keys": {key: {"n", "nf", "lo",
+        "hi", "mean", "len"}}, "flags": [...], "anomalies": [...]}`` (see
+        :func:`rollout_mock.wrap.retention.health_summary`; ``anomalies`` by
+        :func:`flag_health`); ``[]`` for a dump written before."""
+        return flag_health(self._store.health(self._resolve(stream)))
 
     def steps(self, stream: StreamId) -> StepSet:
         """The stream's steps (ranges: a dump of millions of steps costs a few integers)."""

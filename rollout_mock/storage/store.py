@@ -20,6 +20,7 @@ import json
 import os
 import re
 import shlex
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -81,6 +82,29 @@ from rollout_mock.storage.manifest import (
 from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.verified import corrupt_error, load_bytes_verified, load_source_verified, load_verified
 from rollout_mock.text import logger
+
+#: Steps per health side file, and the folder of a stream that holds them.
+HEALTH_SEGMENT = 100
+HEALTH_DIR = ".health"
+
+
+def health_relpath(stream: StreamId, segment: int) -> str:
+    """The health side file of ``segment`` (steps ``segment * 100 ...``) of ``stream``."""
+    return f"{stream.directory}/{HEALTH_DIR}/segment_{segment:06d}{stream.suffix}.jsonl"
+
+
+def _health_lines(data: bytes | None) -> dict[int, bytes]:
+    """``step -> line`` of a health side file (lines that do not parse are dropped)."""
+    out: dict[int, bytes] = {}
+    for line in (data or b"").splitlines():
+        try:
+            step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if isinstance(step, int) and not isinstance(step, bool):
+            out[step] = line
+    return out
+
 
 __all__ = ["BatchInfo", "DirectoryStore", "FsspecStore", "MemoryStore", "StepStore", "Store", "open_store"]
 
@@ -238,9 +262,42 @@ class Store:
         self._packs: dict[str, tuple[tuple[str, ...], list[PackRecord]]] = {}
         self._pack_cache: list[tuple[tuple[str, int, str], bytes]] = []
         self._group_cache: dict[tuple[str, int, str, int], tuple[list[Any], set[int]]] = {}
+        self._health: dict[str, tuple[str, dict[int, bytes]]] = {}  # stream key -> (segment rel, lines)
+        self._health_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"Store({self.backend!r})"
+
+    # ------------------------------------------------------------------ step health (side files)
+    def append_health(self, stream: StreamId, step: int, record: dict[str, Any]) -> None:
+        """Add ``step``'s health line (:func:`rollout_mock.wrap.retention.health_summary`) to its
+        segment side file, ``{split}[/{name}]/.health/segment_NNNNNN[_rankR].jsonl`` (100 steps a
+        segment, rewritten whole and atomically: a crash keeps the previous version). A step
+        written again replaces its line. Lines survive the step's batch (``keep:`` deletes only
+        step files)."""
+        segment = health_relpath(stream, step // HEALTH_SEGMENT)
+        line = json.dumps({"step": step, **record}, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        with self._health_lock:
+            held = self._health.get(stream.key)
+            if held is None or held[0] != segment:
+                held = (segment, _health_lines(self.backend.read(segment)))
+                self._health[stream.key] = held
+            held[1][step] = line
+            self.backend.replace(segment, b"".join(held[1][s] + b"\n" for s in sorted(held[1])))
+
+    def health(self, stream: StreamId) -> list[dict[str, Any]]:
+        """Every health line of ``stream``, by step (damaged lines are skipped; no side file: [])."""
+        directory = f"{stream.directory}/{HEALTH_DIR}"
+        names = [n for n in self.backend.listdir(directory)
+                 if n.startswith("segment_") and n.endswith(f"{stream.suffix}.jsonl")
+                 and (stream.rank is not None or "_rank" not in n)]
+        out: dict[int, dict[str, Any]] = {}
+        for name in sorted(names)[:100_000]:
+            for step, line in _health_lines(self.backend.read(f"{directory}/{name}", 0, 64 << 20)).items():
+                record = json.loads(line)
+                if isinstance(record, dict):
+                    out[step] = record
+        return [out[s] for s in sorted(out)]
 
     def where(self, rel: str) -> str:
         """A human-readable location (path or URL) of ``rel`` under the dump."""

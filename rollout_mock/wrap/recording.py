@@ -32,7 +32,15 @@ from rollout_mock.storage.store import BatchInfo, StepStore, Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed
-from rollout_mock.wrap.retention import MetricWatch, Plan, Retention, nonfinite_values, register, unregister
+from rollout_mock.wrap.retention import (
+    MetricWatch,
+    Plan,
+    Retention,
+    health_summary,
+    nonfinite_values,
+    register,
+    unregister,
+)
 
 __all__ = ["DELETE_BATCH", "PACK_BYTES", "PACK_PENDING_BYTES", "Recorder", "scannable"]
 
@@ -264,11 +272,12 @@ class Recorder:
         def make_job() -> WriteJob:
             if not (isinstance(self.writer, BackgroundWriter) and snapshot):
                 return WriteJob(lambda: self._save(step, batch, info, method, seconds, call), describe)
+            health = self._health_of(step, batch)  # before the copy: the writer then never rebuilds it
             snap = codec.capture(batch, pool=self.buffers)
 
             def run() -> None:
                 try:
-                    self._save(step, snap, info, method, seconds, call)  # written as captured
+                    self._save(step, snap, info, method, seconds, call, health)  # written as captured
                 finally:
                     snap.release()  # written (or failed): its buffers serve the next step
 
@@ -309,7 +318,7 @@ class Recorder:
         self.writer.submit(WriteJob(write, f"step {step} of {self.stream}"))
 
     def _save(self, step: int, batch: Any, info: BatchInfo, method: str, seconds: float | None,
-              call: dict[str, Any] | None = None) -> None:
+              call: dict[str, Any] | None = None, health: dict[str, Any] | None = None) -> None:
         if self.dump_disabled:  # on_disk_full=skip fired while this step waited in the queue
             return
         entry = self.store.save(
@@ -328,7 +337,31 @@ class Recorder:
         if not self._estimated:
             self._estimated = True
             self._log_disk_estimate(step, entry.size)
+        self._record_health(step, batch if health is None else None, health)
         self._retain(step, batch, entry.size)
+
+    def _health_of(self, step: int, batch: Any) -> dict[str, Any] | None:
+        """:func:`health_summary` of ``batch`` (bounded: at most HEALTH_SAMPLE values per tensor),
+        or None (said) when it cannot be taken: the step is recorded all the same."""
+        try:
+            return health_summary(batch)
+        except Exception as exc:  # noqa: BLE001 - an odd tensor subclass must not stop the dump
+            logger.warning("[RolloutMock] no health line for step %d of %s (%s: %s)", step, self.stream,
+                           type(exc).__name__, str(exc)[:200])
+            return None
+
+    def _record_health(self, step: int, batch: Any, health: dict[str, Any] | None) -> None:
+        """Append the step's health line through the store (writer thread; a :class:`Store` only):
+        ``health`` as taken before the capture, or the summary of ``batch`` (a plain batch)."""
+        if not isinstance(self.store, Store):
+            return
+        if health is None and batch is not None and not isinstance(batch, codec.Capture):
+            health = self._health_of(step, batch)
+        if health is not None:
+            try:
+                self.store.append_health(self.stream, step, health)
+            except OSError as exc:  # a full disk for a side file must not stop the dump: said
+                logger.warning("[RolloutMock] no health line for step %d of %s: %s", step, self.stream, exc)
 
     # ------------------------------------------------------------------ retention (keep:)
     def _start_retention(self) -> None:

@@ -50,7 +50,8 @@ from rollout_mock.storage.manifest import MAX_PIN_REASONS, StepSet, pin_reason
 from rollout_mock.text import logger
 
 __all__ = [
-    "MAX_METRICS", "MetricWatch", "Plan", "Retention", "active_recorders", "nonfinite_values", "observe", "pin",
+    "FP16_MAX", "MAX_METRICS", "MetricWatch", "Plan", "Retention", "active_recorders", "health_summary",
+    "nonfinite_values", "observe", "pin",
     "register", "robust_z", "unregister",
 ]
 
@@ -176,6 +177,185 @@ def nonfinite_values(batch: Any, *, limit: int = MAX_PLACES) -> list[str]:
     scan = _Scan(limit)
     scan.walk(batch, "", 0)
     return scan.places
+
+
+# ----------------------------------------------------------------------------- health
+#: Float keys whose largest magnitude passes this do not fit float16 (65504): flagged.
+FP16_MAX = 65504.0
+_HEALTH_KEYS = 64
+#: Values of one tensor read exactly; a larger one is summarised over evenly spaced rows.
+HEALTH_SAMPLE = 1 << 16
+
+
+class _NumpyDtypes:
+    """The torch dtypes numpy reads as they are (others are widened first)."""
+
+    def __contains__(self, dtype: Any) -> bool:
+        import torch
+
+        return dtype in (torch.float32, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+
+
+_NUMPY_DTYPES = _NumpyDtypes()
+
+
+def _g(x: float) -> float:
+    """Five significant digits: a health line stays a few hundred bytes."""
+    return float(f"{x:.5g}")
+
+
+class _Health:
+    """One walk of a batch (see :func:`health_summary`); stats per dotted key, list items under ``[]``."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, dict[str, Any]] = {}
+        self.nodes = 0
+
+    def _acc(self, path: str, kind: str) -> dict[str, Any]:
+        return self.keys.setdefault(path or "<value>", {"kind": kind, "n": 0, "nf": 0})
+
+    def _bounds(self, acc: dict[str, Any], lo: float, hi: float) -> None:
+        acc["lo"] = lo if "lo" not in acc else min(acc["lo"], lo)
+        acc["hi"] = hi if "hi" not in acc else max(acc["hi"], hi)
+
+    def walk(self, obj: Any, path: str, depth: int) -> None:
+        self.nodes += 1
+        if self.nodes > _MAX_NODES or depth > _MAX_DEPTH or len(self.keys) > _HEALTH_KEYS:
+            return
+        if isinstance(obj, bool) or obj is None or isinstance(obj, str | bytes | complex):
+            return
+        if isinstance(obj, int | float):
+            acc = self._acc(path, "float" if isinstance(obj, float) else "int")
+            acc["n"] += 1
+            acc["read"] = acc.get("read", 0) + 1
+            if isinstance(obj, float) and not math.isfinite(obj):
+                acc["nf"] += 1
+            else:
+                self._bounds(acc, float(obj), float(obj))
+                acc["sum"] = acc.get("sum", 0.0) + float(obj)
+        elif is_tensor(obj):
+            self._tensor(obj, path)
+        elif is_array(obj):
+            if obj.dtype.kind == "O":
+                for item in obj.reshape(-1)[:4096]:
+                    self.walk(item, f"{path}[]", depth + 1)
+            elif obj.dtype.kind in "fiu" and obj.size:
+                self._tensor(obj, path)
+        elif isinstance(obj, Mapping):
+            for key, value in obj.items():
+                self.walk(value, f"{path}.{key}" if path else str(key), depth + 1)
+        elif isinstance(obj, list | tuple):
+            if obj and isinstance(obj[0], list | tuple) and obj[0] and isinstance(obj[0][0], int):
+                acc = self._acc(path, "tokens")  # token rows: their lengths
+                lengths = [len(row) for row in obj]
+                acc["n"] += sum(lengths)
+                acc["read"] = acc.get("read", 0) + sum(lengths)
+                acc.setdefault("lengths", []).extend(lengths)
+            elif obj and isinstance(obj[0], int) and not isinstance(obj[0], bool):
+                acc = self._acc(path, "tokens")
+                acc["n"] += len(obj)
+                acc["read"] = acc.get("read", 0) + len(obj)
+                acc.setdefault("lengths", []).append(len(obj))
+            else:
+                for item in obj:
+                    if self.nodes > _MAX_NODES:
+                        return
+                    self.walk(item, f"{path}[]", depth + 1)
+        elif (parts := batch_parts(obj)) is not None:
+            for name, part in parts.items():
+                self.walk(part, f"{path}.{name}" if path else str(name), depth + 1)
+
+    def _tensor(self, t: Any, path: str) -> None:
+        """A tensor's (or array's) values, through numpy: the sample is small, and numpy's
+        single-threaded reductions do not wake torch's intra-op thread pool, which the training
+        thread and the writer thread share."""
+        import numpy as np
+        import torch
+
+        if isinstance(t, torch.Tensor):
+            if t.is_sparse or t.is_nested or t.device.type == "meta" or t.dtype == torch.bool or t.is_complex():
+                return
+            floating = t.is_floating_point()
+        else:
+            floating = t.dtype.kind == "f"
+        acc = self._acc(path, "float" if floating else "int")
+        n = int(t.numel() if isinstance(t, torch.Tensor) else t.size)
+        acc["n"] += n
+        if not n:
+            return
+        if n > HEALTH_SAMPLE:  # evenly spaced rows (whole rows: the lengths stay right), at most ~HEALTH_SAMPLE values
+            stride = -(-n // HEALTH_SAMPLE)
+            rows = t.shape[0] if t.ndim > 1 else n
+            t = t[::stride] if t.ndim > 1 and rows >= stride else t.reshape(-1)[::stride]
+        if isinstance(t, torch.Tensor):
+            t = t.detach().cpu()
+            if (floating and t.element_size() < 4) or t.dtype not in _NUMPY_DTYPES:
+                t = t.float() if floating else t.long()
+            a = t.numpy()
+        else:
+            a = t
+        acc["read"] = acc.get("read", 0) + a.size
+        if floating:
+            lo_f, hi_f = float(a.min()), float(a.max())
+            if not (math.isfinite(lo_f) and math.isfinite(hi_f)):  # rare: count, then the finite part
+                finite = np.isfinite(a)
+                acc["nf"] += int(a.size - finite.sum())
+                a = a[finite]
+                if not a.size:
+                    return
+                lo_f, hi_f = float(a.min()), float(a.max())
+            self._bounds(acc, lo_f, hi_f)
+            acc["sum"] = acc.get("sum", 0.0) + float(a.sum(dtype=np.float64))
+        else:
+            self._bounds(acc, float(a.min()), float(a.max()))
+            name = path.rsplit(".", 1)[-1]
+            if name.endswith("mask") and a.ndim == 2:  # attention / response / loss masks: the lengths
+                acc["lengths"] = acc.get("lengths", []) + a.sum(-1).tolist()
+
+    def result(self) -> dict[str, Any]:
+        keys: dict[str, dict[str, Any]] = {}
+        flags: list[str] = []
+        for key, acc in self.keys.items():
+            out: dict[str, Any] = {"n": acc["n"]}
+            if acc.get("read", acc["n"]) < acc["n"]:
+                out["s"] = _g(acc["read"] / acc["n"])  # the fraction of the values read
+            if acc["nf"]:
+                out["nf"] = acc["nf"]
+                flags.append(f"nonfinite:{key}")
+            if "lo" in acc:
+                out["lo"], out["hi"] = _g(acc["lo"]), _g(acc["hi"])
+                if acc["kind"] == "float":
+                    finite = acc.get("read", acc["n"]) - acc["nf"]
+                    out["mean"] = _g(acc["sum"] / finite) if finite else None
+                    if finite > 1 and acc["lo"] == acc["hi"]:
+                        flags.append(f"constant:{key}")
+                    if max(abs(acc["lo"]), abs(acc["hi"])) > FP16_MAX:
+                        flags.append(f"beyond_fp16:{key}")
+            if acc.get("lengths"):
+                lengths = sorted(int(x) for x in acc["lengths"])
+                out["len"] = [lengths[0], lengths[len(lengths) // 2], lengths[-1],
+                              _g(sum(lengths) / len(lengths))]
+            keys[key] = out
+        return {"keys": keys, "flags": flags}
+
+
+def health_summary(batch: Any) -> dict[str, Any]:
+    """A few hundred bytes that say how a batch looks, kept for every step even when its batch is
+    dropped (``keep:``): per dotted key (list items under ``[]``), ``n`` values, ``nf`` NaN/inf
+    (left out when 0), ``lo``/``hi`` (finite values) and, for floating keys, ``mean``; for token
+    keys (lists of token rows) and 2-D ``*mask`` keys, ``len``: [min, median, max, mean] of the
+    row lengths. ``flags``: ``nonfinite:KEY``, ``constant:KEY`` (a floating key whose values are
+    all equal: a GRPO group with equal rewards), ``beyond_fp16:KEY`` (a magnitude over 65504).
+
+    Cost: one ``aminmax`` pass per tensor and one sum per floating tensor (and per 2-D mask),
+    over at most :data:`HEALTH_SAMPLE` values per tensor (the recorder takes it just before its
+    copy of the batch; the writer thread writes it): a larger tensor is
+    summarised over evenly spaced rows, and its line says which fraction was read (``s``; ``n``
+    is still every value, ``nf`` counts the NaN/inf among those read; a NaN elsewhere is the
+    ``keep:`` scan's to find). See benchmarks/README.md, bench_health."""
+    walk = _Health()
+    walk.walk(batch, "", 0)
+    return walk.result()
 
 
 # ----------------------------------------------------------------------------- metrics

@@ -228,3 +228,11 @@ def test_bench_keep_small_batches_run(tmp_path: Path) -> None:
                                                        "bfloat16 only"]
     assert all(r["scan"] > 0 and r["memcpy"] > 0 for r in result["results"])
     assert "| float32 only |" in result["table"]
+
+
+def test_bench_health_small_batch_runs(tmp_path: Path) -> None:
+    bench_health = pytest.importorskip("bench_health")
+    out = tmp_path / "health.json"
+    assert bench_health.main(["--size", "4M", "--repeat", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())["result"]
+    assert result["health"] > 0 and 100 < result["bytes per step"] < 1000

@@ -230,6 +230,9 @@ def test_async_producer_with_staleness_2_dump_then_mock_in_separate_processes(me
     assert list(listing.steps(stream)) == [0, 1, 2, 3, 4]
     batch = listing.load(4, stream)
     assert [t["versions"].tolist() for t in batch] == recorded["versions"][4]
+    from rollout_mock.adapters.areal import versions_provenance
+
+    assert [c.provenance for c in listing.calls(4, stream)] == [versions_provenance(batch)]  # in the index
 
 
 def test_async_wait_with_another_count_is_an_error_naming_step_and_counts(tmp_path: Path) -> None:

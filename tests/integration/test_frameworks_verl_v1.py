@@ -67,6 +67,9 @@ def test_v1_dump_then_mock_in_separate_processes_is_bit_identical(trainer_mode: 
     assert {"prompts", "responses", "rm_scores", "uid"} <= set(record["fields"])
     versions = [(t["min_global_steps"], t["max_global_steps"]) for t in record["tags"]]
     assert versions == recorded["versions"][1]
+    from rollout_mock.adapters.verl import weight_versions
+
+    assert [c.provenance for c in listing.calls(2)] == [weight_versions(record)]  # in the index
     if trainer_mode == "sync":
         assert recorded["versions"] == [[(s, s)] * 8 for s in range(4)]  # on-policy
     else:

@@ -44,8 +44,8 @@ from rollout_mock.errors import ConfigError, ReplayMismatchError, UnrecordableBa
 from rollout_mock.wrap.matching import digest_request
 from rollout_mock.wrap.scheduler import MockScheduler
 
-__all__ = ["ATTRIBUTES", "SETTINGS", "VerlRollout", "VerlV1Rollout", "is_validation", "verl_settings", "weight_versions",
-           "wrap_verl_rollout"]
+__all__ = ["ATTRIBUTES", "SETTINGS", "VerlRollout", "VerlV1Rollout", "is_validation", "verl_settings",
+           "weight_versions", "wrap_verl_rollout"]
 
 #: Trainer attributes holding the rollout, newest verl first.
 ATTRIBUTES = ("async_rollout_manager", "actor_rollout_wg")

@@ -216,6 +216,7 @@ def test_a_faithful_rerun_with_fresh_uids_replays_and_other_prompts_stop(tmp_pat
                                                           "actor_rollout_ref.rollout.temperature"]
 
 
+@pytest.mark.slow
 def test_v0_validate_in_three_batches_dump_then_mock_in_separate_processes(tmp_path: Path) -> None:
     """verl V0's real RayPPOTrainer._validate with data.val_batch_size < the validation set: three
     generate_sequences calls with one global_steps per validation, two validations. Each call is

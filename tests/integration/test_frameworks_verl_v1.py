@@ -21,7 +21,7 @@ import pytest
 import torch
 
 pytest.importorskip("verl.protocol")
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
 from rollout_mock import open_dump  # noqa: E402
 

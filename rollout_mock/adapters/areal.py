@@ -96,12 +96,15 @@ def localize(batch: Any, *, _depth: int = 0) -> Any:
 def versions_provenance(batch: Any) -> dict[str, Any]:
     """Per trajectory of ``batch`` (a list of trajectory dicts; ``None`` for a rejected one), per
     row: the lowest and highest weight version of its generated tokens (``versions`` >= 0; AReaL
-    writes -1 on prompt tokens), ``None`` where a trajectory has no ``versions``."""
+    writes -1 on prompt tokens), ``None`` where a trajectory has no ``versions`` tensor here (a
+    remote-tensor handle of single-controller mode: its values are fetched for the record only)."""
+    import torch
+
     lows: list[Any] = []
     highs: list[Any] = []
     for item in batch if isinstance(batch, list) else [batch]:
         versions = item.get("versions") if isinstance(item, dict) else None
-        if versions is None or not hasattr(versions, "dim"):
+        if not isinstance(versions, torch.Tensor) or versions.device.type == "meta":  # a remote handle: no values
             lows.append(None)
             highs.append(None)
             continue

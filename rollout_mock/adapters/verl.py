@@ -49,7 +49,7 @@ from rollout_mock.wrap.matching import digest_request
 from rollout_mock.wrap.scheduler import MockScheduler
 
 __all__ = ["ATTRIBUTES", "SETTINGS", "VerlRollout", "VerlV1Rollout", "is_validation", "verl_settings",
-           "wrap_verl_rollout"]
+           "weight_versions", "wrap_verl_rollout"]
 
 #: Trainer attributes holding the rollout, newest verl first.
 ATTRIBUTES = ("async_rollout_manager", "actor_rollout_wg")
@@ -248,24 +248,46 @@ def _prompt_rows(prompts: Any) -> tuple[list[str], list[int]]:
     return uids, digests
 
 
+def _batch_step(prompts: Any) -> int:
+    """The ``global_steps`` verl's trainer set on a prompt batch (-1 without one)."""
+    try:
+        value = prompts.get("global_steps", None) if "global_steps" in prompts.keys() else None
+    except (AttributeError, TypeError):
+        value = None
+    value = getattr(value, "data", value)
+    try:
+        return int(value) if value is not None else -1
+    except (TypeError, ValueError):
+        return -1
+
+
 class _Submissions:
-    """The prompts handed to generation, per partition, in submission order: a prompt is known by
-    its ordinal (the live run's uids are fresh ``uuid4``s) and checked by its content digest."""
+    """The prompts handed to generation, per partition. A prompt is known by its *prompt id*
+    ``"S.I"``: submitted at ``global_steps`` S, the I-th of that step (the live run's uids are
+    fresh ``uuid4``s; a run resumed at step S submits the same ids), and checked by a digest of
+    its content."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self.uids: dict[str, list[str]] = {"train": [], "val": []}
-        self.digests: dict[str, list[int]] = {"train": [], "val": []}
-        self.ordinals: dict[str, dict[str, int]] = {"train": {}, "val": {}}
+        self.order: dict[str, list[str]] = {}  # partition -> uids in submission order
+        self.ids: dict[str, dict[str, str]] = {}  # partition -> uid -> prompt id
+        self.uid_of: dict[str, dict[str, str]] = {}  # partition -> prompt id -> uid
+        self.digests: dict[str, dict[str, int]] = {}  # partition -> prompt id -> content digest
+        self.at_step: dict[tuple[str, int], int] = {}
 
     def add(self, prompts: Any) -> None:
         partition = _partition(prompts)
+        step = _batch_step(prompts)
         uids, digests = _prompt_rows(prompts)
         with self._lock:
             for uid, digest in zip(uids, digests):
-                self.ordinals.setdefault(partition, {})[uid] = len(self.uids.setdefault(partition, []))
-                self.uids[partition].append(uid)
-                self.digests.setdefault(partition, []).append(digest)
+                index = self.at_step.get((partition, step), 0)
+                self.at_step[(partition, step)] = index + 1
+                pid = f"{step}.{index}"
+                self.order.setdefault(partition, []).append(uid)
+                self.ids.setdefault(partition, {})[uid] = pid
+                self.uid_of.setdefault(partition, {})[pid] = uid
+                self.digests.setdefault(partition, {})[pid] = digest
 
 
 class _SubmittingLoop:
@@ -292,7 +314,7 @@ class _SubmittingLoop:
 class _Consumption:
     """The replay buffer's ``sample`` as a record of what the trainer consumes (the object
     :class:`MockScheduler` intercepts): the sampled trajectories' fields, tags and keys (prompt
-    ordinal + ``_{session}_{index}``) in sampling order, the metrics, the prompts the sampling
+    id + ``_{session}_{index}``) in sampling order, the metrics, the prompts the sampling
     cleared and the refills it asked for."""
 
     def __init__(self, real_sample: Callable[..., Any], submissions: _Submissions) -> None:
@@ -311,7 +333,7 @@ class _Consumption:
 
     def sample(self, global_steps: int, partition_id: str, batch_size: int) -> dict[str, Any]:
         before = self._prompts_in_queue(partition_id)
-        submitted = len(self._submissions.uids.get(partition_id, []))
+        submitted = len(self._submissions.order.get(partition_id, []))
         self.refills = []
         try:
             meta, metrics = self._real(global_steps=global_steps, partition_id=partition_id, batch_size=batch_size)
@@ -320,30 +342,29 @@ class _Consumption:
             self.refills = None
         self.live = (meta, metrics)
         # refilled prompts that were selected (or evicted) within this call count as cleared too
-        refilled = set(self._submissions.uids.get(partition_id, [])[submitted:])
+        refilled = set(self._submissions.order.get(partition_id, [])[submitted:])
         cleared = (before | refilled) - self._prompts_in_queue(partition_id)
-        ordinals = self._submissions.ordinals.get(partition_id, {})
+        ids = self._submissions.ids.get(partition_id, {})
         keys: list[list[Any]] = []
         for key in meta.keys:
             uid, _, rest = str(key).partition("_")
-            if uid not in ordinals:
+            if uid not in ids:
                 raise UnrecordableBatchError(
                     f"[RolloutMock] verl V1 (mode=dump, split={partition_id}, step={global_steps}): the replay "
                     f"buffer sampled {key!r}, whose prompt uid was never submitted through the wrapped agent loop "
                     f"manager; call wrap_verl_rollout(trainer) before trainer.fit(...)", mode="dump",
                     split=partition_id, step=global_steps)
-            keys.append([ordinals[uid], rest])
+            keys.append([ids[uid], rest])
         fields: dict[str, list[Any]] = {}
         if meta.keys:
             data = _tq().kv_batch_get(keys=list(meta.keys), partition_id=partition_id)
             fields = {name: _column(data.get(name), len(meta.keys)) for name in data.keys()}
-        consumed = sorted({ordinal for ordinal, _ in keys})
-        digests = self._submissions.digests[partition_id]
+        digests = self._submissions.digests.get(partition_id, {})
         return {
             "partition": partition_id, "batch_size": int(batch_size), "keys": keys,
             "tags": [dict(tag) for tag in meta.tags], "fields": fields, "metrics": dict(metrics),
-            "cleared": sorted(ordinals[uid] for uid in cleared if uid in ordinals), "refills": refills,
-            "prompt_digests": {str(o): digests[o] for o in consumed},
+            "cleared": sorted(ids[uid] for uid in cleared if uid in ids), "refills": refills,
+            "prompt_digests": {pid: digests[pid] for pid in sorted({pid for pid, _ in keys})},
         }
 
 
@@ -366,21 +387,26 @@ class VerlV1Rollout:
     (what finished first, what went stale), so the record is the consumption, not the generation:
 
     * every prompt batch handed to ``generate_sequences`` is counted per partition: a prompt is
-      known by its *ordinal* (the live run's uids are fresh ``uuid4``s) and a digest of its row;
+      known by its *prompt id* ``"S.I"`` (submitted at ``global_steps`` S, the I-th of that step:
+      the live run's uids are fresh ``uuid4``s) and checked by a digest of its row;
     * dump mode: each ``sample`` call is recorded (step = ``global_steps``; ``val`` partition in
-      the ``val`` split) as the sampled keys (prompt ordinal + ``_{session}_{index}``) in sampling
+      the ``val`` split) as the sampled keys (prompt id + ``_{session}_{index}``) in sampling
       order, every field the queue holds for them, their tags (``min_global_steps`` /
       ``max_global_steps``: the weight versions, also recorded as provenance), the sampler's
       metrics, the prompts it cleared (selected or evicted as stale) and the refills it asked for;
     * mock mode: ``generate_sequences`` generates nothing; ``sample`` makes the recorded refills
       (the dataloader advances as in the dump run), writes the recorded fields into the queue
-      under the live run's keys (``{live uid of the ordinal}_{session}_{index}``, the ``uid`` field
+      under the live run's keys (``{live uid of the prompt id}_{session}_{index}``, the ``uid`` field
       rewritten), clears the recorded prompts and returns the recorded batch and metrics. The
       trainer's own code then reads, balances, trains and clears as usual.
 
     Checks (mock mode): another ``batch_size`` than the recorded call's, a recorded prompt the
     live run has not submitted, or one whose content differs: :class:`ReplayMismatchError` naming
-    the step and both counts (or the prompt ordinal); never a cycle over what was recorded.
+    the step and both counts (or the prompt id); never a cycle over what was recorded. Resume:
+    the sync trainer resumed at step S submits the prompts of step S again (verl restores the
+    data loader), so they get the recorded ids; the async trainers re-issue their in-flight
+    prompts from a TransferQueue checkpoint under the resume step, which a mock run refuses
+    (recorded prompt ids not submitted).
     ``trainer.v1.separate_async.hybrid_rollout.enable_switch`` (switches decided by wall-clock
     waits) is refused.
     """
@@ -467,24 +493,28 @@ class VerlV1Rollout:
         for count in record.get("refills") or []:
             buffer_refill = self._trainer.replay_buffer.refill_fn
             buffer_refill(int(count))
-        uids = self.submissions.uids.get(partition, [])
-        digests = self.submissions.digests.get(partition, [])
+        uid_of = self.submissions.uid_of.get(partition, {})
+        digests = self.submissions.digests.get(partition, {})
 
-        def live_uid(ordinal: int) -> str:
-            if ordinal >= len(uids):
+        def live_uid(pid: str) -> str:
+            if pid not in uid_of:
+                at, _, index = str(pid).partition(".")
+                count = self.submissions.at_step.get((partition, int(at)), 0)
                 raise self._mismatch(
-                    f"the recorded call consumed prompt #{ordinal} of the {partition} partition; this run has "
-                    f"submitted {len(uids)} prompts so far (fewer prompts per step, or another warm-up)",
-                    step, split, argument="prompts", recorded=f"prompt #{ordinal}", live=f"{len(uids)} submitted")
-            return uids[ordinal]
+                    f"the recorded call consumed prompt {index} submitted at step {at} of the {partition} "
+                    f"partition; this run has submitted {count} prompts at step {at} (fewer prompts per step, "
+                    f"another warm-up, or an async run resumed from a TransferQueue checkpoint)",
+                    step, split, argument="prompts", recorded=f"prompt {pid}", live=f"{count} submitted at {at}")
+            return uid_of[pid]
 
-        for ordinal, digest in record.get("prompt_digests", {}).items():
-            if ordinal.isdigit() and int(ordinal) < len(digests) and digests[int(ordinal)] != int(digest):
+        for pid, digest in record.get("prompt_digests", {}).items():
+            if pid in digests and digests[pid] != int(digest):
+                at, _, index = str(pid).partition(".")
                 raise self._mismatch(
-                    f"prompt #{ordinal} of the {partition} partition differs from the dump run's (another "
-                    f"dataset, seed or data loader position)", step, split, argument=f"prompts[{ordinal}]",
-                    recorded=f"digest {digest}", live=f"digest {digests[int(ordinal)]}")
-        keys = [f"{live_uid(int(ordinal))}_{rest}" for ordinal, rest in record["keys"]]
+                    f"prompt {index} submitted at step {at} of the {partition} partition differs from the dump "
+                    f"run's (another dataset, seed or data loader position)", step, split,
+                    argument=f"prompts[{pid}]", recorded=f"digest {digest}", live=f"digest {digests[pid]}")
+        keys = [f"{live_uid(str(pid))}_{rest}" for pid, rest in record["keys"]]
         tags = [dict(tag) for tag in record["tags"]]
         if keys:
             from tensordict import TensorDict
@@ -493,11 +523,11 @@ class VerlV1Rollout:
             for name, values in record["fields"].items():
                 values = list(values)
                 if name == "uid":
-                    values = [live_uid(int(ordinal)) for ordinal, _ in record["keys"]]
+                    values = [live_uid(str(pid)) for pid, _ in record["keys"]]
                 columns[name] = _pack(values)
             tq.kv_batch_put(keys=keys, partition_id=partition, fields=TensorDict(columns, batch_size=[len(keys)]),
                             tags=tags)
-        cleared = [live_uid(int(ordinal)) for ordinal in record.get("cleared", [])]
+        cleared = [live_uid(str(pid)) for pid in record.get("cleared", [])]
         if cleared:
             tq.kv_clear(keys=cleared, partition_id=partition)
         return tq.KVBatchMeta(partition_id=partition, keys=keys, tags=tags), dict(record.get("metrics", {}))

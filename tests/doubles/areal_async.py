@@ -48,8 +48,19 @@ class AsyncRolloutEngine:
         self._accepted = 0
         self._running = 0
         self._data_iter: Any = None
-        for _ in range(2):
-            threading.Thread(target=self._producer, daemon=True).start()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._producer, daemon=True) for _ in range(2)]
+        for thread in self._threads:
+            thread.start()
+
+    def destroy(self) -> None:
+        """Stop the producer threads (AReaL's engine.destroy()); a thread left running at
+        interpreter exit can abort the process inside torch."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join()
 
     # -- AReaL's InferenceEngine surface
     def set_version(self, version: int) -> None:
@@ -103,7 +114,9 @@ class AsyncRolloutEngine:
     def _producer(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._pending and self.get_capacity() > 0)
+                self._cond.wait_for(lambda: self._closed or (self._pending and self.get_capacity() > 0))
+                if self._closed:
+                    return
                 data = self._pending.popleft()
                 self._running += 1
             trajectory = self._rollout(data)

@@ -176,7 +176,22 @@ class AgentLoop:
     def _worker(self) -> None:
         while True:
             row = self._work.get()
+            if row is None:
+                return
             self._run(row)
+
+    def close(self) -> None:
+        """Stop the worker threads (prompts still queued are dropped); a thread left running at
+        interpreter exit can abort the process inside torch."""
+        while not self._work.empty():
+            try:
+                self._work.get_nowait()
+            except queue.Empty:
+                break
+        for _ in self._threads:
+            self._work.put(None)
+        for thread in self._threads:
+            thread.join()
 
     def _pause(self) -> None:
         if self.asynchronous:

@@ -68,9 +68,13 @@ def main(argv: list[str]) -> None:
             consumed.append([traj["versions"].tolist() for traj in batch])
             rollout.set_version(global_step + 1)
     except RolloutMockError as exc:
+        if engine is not None:
+            engine.destroy()
         torch.save({"error": type(exc).__name__, "message": str(exc), "step": exc.step}, out)
         sys.exit(3)
     rollout.close()
+    if engine is not None:
+        engine.destroy()
     torch.save({"params": {k: v.clone() for k, v in model.state_dict().items()}, "metrics": metrics,
                 "generated": engine.generated if engine is not None else 0, "versions": consumed}, out)
 

@@ -405,6 +405,7 @@ def areal_run(mode: str, method: str, dump: Path, out: Path, *, seed: str, count
     return result
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["wait", "prepare_batch"])
 def test_async_producer_with_staleness_2_dump_then_mock_in_separate_processes(method: str, tmp_path: Path) -> None:
     """A producer thread (max_head_offpolicyness=2) generates with its own timing in each process;
@@ -426,8 +427,12 @@ def test_async_producer_with_staleness_2_dump_then_mock_in_separate_processes(me
     assert list(listing.steps(stream)) == [0, 1, 2, 3, 4]
     batch = listing.load(4, stream)
     assert [t["versions"].tolist() for t in batch] == recorded["versions"][4]
+    from rollout_mock.adapters.areal import versions_provenance
+
+    assert [c.provenance for c in listing.calls(4, stream)] == [versions_provenance(batch)]  # in the index
 
 
+@pytest.mark.slow
 def test_async_wait_with_another_count_is_an_error_naming_step_and_counts(tmp_path: Path) -> None:
     dump = tmp_path / "dump"
     areal_run("dump", "wait", dump, tmp_path / "dump.pt", seed="1")

@@ -195,9 +195,11 @@ def test_partial_rollouts_keep_every_segments_weight_version(slime_pkg: Any, tmp
     monkeypatch.setenv("ROLLOUT_MOCK_DUMP_DIR", str(tmp_path / "d"))
     recorded = call_rollout_fn(adapter.generate_rollout, args(), 0, None, evaluation=False)
     adapter.reset()
-    record = open_dump(tmp_path / "d").load(0)
+    dump = open_dump(tmp_path / "d")
+    record = dump.load(0)
     assert adapter.segment_versions(record) == {
         "segments": plans, "first": ["2", "6", "4", "2"], "last": ["6", "6", "6", "6"]}
+    assert [c.provenance for c in dump.calls(0)] == [adapter.segment_versions(record)]  # in the index
 
     monkeypatch.setenv("ROLLOUT_MOCK_MODE", "mock")
     slime_pkg.CALLS.clear()

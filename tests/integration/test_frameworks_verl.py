@@ -378,3 +378,32 @@ def test_the_wrapper_works_where_a_mock_scheduler_does(tmp_path: Path, caplog: p
     assert {s.key: listing.steps(s) for s in listing.streams()} == {"train": [1, 2]}
     expected = read_expected(dump)
     assert expected is not None and expected.steps == [1, 2]
+
+
+@pytest.mark.slow
+def test_v0_validate_in_three_batches_dump_then_mock_in_separate_processes(tmp_path: Path) -> None:
+    """verl V0's real RayPPOTrainer._validate with data.val_batch_size < the validation set: three
+    generate_sequences calls with one global_steps per validation, two validations. Each call is
+    recorded and replayed (matched by its request, in recorded order); the rollout's random answers
+    differ in every process, so only a faithful replay gives the dump run's metrics."""
+    import os
+    import subprocess
+    import sys
+
+    script = Path(__file__).with_name("verl_v0_validate_run.py")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    results = []
+    for mode, seed in (("dump", "1"), ("mock", "2")):
+        out = tmp_path / f"{mode}.pt"
+        proc = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "d"), str(out)],
+                              env={**env, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        results.append(torch.load(out, weights_only=False))
+    recorded, replayed = results
+    assert "error" not in recorded, recorded
+    assert recorded["generated"] == 6 and replayed["generated"] == 0
+    assert len(recorded["metrics"]) == 2 and recorded["metrics"][0]
+    assert replayed["metrics"] == recorded["metrics"]
+    listing = open_dump(tmp_path / "d")
+    assert list(listing.steps(listing.stream("val"))) == [0, 2]
+    assert [[c.call for c in listing.calls(step, "val")] for step in (0, 2)] == [[0, 1, 2], [0, 1, 2]]

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 pytest.importorskip("verl.protocol")
-pytestmark = pytest.mark.verl
+pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
 from rollout_mock import open_dump  # noqa: E402
 
@@ -67,6 +67,9 @@ def test_v1_dump_then_mock_in_separate_processes_is_bit_identical(trainer_mode: 
     assert {"prompts", "responses", "rm_scores", "uid"} <= set(record["fields"])
     versions = [(t["min_global_steps"], t["max_global_steps"]) for t in record["tags"]]
     assert versions == recorded["versions"][1]
+    from rollout_mock.adapters.verl import weight_versions
+
+    assert [c.provenance for c in listing.calls(2)] == [weight_versions(record)]  # in the index
     if trainer_mode == "sync":
         assert recorded["versions"] == [[(s, s)] * 8 for s in range(4)]  # on-policy
     else:
@@ -103,3 +106,30 @@ def test_v1_another_batch_size_is_an_error_naming_step_and_counts(tmp_path: Path
     assert error["step"] == 1
     assert "step=1" in error["message"] and "asks for 8 prompt groups" in error["message"]
     assert "consumed 4" in error["message"] and "nothing is cycled" in error["message"]
+
+
+def test_v1_validation_in_three_batches_dump_then_mock(tmp_path: Path) -> None:
+    """V1's real _validate with data.val_batch_size=2 over 6 prompts: three ReplayBuffer.sample
+    calls of the val partition per validation (global_steps 0, 2, 4), each recorded as one call of
+    its step and replayed in recorded order; training steps in between."""
+    dump = tmp_path / "dump"
+    recorded = run("dump", "sync", dump, tmp_path / "dump.pt", seed="1", val_batch=2)
+    replayed = run("mock", "sync", dump, tmp_path / "mock.pt", seed="2", val_batch=2)
+    assert replayed["generated"] == 0
+    same_run(recorded, replayed)
+    val = [(step, m) for step, m in recorded["metrics"] if any(k.startswith("val-") for k in m)]
+    assert [step for step, _ in val] == [0, 2, 4]
+    listing = open_dump(dump)
+    assert list(listing.steps(listing.stream("val"))) == [0, 2, 4]
+
+
+def test_v1_separate_async_with_two_mini_batches_per_step_dump_then_mock(tmp_path: Path) -> None:
+    """parameter_sync_step=2: ReplayBuffer.sample is called twice per global step (verl's own
+    separate-async dumps key these {global_step}/{param_sync_step}); each is one recorded call of
+    its step, replayed in recorded order."""
+    dump = tmp_path / "dump"
+    recorded = run("dump", "separate_async", dump, tmp_path / "dump.pt", seed="1", sync_steps=2)
+    replayed = run("mock", "separate_async", dump, tmp_path / "mock.pt", seed="2", sync_steps=2)
+    assert replayed["generated"] == 0
+    same_run(recorded, replayed)
+    assert len(recorded["versions"]) == 8  # two actor updates per step

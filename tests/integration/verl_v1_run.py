@@ -127,8 +127,10 @@ def main(argv: list[str]) -> None:
     try:
         trainer.fit(loop)
     except RolloutMockError as exc:
+        loop.close()
         torch.save({"error": type(exc).__name__, "message": str(exc), "step": exc.step}, out)
         sys.exit(3)
+    loop.close()
     if wrapper is not None:
         wrapper.close()
     metrics = [(step, {k: float(v) for k, v in m.items() if not any(w in k for w in WALL_CLOCK)

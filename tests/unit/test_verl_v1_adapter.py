@@ -64,18 +64,19 @@ class Buffer:
 
 
 class Trainer:
-    def __init__(self, tq: Any, cfg: dict[str, Any], *, offset: int = 0, submit: bool = True) -> None:
+    def __init__(self, tq: Any, cfg: dict[str, Any], *, offset: int = 0, submit: bool = True, start: int = 1) -> None:
         self.tq = tq
         self.config = {"rollout_mock": cfg, "trainer": {"v1": {"trainer_mode": "sync"}}}
         self.replay_buffer = Buffer(tq)
         self.offset = offset
         self.submit = submit
+        self.start = start
         self.trained: list[Any] = []
 
     def fit(self, loop: Any) -> None:
         import uuid
 
-        for step in (1, 2):
+        for step in range(self.start, 3):
             if self.submit or step == 1:
                 uids = [str(uuid.uuid4()) for _ in range(2)]
                 batch = TensorDict({"input_ids": torch.arange(4).reshape(2, 2) + 10 * step + self.offset,
@@ -118,9 +119,10 @@ def test_mock_with_other_prompts_names_the_prompt_and_step(tq: Any, tmp_path: Pa
     tq.reset()
     trainer = Trainer(tq, {"enable": True, "mode": "mock", "dump_dir": str(tmp_path / "d")}, offset=1)
     wrap_verl_rollout(trainer)
-    with pytest.raises(ReplayMismatchError, match=r"step=1\): prompt #0 of the train partition differs") as err:
+    with pytest.raises(ReplayMismatchError, match=r"step=1\): prompt 0 submitted at step 1 of the train partition "
+                                                  r"differs") as err:
         trainer.fit(Loop(tq))
-    assert err.value.step == 1 and err.value.argument == "prompts[0]"
+    assert err.value.step == 1 and err.value.argument == "prompts[1.0]"
 
 
 def test_mock_before_the_prompts_were_submitted_says_how_many_were(tq: Any, tmp_path: Path) -> None:
@@ -128,9 +130,22 @@ def test_mock_before_the_prompts_were_submitted_says_how_many_were(tq: Any, tmp_
     tq.reset()
     trainer = Trainer(tq, {"enable": True, "mode": "mock", "dump_dir": str(tmp_path / "d")}, submit=False)
     wrap_verl_rollout(trainer)
-    with pytest.raises(ReplayMismatchError, match=r"step=2\): the recorded call consumed prompt #2 of the train "
-                                                  r"partition; this run has submitted 2 prompts so far"):
+    with pytest.raises(ReplayMismatchError, match=r"step=2\): the recorded call consumed prompt 0 submitted at step "
+                                                  r"2 of the train partition; this run has submitted 0 prompts at "
+                                                  r"step 2"):
         trainer.fit(Loop(tq))
+
+
+def test_a_run_resumed_at_step_2_is_served_step_2s_consumption(tq: Any, tmp_path: Path) -> None:
+    """A prompt is known by the step it was submitted at and its place in that step: a sync run
+    resumed at step 2 (verl restores global_steps and the data loader) submits step 2's prompts
+    again and trains on what the dump run trained on at step 2."""
+    recorded = dump(tq, tmp_path)
+    tq.reset()
+    trainer = Trainer(tq, {"enable": True, "mode": "mock", "dump_dir": str(tmp_path / "d")}, start=2)
+    wrap_verl_rollout(trainer)
+    trainer.fit(Loop(tq))
+    assert len(trainer.trained) == 1 and torch.equal(trainer.trained[0], recorded[1])
 
 
 def test_hybrid_switching_is_refused(tq: Any, tmp_path: Path) -> None:

@@ -267,6 +267,37 @@ class RenderedReport:
         return write_text_atomic(Path(output), self.html)
 
 
+def check_section(dump_dir: str | os.PathLike[str], stream: StreamId, specs: list[dict[str, Any]]) -> str:
+    """Check mode's verdicts of ``stream`` (``checks/{split}/step_N.json``): the match with the
+    recording per step (a chart) and a row per checked step naming its first differing key; ``""``
+    when the stream was never checked."""
+    from rollout_mock.wrap.check import key_summary, read_check_verdicts
+
+    verdicts = [v for v in read_check_verdicts(dump_dir) if v.stream == stream.key]
+    if not verdicts:
+        return ""
+    steps = [v.step for v in verdicts]
+    series: dict[str, list[Any]] = {"match": [v.match for v in verdicts]}
+    if any(v.token_match is not None for v in verdicts):
+        series["token match"] = [v.token_match for v in verdicts]
+    differs = [(v.step, "differs from the recording") for v in verdicts if not v.equal]
+    chart = Chart("check mode: match with the recording", steps, series, zero=True, marks=differs)
+    rows = []
+    for v in verdicts:
+        first = v.keys[0] if v.keys else None
+        where = "—" if first is None else f"<code>{escape(str(first.get('key')))}</code> ({escape(key_summary(first))})"
+        more = f" and {len(v.keys) - 1 + v.omitted} more" if len(v.keys) + v.omitted > 1 else ""
+        verdict = "equal" if v.equal else "passed" if v.passed else "FAILED"
+        rows.append(f"<tr class=\"{'' if v.equal else 'bad'}\"><td>{v.step}</td><td>{v.run_step}</td>"
+                    f"<td>{escape(v.method)}</td><td class=\"num\">{fmt_number(v.match)}</td>"
+                    f"<td>{escape(verdict)}</td><td>{where}{escape(more)}</td></tr>")
+    failed = sum(not v.equal for v in verdicts)
+    return (f"<h2 id=\"checks\">Check mode</h2><p>{len(verdicts)} step(s) checked against the recording "
+            f"(<code>mode: check</code>): {failed} differ.</p>{charts_html([chart], specs)}"
+            "<div class=\"scroll\"><table id=\"checktable\"><tr><th>step</th><th>run step</th><th>method</th>"
+            "<th>match</th><th>verdict</th><th>first differing key</th></tr>" + "".join(rows) + "</table></div>")
+
+
 def render_report(
     dump_dir: str | os.PathLike[str],
     *,
@@ -303,6 +334,7 @@ def render_report(
         from rollout_mock.debug.report_compare import comparison_section
 
         body += comparison_section(dump_dir, against, summaries, specs, split=stream.split, trusted=trusted)
+    body += check_section(dump_dir, stream, specs)
     charts = step_charts(summaries)
     if mismatch:
         charts.append(Chart("log-prob mismatch (token_mult_prob_error)", steps,

@@ -193,6 +193,10 @@ class _SafeStream:
         return getattr(self._stream, name)
 
 
+#: Third-party loggers kept at WARNING unless -v: object-store clients log at INFO.
+_QUIET_LOGGERS = ("botocore", "aiobotocore", "boto3", "s3fs", "fsspec", "urllib3", "gcsfs", "adlfs")
+
+
 def _error_line(command: str, exc: BaseException) -> str:
     return f"rollout-mock {command}: error: {exc}"
 
@@ -242,6 +246,9 @@ def _main(argv: Sequence[str] | None) -> int:
         format="%(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # the commands' INFO lines are ours; the S3 client's ("Found credentials...") are noise
+        for name in _QUIET_LOGGERS:
+            logging.getLogger(name).setLevel(logging.WARNING)
     try:
         return int(args._run(args))
     except RolloutMockError as exc:

@@ -306,7 +306,7 @@ def render_report(
     logprobs_json: str | os.PathLike[str] | None = None,
     max_samples: int = DEFAULT_MAX_SAMPLES,
     trusted: bool = False,
-    against: str | os.PathLike[str] | None = None,
+    against: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     progress: bool | None = False,
 ) -> RenderedReport:
     """The report's page and the summaries of its steps (see :func:`write_report`)."""
@@ -326,7 +326,11 @@ def render_report(
     steps = [s.step for s in summaries]
     specs: list[dict[str, Any]] = []
     body = _unreadable_banner(summaries)
-    if against is not None and Path(against).is_file():  # a run's metrics file, against the dump run's
+    if isinstance(against, Sequence) and not isinstance(against, str):  # several runs: overlaid
+        from rollout_mock.debug.report_compare import overlay_section
+
+        body += overlay_section(dump_dir, list(against), summaries, specs, split=stream.split, trusted=trusted)
+    elif against is not None and Path(against).is_file():  # a run's metrics file, against the dump run's
         from rollout_mock.debug.report_compare import metrics_comparison_section
 
         body += metrics_comparison_section(dump_dir, against, specs)

@@ -25,7 +25,7 @@ from typing import Any
 
 from rollout_mock.errors import DumpNotFoundError, RolloutMockError, dump_path_is_a_file
 from rollout_mock.storage.manifest import MANIFEST_NAME
-from rollout_mock.text import terminal_safe
+from rollout_mock.text import quiet_loggers, terminal_safe
 
 #: Subcommand name -> module under ``rollout_mock.cli``.
 COMMANDS: dict[str, str] = {
@@ -247,8 +247,7 @@ def _main(argv: Sequence[str] | None) -> int:
         stream=sys.stderr,
     )
     if not args.verbose:  # the commands' INFO lines are ours; the S3 client's ("Found credentials...") are noise
-        for name in _QUIET_LOGGERS:
-            logging.getLogger(name).setLevel(logging.WARNING)
+        quiet_loggers(_QUIET_LOGGERS)
     try:
         return int(args._run(args))
     except RolloutMockError as exc:

@@ -192,12 +192,15 @@ def _slime_samples(batch: Any) -> Sequence[Any] | None:
     return None
 
 
+#: The names of a TRL record's generation outputs (``_generate``'s tuple): the adapter's
+#: ``rollout_mock.adapters.frameworks.TRL_OUTPUT_NAMES`` (compare/ does not import adapters/).
+_TRL_OUTPUT_NAMES = ("prompt_ids", "completion_ids", "tool_mask", "completions")
+
+
 def _trl_traces(record: Mapping[str, Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
     """A TRL generation record: one trace per completion (its prompt's and completion's token
     ids, the completion's text or messages), the reward the sum of the reward functions'."""
-    from rollout_mock.adapters.frameworks import trl_outputs
-
-    named = trl_outputs(record)
+    named = dict(zip(_TRL_OUTPUT_NAMES, record["generate"]["output"]))
     prompts, completions = named.get("prompt_ids") or [], named.get("completion_ids") or []
     texts = named.get("completions")
     rewards = record.get("rewards")

@@ -267,6 +267,33 @@ class RenderedReport:
         return write_text_atomic(Path(output), self.html)
 
 
+def pinned_steps(dump: Dump, stream: StreamId) -> dict[int, str]:
+    """The steps the flight recorder kept for a reason (``keep``: a metric anomaly, an explicit
+    ``pin``, their windows), with the reasons of each, from the index entries."""
+    out: dict[int, str] = {}
+    for step in dump.steps(stream):
+        entry = dump.entry(stream, step)
+        reasons = None if entry is None else entry.pin
+        if reasons:
+            out[step] = "kept: " + "; ".join(str(r) for r in reasons)
+    return out
+
+
+def mark_pins(specs: list[dict[str, Any]], pins: dict[int, str]) -> None:
+    """Every chart of the page marks the pinned steps in its range: a thin line, its reasons in the
+    chart's tooltip on hover (``quiet``: no label drawn over the chart)."""
+    if not pins:
+        return
+    for spec in specs:
+        xs = [x for x in spec.get("x", []) if isinstance(x, int | float)]
+        if not xs:
+            continue
+        low, high = min(xs), max(xs)
+        spec["marks"] = [*spec.get("marks", []),
+                         *({"x": step, "label": label, "quiet": True} for step, label in sorted(pins.items())
+                           if low <= step <= high)]
+
+
 def check_section(dump_dir: str | os.PathLike[str], stream: StreamId, specs: list[dict[str, Any]]) -> str:
     """Check mode's verdicts of ``stream`` (``checks/{split}/step_N.json``): the match with the
     recording per step (a chart) and a row per checked step naming its first differing key; ``""``
@@ -358,6 +385,7 @@ def render_report(
     if len(shown) < len(summaries):
         body += (f"<p class=\"muted\">The sample browser offers {len(shown)} of the {len(summaries)} steps "
                  "(evenly spaced, the first and the last included); the charts and the table cover all.</p>")
+    mark_pins(specs, pinned_steps(dump, stream))
     data = {"charts": specs, "dump": str(dump_dir), "split": stream.key,
             "steps": {str(s.step): s.to_json() for s in summaries if s.step in shown}}
     return RenderedReport(page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data), summaries)

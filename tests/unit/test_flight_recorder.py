@@ -432,9 +432,8 @@ def test_the_report_marks_the_kept_steps_on_every_chart_with_their_reasons(tmp_p
     import json
     import re
 
-    from rollout_mock.debug import write_report
-
     from rollout_mock import MetricsWriter
+    from rollout_mock.debug import write_report
 
     with MockScheduler(Steps((12,)), cfg(tmp_path / "d", keep={"last": 4, "before": 2, "after": 3})) as sched, \
             MetricsWriter(tmp_path / "m.jsonl", expected=sched) as log:

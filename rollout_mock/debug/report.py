@@ -314,7 +314,7 @@ def check_section(dump_dir: str | os.PathLike[str], stream: StreamId, specs: lis
         first = v.keys[0] if v.keys else None
         where = "—" if first is None else f"<code>{escape(str(first.get('key')))}</code> ({escape(key_summary(first))})"
         more = f" and {len(v.keys) - 1 + v.omitted} more" if len(v.keys) + v.omitted > 1 else ""
-        verdict = "equal" if v.equal else "passed" if v.passed else "FAILED"
+        verdict = "equal" if v.equal else "differs" if v.passed else "FAILED (below check_min_match)"
         rows.append(f"<tr class=\"{'' if v.equal else 'bad'}\"><td>{v.step}</td><td>{v.run_step}</td>"
                     f"<td>{escape(v.method)}</td><td class=\"num\">{fmt_number(v.match)}</td>"
                     f"<td>{escape(verdict)}</td><td>{where}{escape(more)}</td></tr>")

@@ -256,3 +256,39 @@ def test_a_comparison_of_four_runs_overlays_them_in_a_real_browser(tmp_path: Pat
         finally:
             browser.close()
         assert errors == [] and requests == [], (errors, requests)
+
+
+def test_a_check_mode_run_shows_its_verdicts_in_a_real_browser(tmp_path: Path) -> None:
+    """A dump, then a check-mode run whose engine drifted from step 2 on: the report's "Check
+    mode" section (a chart of the match, a row per step) renders with no script error."""
+    from report_cases import BUILDERS
+
+    from rollout_mock import MockScheduler
+
+    dump = framework_dump(tmp_path / "d", "verl", 4)
+
+    class Drifted:
+        def get_batch(self, data: Any, global_step: int) -> Any:  # the dump run's signature: same call
+            return BUILDERS["verl"](global_step) if global_step < 2 else BUILDERS["verl-drifted"](global_step + 3)
+
+    with MockScheduler(Drifted(), {"enable": True, "mode": "check", "dump_dir": str(dump)}) as mock:
+        for step in range(4):
+            mock.get_batch(None, step)
+    page_file = write_report(dump, tmp_path / "check.html")
+    sync_playwright, chromium = get_browser()
+    with sync_playwright() as p:  # type: ignore[operator]
+        errors: list[str] = []
+        requests: list[str] = []
+        b, page = open_page(p, chromium, page_file.as_uri(), errors, requests)
+        try:
+            assert page.locator('.chart[aria-label="check mode: match with the recording"] canvas').count() == 1
+            rows = page.locator("#checktable tr").all_inner_texts()[1:]
+            assert [r.split("\t")[0] for r in rows] == ["0", "1", "2", "3"], rows
+            assert rows[0].split("\t")[4] == "equal" and rows[2].split("\t")[4] == "differs", rows
+            assert "(differs: match " in rows[2] and " more" in rows[2], rows
+            shots = os.environ.get("ROLLOUT_MOCK_REPORT_SHOTS")
+            if shots:
+                page.screenshot(path=f"{shots}/report-check-mode.png", full_page=True)
+        finally:
+            b.close()
+        assert errors == [] and requests == [], (errors, requests)

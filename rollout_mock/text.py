@@ -319,6 +319,13 @@ class _TerminalSafeFilter(logging.Filter):
 logger.addFilter(_TerminalSafeFilter())
 
 
+def quiet_loggers(names: Sequence[str], level: int = logging.WARNING) -> None:
+    """Raise the level of other libraries' loggers ``names`` (the CLI keeps object-store clients'
+    INFO lines out of its output unless ``-v``)."""
+    for name in names:
+        logging.getLogger(name).setLevel(level)
+
+
 def write_text_atomic(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` through a temporary file in the same directory, fsync, rename."""
     import secrets

@@ -25,7 +25,7 @@ from typing import Any
 
 from rollout_mock.errors import DumpNotFoundError, RolloutMockError, dump_path_is_a_file
 from rollout_mock.storage.manifest import MANIFEST_NAME
-from rollout_mock.text import terminal_safe
+from rollout_mock.text import quiet_loggers, terminal_safe
 
 #: Subcommand name -> module under ``rollout_mock.cli``.
 COMMANDS: dict[str, str] = {
@@ -197,6 +197,10 @@ class _SafeStream:
         return getattr(self._stream, name)
 
 
+#: Third-party loggers kept at WARNING unless -v: object-store clients log at INFO.
+_QUIET_LOGGERS = ("botocore", "aiobotocore", "boto3", "s3fs", "fsspec", "urllib3", "gcsfs", "adlfs")
+
+
 def _error_line(command: str, exc: BaseException) -> str:
     return f"rollout-mock {command}: error: {exc}"
 
@@ -246,6 +250,8 @@ def _main(argv: Sequence[str] | None) -> int:
         format="%(message)s",
         stream=sys.stderr,
     )
+    if not args.verbose:  # the commands' INFO lines are ours; the S3 client's ("Found credentials...") are noise
+        quiet_loggers(_QUIET_LOGGERS)
     try:
         return int(args._run(args))
     except RolloutMockError as exc:

@@ -62,9 +62,11 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                         help="decode token ids with this local tokenizer directory")
     parser.add_argument("--logprobs-json", type=Path, metavar="FILE",
                         help="output of `rollout-mock logprobs --json`, plotted per step")
-    parser.add_argument("--against", type=Path, metavar="OTHER",
+    parser.add_argument("--against", type=Path, nargs="+", metavar="OTHER",
                         help="a second dump to compare with, step by step and key by key; or a metrics "
-                             "file of another run (e.g. the mock run's), against the dump run's metrics")
+                             "file of another run (e.g. the mock run's), against the dump run's metrics; "
+                             "several (dumps or metrics files): every run overlaid, one colour each, with "
+                             "|X − A| per metric")
     parser.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES, metavar="N",
                         help="sample previews per step: the first ones, the lowest and the highest rewards "
                              f"(default {DEFAULT_MAX_SAMPLES})")
@@ -93,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     tokenizer = None if args.tokenizer is None else load_tokenizer(args.tokenizer)
     report = render_report(args.dump_dir, split=args.split, tokenizer=tokenizer, logprobs_json=args.logprobs_json,
-                           max_samples=args.max_samples, trusted=args.trust, against=args.against,
+                           max_samples=args.max_samples, trusted=args.trust,
+                           against=args.against[0] if args.against and len(args.against) == 1 else args.against,
                            progress=False if args.no_progress else None, explain=args.explain)
     path = report.write(args.output)
     print(f"wrote {path} ({path.stat().st_size / 1024:.1f} KiB); open it in a browser (no server needed)")

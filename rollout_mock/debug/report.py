@@ -267,6 +267,64 @@ class RenderedReport:
         return write_text_atomic(Path(output), self.html)
 
 
+def pinned_steps(dump: Dump, stream: StreamId) -> dict[int, str]:
+    """The steps the flight recorder kept for a reason (``keep``: a metric anomaly, an explicit
+    ``pin``, their windows), with the reasons of each, from the index entries."""
+    out: dict[int, str] = {}
+    for step in dump.steps(stream):
+        entry = dump.entry(stream, step)
+        reasons = None if entry is None else entry.pin
+        if reasons:
+            out[step] = "kept: " + "; ".join(str(r) for r in reasons)
+    return out
+
+
+def mark_pins(specs: list[dict[str, Any]], pins: dict[int, str]) -> None:
+    """Every chart of the page marks the pinned steps in its range: a thin line, its reasons in the
+    chart's tooltip on hover (``quiet``: no label drawn over the chart)."""
+    if not pins:
+        return
+    for spec in specs:
+        xs = [x for x in spec.get("x", []) if isinstance(x, int | float)]
+        if not xs:
+            continue
+        low, high = min(xs), max(xs)
+        spec["marks"] = [*spec.get("marks", []),
+                         *({"x": step, "label": label, "quiet": True} for step, label in sorted(pins.items())
+                           if low <= step <= high)]
+
+
+def check_section(dump_dir: str | os.PathLike[str], stream: StreamId, specs: list[dict[str, Any]]) -> str:
+    """Check mode's verdicts of ``stream`` (``checks/{split}/step_N.json``): the match with the
+    recording per step (a chart) and a row per checked step naming its first differing key; ``""``
+    when the stream was never checked."""
+    from rollout_mock.wrap.check import key_summary, read_check_verdicts
+
+    verdicts = [v for v in read_check_verdicts(dump_dir) if v.stream == stream.key]
+    if not verdicts:
+        return ""
+    steps = [v.step for v in verdicts]
+    series: dict[str, list[Any]] = {"match": [v.match for v in verdicts]}
+    if any(v.token_match is not None for v in verdicts):
+        series["token match"] = [v.token_match for v in verdicts]
+    differs = [(v.step, "differs from the recording") for v in verdicts if not v.equal]
+    chart = Chart("check mode: match with the recording", steps, series, zero=True, marks=differs)
+    rows = []
+    for v in verdicts:
+        first = v.keys[0] if v.keys else None
+        where = "—" if first is None else f"<code>{escape(str(first.get('key')))}</code> ({escape(key_summary(first))})"
+        more = f" and {len(v.keys) - 1 + v.omitted} more" if len(v.keys) + v.omitted > 1 else ""
+        verdict = "equal" if v.equal else "differs" if v.passed else "FAILED (below check_min_match)"
+        rows.append(f"<tr class=\"{'' if v.equal else 'bad'}\"><td>{v.step}</td><td>{v.run_step}</td>"
+                    f"<td>{escape(v.method)}</td><td class=\"num\">{fmt_number(v.match)}</td>"
+                    f"<td>{escape(verdict)}</td><td>{where}{escape(more)}</td></tr>")
+    failed = sum(not v.equal for v in verdicts)
+    return (f"<h2 id=\"checks\">Check mode</h2><p>{len(verdicts)} step(s) checked against the recording "
+            f"(<code>mode: check</code>): {failed} differ.</p>{charts_html([chart], specs)}"
+            "<div class=\"scroll\"><table id=\"checktable\"><tr><th>step</th><th>run step</th><th>method</th>"
+            "<th>match</th><th>verdict</th><th>first differing key</th></tr>" + "".join(rows) + "</table></div>")
+
+
 def render_report(
     dump_dir: str | os.PathLike[str],
     *,
@@ -275,7 +333,7 @@ def render_report(
     logprobs_json: str | os.PathLike[str] | None = None,
     max_samples: int = DEFAULT_MAX_SAMPLES,
     trusted: bool = False,
-    against: str | os.PathLike[str] | None = None,
+    against: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | None = None,
     progress: bool | None = False,
     explain: Sequence[str | os.PathLike[str]] = (),
 ) -> RenderedReport:
@@ -296,7 +354,11 @@ def render_report(
     steps = [s.step for s in summaries]
     specs: list[dict[str, Any]] = []
     body = _unreadable_banner(summaries)
-    if against is not None and Path(against).is_file():  # a run's metrics file, against the dump run's
+    if isinstance(against, Sequence) and not isinstance(against, str):  # several runs: overlaid
+        from rollout_mock.debug.report_compare import overlay_section
+
+        body += overlay_section(dump_dir, list(against), summaries, specs, split=stream.split, trusted=trusted)
+    elif against is not None and Path(against).is_file():  # a run's metrics file, against the dump run's
         from rollout_mock.debug.report_compare import metrics_comparison_section
 
         body += metrics_comparison_section(dump_dir, against, specs)
@@ -304,6 +366,7 @@ def render_report(
         from rollout_mock.debug.report_compare import comparison_section
 
         body += comparison_section(dump_dir, against, summaries, specs, split=stream.split, trusted=trusted)
+    body += check_section(dump_dir, stream, specs)
     charts = step_charts(summaries)
     if mismatch:
         charts.append(Chart("log-prob mismatch (token_mult_prob_error)", steps,
@@ -329,6 +392,7 @@ def render_report(
     if len(shown) < len(summaries):
         body += (f"<p class=\"muted\">The sample browser offers {len(shown)} of the {len(summaries)} steps "
                  "(evenly spaced, the first and the last included); the charts and the table cover all.</p>")
+    mark_pins(specs, pinned_steps(dump, stream))
     data = {"charts": specs, "dump": str(dump_dir), "split": stream.key,
             "steps": {str(s.step): s.to_json() for s in summaries if s.step in shown}}
     return RenderedReport(page(f"rollout-mock report: {Path(dump_dir).name}", info, body, data), summaries)

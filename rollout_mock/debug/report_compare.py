@@ -26,7 +26,7 @@ from rollout_mock.debug.charts import COLORS, Chart, charts_html
 from rollout_mock.debug.report_data import StepSummary, summarize_step
 from rollout_mock.text import fmt_number, int_digits, short_repr, to_float
 
-__all__ = ["comparison_section", "metric_charts", "metrics_comparison_section"]
+__all__ = ["comparison_section", "metric_charts", "metrics_comparison_section", "overlay_section"]
 
 _MAX_KEYS_CHARTED = 8
 _MAX_STEP_ROWS = 200
@@ -253,3 +253,130 @@ def metrics_comparison_section(dump: str | os.PathLike[str], metrics_file: str |
     return (f"<h2>Comparison of metrics</h2><p class=\"muted\">A: the dump run's metrics ({names[0]})<br>"
             f"B: {names[1]}</p>{verdict}<p class=\"muted\">Per metric: both runs (A solid, B dashed) and "
             f"|A − B| on a log axis (no point: identical at that step).</p>{charts_html(metric_charts(a, b), specs)}")
+
+
+# --------------------------------------------------------------------------- several runs
+#: Runs overlaid beyond A (one colour each: the palette less A's).
+_MAX_OVERLAID = len(COLORS) - 1
+
+
+def _run_metrics(path: Path) -> Any:
+    """A run's metrics: a dump's recorded ones (``expected/``), or a metrics file; ``None`` when
+    a dump holds none."""
+    from rollout_mock.compare.expected import read_expected
+    from rollout_mock.compare.metrics import read_metrics
+
+    return read_metrics(path) if path.is_file() else read_expected(path)
+
+
+def _run_verdict(dump_a: str | os.PathLike[str], label: str, other: Path, *, split: str, trusted: bool) -> str:
+    """One line: where run ``other`` first differs from A (a dump: step and keys; a metrics file:
+    step and metric)."""
+    from rollout_mock.compare.diff import diff_dumps
+    from rollout_mock.compare.verify import verify
+
+    name = f"<b>{escape(label)}</b> ({escape(str(other.resolve()))})"
+    if other.is_file():
+        a = _run_metrics(Path(dump_a))
+        if a is None:
+            return f"<li>{name}: A holds no metrics of its run to compare with.</li>"
+        result = verify(a, _run_metrics(other))
+        first = result.first_divergence
+        if result.ok:
+            return f"<li class=\"good\">{name}: every metric identical to A's.</li>"
+        if first is None:
+            return f"<li class=\"bad\">{name}: not the same steps or metrics as A.</li>"
+        return (f"<li class=\"bad\">{name}: first divergence at step {first.first_divergent_step}, "
+                f"{escape(first.name)}.</li>")
+    report = diff_dumps(dump_a, other, split=split, trusted=trusted)
+    stream = next((s for s in report.streams if s.stream == split), None)
+    bad = [] if stream is None else [d for d in stream.steps if not d.ok]
+    if report.identical:
+        return f"<li class=\"good\">{name}: identical to A.</li>"
+    if not bad:
+        return f"<li class=\"good\">{name}: equal to A within tolerance.</li>"
+    keys = ", ".join(escape(k.key) for k in bad[0].keys[:6])
+    return f"<li class=\"bad\">{name}: first differing step {bad[0].step} ({keys or escape(bad[0].status)}).</li>"
+
+
+def overlay_charts(runs: dict[str, Any]) -> list[Chart]:
+    """Per metric of the first run (A): every run's values (one colour each), then ``|X − A|``
+    for every other run on a log axis, each run's first divergence marked."""
+    labels = list(runs)
+    base = runs[labels[0]]
+    colors = {label: COLORS[i % len(COLORS)] for i, label in enumerate(labels)}
+    steps = sorted({s for table in runs.values() for s in table.steps})
+    charts = []
+    for name in sorted(base):
+        present = {label: table[name] for label, table in runs.items() if name in table}
+        if len(present) < 2:
+            continue
+        charts.append(Chart(name, steps, {label: [v.get(s) for s in steps] for label, v in present.items()},
+                            colors={label: colors[label] for label in present}, width=360, height=220))
+        gaps: dict[str, list[Any]] = {}
+        marks = []
+        for label, values in present.items():
+            if label == labels[0]:
+                continue
+            column = []
+            for s in steps:
+                x, y = to_float(values.get(s)), to_float(base[name].get(s))
+                column.append(abs(x - y) if x is not None and y is not None else None)
+            gaps[f"|{label} − A|"] = column
+            first = _first_difference(base[name], values, steps)
+            if first is not None:
+                marks.append((first, f"{label} first differs from A: step {fmt_number(first)}"))
+        charts.append(Chart(f"{name}: |X − A|", steps, gaps, log=True, marks=marks,
+                            colors={f"|{label} − A|": colors[label] for label in present if label != labels[0]},
+                            width=360, height=220, empty="every run identical to A at every step"))
+    return charts
+
+
+def overlay_section(dump_a: str | os.PathLike[str], others: list[str | os.PathLike[str]],
+                    summaries: list[StepSummary], specs: list[dict[str, Any]], *, split: str = "train",
+                    trusted: bool = False) -> str:
+    """``report A --against B C D``: each run's first difference from A, the dumps' reward means
+    overlaid, and per metric every run (one colour each) with ``|X − A|`` on a log axis."""
+    from rollout_mock.errors import CorruptStepError, DebugInputError, StepNotFoundError
+    from rollout_mock.storage import open_dump
+
+    if len(others) > _MAX_OVERLAID:
+        raise DebugInputError(f"--against: {len(others)} runs; at most {_MAX_OVERLAID} can be overlaid (one colour "
+                              f"each); compare the others in a second report")
+    paths = [Path(p) for p in others]
+    labels = [chr(ord("B") + i) for i in range(len(paths))]
+    lines = [_run_verdict(dump_a, label, path, split=split, trusted=trusted) for label, path in zip(labels, paths)]
+    charts: list[Chart] = []
+    rewards: dict[str, list[Any]] = {}
+    steps = sorted({s.step for s in summaries})
+    by_run: dict[str, dict[int, StepSummary]] = {"A": {s.step: s for s in summaries}}
+    for label, path in zip(labels, paths):
+        if path.is_file():
+            continue
+        dump = open_dump(path)
+        stream = dump.stream(split)
+        run: dict[int, StepSummary] = {}
+        for step in dump.steps(stream):
+            try:
+                run[step] = summarize_step(dump, stream, step, max_samples=0, trusted=trusted)
+            except (CorruptStepError, StepNotFoundError):
+                continue
+        by_run[label] = run
+        steps = sorted(set(steps) | set(run))
+    if len(by_run) > 1:
+        for label, run in by_run.items():
+            rewards[label] = [None if (s := run.get(step)) is None or (q := s.dist.get("reward")) is None
+                              else q["mean"] for step in steps]
+        charts.append(Chart("reward mean: every run", steps, rewards, width=460, height=280,
+                            colors={label: COLORS[i % len(COLORS)] for i, label in enumerate(["A", *labels])
+                                    if label in rewards}))
+    tables = {"A": _run_metrics(Path(dump_a))}
+    tables.update({label: _run_metrics(path) for label, path in zip(labels, paths)})
+    present = {label: table for label, table in tables.items() if table is not None}
+    if "A" in present and len(present) > 1:
+        charts += overlay_charts(present)
+    names = "".join(f"<br>{label}: {escape(str(path.resolve()))}" for label, path in zip(labels, paths))
+    return (f"<h2>Comparison of {len(paths) + 1} runs</h2><p class=\"muted\">A: {escape(str(Path(dump_a).resolve()))}"
+            f"{names}</p><ul id=\"overlay\">{''.join(lines)}</ul><p class=\"muted\">One colour per run; per "
+            f"metric every run, then |X − A| on a log axis (no point: identical to A at that step).</p>"
+            f"{charts_html(charts, specs)}")

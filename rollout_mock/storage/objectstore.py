@@ -22,9 +22,10 @@ standard environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... are read 
 from __future__ import annotations
 
 import errno
+import functools
 import threading
-from collections.abc import Hashable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar, cast
 
 from rollout_mock.errors import MissingExtraError
 from rollout_mock.storage.backend import BackendDefaults
@@ -75,6 +76,28 @@ class _Upload:
                 discard()
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def _denied(operation: str) -> Callable[[_Method], _Method]:
+    """A read of the store refused by it (S3: 403, wrong or missing credentials, a bucket policy)
+    says which bucket, what was tried and the fix in one line, not s3fs's bare "Forbidden"."""
+
+    def wrap(method: _Method) -> _Method:
+        @functools.wraps(method)
+        def call(self: FsspecBackend, rel: str, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(self, rel, *args, **kwargs)
+            except PermissionError as exc:
+                error = PermissionError(self.denied(operation, rel, exc))
+                error.errno = exc.errno  # (not strerror/filename: they would replace the message in str())
+                raise error from None
+
+        return cast(_Method, call)
+
+    return wrap
+
+
 class FsspecBackend(BackendDefaults):
     """Objects under an fsspec URL (see the module docstring)."""
 
@@ -113,7 +136,17 @@ class FsspecBackend(BackendDefaults):
     def where(self, rel: str) -> str:
         return f"{self.url}/{rel}" if rel else self.url
 
+    def denied(self, operation: str, rel: str, exc: BaseException) -> str:
+        """The one line for a request the store refused (see :func:`_denied`)."""
+        scheme, _, rest = self.url.partition("://")
+        bucket = rest.split("/", 1)[0] if rest else self.url
+        reason = str(exc.args[-1] if exc.args else exc) or type(exc).__name__
+        return (f"access denied by {scheme}://{bucket} ({reason}) to {operation} {self.where(rel)}: check the "
+                f"credentials (storage_options, the AWS_* variables or ~/.aws) and that the bucket policy lets them "
+                f"{operation} there")
+
     # ------------------------------------------------------------------ primitives
+    @_denied("read")
     def read(self, rel: str, start: int = 0, end: int | None = None) -> bytes | None:
         path = self._p(rel)
         try:
@@ -146,6 +179,7 @@ class FsspecBackend(BackendDefaults):
     def replace(self, rel: str, data: bytes) -> None:
         self.fs.pipe_file(self._p(rel), data)
 
+    @_denied("list")
     def listdir(self, rel_dir: str) -> list[str]:
         path = self._p(rel_dir)
         self.fs.invalidate_cache(path)
@@ -175,6 +209,7 @@ class FsspecBackend(BackendDefaults):
             except FileNotFoundError:
                 pass
 
+    @_denied("read")
     def size(self, rel: str) -> int | None:
         path = self._p(rel)
         self.fs.invalidate_cache(path)
@@ -184,6 +219,7 @@ class FsspecBackend(BackendDefaults):
             return None
         return None if info.get("type") == "directory" else int(info["size"])
 
+    @_denied("read")
     def signature(self, rel: str) -> Hashable | None:
         path = self._p(rel)
         self.fs.invalidate_cache(path)

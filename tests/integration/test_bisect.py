@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -258,8 +259,9 @@ def test_ctrl_c_removes_the_worktree_and_ends_the_command(
     repo, shas = make_repo(tmp_path, bad=4, slow=(2, 3), commits=4)
     before = snapshot(repo)
     marker = tmp_path / "slow.pid"
-    (tmp_path / "tmp").mkdir()
-    env = {**os.environ, "PYTHONPATH": _pythonpath(), "SLOW_MARKER": str(marker), "TMPDIR": str(tmp_path / "tmp")}
+    # a short TMPDIR of its own (the bisect's Unix socket lives there: pytest-xdist's tmp_path is too long)
+    scratch = Path(tempfile.mkdtemp(prefix="rmb-", dir="/tmp" if os.path.isdir("/tmp") else None))
+    env = {**os.environ, "PYTHONPATH": _pythonpath(), "SLOW_MARKER": str(marker), "TMPDIR": str(scratch)}
     proc = subprocess.Popen([sys.executable, "-m", "rollout_mock", "bisect", "--repo", str(repo), "--good", shas[0],
                              "--bad", shas[-1], "--dump", str(regression[2]), "--", sys.executable, "train.py"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -281,7 +283,9 @@ def test_ctrl_c_removes_the_worktree_and_ends_the_command(
     with pytest.raises(ProcessLookupError):  # the training process of the commit under test is gone
         os.kill(slow_pid, 0)
     assert snapshot(repo) == before  # no worktree left, nothing else changed
-    assert list((tmp_path / "tmp").iterdir()) == []  # nor its temporary folder
+    left = list(scratch.iterdir())
+    shutil.rmtree(scratch)
+    assert left == []  # nor its temporary folder
 
 
 # ------------------------------------------------------------------ the driver, with a CMD that only writes metrics

@@ -217,3 +217,78 @@ def test_a_long_text_field_wraps_in_the_detail_pane(tmp_path: Path, monkeypatch:
         finally:
             b.close()
         assert errors == [] and requests == [], (errors, requests)
+
+
+def test_a_comparison_of_four_runs_overlays_them_in_a_real_browser(tmp_path: Path) -> None:
+    """`report A --against B C D`: every run in its own colour, |X − A| per metric, and where each
+    run first differs from A; two dumps, a dump and a metrics file (a mock run's) against A."""
+    a = framework_dump(tmp_path / "a", "verl", 8, metrics=run_metrics)
+    b = framework_dump(tmp_path / "b", "verl", 8, metrics=run_metrics)  # identical to A
+    c = framework_dump(tmp_path / "c", "verl-drifted", 8, metrics=lambda s: run_metrics(s, 1e-8))
+    d = tmp_path / "d-metrics.jsonl"
+    d.write_text("".join(json.dumps({"step": s, **run_metrics(s, 1e-3 if s >= 6 else 0.0)}) + "\n" for s in range(8)))
+    out = tmp_path / "four.html"
+    from rollout_mock.cli import main
+
+    assert main(["report", str(a), "--against", str(b), str(c), str(d), "-o", str(out), "--no-progress"]) == 0
+    html = out.read_text()
+    data = _data(html)
+    gaps = next(chart for chart in data["charts"] if chart["title"] == "pg_loss: |X − A|")
+    assert [s["name"] for s in gaps["series"]] == ["|B − A|", "|C − A|", "|D − A|"], gaps["series"]
+    overlay = next(chart for chart in data["charts"] if chart["title"] == "pg_loss")
+    assert [s["name"] for s in overlay["series"]] == ["A", "B", "C", "D"]
+    assert len({s["color"] for s in overlay["series"]}) == 4  # one colour each
+    verdicts = re.search(r'<ul id="overlay">(.*?)</ul>', html, re.S).group(1)
+    assert "<b>B</b>" in verdicts and "identical to A" in verdicts.split("<b>C</b>")[0]
+    assert "first differing step 5" in verdicts and "first divergence at step 6, pg_loss" in verdicts
+
+    sync_playwright, chromium = get_browser()
+    with sync_playwright() as p:  # type: ignore[operator]
+        errors: list[str] = []
+        requests: list[str] = []
+        browser, page = open_page(p, chromium, out.as_uri(), errors, requests)
+        try:
+            assert page.locator('.chart[aria-label="pg_loss: |X − A|"] canvas').count() == 1
+            assert "Comparison of 4 runs" in page.inner_text("body")
+            shots = os.environ.get("ROLLOUT_MOCK_REPORT_SHOTS")
+            if shots:
+                page.screenshot(path=f"{shots}/report-four-runs.png", full_page=True)
+        finally:
+            browser.close()
+        assert errors == [] and requests == [], (errors, requests)
+
+
+def test_a_check_mode_run_shows_its_verdicts_in_a_real_browser(tmp_path: Path) -> None:
+    """A dump, then a check-mode run whose engine drifted from step 2 on: the report's "Check
+    mode" section (a chart of the match, a row per step) renders with no script error."""
+    from report_cases import BUILDERS
+
+    from rollout_mock import MockScheduler
+
+    dump = framework_dump(tmp_path / "d", "verl", 4)
+
+    class Drifted:
+        def get_batch(self, data: Any, global_step: int) -> Any:  # the dump run's signature: same call
+            return BUILDERS["verl"](global_step) if global_step < 2 else BUILDERS["verl-drifted"](global_step + 3)
+
+    with MockScheduler(Drifted(), {"enable": True, "mode": "check", "dump_dir": str(dump)}) as mock:
+        for step in range(4):
+            mock.get_batch(None, step)
+    page_file = write_report(dump, tmp_path / "check.html")
+    sync_playwright, chromium = get_browser()
+    with sync_playwright() as p:  # type: ignore[operator]
+        errors: list[str] = []
+        requests: list[str] = []
+        b, page = open_page(p, chromium, page_file.as_uri(), errors, requests)
+        try:
+            assert page.locator('.chart[aria-label="check mode: match with the recording"] canvas').count() == 1
+            rows = page.locator("#checktable tr").all_inner_texts()[1:]
+            assert [r.split("\t")[0] for r in rows] == ["0", "1", "2", "3"], rows
+            assert rows[0].split("\t")[4] == "equal" and rows[2].split("\t")[4] == "differs", rows
+            assert "(differs: match " in rows[2] and " more" in rows[2], rows
+            shots = os.environ.get("ROLLOUT_MOCK_REPORT_SHOTS")
+            if shots:
+                page.screenshot(path=f"{shots}/report-check-mode.png", full_page=True)
+        finally:
+            b.close()
+        assert errors == [] and requests == [], (errors, requests)

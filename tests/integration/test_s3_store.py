@@ -4,6 +4,7 @@ S3-compatible server: moto's ThreadedMotoServer on 127.0.0.1 (HTTP, random free 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -20,6 +21,7 @@ from storage_conformance import (  # noqa: F401
     BackendConformance,
     StoreConformance,
     batch_for,
+    free_port,
     s3_server,
     same,
     save,
@@ -28,6 +30,8 @@ from storage_conformance import (  # noqa: F401
 from rollout_mock import LockedError, MockScheduler, open_dump
 from rollout_mock.cli import main as cli_main
 from rollout_mock.storage import FsspecBackend, FsspecStore
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -236,3 +240,40 @@ def test_read_only_credentials_are_one_error_with_the_fix(tmp_path: Path) -> Non
     assert result["type"] == "DumpNotWritableError" and not result["chained"], result
     assert result["message"].startswith("[RolloutMock] cannot write the dump at s3://runs/exp1 while opening train")
     assert "access denied" in result["message"] and "credentials" in result["message"], result
+
+
+# An S3 server that authenticates every request (moto: INITIAL_NO_AUTH_ACTION_COUNT=0), so that
+# credentials it does not know are refused with 403, as AWS refuses wrong or denied ones.
+_AUTHENTICATING = """
+import sys
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False)
+server.start()
+print("up", flush=True)
+sys.stdin.read()  # until the test closes stdin
+server.stop()
+"""
+
+
+def test_denied_credentials_give_one_line_naming_the_bucket_the_operation_and_the_fix(tmp_path: Path) -> None:
+    """It printed "rollout-mock ls: error: Forbidden" after botocore's INFO lines."""
+    pytest.importorskip("moto.server")
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-c", _AUTHENTICATING, str(port)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                              env={**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "0"})
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "up"
+        env = {**os.environ, "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "not-a-key",
+               "AWS_SECRET_ACCESS_KEY": "not-a-secret", "AWS_DEFAULT_REGION": "us-east-1", "PYTHONPATH": str(REPO)}
+        env.pop("AWS_PROFILE", None)
+        done = subprocess.run([sys.executable, "-m", "rollout_mock", "ls", "s3://team-bucket/runs/run1"], env=env,
+                              capture_output=True, text=True, timeout=HANG_S, cwd=tmp_path)
+    finally:
+        server.communicate(input="", timeout=HANG_S)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr  # no botocore "Found credentials in environment variables."
+    assert lines[0].startswith("rollout-mock ls: error: access denied by s3://team-bucket (Forbidden) to read "
+                               "s3://team-bucket/runs/run1/"), lines[0]
+    assert "check the credentials" in lines[0] and "bucket policy" in lines[0]

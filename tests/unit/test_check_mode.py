@@ -142,3 +142,30 @@ def test_the_log_line_says_how_the_first_key_differs(recorded: tuple[Path, list[
     assert key["key"] == "logprobs" and key["max_abs_diff"] == pytest.approx(0.73, abs=1e-5)
     assert "; first: logprobs (differs: match 0.0000, max_abs_diff 0.73)" in caplog.text, caplog.text
     assert "(differs: )" not in caplog.text
+
+
+def test_the_report_shows_the_check_verdicts_per_step(recorded: tuple[Path, list[Any]], tmp_path: Path) -> None:
+    """The docs said `report` shows check mode's verdicts; nothing in debug/ read checks/."""
+    import re
+
+    from rollout_mock.debug import write_report
+
+    dump, _ = recorded
+    with MockScheduler(Engine(stale_from=1, noise=0.25), cfg(dump, "check")) as mock:
+        for s in range(STEPS):
+            mock.get_batch(prompts(s), s)
+    html = write_report(dump, tmp_path / "report.html").read_text()
+    assert '<h2 id="checks">Check mode</h2>' in html and f"{STEPS} step(s) checked" in html
+    rows = re.findall(r"<tr class=\"(bad)?\"><td>(\d+)</td>", html.split('id="checktable"')[1])
+    assert [int(step) for _, step in rows] == list(range(STEPS)) and all(bad for bad, _ in rows)
+    assert "<code>logprobs</code> (differs: match 0.0000, max_abs_diff 0.25)" in html
+    data = json.loads(re.search(r'id="rm-data">(.*?)</script>', html, re.S).group(1))
+    chart = next(c for c in data["charts"] if c["title"] == "check mode: match with the recording")
+    assert chart is not None
+
+
+def test_a_report_of_an_unchecked_dump_has_no_check_section(recorded: tuple[Path, list[Any]], tmp_path: Path) -> None:
+    from rollout_mock.debug import write_report
+
+    dump, _ = recorded
+    assert 'id="checks"' not in write_report(dump, tmp_path / "report.html").read_text()

@@ -424,3 +424,29 @@ def test_the_capture_is_scanned_over_its_own_memory_without_a_copy() -> None:
         assert nonfinite_values(view) == ["y[200] (1 inf)"]
     finally:
         captured.release()
+
+
+def test_the_report_marks_the_kept_steps_on_every_chart_with_their_reasons(tmp_path: Path) -> None:
+    """The flight recorder's anomalies and pins: a quiet mark on every chart of the page (its
+    reasons shown in the chart's tooltip on hover), for the charts whose steps include it."""
+    import json
+    import re
+
+    from rollout_mock import MetricsWriter
+    from rollout_mock.debug import write_report
+
+    with MockScheduler(Steps((12,)), cfg(tmp_path / "d", keep={"last": 4, "before": 2, "after": 3})) as sched, \
+            MetricsWriter(tmp_path / "m.jsonl", expected=sched) as log:
+        for step in range(30):
+            sched.get_batch(None, global_step=step)
+            log.log(step, {"loss": 1.0 / (step + 1)})  # the report charts the dump run's metrics
+    html = write_report(tmp_path / "d", tmp_path / "r.html").read_text()
+    data = json.loads(re.search(r'id="rm-data">(.*?)</script>', html, re.S).group(1))
+    charted = [c for c in data["charts"] if c["x"]]
+    assert charted
+    for chart in charted:
+        quiet = {m["x"]: m["label"] for m in chart["marks"] if m.get("quiet")}
+        assert quiet[12] == "kept: NaN/inf in the batch: x (1 NaN)", chart["title"]
+        assert quiet[10] == "kept: window of step 12" and 26 not in quiet, chart["title"]
+    js = (Path(__file__).parents[2] / "rollout_mock" / "debug" / "assets" / "report.js").read_text()
+    assert "if (m.x === spec.x[i]) text.push(" in js  # the reasons go into the chart's tooltip

@@ -144,6 +144,7 @@
             text.push(s.name + ': ' + num(raw) + (smoothing && !spec.log && raw !== null && shown !== raw
               ? '  (smoothed ' + num(shown) + ')' : ''));
           });
+          spec.marks.forEach(function (m) { if (m.x === spec.x[i]) text.push('\u2691 ' + m.label); });
           tip.textContent = text.join('\n');
           tip.style.display = 'block';
           var over = u.over.getBoundingClientRect(), frame = box.getBoundingClientRect();
@@ -158,9 +159,11 @@
             var x = u.valToPos(m.x, 'x', true);
             if (x < b.left - 1 || x > b.left + b.width + 1) return;
             ctx.save();
-            ctx.strokeStyle = '#b00'; ctx.fillStyle = '#b00'; ctx.lineWidth = 1.5 * PR;
+            var color = m.quiet ? '#7a4fb0' : '#b00';  // quiet: a pinned step, its reasons in the tooltip
+            ctx.strokeStyle = color; ctx.fillStyle = color; ctx.lineWidth = (m.quiet ? 1 : 1.5) * PR;
             ctx.setLineDash([4 * PR, 3 * PR]);
             ctx.beginPath(); ctx.moveTo(x, b.top); ctx.lineTo(x, b.top + b.height); ctx.stroke();
+            if (m.quiet) { ctx.restore(); return; }
             ctx.font = (11 * PR) + 'px system-ui,sans-serif';
             var right = x > b.left + b.width * 0.6;
             ctx.textAlign = right ? 'right' : 'left';

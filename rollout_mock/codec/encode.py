@@ -255,8 +255,11 @@ def _plain_tensor(obj: torch.Tensor) -> bool:
 
 
 def _packed_strings(flat: list[str], errors: str | None, total: int) -> bytes:
-    """``msgpack.packb(flat)`` into a buffer sized once: ``total`` bytes are known from the
-    offsets (msgpack grows its own by doubling: 3-4x slower for MBs of text)."""
+    """``msgpack.packb(flat)``: by msgspec (the same bytes, ~2x faster), or, with lone surrogates
+    (``errors``), by msgpack into a buffer sized once: ``total`` bytes are known from the offsets
+    (msgpack grows its own by doubling: 3-4x slower for MBs of text)."""
+    if errors is None:
+        return _FAST.encode(flat)
     try:
         packer = msgpack.Packer(use_bin_type=True, unicode_errors=errors, buf_size=total + 64)
     except TypeError:  # a msgpack without buf_size (the pure-Python fallback)

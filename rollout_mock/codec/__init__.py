@@ -39,7 +39,8 @@ import numpy as np
 from rollout_mock.codec import safe as _safe
 from rollout_mock.codec.classes import Batch, batch_class_names, is_batch_class, register_batch_class
 from rollout_mock.codec.decode import Unpickle
-from rollout_mock.codec.encode import BufferPool, Capture, FileSink, Sink, capture, encode, encode_bytes
+from rollout_mock.codec.device import BufferPool
+from rollout_mock.codec.encode import Capture, FileSink, Sink, capture, encode, encode_bytes
 from rollout_mock.codec.format import FORMAT_VERSION, PROTOCOL, require_compression
 from rollout_mock.codec.safe import (
     ByteSource,

@@ -55,7 +55,7 @@ import gc
 import io
 import math
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -238,6 +238,9 @@ class _Encoder:
         #: (raw uint8 memoryview, itemsize for shuffling)
         self.chunks: list[tuple[memoryview, int]] = []
         self.owners: list[Any] = []
+        #: every tensor and numeric array, as (path, its bytes where the step holds them, dtype,
+        #: shape): what :meth:`Capture.tensors` shows
+        self.arrays: list[tuple[str, np.ndarray, Any, tuple[int, ...]]] = []
         #: string columns whose strings are packed when the capture is written
         self.pending: list[Callable[[], None]] = []
         self._active: set[int] = set()
@@ -348,6 +351,7 @@ class _Encoder:
                 raw = self._copy(raw)
             data = raw.numpy()
         shape = list(tensor.shape)
+        self.arrays.append((path, data, tensor.dtype, tuple(shape)))
         row = data.size // shape[0] if shape and shape[0] else 0
         node: dict[str, Any] = {"$": "tensor", "dtype": name, "shape": shape,
                                 "c": self.add_raw(data, tensor.element_size(), row)}
@@ -371,6 +375,7 @@ class _Encoder:
         raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
         if self.snapshot and not fresh:
             raw = self.copy_raw(raw)
+        self.arrays.append((path, raw, array.dtype, array.shape))
         row = raw.size // array.shape[0] if array.ndim and array.shape[0] else 0
         node: dict[str, Any] = {"$": "ndarray", "dtype": array.dtype.str, "shape": list(array.shape),
                                 "c": self.add_raw(raw, array.dtype.itemsize, row)}
@@ -646,6 +651,7 @@ class _Body:
         self._pack_index = -1
         self._pack_used = 0
         self._path = ""
+        self._held = np.empty(0, np.uint8)
 
     def node(self, obj: Any, path: str = "") -> dict[str, Any] | None:
         """``{"$": "mp", "o": offset, "n": length}`` for ``obj``; None when msgpack cannot take
@@ -712,6 +718,7 @@ class _Body:
         if index is not None:  # flag 8: recorded on cuda:<the head's fourth byte>
             flags, index = flags | 8, min(index, 255)
         where = self._place(raw, fresh, tensor.element_size(), shape, later=staged is not None)
+        self.enc.arrays.append((f"{self._path}[*]", self._held, tensor.dtype, tuple(shape)))
         return TENSOR_HEAD.pack(_CODES[str(tensor.dtype)[6:]], flags, len(shape), index or 0, *where) \
             + struct.pack(f"<{len(shape)}Q", *shape)
 
@@ -721,6 +728,7 @@ class _Body:
             array, fresh = np.ascontiguousarray(array), True
         raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
         where = self._place(raw, fresh, array.dtype.itemsize, list(array.shape))
+        self.enc.arrays.append((f"{self._path}[*]", self._held, array.dtype, array.shape))
         flags = 0 if array.flags.writeable else 4
         head = TENSOR_HEAD.pack(0, flags, array.ndim, 0, *where)
         return msgpack.ExtType(EXT_NDARRAY, head + struct.pack(f"<{array.ndim}Q", *array.shape)
@@ -732,11 +740,12 @@ class _Body:
         ``later``: the bytes are not there yet (a staged CUDA tensor): a shared chunk gets them
         when the capture is finished on the writer thread."""
         n = raw.nbytes
+        self._held = raw  # where the step holds the bytes (Capture.tensors)
         if n == 0:
             return 0, 0, 0
         if n >= SMALL_BYTES:
             if self.enc.snapshot and not fresh:
-                raw = self.enc.copy_raw(raw)
+                raw = self._held = self.enc.copy_raw(raw)
             row = n // shape[0] if shape and shape[0] else 0
             first, count = self.enc.add_raw(raw, itemsize, row)
             return first, count, 0
@@ -752,6 +761,7 @@ class _Body:
             self.enc.pending.append(functools.partial(_put_into, self._pack, start, raw))
         else:
             self._pack[start: start + n] = raw
+        self._held = self._pack[start: start + n]
         self._pack_used = start + n
         return self._pack_index, 1, start
 
@@ -794,6 +804,8 @@ class Capture:
     #: pinned buffers of the pool (CUDA tensors' bytes) and the copies filling them
     pinned: list[Any] = field(default_factory=list, repr=False)
     staged: StagedCopies | None = field(default=None, repr=False)
+    #: (path, bytes, dtype, shape) of every tensor and numeric array (:meth:`tensors`)
+    arrays: list[tuple[str, Any, Any, tuple[int, ...]]] = field(default_factory=list, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -810,6 +822,22 @@ class Capture:
         for fill in pending:
             fill()
 
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor | np.ndarray]]:
+        """Each tensor and numeric numpy array of the capture, as ``(path, value)``: a tensor or
+        array of its dtype and shape over the capture's own memory (no copy, no encode, no decode),
+        valid until :meth:`release`; read-only by contract. ``path`` is the key path (``a.b``,
+        ``[3]``); one inside a body value (a list or dict of tensors) is the value's path and
+        ``[*]``. Waits for the capture's pending work first (:meth:`finish`). What a scan of the
+        step's data (the flight recorder's NaN/inf check) reads in place; the step's Python
+        numbers are in its msgpack body and not shown here."""
+        self.finish()
+        for path, raw, dtype, shape in list(self.arrays):
+            if isinstance(dtype, torch.dtype):
+                flat = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
+                yield path, flat.view(dtype).view(shape)
+            else:
+                yield path, raw.view(dtype).reshape(shape)
+
     def write(self, file: Sink | Any, *, compression: str = "none", checksums: bool = True) -> int:
         """Write the capture as a step file (:func:`~rollout_mock.codec.format.write_container`);
         :meth:`finish` must have run."""
@@ -822,7 +850,7 @@ class Capture:
         released unwritten), so none lands in a buffer the next step uses."""
         if self.staged is not None:
             self.staged.wait()
-        for held in (self.chunks, self.owners, self.pending):
+        for held in (self.chunks, self.owners, self.pending, self.arrays):
             held.clear()
         if self.pool is not None:
             self.pool.give(self.pooled)
@@ -843,7 +871,7 @@ def _captured(encoder: _Encoder, obj: Any) -> Capture:
     if encoder.staged is not None:
         encoder.staged.close()  # the call returns with the copies queued
     return Capture(root, encoder.chunks, body, surrogates, version, encoder.owners, encoder.pool, encoder.pooled,
-                   encoder.pending, encoder.pinned, encoder.staged)
+                   encoder.pending, encoder.pinned, encoder.staged, encoder.arrays)
 
 
 def capture(obj: Any, *, pool: BufferPool | None = None) -> Capture:

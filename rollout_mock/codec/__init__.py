@@ -16,9 +16,11 @@ The public API:
   :func:`register_batch_class`.
 
 The modules, one idea each: :mod:`~rollout_mock.codec.format` (the byte layout, constants and
-the header's grammar: the format is specified in its docstring), :mod:`~rollout_mock.codec.encode`
-(the one write path), :mod:`~rollout_mock.codec.decode` (nodes, body, chunks back into objects),
+the header's grammar, and the container writer: the format is specified in its docstring),
+:mod:`~rollout_mock.codec.encode` (the encoder: the one write path),
+:mod:`~rollout_mock.codec.decode` (nodes, body, chunks back into objects),
 :mod:`~rollout_mock.codec.safe` (sources and the bounded read API),
+:mod:`~rollout_mock.codec.device` (capture buffers, pinned memory, CUDA staging and placement),
 :mod:`~rollout_mock.codec.classes` (framework classes written and rebuilt as data),
 :mod:`~rollout_mock.codec.legacy` (format-1 files read as data) and
 :mod:`~rollout_mock.codec.trusted` (everything that runs pickle).

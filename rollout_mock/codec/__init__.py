@@ -16,9 +16,11 @@ The public API:
   :func:`register_batch_class`.
 
 The modules, one idea each: :mod:`~rollout_mock.codec.format` (the byte layout, constants and
-the header's grammar: the format is specified in its docstring), :mod:`~rollout_mock.codec.encode`
-(the one write path), :mod:`~rollout_mock.codec.decode` (nodes, body, chunks back into objects),
+the header's grammar, and the container writer: the format is specified in its docstring),
+:mod:`~rollout_mock.codec.encode` (the encoder: the one write path),
+:mod:`~rollout_mock.codec.decode` (nodes, body, chunks back into objects),
 :mod:`~rollout_mock.codec.safe` (sources and the bounded read API),
+:mod:`~rollout_mock.codec.device` (capture buffers, pinned memory, CUDA staging and placement),
 :mod:`~rollout_mock.codec.classes` (framework classes written and rebuilt as data),
 :mod:`~rollout_mock.codec.legacy` (format-1 files read as data) and
 :mod:`~rollout_mock.codec.trusted` (everything that runs pickle).
@@ -39,7 +41,8 @@ import numpy as np
 from rollout_mock.codec import safe as _safe
 from rollout_mock.codec.classes import Batch, batch_class_names, is_batch_class, register_batch_class
 from rollout_mock.codec.decode import Unpickle
-from rollout_mock.codec.encode import BufferPool, Capture, FileSink, Sink, capture, encode, encode_bytes
+from rollout_mock.codec.device import BufferPool
+from rollout_mock.codec.encode import Capture, FileSink, Sink, capture, encode, encode_bytes
 from rollout_mock.codec.format import FORMAT_VERSION, PROTOCOL, require_compression
 from rollout_mock.codec.safe import (
     ByteSource,
@@ -159,9 +162,11 @@ def view_capture(captured: Capture) -> Any:
     the capture's buffers (no copy of the data, no CRC check: the bytes never left the process),
     valid until :meth:`Capture.release`. What the writer thread looks at after writing a step
     (the flight recorder's NaN/inf scan), without a second encode into a file or a decode of a
-    copy. Waits for the capture's pending work first (:meth:`Capture.finish`)."""
+    copy. Waits for the capture's pending work first (:meth:`Capture.finish`). A scan of the
+    tensors alone needs no rebuild: :meth:`Capture.tensors`."""
     gathered = _Gathered()
-    encode(captured, gathered)
+    captured.finish()
+    captured.write(gathered, checksums=False)  # opened unverified: no CRC-32 to compute
     return _safe.open_step(gathered, verify=False).load()
 
 

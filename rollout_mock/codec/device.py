@@ -3,7 +3,7 @@ device. The one module that talks to ``torch.cuda``; everything it needs of it g
 :class:`DeviceBackend` (:data:`CUDA` in a run, a fake in the CPU tests).
 
 **Dump mode** (:class:`StagedCopies`, used by :func:`~rollout_mock.codec.encode.capture` with a
-:class:`~rollout_mock.codec.encode.BufferPool`): a CUDA tensor's bytes are copied into a pinned
+:class:`BufferPool`): a CUDA tensor's bytes are copied into a pinned
 host buffer of the pool with ``non_blocking=True`` on a side stream of its device (one per device
 and direction, created once). The side stream first waits for the stream that is current on the
 calling thread (the producer's: the rollout's kernels that wrote the batch are queued there), and
@@ -43,8 +43,8 @@ from rollout_mock.batch import batch_parts, batch_type_of, rebuild
 from rollout_mock.errors import ConfigError
 from rollout_mock.text import logger
 
-__all__ = ["CUDA", "CudaBackend", "DeviceBackend", "DevicePlacement", "StagedCopies", "cuda_index", "flat_values",
-           "host_empty", "note_device", "parse_device"]
+__all__ = ["CUDA", "BufferPool", "CudaBackend", "DeviceBackend", "DevicePlacement", "StagedCopies", "cuda_index",
+           "flat_values", "host_empty", "note_device", "parse_device"]
 
 
 # --------------------------------------------------------------------------- the backend
@@ -222,6 +222,71 @@ class StagedCopies:
 
 
 # --------------------------------------------------------------------------- mock mode: reads
+# --------------------------------------------------------------------------- capture buffers (host memory)
+class BufferPool:
+    """Byte buffers for captures, reused across steps (thread-safe): the dump-mode call copies a
+    batch into memory that is already mapped, instead of fresh memory whose first touch costs a
+    page fault per 4 KiB.
+
+    :meth:`take` hands out byte tensors (best fit, at most twice the size asked for);
+    :meth:`Capture.release` gives them back once the writer has written the step. The pool keeps
+    at most ``keep`` captures' worth of bytes (``max_pending`` of the writer): the memory a dump
+    run holds anyway while steps wait to be written. Pinned (page-locked) buffers, for the bytes of
+    CUDA tensors (:mod:`~rollout_mock.codec.device`), are kept apart under the same bound; they are
+    allocated with 1/8 headroom, so that a batch that grows a little from step to step still fits
+    the buffers of the step before. ``backend``: the device runtime (CUDA's; a fake in tests).
+    (Lent by :func:`~rollout_mock.codec.encode.capture`; here with the pinned memory it holds.)
+    """
+
+    def __init__(self, keep: int = 2, *, backend: DeviceBackend | None = None) -> None:
+        self.keep = max(1, keep)
+        self.backend = backend if backend is not None else CUDA
+        #: free buffers, pageable (False) and pinned (True)
+        self._free: dict[bool, list[torch.Tensor]] = {False: [], True: []}
+        self._lock = threading.Lock()
+        self._largest_set = {False: 0, True: 0}
+
+    def __repr__(self) -> str:
+        return (f"BufferPool(keep={self.keep}, free={len(self._free[False])} buffers, {self.free_bytes} bytes, "
+                f"{len(self._free[True])} pinned, {self.pinned_bytes} bytes)")
+
+    @property
+    def free_bytes(self) -> int:
+        return sum(buffer.numel() for buffer in self._free[False])
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the free pinned buffers."""
+        return sum(buffer.numel() for buffer in self._free[True])
+
+    def take(self, nbytes: int, *, pinned: bool = False) -> torch.Tensor:
+        """A uint8 buffer of at least ``nbytes`` (callers use its first ``nbytes``)."""
+        with self._lock:
+            free = self._free[pinned]
+            best = None
+            for index, buffer in enumerate(free):
+                size = buffer.numel()
+                if nbytes <= size <= 2 * nbytes and (best is None or size < free[best].numel()):
+                    best = index
+            if best is not None:
+                return free.pop(best)
+        if pinned:
+            return self.backend.pinned(-(-(nbytes + nbytes // 8) // 4096) * 4096)
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def give(self, buffers: list[torch.Tensor], *, pinned: bool = False) -> None:
+        """Take back the buffers of one capture; beyond ``keep`` captures' worth, drop the oldest."""
+        if not buffers:
+            return
+        with self._lock:
+            free = self._free[pinned]
+            self._largest_set[pinned] = max(self._largest_set[pinned], sum(b.numel() for b in buffers))
+            free.extend(buffers)
+            limit = self.keep * self._largest_set[pinned]
+            while free and sum(b.numel() for b in free) > limit:
+                free.pop(0)
+
+
 class _Reads(threading.local):
     """How the decoder on this thread allocates host memory and where it notes recorded devices."""
 

@@ -35,10 +35,15 @@ inside the body load as ``bytes``; at a structural position they keep their type
 :data:`~rollout_mock.codec.format.SMALL_BYTES` inside the body are copied side by side (64-byte
 aligned, zero padding) into shared 4 MiB chunks.
 
-Where the bytes go: a :class:`Sink` (``write``), or a :class:`FileSink` (a local file that
-checksums what it writes and writes at offsets: small steps go in one vectored call with each
-chunk's CRC-32 computed once; large uncompressed steps are written body first and head last,
-overlapping the CRCs with the writes).
+Plain values (only ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, lists and dicts
+of them, checked in C passes) are packed by msgspec, the rest by msgpack's packer: the same
+bytes (docs/performance.md).
+
+Where the bytes go: the container (header, chunk table, CRC-32s) is written by
+:func:`~rollout_mock.codec.format.write_container`, the mirror of the reader, to a
+:class:`~rollout_mock.codec.format.Sink` or :class:`~rollout_mock.codec.format.FileSink`. The
+capture buffers (:class:`~rollout_mock.codec.device.BufferPool`) live with the pinned memory
+they lend, in :mod:`~rollout_mock.codec.device`.
 """
 
 from __future__ import annotations
@@ -46,18 +51,17 @@ from __future__ import annotations
 import collections
 import datetime
 import functools
+import gc
 import io
-import json
 import math
 import struct
-import threading
-from collections.abc import Callable
-from concurrent.futures import wait
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import cloudpickle
 import msgpack
+import msgspec
 import numpy as np
 import torch
 
@@ -70,14 +74,10 @@ from rollout_mock.codec.classes import (
     split_batch,
     tensordict_state,
 )
-from rollout_mock.codec.device import CUDA, DeviceBackend, StagedCopies, cuda_index, flat_values
+from rollout_mock.codec.device import BufferPool, StagedCopies, cuda_index, flat_values
 from rollout_mock.codec.format import (
-    ALIGN,
     BODY_VERSION,
     CHUNK_BYTES,
-    CLASS_VERSION,
-    CONTAINER_HEAD,
-    DATA_MAGIC,
     EXT_FROZENSET,
     EXT_INT,
     EXT_NDARRAY,
@@ -86,131 +86,20 @@ from rollout_mock.codec.format import (
     EXT_SET,
     EXT_TENSOR,
     EXT_TUPLE,
-    FORMAT_VERSION,
-    JSON_ITEMS_MIN,
     PACK_ALIGN,
-    PARALLEL_BYTES,
-    PREFIX,
-    PREFIX_LEN,
     SMALL_BYTES,
-    SUFFIX,
     TENSOR_HEAD,
     TORCH_DTYPE_NAMES,
     TORCH_DTYPES,
+    FileSink,
+    Sink,
     array_head,
-    compress,
-    crc32,
-    needs_class_version,
-    pool,
+    write_container,
 )
 from rollout_mock.errors import UnrecordableBatchError
 from rollout_mock.text import int_digits, logger
 
 __all__ = ["BufferPool", "Capture", "FileSink", "Sink", "capture", "encode", "encode_bytes"]
-
-
-# --------------------------------------------------------------------------- sinks
-@runtime_checkable
-class Sink(Protocol):
-    """Takes the step's bytes in order; returns how many it took (or None: all of them)."""
-
-    def write(self, data: Any) -> int | None: ...
-
-
-@runtime_checkable
-class FileSink(Protocol):
-    """A checksumming sink with ranged writes (a local file:
-    :class:`~rollout_mock.storage.digest.HashingWriter`); see the module docstring."""
-
-    #: the running checksum (``update``, ``update_known``) the body's chunk CRCs are fed to
-    #: when written head last
-    digest: Any
-
-    def write(self, data: Any) -> int: ...
-
-    def write_vector(self, pieces: list[tuple[Any, int | None]]) -> int:
-        """Write ``(data, crc or None)`` pieces in order in one call; a given CRC is trusted."""
-        ...
-
-    def write_known(self, data: Any, crc: int) -> int:
-        """Write ``data`` whose CRC-32 the caller computed already."""
-        ...
-
-    def reserve_head(self, length: int) -> bool:
-        """Leave ``length`` bytes for a head written last; False if the sink cannot."""
-        ...
-
-    def write_unhashed(self, data: Any) -> int:
-        """Write body bytes whose CRCs the caller will hand to :meth:`write_head`'s digest."""
-        ...
-
-    def write_head(self, data: Any) -> None:
-        """Write the reserved head (after the body)."""
-        ...
-
-
-# --------------------------------------------------------------------------- capture buffers
-class BufferPool:
-    """Byte buffers for captures, reused across steps (thread-safe): the dump-mode call copies a
-    batch into memory that is already mapped, instead of fresh memory whose first touch costs a
-    page fault per 4 KiB.
-
-    :meth:`take` hands out byte tensors (best fit, at most twice the size asked for);
-    :meth:`Capture.release` gives them back once the writer has written the step. The pool keeps
-    at most ``keep`` captures' worth of bytes (``max_pending`` of the writer): the memory a dump
-    run holds anyway while steps wait to be written. Pinned (page-locked) buffers, for the bytes of
-    CUDA tensors (:mod:`~rollout_mock.codec.device`), are kept apart under the same bound; they are
-    allocated with 1/8 headroom, so that a batch that grows a little from step to step still fits
-    the buffers of the step before. ``backend``: the device runtime (CUDA's; a fake in tests).
-    """
-
-    def __init__(self, keep: int = 2, *, backend: DeviceBackend | None = None) -> None:
-        self.keep = max(1, keep)
-        self.backend = backend if backend is not None else CUDA
-        #: free buffers, pageable (False) and pinned (True)
-        self._free: dict[bool, list[torch.Tensor]] = {False: [], True: []}
-        self._lock = threading.Lock()
-        self._largest_set = {False: 0, True: 0}
-
-    def __repr__(self) -> str:
-        return (f"BufferPool(keep={self.keep}, free={len(self._free[False])} buffers, {self.free_bytes} bytes, "
-                f"{len(self._free[True])} pinned, {self.pinned_bytes} bytes)")
-
-    @property
-    def free_bytes(self) -> int:
-        return sum(buffer.numel() for buffer in self._free[False])
-
-    @property
-    def pinned_bytes(self) -> int:
-        """Bytes of the free pinned buffers."""
-        return sum(buffer.numel() for buffer in self._free[True])
-
-    def take(self, nbytes: int, *, pinned: bool = False) -> torch.Tensor:
-        """A uint8 buffer of at least ``nbytes`` (callers use its first ``nbytes``)."""
-        with self._lock:
-            free = self._free[pinned]
-            best = None
-            for index, buffer in enumerate(free):
-                size = buffer.numel()
-                if nbytes <= size <= 2 * nbytes and (best is None or size < free[best].numel()):
-                    best = index
-            if best is not None:
-                return free.pop(best)
-        if pinned:
-            return self.backend.pinned(-(-(nbytes + nbytes // 8) // 4096) * 4096)
-        return torch.empty(nbytes, dtype=torch.uint8)
-
-    def give(self, buffers: list[torch.Tensor], *, pinned: bool = False) -> None:
-        """Take back the buffers of one capture; beyond ``keep`` captures' worth, drop the oldest."""
-        if not buffers:
-            return
-        with self._lock:
-            free = self._free[pinned]
-            self._largest_set[pinned] = max(self._largest_set[pinned], sum(b.numel() for b in buffers))
-            free.extend(buffers)
-            limit = self.keep * self._largest_set[pinned]
-            while free and sum(b.numel() for b in free) > limit:
-                free.pop(0)
 
 
 # --------------------------------------------------------------------------- raw data
@@ -254,13 +143,65 @@ def _plain_tensor(obj: torch.Tensor) -> bool:
 
 
 def _packed_strings(flat: list[str], errors: str | None, total: int) -> bytes:
-    """``msgpack.packb(flat)`` into a buffer sized once: ``total`` bytes are known from the
-    offsets (msgpack grows its own by doubling: 3-4x slower for MBs of text)."""
+    """``msgpack.packb(flat)``: by msgspec (the same bytes, ~2x faster), or, with lone surrogates
+    (``errors``), by msgpack into a buffer sized once: ``total`` bytes are known from the offsets
+    (msgpack grows its own by doubling: 3-4x slower for MBs of text)."""
+    if errors is None:
+        return _FAST.encode(flat)
     try:
         packer = msgpack.Packer(use_bin_type=True, unicode_errors=errors, buf_size=total + 64)
     except TypeError:  # a msgpack without buf_size (the pure-Python fallback)
         return msgpack.packb(flat, use_bin_type=True, unicode_errors=errors)
     return packer.pack(flat)
+
+
+#: msgspec's packer, for values made only of :data:`_SCALARS`, lists and dicts: the same msgpack
+#: bytes as :func:`_msgpack`'s, two to three times faster (docs/performance.md). It encodes tuples,
+#: sets, subclasses of list/dict, dataclasses, enums and decimals as plain arrays, maps and values,
+#: so a value goes to it only once :func:`_plain_value` has seen that it holds none of them; no
+#: ``enc_hook``: what it cannot take raises, and msgpack's packer takes the value instead.
+_FAST = msgspec.msgpack.Encoder()
+_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
+_NESTED = frozenset({list, dict})
+_PLAIN_TYPES = _SCALARS | _NESTED
+#: deeper values take msgpack's packer (its nesting limit, its cycle refusal)
+_FAST_DEPTH = 64
+#: lists at least this long are checked as numbers first (:func:`_numbers`)
+_NUMBERS_MIN = 16
+
+
+def _numbers(items: list[Any]) -> bool:
+    """Whether ``items`` holds only ``int``, ``bool`` and ``float`` values (exactly those types),
+    in two C passes instead of a type lookup per item: no item has a referent for the garbage
+    collector (no container with items, no instance of a class defined in Python: enum members,
+    subclasses), and ``sum`` adds them up to an ``int`` or a ``float`` (which refuses strings,
+    bytes, None, empty containers; a decimal, complex or numpy value makes the sum one of its
+    type). Only C types are added: nothing of the caller's runs."""
+    if gc.get_referents(*items):
+        return False
+    try:
+        return type(sum(items)) in (int, float)
+    except TypeError:
+        return False
+
+
+def _plain_value(obj: list[Any] | dict[Any, Any], depth: int = 0) -> bool:
+    """Whether ``obj`` holds only values of exactly the types of :data:`_PLAIN_TYPES` (dict keys:
+    :data:`_SCALARS`), at most :data:`_FAST_DEPTH` deep: what msgspec and msgpack encode alike."""
+    if isinstance(obj, dict):  # (exactly a dict or a list: the callers check)
+        if not set(map(type, obj)) <= _SCALARS:
+            return False
+        values: Any = obj.values()
+    else:
+        if len(obj) >= _NUMBERS_MIN and _numbers(obj):
+            return True
+        values = obj
+    kinds = set(map(type, values))
+    if kinds <= _SCALARS:
+        return True
+    if not kinds <= _PLAIN_TYPES or depth >= _FAST_DEPTH:
+        return False
+    return all(_plain_value(v, depth + 1) for v in values if type(v) in _NESTED)
 
 
 def _msgpack(default: Any, surrogates: bool) -> msgpack.Packer:
@@ -284,13 +225,15 @@ class _Encoder:
     """Turns one object into a node tree; raw data goes to ``self.chunks``.
 
     ``snapshot``: every chunk is an owned copy (a capture: the caller may mutate the batch next),
-    in ``pool``'s buffers when given. ``body``: header version 4 (a msgpack body); False writes
-    version-2 nodes only (what files written before version 4 held).
+    in ``pool``'s buffers when given. The header holds the batch's structure as nodes; every
+    other value goes to the msgpack body (:class:`_Body`), and back to nodes only for what
+    msgpack cannot hold (cycles, nesting beyond its limit). ``body`` is None once finished (and
+    in the tests' writer of version-2 files, which writes nodes only).
     """
 
-    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None, body: bool = True) -> None:
+    def __init__(self, *, snapshot: bool, pool: BufferPool | None = None) -> None:
         self.snapshot = snapshot
-        self.body: _Body | None = _Body(self) if body else None
+        self.body: _Body | None = _Body(self)
         #: pooled memory of small structural tensors, pageable (False) and pinned (True): (slab, used)
         self._slabs: dict[bool, tuple[torch.Tensor, int]] = {}
         #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
@@ -307,6 +250,9 @@ class _Encoder:
         #: (raw uint8 memoryview, itemsize for shuffling)
         self.chunks: list[tuple[memoryview, int]] = []
         self.owners: list[Any] = []
+        #: every tensor and numeric array, as (path, its bytes where the step holds them, dtype,
+        #: shape): what :meth:`Capture.tensors` shows
+        self.arrays: list[tuple[str, np.ndarray, Any, tuple[int, ...]]] = []
         #: string columns whose strings are packed when the capture is written
         self.pending: list[Callable[[], None]] = []
         self._active: set[int] = set()
@@ -417,6 +363,7 @@ class _Encoder:
                 raw = self._copy(raw)
             data = raw.numpy()
         shape = list(tensor.shape)
+        self.arrays.append((path, data, tensor.dtype, tuple(shape)))
         row = data.size // shape[0] if shape and shape[0] else 0
         node: dict[str, Any] = {"$": "tensor", "dtype": name, "shape": shape,
                                 "c": self.add_raw(data, tensor.element_size(), row)}
@@ -440,6 +387,7 @@ class _Encoder:
         raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
         if self.snapshot and not fresh:
             raw = self.copy_raw(raw)
+        self.arrays.append((path, raw, array.dtype, array.shape))
         row = raw.size // array.shape[0] if array.ndim and array.shape[0] else 0
         node: dict[str, Any] = {"$": "ndarray", "dtype": array.dtype.str, "shape": list(array.shape),
                                 "c": self.add_raw(raw, array.dtype.itemsize, row)}
@@ -715,6 +663,7 @@ class _Body:
         self._pack_index = -1
         self._pack_used = 0
         self._path = ""
+        self._held = np.empty(0, np.uint8)
 
     def node(self, obj: Any, path: str = "") -> dict[str, Any] | None:
         """``{"$": "mp", "o": offset, "n": length}`` for ``obj``; None when msgpack cannot take
@@ -722,8 +671,15 @@ class _Body:
         Errors of our own (a value that cannot be recorded at all) propagate."""
         self._path = path
         assert self._packer is not None, "the body is finished"
+        data = None
+        if type(obj) in _NESTED and _plain_value(obj):
+            try:
+                data = _FAST.encode(obj)
+            except (UnicodeEncodeError, OverflowError, RecursionError):
+                data = None  # lone surrogates, ints beyond 64 bits: msgpack's packer decides below
         try:
-            data = self._packer.pack(obj)
+            if data is None:
+                data = self._packer.pack(obj)
         except UnicodeEncodeError:  # lone surrogates: the whole body is written surrogate-pass
             self.surrogates = True
             self._packer = _msgpack(self.default, True)
@@ -774,6 +730,7 @@ class _Body:
         if index is not None:  # flag 8: recorded on cuda:<the head's fourth byte>
             flags, index = flags | 8, min(index, 255)
         where = self._place(raw, fresh, tensor.element_size(), shape, later=staged is not None)
+        self.enc.arrays.append((f"{self._path}[*]", self._held, tensor.dtype, tuple(shape)))
         return TENSOR_HEAD.pack(_CODES[str(tensor.dtype)[6:]], flags, len(shape), index or 0, *where) \
             + struct.pack(f"<{len(shape)}Q", *shape)
 
@@ -783,6 +740,7 @@ class _Body:
             array, fresh = np.ascontiguousarray(array), True
         raw = array.reshape(-1).view(np.uint8) if array.size else np.empty(0, np.uint8)
         where = self._place(raw, fresh, array.dtype.itemsize, list(array.shape))
+        self.enc.arrays.append((f"{self._path}[*]", self._held, array.dtype, array.shape))
         flags = 0 if array.flags.writeable else 4
         head = TENSOR_HEAD.pack(0, flags, array.ndim, 0, *where)
         return msgpack.ExtType(EXT_NDARRAY, head + struct.pack(f"<{array.ndim}Q", *array.shape)
@@ -794,11 +752,12 @@ class _Body:
         ``later``: the bytes are not there yet (a staged CUDA tensor): a shared chunk gets them
         when the capture is finished on the writer thread."""
         n = raw.nbytes
+        self._held = raw  # where the step holds the bytes (Capture.tensors)
         if n == 0:
             return 0, 0, 0
         if n >= SMALL_BYTES:
             if self.enc.snapshot and not fresh:
-                raw = self.enc.copy_raw(raw)
+                raw = self._held = self.enc.copy_raw(raw)
             row = n // shape[0] if shape and shape[0] else 0
             first, count = self.enc.add_raw(raw, itemsize, row)
             return first, count, 0
@@ -814,6 +773,7 @@ class _Body:
             self.enc.pending.append(functools.partial(_put_into, self._pack, start, raw))
         else:
             self._pack[start: start + n] = raw
+        self._held = self._pack[start: start + n]
         self._pack_used = start + n
         return self._pack_index, 1, start
 
@@ -856,6 +816,8 @@ class Capture:
     #: pinned buffers of the pool (CUDA tensors' bytes) and the copies filling them
     pinned: list[Any] = field(default_factory=list, repr=False)
     staged: StagedCopies | None = field(default=None, repr=False)
+    #: (path, bytes, dtype, shape) of every tensor and numeric array (:meth:`tensors`)
+    arrays: list[tuple[str, Any, Any, tuple[int, ...]]] = field(default_factory=list, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -872,13 +834,35 @@ class Capture:
         for fill in pending:
             fill()
 
+    def tensors(self) -> Iterator[tuple[str, torch.Tensor | np.ndarray]]:
+        """Each tensor and numeric numpy array of the capture, as ``(path, value)``: a tensor or
+        array of its dtype and shape over the capture's own memory (no copy, no encode, no decode),
+        valid until :meth:`release`; read-only by contract. ``path`` is the key path (``a.b``,
+        ``[3]``); one inside a body value (a list or dict of tensors) is the value's path and
+        ``[*]``. Waits for the capture's pending work first (:meth:`finish`). What a scan of the
+        step's data (the flight recorder's NaN/inf check) reads in place; the step's Python
+        numbers are in its msgpack body and not shown here."""
+        self.finish()
+        for path, raw, dtype, shape in list(self.arrays):
+            if isinstance(dtype, torch.dtype):
+                flat = torch.from_numpy(raw) if raw.size else torch.empty(0, dtype=torch.uint8)
+                yield path, flat.view(dtype).view(shape)
+            else:
+                yield path, raw.view(dtype).reshape(shape)
+
+    def write(self, file: Sink | Any, *, compression: str = "none", checksums: bool = True) -> int:
+        """Write the capture as a step file (:func:`~rollout_mock.codec.format.write_container`);
+        :meth:`finish` must have run."""
+        return write_container(self.root, list(self.chunks), file, version=self.header_version, body=self.body,
+                               surrogates=self.surrogates, compression=compression, checksums=checksums)
+
     def release(self) -> None:
         """Give pooled buffers back (after the capture was written); it is emptied (its memory
         freed at once) and must not be written again. Waits for copies still in flight (a capture
         released unwritten), so none lands in a buffer the next step uses."""
         if self.staged is not None:
             self.staged.wait()
-        for held in (self.chunks, self.owners, self.pending):
+        for held in (self.chunks, self.owners, self.pending, self.arrays):
             held.clear()
         if self.pool is not None:
             self.pool.give(self.pooled)
@@ -899,7 +883,7 @@ def _captured(encoder: _Encoder, obj: Any) -> Capture:
     if encoder.staged is not None:
         encoder.staged.close()  # the call returns with the copies queued
     return Capture(root, encoder.chunks, body, surrogates, version, encoder.owners, encoder.pool, encoder.pooled,
-                   encoder.pending, encoder.pinned, encoder.staged)
+                   encoder.pending, encoder.pinned, encoder.staged, encoder.arrays)
 
 
 def capture(obj: Any, *, pool: BufferPool | None = None) -> Capture:
@@ -920,8 +904,8 @@ def encode(obj: Any, file: Sink | Any, *, compression: str = "none") -> int:
     was captured (nothing is encoded again)."""
     if isinstance(obj, Capture):
         obj.finish()
-        return _write(obj, file, compression)
-    return _write(_captured(_Encoder(snapshot=False), obj), file, compression)
+        return obj.write(file, compression=compression)
+    return _captured(_Encoder(snapshot=False), obj).write(file, compression=compression)
 
 
 def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:
@@ -929,179 +913,3 @@ def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:
     buffer = io.BytesIO()
     encode(obj, buffer, compression=compression)
     return buffer.getvalue()
-
-
-def _encode_v2(obj: Any) -> bytes:
-    """``obj`` as rollout_mock wrote it before header version 4 (version-2 nodes; object arrays
-    of plain scalars as JSON item chunks: header version 3): old files, for tests."""
-    encoder = _Encoder(snapshot=False, body=False)
-    buffer = io.BytesIO()
-    _write(_captured(encoder, obj), buffer, "none")
-    return buffer.getvalue()
-
-
-# --------------------------------------------------------------------------- the container
-_WIDEST_CRC = 0xFFFFFFFF  # ten digits: the header's room for any CRC-32
-
-
-def _dumps(value: Any) -> bytes:
-    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
-
-
-def _header(root_json: bytes, table: list[list[int]], version: int, extra: bytes) -> bytes:
-    """The JSON header (``root_json``: the root serialised once, even when the header is built
-    twice: it can hold megabytes of strings for large version-2 batches)."""
-    return b'{"format":"rollout_mock.step","version":%d,"root":%s,"chunks":%s%s}' % (
-        version, root_json, _dumps(table), extra)
-
-
-def _plain_json(node: Any) -> bool:
-    """A JSON scalar the header could hold as is: no tagged node, no container."""
-    return node is None or type(node) in (str, bool, int) or (type(node) is float and math.isfinite(node))
-
-
-def _move_items(root: Any, chunks: list[tuple[Any, int]]) -> tuple[Any, int]:
-    """Version-2 writer: ``root`` with every object array of at least JSON_ITEMS_MIN plain items
-    turned into a reference to a JSON data chunk (appended to ``chunks``), and the header version
-    that needs. Nodes are copied, never changed in place."""
-    moved = 0
-    classes = False
-
-    def walk(node: Any) -> Any:
-        nonlocal moved, classes
-        if type(node) is list:
-            return [walk(x) for x in node]
-        if type(node) is not dict:
-            return node
-        if node.get("$") == "objarray" and "items" in node:
-            items = node["items"]
-            if len(items) >= JSON_ITEMS_MIN and all(_plain_json(x) for x in items):
-                # ASCII with \u escapes: json's C encoder is ~2.5x faster, and it escapes lone
-                # surrogates, which UTF-8 cannot encode
-                text, first = memoryview(json.dumps(items, separators=(",", ":")).encode("ascii")), len(chunks)
-                chunks.extend((text[i: i + CHUNK_BYTES], 1) for i in range(0, len(text), CHUNK_BYTES))
-                moved += 1
-                return {"$": "objarray", "shape": node["shape"], "c": [first, len(chunks) - first]}
-        if node.get("$") in ("tensor", "ndarray", "bytes", "bytearray", "pickle"):
-            return node
-        classes = classes or needs_class_version(node)
-        return {k: walk(v) for k, v in node.items()}
-
-    new_root = walk(root)
-    return new_root, (CLASS_VERSION if classes else 3 if moved else FORMAT_VERSION)
-
-
-def _pad(n: int) -> int:
-    return (-n) % ALIGN
-
-
-def _write(cap: Capture, file: Any, compression: str) -> int:
-    """Write a capture as a step file; returns the number of bytes written."""
-    chunks = list(cap.chunks)
-    root = cap.root
-    if cap.header_version == BODY_VERSION:
-        version = BODY_VERSION
-        extra = b',"body":%s' % _dumps(cap.body) if cap.body is not None else b""
-        if cap.surrogates:
-            extra += b',"sp":true'
-    else:
-        root, version = _move_items(root, chunks)
-        extra = b""
-    root_json = _dumps(root)
-    if compression == "none":
-        written = _write_head_last(root_json, chunks, version, extra, file)
-        if written is not None:
-            return written
-
-    def prepare(chunk: tuple[Any, int]) -> tuple[Any, int, int, int]:
-        raw, itemsize = chunk
-        data, codec_id, shuf = compress(raw, compression, itemsize)
-        return data, codec_id, shuf, crc32(data)
-
-    # compression and CRC-32 release the GIL: large steps use both cores
-    if len(chunks) > 1 and sum(raw.nbytes for raw, _ in chunks) >= PARALLEL_BYTES:
-        prepared = list(pool().map(prepare, chunks))
-    else:
-        prepared = [prepare(chunk) for chunk in chunks]
-    table: list[list[int]] = []
-    stored: list[Any] = []
-    offset = 0
-    for (raw, _itemsize), (data, codec_id, shuf, crc) in zip(chunks, prepared, strict=True):
-        size = len(memoryview(data).cast("B")) if not isinstance(data, bytes) else len(data)
-        table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
-        stored.append(data)
-        offset += size + _pad(size)
-    header = _header(root_json, table, version, extra)
-    data_offset = CONTAINER_HEAD.size + len(header)
-    data_offset += _pad(PREFIX_LEN + data_offset)
-    container_len = data_offset + offset
-    head = CONTAINER_HEAD.pack(DATA_MAGIC, len(header), data_offset, offset, crc32(header), 0)
-    lead = PREFIX(container_len) + head + header + bytes(data_offset - CONTAINER_HEAD.size - len(header))
-    sink: FileSink | None = file if isinstance(file, FileSink) else None
-    if sink is not None and len(stored) < 500:
-        # one system call for the whole file (small steps are bound by per-call costs); the
-        # writer takes each chunk's CRC as computed above instead of hashing it again
-        pieces: list[tuple[Any, int | None]] = [(lead, None)]
-        for data, row in zip(stored, table, strict=True):
-            pieces.append((data, row[3]))
-            if _pad(row[1]):
-                pieces.append((bytes(_pad(row[1])), None))
-        pieces.append((SUFFIX, None))
-        return int(sink.write_vector(pieces))
-    written = _put(file, lead)
-    for data, row in zip(stored, table, strict=True):
-        written += sink.write_known(data, row[3]) if sink is not None else _put(file, data)
-        if _pad(row[1]):
-            written += _put(file, bytes(_pad(row[1])))
-    return written + _put(file, SUFFIX)
-
-
-def _put(file: Any, data: Any) -> int:
-    """``file.write`` until all of ``data`` is taken (a sink may take part of it)."""
-    view, written = memoryview(data).cast("B"), 0
-    while view.nbytes:
-        n = file.write(view)
-        n = view.nbytes if n is None else n
-        written += n
-        view = view[n:]
-    return written
-
-
-def _write_head_last(root_json: bytes, chunks: list[tuple[Any, int]], version: int, extra: bytes,
-                     file: Any) -> int | None:
-    """A large uncompressed step to a :class:`FileSink`: the header's room is reserved (its CRCs
-    written at their widest, the rest padded with JSON whitespace), the chunks are written while
-    the two codec threads compute their CRCs, and the head goes to offset 0 before the file is
-    fsync-ed, so the checksum no longer delays the first byte written. None when it does not apply."""
-    total = sum(raw.nbytes for raw, _ in chunks)
-    if len(chunks) < 2 or total < PARALLEL_BYTES or not isinstance(file, FileSink):
-        return None
-    table, offset = [], 0
-    for raw, _itemsize in chunks:
-        table.append([offset, raw.nbytes, raw.nbytes, _WIDEST_CRC, 0, 0])
-        offset += raw.nbytes + _pad(raw.nbytes)
-    room = len(_header(root_json, table, version, extra))
-    data_offset = CONTAINER_HEAD.size + room
-    data_offset += _pad(PREFIX_LEN + data_offset)
-    if not file.reserve_head(PREFIX_LEN + data_offset):
-        return None
-    futures = [pool().submit(crc32, raw) for raw, _ in chunks]
-    written = PREFIX_LEN + data_offset
-    try:
-        for raw, _itemsize in chunks:
-            written += file.write_unhashed(raw)
-            if _pad(raw.nbytes):
-                written += file.write_unhashed(bytes(_pad(raw.nbytes)))
-    finally:
-        wait(futures)  # never leave a thread reading a buffer the caller may reuse
-    for row, future, (raw, _itemsize) in zip(table, futures, chunks, strict=True):
-        row[3] = future.result()
-        file.digest.update_known(row[3], raw.nbytes)
-        if _pad(raw.nbytes):
-            file.digest.update(bytes(_pad(raw.nbytes)))
-    written += file.write(SUFFIX)
-    header = _header(root_json, table, version, extra)
-    header += b" " * (room - len(header))  # JSON whitespace: the header keeps its reserved size
-    head = CONTAINER_HEAD.pack(DATA_MAGIC, room, data_offset, offset, crc32(header), 0)
-    file.write_head(PREFIX(data_offset + offset) + head + header + bytes(data_offset - CONTAINER_HEAD.size - room))
-    return written

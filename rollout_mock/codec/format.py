@@ -70,9 +70,9 @@ import math
 import os
 import re
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -83,11 +83,12 @@ from rollout_mock.errors import ConfigError, MissingExtraError
 __all__ = [
     "ALIGN", "BODY_VERSION", "CHUNK_BYTES", "CLASS_TAGS", "CLASS_VERSION", "CODECS", "CONTAINER_HEAD",
     "DATA_MAGIC", "DEFAULT_MAX_EXPANSION", "EXT_FROZENSET", "EXT_INT", "EXT_NDARRAY", "EXT_NODE", "EXT_OBJARRAY",
-    "EXT_SET", "EXT_TENSOR", "EXT_TUPLE", "FORMAT_VERSION", "HEADER_VERSIONS", "ITEM_OVERHEAD", "JSON_ITEMS_MIN",
+    "EXT_SET", "EXT_TENSOR", "EXT_TUPLE", "FORMAT_VERSION", "FileSink", "HEADER_VERSIONS", "ITEM_OVERHEAD",
+    "JSON_ITEMS_MIN",
     "MAX_CHUNK_RAW", "MAX_DEPTH", "MAX_NDIM", "PACK_ALIGN", "PARALLEL_BYTES", "PREFIX", "PREFIX_HEAD", "PREFIX_LEN",
-    "PROTOCOL", "SMALL_BYTES", "SUFFIX", "TENSOR_HEAD", "TORCH_DTYPES", "TORCH_DTYPE_NAMES", "Layout",
+    "PROTOCOL", "SMALL_BYTES", "SUFFIX", "Sink", "TENSOR_HEAD", "TORCH_DTYPES", "TORCH_DTYPE_NAMES", "Layout",
     "array_head", "check_tree", "compress", "crc32", "decompress", "max_expansion", "needs_class_version",
-    "numpy_dtype", "pool", "prefix_sums", "read_layout", "ref_raw",
+    "numpy_dtype", "pool", "prefix_sums", "read_layout", "ref_raw", "write_container",
 ]
 
 # --------------------------------------------------------------------------- constants
@@ -656,6 +657,178 @@ def _check_scalar(node: dict[str, Any], tag: str) -> list[Any]:
     elif type(node.get("iso")) is not str or len(node["iso"]) > 64:
         raise ValueError(f"bad {tag} node")
     return []
+
+
+# --------------------------------------------------------------------------- writing the container
+@runtime_checkable
+class Sink(Protocol):
+    """Takes the step's bytes in order; returns how many it took (or None: all of them)."""
+
+    def write(self, data: Any) -> int | None: ...
+
+
+@runtime_checkable
+class FileSink(Protocol):
+    """A checksumming sink with ranged writes (a local file:
+    :class:`~rollout_mock.storage.digest.HashingWriter`); see the module docstring."""
+
+    #: the running checksum (``update``, ``update_known``) the body's chunk CRCs are fed to
+    #: when written head last
+    digest: Any
+
+    def write(self, data: Any) -> int: ...
+
+    def write_vector(self, pieces: list[tuple[Any, int | None]]) -> int:
+        """Write ``(data, crc or None)`` pieces in order in one call; a given CRC is trusted."""
+        ...
+
+    def write_known(self, data: Any, crc: int) -> int:
+        """Write ``data`` whose CRC-32 the caller computed already."""
+        ...
+
+    def reserve_head(self, length: int) -> bool:
+        """Leave ``length`` bytes for a head written last; False if the sink cannot."""
+        ...
+
+    def write_unhashed(self, data: Any) -> int:
+        """Write body bytes whose CRCs the caller will hand to :meth:`write_head`'s digest."""
+        ...
+
+    def write_head(self, data: Any) -> None:
+        """Write the reserved head (after the body)."""
+        ...
+
+
+_WIDEST_CRC = 0xFFFFFFFF  # ten digits: the header's room for any CRC-32
+
+
+def _dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _header(root_json: bytes, table: list[list[int]], version: int, extra: bytes) -> bytes:
+    """The JSON header (``root_json``: the root serialised once, even when the header is built
+    twice: it can hold megabytes of strings for large version-2 batches)."""
+    return b'{"format":"rollout_mock.step","version":%d,"root":%s,"chunks":%s%s}' % (
+        version, root_json, _dumps(table), extra)
+
+
+def _pad(n: int) -> int:
+    return (-n) % ALIGN
+
+
+def write_container(root: Any, chunks: list[tuple[Any, int]], file: Any, *, version: int = BODY_VERSION,
+                    body: list[int] | None = None, surrogates: bool = False, compression: str = "none",
+                    checksums: bool = True) -> int:
+    """Write a step file: the prefix, the container (head, JSON header of ``root``, the chunk table,
+    ``chunks`` as ``(raw bytes, itemsize for shuffling)``) and the suffix, to ``file`` (a
+    :class:`Sink` or :class:`FileSink`); returns the bytes written. The mirror of
+    :func:`read_layout`. ``body``: header version 4's body reference; ``checksums=False`` writes 0
+    for every chunk's CRC-32 (a step that never leaves the process and is opened without
+    verification); the header's own CRC is always written."""
+    extra = b""
+    if body is not None:
+        extra = b',"body":%s' % _dumps(body)
+    if surrogates:
+        extra += b',"sp":true'
+    root_json = _dumps(root)
+    if compression == "none" and checksums:
+        written = _write_head_last(root_json, chunks, version, extra, file)
+        if written is not None:
+            return written
+
+    def prepare(chunk: tuple[Any, int]) -> tuple[Any, int, int, int]:
+        raw, itemsize = chunk
+        data, codec_id, shuf = compress(raw, compression, itemsize)
+        return data, codec_id, shuf, crc32(data) if checksums else 0
+
+    # compression and CRC-32 release the GIL: large steps use both cores
+    if checksums and len(chunks) > 1 and sum(raw.nbytes for raw, _ in chunks) >= PARALLEL_BYTES:
+        prepared = list(pool().map(prepare, chunks))
+    else:
+        prepared = [prepare(chunk) for chunk in chunks]
+    table: list[list[int]] = []
+    stored: list[Any] = []
+    offset = 0
+    for (raw, _itemsize), (data, codec_id, shuf, crc) in zip(chunks, prepared, strict=True):
+        size = len(memoryview(data).cast("B")) if not isinstance(data, bytes) else len(data)
+        table.append([offset, size, raw.nbytes, crc, codec_id, shuf])
+        stored.append(data)
+        offset += size + _pad(size)
+    header = _header(root_json, table, version, extra)
+    data_offset = CONTAINER_HEAD.size + len(header)
+    data_offset += _pad(PREFIX_LEN + data_offset)
+    container_len = data_offset + offset
+    head = CONTAINER_HEAD.pack(DATA_MAGIC, len(header), data_offset, offset, crc32(header), 0)
+    lead = PREFIX(container_len) + head + header + bytes(data_offset - CONTAINER_HEAD.size - len(header))
+    sink: FileSink | None = file if isinstance(file, FileSink) else None
+    if sink is not None and len(stored) < 500:
+        # one system call for the whole file (small steps are bound by per-call costs); the
+        # writer takes each chunk's CRC as computed above instead of hashing it again
+        pieces: list[tuple[Any, int | None]] = [(lead, None)]
+        for data, row in zip(stored, table, strict=True):
+            pieces.append((data, row[3]))
+            if _pad(row[1]):
+                pieces.append((bytes(_pad(row[1])), None))
+        pieces.append((SUFFIX, None))
+        return int(sink.write_vector(pieces))
+    written = _put(file, lead)
+    for data, row in zip(stored, table, strict=True):
+        written += sink.write_known(data, row[3]) if sink is not None else _put(file, data)
+        if _pad(row[1]):
+            written += _put(file, bytes(_pad(row[1])))
+    return written + _put(file, SUFFIX)
+
+
+def _put(file: Any, data: Any) -> int:
+    """``file.write`` until all of ``data`` is taken (a sink may take part of it)."""
+    view, written = memoryview(data).cast("B"), 0
+    while view.nbytes:
+        n = file.write(view)
+        n = view.nbytes if n is None else n
+        written += n
+        view = view[n:]
+    return written
+
+
+def _write_head_last(root_json: bytes, chunks: list[tuple[Any, int]], version: int, extra: bytes,
+                     file: Any) -> int | None:
+    """A large uncompressed step to a :class:`FileSink`: the header's room is reserved (its CRCs
+    written at their widest, the rest padded with JSON whitespace), the chunks are written while
+    the two codec threads compute their CRCs, and the head goes to offset 0 before the file is
+    fsync-ed, so the checksum no longer delays the first byte written. None when it does not apply."""
+    total = sum(raw.nbytes for raw, _ in chunks)
+    if len(chunks) < 2 or total < PARALLEL_BYTES or not isinstance(file, FileSink):
+        return None
+    table, offset = [], 0
+    for raw, _itemsize in chunks:
+        table.append([offset, raw.nbytes, raw.nbytes, _WIDEST_CRC, 0, 0])
+        offset += raw.nbytes + _pad(raw.nbytes)
+    room = len(_header(root_json, table, version, extra))
+    data_offset = CONTAINER_HEAD.size + room
+    data_offset += _pad(PREFIX_LEN + data_offset)
+    if not file.reserve_head(PREFIX_LEN + data_offset):
+        return None
+    futures = [pool().submit(crc32, raw) for raw, _ in chunks]
+    written = PREFIX_LEN + data_offset
+    try:
+        for raw, _itemsize in chunks:
+            written += file.write_unhashed(raw)
+            if _pad(raw.nbytes):
+                written += file.write_unhashed(bytes(_pad(raw.nbytes)))
+    finally:
+        wait(futures)  # never leave a thread reading a buffer the caller may reuse
+    for row, future, (raw, _itemsize) in zip(table, futures, chunks, strict=True):
+        row[3] = future.result()
+        file.digest.update_known(row[3], raw.nbytes)
+        if _pad(raw.nbytes):
+            file.digest.update(bytes(_pad(raw.nbytes)))
+    written += file.write(SUFFIX)
+    header = _header(root_json, table, version, extra)
+    header += b" " * (room - len(header))  # JSON whitespace: the header keeps its reserved size
+    head = CONTAINER_HEAD.pack(DATA_MAGIC, room, data_offset, offset, crc32(header), 0)
+    file.write_head(PREFIX(data_offset + offset) + head + header + bytes(data_offset - CONTAINER_HEAD.size - room))
+    return written
 
 
 # --------------------------------------------------------------------------- structural classes

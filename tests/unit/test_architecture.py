@@ -473,3 +473,56 @@ def test_store_depth_scan_sees_inheritance() -> None:
 def test_store_classes_are_at_most_two_levels_deep() -> None:
     deep = {cls: d for cls, d in _store_depths().items() if d > 2}
     assert deep == {}, "storage is composition: interface -> backend, no deeper"
+
+
+_DECODING = ("rollout_mock/codec/safe.py", "rollout_mock/codec/decode.py", "rollout_mock/codec/legacy.py",
+             "rollout_mock/codec/trusted.py")
+
+
+def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path) -> None:
+    """Follows the calls, not the imports (issue 36): every function the writer thread runs
+    while it writes captured steps (a profile hook on every thread but this one) is recorded,
+    and none is in the safe decoder, the format-1 reader, the unpickler or ``pickle.load``.
+    (With ``keep:``'s NaN/inf scan the writer still rebuilds the batch through the decoder:
+    :func:`rollout_mock.codec.view_capture`; :meth:`rollout_mock.codec.Capture.tensors` is the
+    way around it.)"""
+    import sys
+    import threading
+
+    import torch
+
+    from rollout_mock import MockScheduler
+
+    batch = {"input_ids": torch.arange(4096).reshape(8, 512), "texts": ["a", "b"] * 4,
+             "samples": [{"tokens": list(range(64)), "reward": 0.5}] * 8}
+
+    class Source:
+        def get_batch(self, data: object, global_step: int) -> object:
+            return batch
+
+    called: set[str] = set()
+    main = threading.get_ident()
+
+    def hook(frame: object, event: str, arg: object) -> None:
+        if threading.get_ident() != main:
+            code = frame.f_code if event == "call" else None  # type: ignore[attr-defined]
+            if code is not None:
+                called.add(f"{code.co_filename}:{code.co_name}")
+            elif event == "c_call":
+                called.add(f"{getattr(arg, '__module__', None)}.{getattr(arg, '__qualname__', arg)}")
+
+    config = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d"), "background": True,
+              "fingerprint": "off"}
+    threading.setprofile(hook)
+    try:
+        with MockScheduler(Source(), config) as mock:
+            for step in range(3):
+                mock.get_batch(None, step)
+            mock.flush()
+    finally:
+        threading.setprofile(None)  # type: ignore[arg-type]
+        sys.setprofile(None)
+    assert any("rollout_mock/codec/format.py:write_container" in name for name in called), "the hook saw no write"
+    decoding = sorted(name for name in called if any(part in name for part in _DECODING)
+                      or name.startswith(("_pickle.load", "_pickle.Unpickler", "pickle.load")))
+    assert decoding == []

@@ -280,9 +280,9 @@ def _header_of(data: bytes) -> dict[str, Any]:
 
 def _encode_v3(obj: Any) -> bytes:
     """A step as rollout_mock wrote it before header version 4 (version-2 nodes, JSON items)."""
-    from rollout_mock.codec.encode import _encode_v2
+    from codec_v2_writer import encode_v2
 
-    return _encode_v2(obj)
+    return encode_v2(obj)
 
 
 def test_large_object_arrays_keep_their_items_in_a_data_chunk() -> None:

@@ -28,6 +28,7 @@ from rollout_mock.storage.reader import Prefetcher
 
 #: (``rollout_mock.codec.encode`` as an attribute is the function the package re-exports)
 encode_module = importlib.import_module("rollout_mock.codec.encode")
+device_module = importlib.import_module("rollout_mock.codec.device")
 SENTINEL = 0xAB
 
 
@@ -188,7 +189,7 @@ def test_stream_order_side_waits_for_the_producer_and_the_producer_for_the_copie
 
 def test_the_writer_thread_waits_for_the_copies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeBackend()
-    monkeypatch.setattr(encode_module, "CUDA", fake)
+    monkeypatch.setattr(device_module, "CUDA", fake)  # the BufferPool default
     batch = {"x": torch.zeros(256, 1024), "ids": [torch.arange(10)]}
 
     class Scheduler:
@@ -235,7 +236,7 @@ def test_pinned_buffers_are_reused_grown_and_bounded() -> None:
 
 def test_max_pending_bounds_the_pinned_memory_of_a_dump_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeBackend()
-    monkeypatch.setattr(encode_module, "CUDA", fake)
+    monkeypatch.setattr(device_module, "CUDA", fake)  # the BufferPool default
 
     class Scheduler:
         def get_batch(self, data: Any, global_step: int) -> Any:

@@ -84,3 +84,33 @@ def test_small_tensors_are_copied_into_the_reused_buffers_not_cloned() -> None:
         trajectories[0]["ids"].sub_(1000)
         cap.release()
     assert pool.free_bytes > 0
+
+
+def test_a_capture_shows_its_tensors_over_its_own_memory() -> None:
+    """Capture.tensors (issue 36): every tensor and numeric array, by path, over the capture's
+    buffers: no encode, no decode; independent of the batch once captured."""
+    big = torch.arange(300_000, dtype=torch.float32)  # over 1 MiB: chunks of its own in the body
+    batch = {"logits": torch.tensor([[1.0, float("nan")], [3.0, 4.0]]), "ids": np.arange(6, dtype=np.int16).reshape(2, 3),
+             "parts": [torch.tensor([float("inf")]), torch.ones(3, dtype=torch.bool), big], "n": 3}
+    expected = {"logits": batch["logits"].clone(), "ids": batch["ids"].copy()}
+    pool = BufferPool(keep=1)
+    captured = capture(batch, pool=pool)
+    batch["logits"].zero_()
+    batch["ids"][:] = 0
+    big.zero_()
+    shown = list(captured.tensors())
+    paths = [path for path, _ in shown]
+    assert paths == ["logits", "ids", "parts[*]", "parts[*]", "parts[*]"]
+    values = dict(shown[:2])
+    assert values["logits"].view(torch.int32).tolist() == expected["logits"].view(torch.int32).tolist()
+    assert isinstance(values["ids"], np.ndarray) and values["ids"].dtype == np.int16
+    assert values["ids"].tolist() == expected["ids"].tolist()
+    assert shown[2][1].tolist() == [float("inf")] and shown[3][1].dtype == torch.bool
+    assert torch.equal(shown[4][1], torch.arange(300_000, dtype=torch.float32))
+    held = list(captured.pooled)
+    for _, value in shown:
+        tensor = value if isinstance(value, torch.Tensor) else torch.from_numpy(value)
+        start = tensor.data_ptr()
+        assert any(b.data_ptr() <= start < b.data_ptr() + b.numel() for b in held), "not in the capture's buffers"
+    captured.release()
+    assert list(captured.tensors()) == []

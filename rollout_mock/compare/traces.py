@@ -192,8 +192,6 @@ def _slime_samples(batch: Any) -> Sequence[Any] | None:
     return None
 
 
-
-
 def _trl_traces(record: Mapping[str, Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
     """A TRL generation record: one trace per completion (its prompt's and completion's token
     ids, the completion's text or messages), the reward the sum of the reward functions'."""

@@ -81,7 +81,7 @@ from rollout_mock.storage.manifest import (
 )
 from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.verified import corrupt_error, load_bytes_verified, load_source_verified, load_verified
-from rollout_mock.text import logger
+from rollout_mock.text import jsonable, logger
 
 #: Steps per health side file, and the folder of a stream that holds them.
 HEALTH_SEGMENT = 100
@@ -276,7 +276,8 @@ class Store:
         written again replaces its line. Lines survive the step's batch (``keep:`` deletes only
         step files)."""
         segment = health_relpath(stream, step // HEALTH_SEGMENT)
-        line = json.dumps({"step": step, **record}, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        # strict JSON: a non-finite minimum (a long double beyond float64) is written as "Infinity"
+        line = json.dumps(jsonable({"step": step, **record}), separators=(",", ":"), allow_nan=False).encode("utf-8")
         with self._health_lock:
             held = self._health.get(stream.key)
             if held is None or held[0] != segment:

@@ -174,7 +174,7 @@ def test_entries_are_synced_on_close_and_in_batches(tmp_path: Path, monkeypatch:
 def test_large_steps_write_their_head_last_and_checksum_the_same(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A step of 8 MB and more is written body first (CRCs computed while writing), head last:
     the file, its index checksum and a plain full-file CRC agree, and every reader reads it."""
-    codec_encode = importlib.import_module("rollout_mock.codec.encode")
+    codec_encode = importlib.import_module("rollout_mock.codec.format")  # the container writer
     from rollout_mock.storage.digest import file_digest
 
     used: list[int | None] = []

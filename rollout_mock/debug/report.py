@@ -375,7 +375,6 @@ def render_report(
     note = (f"<p class=\"muted\">Steps with {STATS_ROWS} samples or more: statistics over their first "
             f"{STATS_ROWS} ({len(capped)} steps: {escape(format_ranges(capped))}).</p>" if capped else "")
     body += _check_section(dump_dir, stream.key)
-    body += _health_section(dump, stream, specs)
     if explain:
         from rollout_mock.debug.forensics import explain_html, read_explain
 
@@ -387,6 +386,7 @@ def render_report(
                                colors={name: COLORS[i % len(COLORS)]}, width=360, height=220)
                          for i, name in enumerate(sorted(table))]
         body += f"<h2>Dump run metrics</h2>{charts_html(metric_charts, specs)}"
+    body += _health_section(dump, stream, specs)  # after the batches' own charts
     info = (dump_info(dump, dump_dir, stream, len(steps)) + " &middot; " +
             ("decoded with a tokenizer" if tokenizer is not None else "token ids (no tokenizer)"))
     if len(shown) < len(summaries):

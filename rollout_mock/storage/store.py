@@ -505,6 +505,9 @@ class Store:
             return
         with self._writing(f"opening {stream} for writing"):
             self._owned[stream.key] = StreamIndex.open(self.backend, stream, lambda: self.manifest_file(fresh=True))
+            # health side files a writer killed mid-replace left as temporary files
+            health = re.compile(rf"segment_[0-9]{{6,9}}{re.escape(stream.suffix)}\.jsonl", re.ASCII)
+            self.backend.recover(f"{stream.directory}/{HEALTH_DIR}", lambda name: health.fullmatch(name) is not None)
         self._view_cache = None
 
     def _owner(self, stream: StreamId) -> StreamIndex:

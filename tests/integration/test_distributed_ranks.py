@@ -155,7 +155,7 @@ def test_ranks_one_only_dump_rank_writes(launch: dict[str, Any]) -> None:
     assert ".manifest.lock" in rank0["one_dir_after_own_dump"] and "manifest.json" in rank0["one_dir_after_own_dump"]
     one_dir: Path = launch["one_dir"]
     assert sorted(p.name for p in (one_dir / "train").iterdir()) == [
-        ".writer.lock", *[f"step_{s:06d}.pkl" for s in range(STEPS)]
+        ".health", ".writer.lock", *[f"step_{s:06d}.pkl" for s in range(STEPS)]
     ]
     manifest = json.loads((one_dir / "manifest.json").read_text())
     assert list(manifest["streams"]) == ["train"]

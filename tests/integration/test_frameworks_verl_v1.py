@@ -73,9 +73,10 @@ def test_v1_dump_then_mock_in_separate_processes_is_bit_identical(trainer_mode: 
     if trainer_mode == "sync":
         assert recorded["versions"] == [[(s, s)] * 8 for s in range(4)]  # on-policy
     else:
-        # one warm-up batch: step s trains on prompts submitted at step s-1 (staleness 1)
-        assert [t["global_steps"] for t in record["tags"]] == [1] * 8
-        assert all(hi <= 1 for _, hi in versions)
+        # one warm-up batch: step 2 trains on prompts submitted at step 1, or at step 2 when the producer
+        # was ahead (which, depends on the machine's timing; the replay is bit-identical either way)
+        assert set(t["global_steps"] for t in record["tags"]) <= {1, 2}
+        assert all(hi <= 2 for _, hi in versions)
 
 
 def test_v1_separate_async_evictions_and_refills_replay(tmp_path: Path) -> None:

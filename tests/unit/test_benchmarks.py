@@ -188,7 +188,7 @@ def test_bench_digest_small_shapes_run(tmp_path: Path) -> None:
     out = tmp_path / "out.json"
     assert bench_digest.main(["--small", "--repeat", "1", "--dir", str(tmp_path), "--json", str(out)]) == 0
     result = json.loads(out.read_text())
-    assert [r["shape"] for r in result["results"]] == ["verl", "slime", "areal"]
+    assert [r["shape"] for r in result["results"]] == ["verl", "slime", "areal", "flat"]
     assert all(r["dump digest"] > 0 and r["mock digest + compare"] > 0 for r in result["results"])
     assert "| verl |" in result["table"]
     assert not any(tmp_path.glob("bench_digest_*"))  # scratch removed

@@ -75,7 +75,7 @@ def test_v1_dump_then_mock_in_separate_processes_is_bit_identical(trainer_mode: 
     else:
         # one warm-up batch: step 2 trains on prompts submitted at step 1, or at step 2 when the producer
         # was ahead (which, depends on the machine's timing; the replay is bit-identical either way)
-        assert set(t["global_steps"] for t in record["tags"]) <= {1, 2}
+        assert {t["global_steps"] for t in record["tags"]} <= {1, 2}
         assert all(hi <= 2 for _, hi in versions)
 
 

@@ -421,9 +421,9 @@ def _health_section(dump: Any, stream: Any, specs: list[dict[str, Any]]) -> str:
     for key, values in means.items():
         charts.append(Chart(f"health: mean of {key}", steps, {key: values}, marks=marks, width=360, height=220))
     listed = "".join(f"<li>step {s}: {escape(label)}</li>" for s, label in marks[:200])
-    return ("<h2>Health of every step</h2>" + (f"<ul>{listed}</ul>" if listed else
-                                              "<p class=\"muted\">No step stands out.</p>")
-            + charts_html(charts, specs))
+    return ("<div id=\"health\"><h2>Health of every step</h2>" + (f"<ul>{listed}</ul>" if listed else
+                                                                "<p class=\"muted\">No step stands out.</p>")
+            + charts_html(charts, specs) + "</div>")
 
 
 def _check_section(dump_dir: str | os.PathLike[str], stream: str) -> str:

@@ -96,7 +96,8 @@ def test_report_renders_in_a_headless_browser(dump: Path, tmp_path: Path) -> Non
             detail = page.locator("#detail").inner_text(timeout=HANG_S * 1000)
             assert "step 2, sample 1" in detail
             assert EVIL in detail  # shown as text
-            assert page.locator(".chart canvas").count() == 1  # the reward; lengths, rejected: one line
+            # the reward (lengths, rejected: one line); the health section's charts come after
+            assert page.locator(".chart canvas").count() - page.locator("#health .chart canvas").count() == 1
             # nothing runs off the right edge (the header line with the dump's path was cut off)
             assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
             info = page.locator("#info").bounding_box()
@@ -126,7 +127,7 @@ def test_report_charts_zoom_smooth_and_search_every_sample_in_a_browser(tmp_path
         b, page = open_page(p, chromium, single.as_uri(), errors, requests)
         try:
             charts = page.locator(".chart[data-chart]")  # reward, log-probs, GRPO groups without signal
-            assert charts.count() == 3 and page.locator(".chart canvas").count() == 3
+            assert charts.count() - page.locator("#health .chart[data-chart]").count() == 3  # (health: last)
             assert "Not drawn (nothing to see): response length (tokens): 6 at every step" in page.inner_text("body")
             assert page.locator("#keystats table tr").count() >= 5
             assert page.locator("#hists svg rect").count() >= 3  # this step's histograms

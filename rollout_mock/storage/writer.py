@@ -161,6 +161,8 @@ def _uninstall_sigterm_handler() -> None:
 
 def _flush_for_signal(timeout: float) -> None:
     """Wait (at most ``timeout`` seconds in all) until no open writer has pending steps."""
+    for writer in list(_OPEN_WRITERS):
+        writer.run_flush_hooks(blocking=False)  # (a signal handler: never wait for a lock)
     writers = [w for w in list(_OPEN_WRITERS) if w.pending]
     if not writers:
         return
@@ -214,6 +216,7 @@ class BackgroundWriter:
         self._idle = threading.Condition()
         self._close_lock = threading.Lock()
         self._on_error = on_error
+        self._flush_hooks: list[Callable[[bool], None]] = []
         self._error: BaseException | None = None
         self._failed_job: str | None = None
         self._reported = False
@@ -317,7 +320,18 @@ class BackgroundWriter:
                 self._idle.wait(remaining)
         return True
 
+    def add_flush_hook(self, hook: Callable[[bool], None]) -> None:
+        """Run ``hook(blocking)`` first whenever the writer is flushed or closed (at exit and on
+        SIGTERM too): it submits the work its owner still holds back (the recorder's queued
+        calls). ``blocking`` is False from a signal handler: the hook must not wait for a lock."""
+        self._flush_hooks.append(hook)
+
+    def run_flush_hooks(self, *, blocking: bool = True) -> None:
+        for hook in list(self._flush_hooks):
+            hook(blocking)
+
     def _wait_idle(self) -> None:
+        self.run_flush_hooks()
         self.wait_idle()
 
     def flush(self) -> None:

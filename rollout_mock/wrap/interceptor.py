@@ -459,7 +459,7 @@ class Interceptor:
     def flush(self) -> None:
         """Block until every recorded step is written; raise a write failure if one happened."""
         if self.recorder is not None and self.recorder.writer is not None:
-            self.recorder.writer.flush()
+            self.recorder.writer.flush()  # (its flush hook queues the calls the recorder held back)
 
     def close(self, *, failed: bool = False, interrupted: bool = False) -> None:
         """Write everything pending, stop background threads, release locks. Idempotent.

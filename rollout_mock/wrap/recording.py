@@ -42,7 +42,7 @@ from rollout_mock.wrap.retention import (
     unregister,
 )
 
-__all__ = ["DELETE_BATCH", "PACK_BYTES", "PACK_PENDING_BYTES", "Recorder", "scannable"]
+__all__ = ["DELETE_BATCH", "DRAIN_BYTES", "DRAIN_CALLS", "PACK_BYTES", "PACK_PENDING_BYTES", "Recorder", "scannable"]
 
 #: On an object store, the ring's deletions are sent once this many steps are due (two batched
 #: requests: entries, then data) and at close; on a local disk at once.
@@ -51,6 +51,11 @@ DELETE_BATCH = 16
 PACK_BYTES = 64 << 20
 #: Captured extra calls waiting for the writer beyond this many bytes make the next call wait.
 PACK_PENDING_BYTES = 512 << 20
+#: Further calls are handed to the writer once this many (or bytes) are queued, when a new step
+#: starts, and at flush/close: one pack for many calls even when the writer keeps up (a job per
+#: call would cost the caller a submission and the writer a file each).
+DRAIN_CALLS = 256
+DRAIN_BYTES = 8 << 20
 
 
 def scannable(written: Any) -> Any:
@@ -141,6 +146,7 @@ class Recorder:
         store.set_fingerprint(fingerprint())
         if settings.background:
             self.writer = BackgroundWriter(max_pending=settings.max_pending, on_error=self._on_write_error)
+            self.writer.add_flush_hook(self.drain_pending)
             self.buffers = codec.BufferPool(keep=settings.max_pending)
         else:
             self.writer = SyncWriter(on_error=self._on_write_error)
@@ -172,6 +178,7 @@ class Recorder:
             if first:
                 self._recorded.add(step)
         if first:
+            self.drain_pending()  # a new step: the earlier steps' further calls go to disk now
             if index:
                 call = {**call, "index": index}
             if provenance is not None:
@@ -211,13 +218,34 @@ class Recorder:
                 self._pack_ready.wait()
             self._pack_queue.append((snap, record, call))
             self._pack_bytes += size
-        self._schedule_drain()
+            due = (len(self._pack_queue) >= DRAIN_CALLS or self._pack_bytes >= DRAIN_BYTES
+                   or not isinstance(self.writer, BackgroundWriter)
+                   or any(queued.step != step for _, queued, _ in self._pack_queue[:1]))
+        if due:
+            self._schedule_drain()
 
-    def _schedule_drain(self) -> None:
-        with self._lock:
+    def drain_pending(self, blocking: bool = True) -> None:
+        """Have the writer write the further calls still queued (a new step, and the writer's
+        flush hook: flush, close, exit, SIGTERM). ``blocking`` False (a signal handler): give up
+        rather than wait for a lock the interrupted code may hold."""
+        if not self._pack_ready.acquire(blocking=blocking):
+            return
+        try:
+            pending = bool(self._pack_queue)
+        finally:
+            self._pack_ready.release()
+        if pending:
+            self._schedule_drain(blocking)
+
+    def _schedule_drain(self, blocking: bool = True) -> None:
+        if not self._lock.acquire(blocking=blocking):
+            return
+        try:
             if self._drain_queued:
                 return
             self._drain_queued = True
+        finally:
+            self._lock.release()
         assert self.writer is not None
         self.writer.submit(WriteJob(self._drain, f"extra calls of {self.stream}"))
 
@@ -528,7 +556,9 @@ class Recorder:
             return
         self.closed = True
         unregister(self)
-        self.writer.close()  # a write failure raises here: the deletions still due are not sent
+        # its flush hook queues the calls held back; a write failure raises here: the deletions
+        # still due are not sent
+        self.writer.close()
         self._send_deletions()
         if interrupted:
             logger.warning("[RolloutMock] interrupted; %d step(s) kept in %s (stream %s)",

@@ -315,3 +315,33 @@ def test_the_ring_removes_packs_whose_steps_are_all_deleted(tmp_path: Path) -> N
     assert list(store.steps(TRAIN)) == [4, 5]
     assert sorted(store.extra_calls(TRAIN)) == [4, 5]
     assert {c.step for p in store.packs(TRAIN) for c in p.calls} == {4, 5}
+
+
+def test_calls_held_back_for_a_pack_are_written_at_flush_and_at_exit(tmp_path: Path) -> None:
+    """Further calls are handed to the writer many at a time (a new step, 256 calls, flush,
+    close); nothing queued is lost at flush or at interpreter exit without a close."""
+    import subprocess
+    import sys
+    import textwrap
+
+    with MockScheduler(Validation(), _cfg(tmp_path / "a", "dump"), methods=["generate_sequences"]) as s:
+        for prompt in ("a", "b", "c"):
+            s.generate_sequences([prompt], global_steps=0)
+        s.flush()
+        assert len(DirectoryStore(tmp_path / "a").extra_calls(TRAIN)[0]) == 2  # another handle sees them
+    script = textwrap.dedent(f'''
+        import torch
+        from rollout_mock import MockScheduler
+        class V:
+            def generate_sequences(self, prompts, global_steps):
+                return {{"r": torch.tensor([len(p) for p in prompts])}}
+        s = MockScheduler(V(), {{"enable": True, "mode": "dump", "dump_dir": {str(tmp_path / "b")!r}}},
+                          methods=["generate_sequences"])
+        for prompt in ("a", "bb", "ccc"):
+            s.generate_sequences([prompt], global_steps=0)
+        # no close: the exit hook writes what is queued
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    with MockScheduler(None, _cfg(tmp_path / "b", "mock"), methods=["generate_sequences"], spec=Validation) as s:
+        assert [s.generate_sequences([p], global_steps=0)["r"].tolist() for p in ("ccc", "a", "bb")] == [[3], [1], [2]]

@@ -9,6 +9,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +42,15 @@ def clock(run: Callable[[], Any]) -> float:
     elapsed = time.perf_counter() - start
     del result
     return elapsed
+
+
+def on_worker(run: Callable[[], Any]) -> float:
+    """Seconds of one ``run()`` on another thread (as on the recorder's writer thread)."""
+    result: list[float] = []
+    thread = threading.Thread(target=lambda: result.append(clock(run)))
+    thread.start()
+    thread.join()
+    return result[0]
 
 
 def summary(samples: list[float]) -> dict[str, float]:

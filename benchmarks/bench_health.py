@@ -28,15 +28,13 @@ import json
 import statistics
 import sys
 import tempfile
-import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, clock, describe_machine, machine, parse_size, update_readme
+from _common import RESULTS, clock, describe_machine, machine, on_worker, parse_size, update_readme
 
 import rollout_mock.codec as codec
 from rollout_mock import MockScheduler
@@ -58,14 +56,6 @@ def make_batch(size: int) -> dict[str, torch.Tensor]:
         batch[name] = torch.randn(rows, length, generator=generator)
     batch["token_level_rewards"] = torch.randn(rows, length, generator=generator).bfloat16()
     return batch
-
-
-def on_worker(run: Callable[[], Any]) -> float:
-    result: list[float] = []
-    thread = threading.Thread(target=lambda: result.append(clock(run)))
-    thread.start()
-    thread.join()
-    return result[0]
 
 
 class Source:

@@ -30,7 +30,6 @@ import argparse
 import json
 import statistics
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, clock, describe_machine, machine, parse_size, update_readme
+from _common import RESULTS, describe_machine, machine, on_worker, parse_size, update_readme
 
 import rollout_mock.codec as codec
 from rollout_mock.wrap.recording import scannable
@@ -62,15 +61,6 @@ def make_batches(size: int) -> dict[str, dict[str, torch.Tensor]]:
     f32 = {f"t{i}": torch.randn(size // 16 // 4, generator=generator) for i in range(16)}
     bf16 = {f"t{i}": torch.randn(size // 16 // 2, generator=generator).bfloat16() for i in range(16)}
     return {"verl rollout (int64 + float32 + bf16)": verl, "float32 only": f32, "bfloat16 only": bf16}
-
-
-def on_worker(run: Callable[[], Any]) -> float:
-    """Seconds of one ``run()`` on another thread (as on the recorder's writer thread)."""
-    result: list[float] = []
-    thread = threading.Thread(target=lambda: result.append(clock(run)))
-    thread.start()
-    thread.join()
-    return result[0]
 
 
 def nbytes(batch: dict[str, torch.Tensor]) -> int:

@@ -34,6 +34,13 @@ def save_tiny_model(path: Path, *, seed: int = 0, perturb: float = 0.0) -> Path:
     return path
 
 
+#: How far the checker's one right-padded batched forward may differ from the one-sequence forwards
+#: these helpers record with, for the same float32 model: GEMMs of other shapes round differently on
+#: some CPUs (4.8e-7 seen on an AMD EPYC, exactly 0 on others). A misaligned token, a wrong key or a
+#: perturbed model differs by orders of magnitude more.
+FORWARD_NOISE = 1e-5
+
+
 @torch.no_grad()
 def reference_logprobs(model: Any, tokens: torch.Tensor) -> torch.Tensor:
     """``[L]`` log-probs of one unpadded sequence: element t = log p(tokens[t] | tokens[:t]), 0 at t=0."""

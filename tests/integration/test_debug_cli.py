@@ -13,7 +13,7 @@ from conftest import cfg, restored_process_state
 
 pytest.importorskip("transformers")
 
-from debug_helpers import make_samples, save_tiny_model, tiny_model, verl_batch  # noqa: E402
+from debug_helpers import FORWARD_NOISE, make_samples, save_tiny_model, tiny_model, verl_batch  # noqa: E402
 
 from rollout_mock import MetricsWriter, MockScheduler, open_dump, read_metrics
 from rollout_mock.cli import main  # noqa: E402
@@ -41,9 +41,10 @@ def verl_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_logprobs_cli_zero_then_perturbed(verl_dump: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     same = save_tiny_model(tmp_path / "same")
-    assert main(["logprobs", str(verl_dump), "--model", str(same), "--json", "--threshold", "1.0"]) == 0
+    assert main(["logprobs", str(verl_dump), "--model", str(same), "--json", "--threshold", str(1 + FORWARD_NOISE)]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["ok"] and data["max_abs_diff"] == 0.0 and data["token_mult_prob_error"] == 1.0
+    assert data["ok"] and data["max_abs_diff"] <= FORWARD_NOISE
+    assert data["token_mult_prob_error"] == pytest.approx(1.0, abs=FORWARD_NOISE)
     assert data["layout"] == "verl" and [s["step"] for s in data["steps"]] == [0, 1, 2]
 
     slightly = save_tiny_model(tmp_path / "slightly", perturb=1e-3)

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, ReplayMismatchError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention
-from rollout_mock.storage.store import StepStore, Store
+from rollout_mock.storage.store import StepStore
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import as_step, detect_convention, parameter_names, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
@@ -231,7 +231,7 @@ class MockScheduler(Generic[T]):
         assert interceptor is not None
         store = interceptor.store
         stream = interceptor.stream
-        if not isinstance(store, Store) or store.steps(stream):
+        if store.steps(stream):
             return
         present = store.stream_ids()
         splits = sorted({s.split for s in present})

@@ -2,14 +2,14 @@
 a bug report or send to a colleague, that file back as a dump directory, and a few steps fetched
 from an object store (or a directory, or a bundle) into a local dump.
 
-What they copy is one selection (:func:`slice_dump`): the chosen steps' files byte for byte
-(data-only, their CRC-32 checked on the way, their HMACs unchanged), a ``manifest.json`` of only
-those steps with every field of their entries and streams as recorded (rollout settings, request
-digests, calling conventions, the environment fingerprint), and the rows of those steps of
-``expected/*.jsonl``. :func:`pack_store` writes it as a bundle (:mod:`rollout_mock.storage.bundle`,
-with the tolerances and a SHA-256 per member and of the whole), :func:`pull_store` as a dump
-directory; :func:`unpack` turns a bundle back into one. Directories are written into a
-temporary directory and renamed into place: nothing half-written is ever visible.
+The commands only: what is copied and how it is written are the store's
+(:meth:`Store.slice <rollout_mock.storage.store.Store.slice>`, ``pack``, ``pull``, ``unpack``; see
+:mod:`rollout_mock.storage.bundle`): the chosen steps' files byte for byte (data-only, their
+CRC-32 checked on the way, their HMACs unchanged), a ``manifest.json`` of only those steps with
+every field as recorded, and the rows of those steps of the dump run's metrics, written as a
+bundle (a one-file backend, with the tolerances and a SHA-256 per member and of the whole) or as
+a new dump directory renamed into place whole. Here: the redaction before a pack
+(:func:`pack`), the refusal to write over the input, the bundle's recorded tolerances.
 
 A bundle opens in place too: ``open_dump("bad-step.rmb")``, ``dump_dir: bad-step.rmb`` in mock
 mode, ``rollout-mock ls bad-step.rmb``. Exit 0 written, 2 bad input (a step not recorded, an

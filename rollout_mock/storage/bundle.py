@@ -882,8 +882,10 @@ class StagedDirectory:
             self.abort()
 
     def commit(self) -> None:
-        """Move the directory into place (replacing ``dst`` when allowed), durably."""
-        fsync_dir(self.temp)
+        """Move the directory into place (replacing ``dst`` when allowed), durably (every folder
+        of it fsync-ed first: the files were, as they were written)."""
+        for folder, _, _ in sorted(os.walk(self.temp), key=lambda item: len(item[0]), reverse=True):
+            fsync_dir(Path(folder))
         if not self.replace:
             try:
                 os.rename(self.temp, self.dst)  # replaces an empty directory, refuses a non-empty one

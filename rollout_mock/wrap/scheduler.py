@@ -101,7 +101,7 @@ class MockScheduler(Generic[T]):
             manifest is used.
         name: namespace of this scheduler's files when several share a dump_dir and split
             (``{split}/{name}/step_...``); overrides the config's ``name``.
-        store: a :class:`~rollout_mock.storage.StepStore` to use instead of the dump directory.
+        store: a :class:`~rollout_mock.storage.Store` to use instead of the dump directory (e.g. ``MemoryStore()``).
         rank: this process's rank; default: ``torch.distributed.get_rank()`` when a process
             group is initialised, else none. With ``ranks: one`` only ``dump_rank`` writes (the
             other ranks do not touch the dump directory at all) and every rank replays the same

@@ -61,7 +61,7 @@ from rollout_mock.crc import crc32
 from rollout_mock.errors import BundleError, DebugInputError, DumpNotWritableError, ManifestError, UnsafePathError
 from rollout_mock.jsonio import loads_bounded
 from rollout_mock.storage.backend import BackendDefaults
-from rollout_mock.storage.directory import LocalBackend, TempFile, fsync_dir, temp_name
+from rollout_mock.storage.directory import LocalBackend, TempFile, fsync_dir, fsync_path, temp_name
 from rollout_mock.storage.index import MANIFEST_BYTES, pack_relpath, read_doc
 from rollout_mock.storage.manifest import (
     FORMAT,
@@ -844,15 +844,16 @@ def _replaceable(dst: Path) -> str | None:
 
 
 class StagedDirectory:
-    """A new dump directory, written through a :class:`~rollout_mock.storage.directory.LocalBackend`
-    over a temporary directory beside ``dst`` (:attr:`backend`: each file written whole, no link
-    followed, no name outside it) and renamed into place at :meth:`commit` (a reader sees no
-    directory or the whole one). ``dst`` must not exist or be empty, unless ``overwrite`` (then it
-    is replaced, when it is a dump and holds none of ``protect``)."""
+    """A new dump directory, written into a temporary directory beside ``dst`` (:meth:`open_upload`:
+    each file a :class:`~rollout_mock.storage.directory.TempFile` at a name the
+    :class:`~rollout_mock.storage.directory.LocalBackend` there checks: no link followed, no name
+    outside it) and renamed into place at :meth:`commit`, every file and folder fsync-ed first (a
+    reader sees no directory or the whole one). ``dst`` must not exist or be empty, unless
+    ``overwrite`` (then it is replaced, when it is a dump and holds none of ``protect``)."""
 
     def __init__(self, dst: str | os.PathLike[str], *, overwrite: bool, protect: Sequence[str] = ()) -> None:
         self.dst = Path(dst)
-        self.replace = False
+        self.replaces = False
         if self.dst.is_symlink() or (self.dst.exists() and not self.dst.is_dir()):
             raise DebugInputError(f"{self.dst} exists and is not a directory; pick a new directory for the dump")
         if self.dst.is_dir() and any(self.dst.iterdir()):
@@ -868,7 +869,7 @@ class StagedDirectory:
             if why is not None:  # --overwrite replaces a dump, never a folder of other files
                 raise DebugInputError(f"refusing to replace {self.dst} with --overwrite: {why}; pick a new or "
                                       f"empty directory")
-            self.replace = True
+            self.replaces = True
         self.dst.parent.mkdir(parents=True, exist_ok=True)
         self.temp = self.dst.parent / temp_name(self.dst.name)
         os.mkdir(self.temp, 0o755)
@@ -881,12 +882,27 @@ class StagedDirectory:
         if kind is not None:
             self.abort()
 
+    def open_upload(self, rel: str) -> TempFile:
+        """A file of the new directory (its fsyncs wait for :meth:`commit`: nothing is visible before)."""
+        return TempFile(self.backend.path(rel), durable=False)
+
+    def replace(self, rel: str, data: bytes) -> None:
+        upload = self.open_upload(rel)
+        try:
+            upload.write(memoryview(data))
+        except BaseException:
+            upload.abort()
+            raise
+        upload.commit()
+
     def commit(self) -> None:
-        """Move the directory into place (replacing ``dst`` when allowed), durably (every folder
-        of it fsync-ed first: the files were, as they were written)."""
-        for folder, _, _ in sorted(os.walk(self.temp), key=lambda item: len(item[0]), reverse=True):
+        """Move the directory into place (replacing ``dst`` when allowed), durably (every file
+        and folder of it fsync-ed first, deepest first)."""
+        for folder, _, files in sorted(os.walk(self.temp), key=lambda item: len(item[0]), reverse=True):
+            for name in files:
+                fsync_path(Path(folder) / name)
             fsync_dir(Path(folder))
-        if not self.replace:
+        if not self.replaces:
             try:
                 os.rename(self.temp, self.dst)  # replaces an empty directory, refuses a non-empty one
             except OSError as exc:
@@ -962,7 +978,7 @@ def pull_store(store: Store, dst: str | os.PathLike[str], *, steps: Sequence[int
     bar = progress_bar(chosen.nbytes, enabled=progress, desc="pull")
     try:
         with StagedDirectory(dst, overwrite=overwrite, protect=protect) as out:
-            copy_parts(((part.name, part.read()) for part in chosen.parts), out.backend, bar)
+            copy_parts(((part.name, part.read()) for part in chosen.parts), out, bar)
             out.commit()
     finally:
         bar.close()
@@ -982,9 +998,9 @@ def unpack_bundle(bundle: Bundle, dst: str | os.PathLike[str], *, overwrite: boo
     bar = progress_bar(bundle.payload_bytes, enabled=progress, desc="unpack")
     try:
         with StagedDirectory(dst, overwrite=overwrite, protect=protect) as out:
-            copy_parts(((member.name, pieces) for member, pieces in bundle.scan()), out.backend, bar)
+            copy_parts(((member.name, pieces) for member, pieces in bundle.scan()), out, bar)
             info = {"format": BUNDLE_FORMAT, "version": VERSION, "digest": bundle.digest, "meta": bundle.meta}
-            out.backend.replace(INFO_NAME, json.dumps(info, indent=1, allow_nan=False).encode("utf-8") + b"\n")
+            out.replace(INFO_NAME, json.dumps(info, indent=1, allow_nan=False).encode("utf-8") + b"\n")
             out.commit()
     finally:
         bar.close()

@@ -1,6 +1,6 @@
 """Text and JSON helpers shared by every report: tables, JSON-safe values, numbers, the log
 prefix, progress bars (:func:`progress_bar`: ``tqdm``, quiet unless the stream is a terminal and
-not under CI), and the atomic write of a report file (:func:`write_text_atomic`).
+not under CI).
 
 One JSON encoding of non-finite floats for every ``--json`` output and every metrics file:
 the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"`` (what Python's ``json`` module reads
@@ -24,15 +24,12 @@ import reprlib
 import sys
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
-
-if TYPE_CHECKING:  # pragma: no cover
-    from pathlib import Path
+from typing import Any, Protocol, TextIO, cast
 
 __all__ = [
     "LOG_PREFIX", "MAX_INT_DIGITS", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "ProgressBar", "dumps_json", "fmt_number",
     "int_digits", "json_default", "json_float", "jsonable", "logger", "progress_bar", "short_repr", "step_log_level",
-    "table", "terminal_safe", "to_float", "write_text_atomic",
+    "table", "terminal_safe", "to_float",
 ]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
@@ -324,35 +321,6 @@ def quiet_loggers(names: Sequence[str], level: int = logging.WARNING) -> None:
     INFO lines out of its output unless ``-v``)."""
     for name in names:
         logging.getLogger(name).setLevel(level)
-
-
-def write_text_atomic(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` through a temporary file in the same directory, fsync, rename."""
-    import secrets
-    from pathlib import Path
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        # lone surrogates (from a hostile dump) are written as visible \udXXX escapes, never a crash
-        with open(temp, "w", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:  # pragma: no cover - directories that cannot be opened (some network filesystems)
-        return path
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return path
 
 
 class ProgressBar(Protocol):

@@ -59,7 +59,7 @@ def _damage(dump: Any, entry: Any, *, verify: bool, bar: Any) -> str | None:
 
     store = dump.store
     if not verify:
-        path = store.backend.local_path(entry.file)
+        path = store.local_path(entry.file)
         if path is None:  # an object store: a request per step is not cheap; --verify reads them
             return None
         try:

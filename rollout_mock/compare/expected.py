@@ -55,9 +55,10 @@ from rollout_mock.errors import (
     MetricsWarning,
     UnsafePathError,
 )
-from rollout_mock.storage.paths import is_url, open_inside, read_inside
+from rollout_mock.storage.paths import is_url
+from rollout_mock.storage.store import EXPECTED_DIR, DirectoryStore, expected_path, expected_relpath
 from rollout_mock.text import logger
-from rollout_mock.wrap.replay import EXPECTED_DIR, describe_expected, expected_path, expected_relpath
+from rollout_mock.wrap.replay import describe_expected
 
 __all__ = [
     "EXPECTED_DIR", "ExpectedMetrics", "MetricsWriter", "attach_expected", "describe_expected", "expected_path",
@@ -212,14 +213,8 @@ def read_expected(dump_dir: str | os.PathLike[str], rank: int | None = None) -> 
     :func:`~rollout_mock.storage.paths.open_inside`: a symlink at ``expected`` or at the file,
     or a FIFO/device planted there, is :class:`~rollout_mock.errors.UnsafePathError`, never a
     read outside the dump or a hang. Malformed content is :class:`~rollout_mock.errors.MetricsFormatError`."""
-    data = read_inside(dump_dir, expected_relpath(rank))
+    data = DirectoryStore(dump_dir).read_expected(rank)
     return None if data is None else read_jsonl(expected_path(dump_dir, rank), data=data)
-
-
-def _open_for_append(dump_dir: str | os.PathLike[str], rank: int | None) -> int:
-    """The expected-metrics file opened for appending (created with its directory), never through
-    a link or into a FIFO (:func:`~rollout_mock.storage.paths.open_inside`)."""
-    return open_inside(dump_dir, expected_relpath(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
 
 
 def _number(key: str, value: object) -> float:
@@ -253,7 +248,7 @@ class ExpectedMetrics:
             elif writes:
                 # Checked open first (no link below dump_dir, a regular file), then the writer
                 # opens the same name: it must be the very file checked, or nothing is written.
-                checked = _open_for_append(config.dump_dir, rank)
+                checked = DirectoryStore(config.dump_dir).open_expected(rank)
                 try:
                     self._writer = MetricsWriter(self.path)
                     same = os.path.samestat(os.fstat(checked), os.fstat(self._writer._fd or -1))

@@ -488,7 +488,9 @@ def resolve_metrics_path(path: str | Path) -> tuple[Path, str]:
     if not path.exists():
         raise MetricsNotFoundError(f"{path}: no such metrics file or run directory", path=path)
     if path.is_dir() and (path / "manifest.json").is_file():
-        expected = path / "expected" / DEFAULT_METRICS_FILE
+        from rollout_mock.storage.store import expected_path
+
+        expected = expected_path(path)
         if expected.is_file():
             return expected, "jsonl"
         raise MetricsNotFoundError(

@@ -8,8 +8,7 @@ renamed into place, so a crash never leaves a truncated image.
 
 from __future__ import annotations
 
-import os
-import tempfile
+import io
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 from rollout_mock.compare.metrics import MetricsTable
 from rollout_mock.compare.verify import MetricComparison, VerifyReport
 from rollout_mock.errors import MissingExtraError
+from rollout_mock.storage.directory import atomic_write
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -78,18 +78,9 @@ def plot_report(
     for ax in axes[len(shown):]:
         ax.set_axis_off()
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format="png")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    image = io.BytesIO()
+    fig.savefig(image, format="png")
+    return atomic_write(path, image.getvalue())
 
 
 def _draw(

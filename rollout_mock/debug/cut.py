@@ -25,15 +25,18 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rollout_mock import batch as batch_model
 from rollout_mock.compare.metrics import jsonl_records
 from rollout_mock.debug.redact import redact as redact_batch
 from rollout_mock.debug.redact import redact_call
-from rollout_mock.errors import DebugInputError, RolloutMockError, UnsafePathError, UnsafePickleError
-from rollout_mock.storage.paths import read_inside, write_inside
+from rollout_mock.errors import DebugInputError, RolloutMockError, UnsafePickleError
+from rollout_mock.storage.directory import write_inside
 from rollout_mock.version import __version__
+
+if TYPE_CHECKING:
+    from rollout_mock.storage.store import Store
 
 __all__ = ["PROVENANCE_FILE", "CutResult", "cut_dump", "parse_ranges", "row_count", "select_keys", "select_rows"]
 
@@ -125,26 +128,20 @@ def _rows(n: int, samples: Sequence[int] | None, groups: Sequence[int] | None,
     return None if samples is None else list(samples)
 
 
-def _copy_expected(src: Path, dst: Path, steps: set[int]) -> bool:
-    """Copy the kept steps' lines of ``src/expected/*.jsonl``; read and written with the dump
-    containment rules (no link followed, no FIFO opened: :func:`read_inside`)."""
-    source = src / "expected"
-    if source.is_symlink():
-        raise UnsafePathError(f"[RolloutMock] {source} is a symbolic link; nothing under a dump is followed "
-                              f"through links; remove it",
-                              path=source)
-    if not source.is_dir():
-        return False
-    for name in sorted(n for n in os.listdir(source) if n.endswith(".jsonl") and not n.startswith(".")):
-        data = read_inside(src, f"expected/{name}")
+def _copy_expected(src: Store, dst: Store, steps: set[int]) -> bool:
+    """Copy the kept steps' lines of the source dump run's metrics; read with the dump containment
+    rules (no link followed, no FIFO opened: :meth:`Store.read_expected`)."""
+    names = src.expected_names()
+    for rel in names:
+        data = src.read_expected(rel=rel)
         if data is None:
             continue
         # the metrics reader's own parse: a line it refuses (nested, a number past every limit)
         # ends the cut with its error, as report and verify do; a torn last line is skipped
         kept = "".join(record.line if record.line.endswith("\n") else record.line + "\n"
-                       for record in jsonl_records(source / name, data=data) if record.step in steps)
-        write_inside(dst, f"expected/{name}", kept.encode("utf-8"))
-    return True
+                       for record in jsonl_records(Path(src.where(rel)), data=data) if record.step in steps)
+        dst.write_expected(rel, kept.encode("utf-8"))
+    return bool(names)
 
 
 def _call_meta(meta: list[Any], pack: Any, record: Any, redact: bool) -> dict[str, Any]:
@@ -277,7 +274,7 @@ def cut_dump(
     result.redacted = sorted(redacted)
     if whole:
         try:
-            result.expected_copied = _copy_expected(src_path, dst_path, set(step_list))
+            result.expected_copied = _copy_expected(dump.store, store, set(step_list))
         except BaseException:  # e.g. a link or FIFO planted in expected/: no half-made dump left
             shutil.rmtree(dst_path, ignore_errors=True)
             raise

@@ -403,12 +403,9 @@ class AnomalyProbe:
 
     def write(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`report` as JSON (atomically: a temporary file, then a rename)."""
-        target = Path(path)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp")
-        tmp.write_text(json.dumps(self.report(), indent=2, allow_nan=False))
-        os.replace(tmp, target)
-        return target
+        from rollout_mock.storage.directory import atomic_write
+
+        return atomic_write(path, json.dumps(self.report(), indent=2, allow_nan=False).encode("utf-8"))
 
 
 def anomaly_hooks(model: Any = None, *, max_abs: float | None = None, detect_anomaly: bool = False) -> AnomalyProbe:

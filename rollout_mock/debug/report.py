@@ -41,7 +41,7 @@ from rollout_mock.debug.report_data import DEFAULT_MAX_SAMPLES, STATS_ROWS, Step
 from rollout_mock.errors import CorruptStepError, DebugInputError, StepNotFoundError
 from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage import Dump, StreamId, format_ranges
-from rollout_mock.text import fmt_number, jsonable, to_float, write_text_atomic
+from rollout_mock.text import fmt_number, jsonable, to_float
 
 __all__ = ["DEFAULT_MAX_SAMPLES", "MAX_BROWSER_STEPS", "PAGE_TEXT_CHARS", "STEP_TEXT_CHARS", "RenderedReport",
            "browsable", "distribution_chart", "nothing_to_report", "page", "render_report", "report_stream",
@@ -264,7 +264,10 @@ class RenderedReport:
 
     def write(self, output: str | os.PathLike[str]) -> Path:
         """Write the page to ``output``, atomically; returns its path."""
-        return write_text_atomic(Path(output), self.html)
+        from rollout_mock.storage.directory import atomic_write
+
+        # lone surrogates (from a hostile dump) are written as visible \udXXX escapes, never a crash
+        return atomic_write(output, self.html.encode("utf-8", "backslashreplace"))
 
 
 def pinned_steps(dump: Dump, stream: StreamId) -> dict[int, str]:

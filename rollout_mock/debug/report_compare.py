@@ -229,10 +229,11 @@ def metrics_comparison_section(dump: str | os.PathLike[str], metrics_file: str |
     from rollout_mock.compare.metrics import read_metrics
     from rollout_mock.compare.verify import verify
     from rollout_mock.errors import DebugInputError
+    from rollout_mock.storage.store import expected_relpath
 
     a = read_expected(dump)
     if a is None:
-        raise DebugInputError(f"{dump} holds no metrics of its dump run (expected/metrics.jsonl): nothing to "
+        raise DebugInputError(f"{dump} holds no metrics of its dump run ({expected_relpath()}): nothing to "
                               f"compare {metrics_file} with; log them with MetricsWriter(..., expected=...) "
                               f"when dumping, or pass a second dump to --against")
     b = read_metrics(Path(metrics_file))

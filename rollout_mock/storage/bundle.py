@@ -4,8 +4,16 @@ A bundle holds the files of a small dump under their dump-relative names: ``mani
 (only the bundled steps), the step files byte for byte (data-only, their CRC-32 and HMAC
 unchanged) and ``expected/*.jsonl``. :class:`BundleBackend` reads it in place (a read-only
 :class:`~rollout_mock.storage.backend.ByteBackend`: the one :class:`~rollout_mock.storage.store.Store`
-loads and verifies steps from it as from a directory); :class:`BundleWriter` writes one;
-``rollout-mock pack``/``unpack``/``pull`` (:mod:`rollout_mock.cli.bundle`) choose what goes in.
+loads and verifies steps from it as from a directory); :class:`BundleWriter` writes one, a
+write-only one-file backend.
+
+The copies of a few steps live here too, as operations of the store (``Store.slice``, ``pack``,
+``pull``, ``unpack``): :func:`slice_store` chooses the files (the chosen steps' files byte for byte,
+their CRC-32 checked on the way; a ``manifest.json`` of only those steps with every field as
+recorded; the packs of their further calls; the rows of those steps of the dump run's metrics),
+and :func:`copy_parts` writes them into a :class:`BundleWriter` (``pack``) or into a
+:class:`StagedDirectory`, a new dump directory renamed into place whole (``pull``, ``unpack``).
+``rollout-mock pack``/``unpack``/``pull`` (:mod:`rollout_mock.cli.bundle`) are their commands.
 
 Format, version 1 (integers little-endian)::
 
@@ -41,25 +49,42 @@ import hashlib
 import json
 import os
 import re
-import secrets
 import shlex
+import shutil
 import struct
-from collections.abc import Hashable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from rollout_mock.errors import BundleError, DebugInputError, DumpNotWritableError, UnsafePathError
+from rollout_mock.crc import crc32
+from rollout_mock.errors import BundleError, DebugInputError, DumpNotWritableError, ManifestError, UnsafePathError
 from rollout_mock.jsonio import loads_bounded
 from rollout_mock.storage.backend import BackendDefaults
-from rollout_mock.storage.directory import fsync_dir
+from rollout_mock.storage.directory import LocalBackend, TempFile, fsync_dir, fsync_path, temp_name
+from rollout_mock.storage.index import MANIFEST_BYTES, pack_relpath, read_doc
+from rollout_mock.storage.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    StepEntry,
+    StreamId,
+    format_ranges,
+    parse_manifest,
+)
 from rollout_mock.storage.paths import check_relpath, is_url, open_regular
+from rollout_mock.storage.verified import corrupt_error
 from rollout_mock.text import ProgressBar, progress_bar, short_repr
 from rollout_mock.version import __version__
 
+if TYPE_CHECKING:
+    from rollout_mock.storage.store import Store
+
 __all__ = [
-    "ALIGNMENT", "BUNDLE_FORMAT", "CHECKED_READ_BYTES", "INFO_NAME", "MAGIC", "MAX_MEMBERS", "MAX_TOC_BYTES", "SUFFIX",
-    "VERSION", "Bundle", "BundleBackend", "BundleInfo", "BundleWriter", "Member", "is_bundle", "open_bundle",
+    "ALIGNMENT", "BUNDLE_FORMAT", "CHECKED_READ_BYTES", "INFO_NAME", "MAGIC", "MAX_EXPECTED_BYTES", "MAX_MEMBERS",
+    "MAX_TOC_BYTES", "SUFFIX", "VERSION", "Bundle", "BundleBackend", "BundleInfo", "BundleWriter", "DumpSlice",
+    "Member", "Part", "StagedDirectory", "copy_parts", "is_bundle", "open_bundle", "pack_store", "pull_store",
+    "slice_store", "unpack_bundle",
 ]
 
 MAGIC = b"\x89RMB\r\n\x1a\n"
@@ -480,16 +505,33 @@ class BundleInfo:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view.nbytes:
-        view = view[os.write(fd, view):]
+class _MemberUpload:
+    """One member of a :class:`BundleWriter` being written (its :meth:`BundleWriter.open_upload`)."""
+
+    def __init__(self, writer: BundleWriter, name: str) -> None:
+        self.writer, self.name = writer, name
+        self.offset = writer._begin(name)
+        self.digest = hashlib.sha256()
+
+    def write(self, data: memoryview) -> None:
+        self.digest.update(data)
+        self.writer._write(data)
+
+    def commit(self) -> None:
+        self.writer.members.append(Member(self.name, self.offset, self.writer.position - self.offset,
+                                          self.digest.hexdigest()))
+
+    def abort(self) -> None:
+        return None  # the bundle is aborted as a whole
 
 
 class BundleWriter:
-    """Writes a bundle into a temporary file beside ``path``; :meth:`commit` moves it into
-    place (atomically: a reader sees no bundle or the whole one), :meth:`abort` (or an error in
-    a ``with`` block) leaves nothing. An existing ``path`` is refused unless ``overwrite``."""
+    """A bundle being written: a write-only, one-file backend. Members are appended one after the
+    other (:meth:`open_upload`, or :meth:`add`) into a temporary file beside ``path`` (a
+    :class:`~rollout_mock.storage.directory.TempFile`, the atomic writer of every file); :meth:`commit`
+    writes the table of contents and moves it into place (a reader sees no bundle or the whole
+    one), :meth:`abort` (or an error in a ``with`` block) leaves nothing. An existing ``path`` is
+    refused unless ``overwrite``."""
 
     def __init__(self, path: str | os.PathLike[str], *, overwrite: bool = False, alignment: int = ALIGNMENT) -> None:
         self.path, self.overwrite, self.alignment = Path(path), overwrite, alignment
@@ -503,10 +545,7 @@ class BundleWriter:
             if self.path.is_symlink() or not self.path.is_file() or not _starts_with_magic(self.path):
                 raise DebugInputError(f"refusing to replace {self.path} with --overwrite: it is not a bundle "
                                       f"(--overwrite replaces only a bundle file); pick another name")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.temp = self.path.parent / f".{self.path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        self.fd = os.open(self.temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        self.position = 0
+        self.upload = TempFile(self.path)
         self.members: list[Member] = []
         self._names: set[str] = set()
         self._write(_HEADER.pack(MAGIC, VERSION, 0, alignment, bytes(16)))
@@ -518,23 +557,32 @@ class BundleWriter:
         if kind is not None:
             self.abort()
 
-    def _write(self, data: bytes | memoryview) -> None:
-        _write_all(self.fd, data)
-        self.position += memoryview(data).nbytes
+    @property
+    def position(self) -> int:
+        return self.upload.position
 
-    def add(self, name: str, chunks: Iterable[bytes | memoryview]) -> Member:
-        """Append a member (at the next aligned offset) from its bytes, piece by piece."""
+    def _write(self, data: bytes | memoryview) -> None:
+        self.upload.write(memoryview(data).cast("B"))
+
+    def _begin(self, name: str) -> int:
         if _check_name(name, str(self.path)) in self._names:
             raise BundleError(f"{self.path}: member {name!r} added twice", path=self.path)
         self._names.add(name)
         self._write(bytes(-self.position % self.alignment))
-        offset, digest = self.position, hashlib.sha256()
+        return self.position
+
+    def open_upload(self, rel: str) -> _MemberUpload:
+        """Start member ``rel`` at the next aligned offset (write its bytes, then commit it, before
+        the next member starts)."""
+        return _MemberUpload(self, rel)
+
+    def add(self, name: str, chunks: Iterable[bytes | memoryview]) -> Member:
+        """Append a member (at the next aligned offset) from its bytes, piece by piece."""
+        upload = self.open_upload(name)
         for chunk in chunks:
-            digest.update(chunk)
-            self._write(chunk)
-        member = Member(name, offset, self.position - offset, digest.hexdigest())
-        self.members.append(member)
-        return member
+            upload.write(memoryview(chunk))
+        upload.commit()
+        return self.members[-1]
 
     def commit(self, meta: dict[str, Any]) -> BundleInfo:
         """Write the table of contents and the footer, fsync, and move the file into place."""
@@ -549,27 +597,411 @@ class BundleWriter:
         toc_offset = self.position
         self._write(toc)
         self._write(_FOOTER.pack(toc_offset, len(toc), digest, bytes(8), END_MAGIC))
-        os.fsync(self.fd)
-        os.close(self.fd)
-        self.fd = -1
+        size = self.position
         if self.overwrite:
-            os.replace(self.temp, self.path)
-        else:
-            try:
-                os.link(self.temp, self.path)  # refuses a file that appeared meanwhile
-            except FileExistsError:
-                self.abort()
-                raise DebugInputError(f"{self.path} appeared while the bundle was written; nothing was replaced") \
-                    from None
-            os.unlink(self.temp)
-        fsync_dir(self.path.parent)
-        return BundleInfo(self.path, self.position, "sha256:" + digest.hex(), list(self.members), meta)
+            self.upload.commit()
+        elif not self.upload.commit_new():  # refuses a file that appeared meanwhile
+            raise DebugInputError(f"{self.path} appeared while the bundle was written; nothing was replaced")
+        return BundleInfo(self.path, size, "sha256:" + digest.hex(), list(self.members), meta)
 
     def abort(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.upload.abort()
+
+
+# ---------------------------------------------------------------------------------------------
+# A selection of a dump: what pack and pull copy
+# ---------------------------------------------------------------------------------------------
+
+#: Largest expected-metrics file of a dump that is filtered into a selection.
+MAX_EXPECTED_BYTES = 256 << 20
+
+
+@dataclass(frozen=True)
+class Part:
+    """One file of a :class:`DumpSlice`: its dump-relative name, size, and its bytes as pieces."""
+
+    name: str
+    size: int
+    read: Callable[[], Iterator[bytes]]
+
+
+@dataclass
+class DumpSlice:
+    """The files of a dump restricted to some steps (see :func:`slice_dump`)."""
+
+    source: str
+    streams: dict[str, list[int]]
+    parts: list[Part]
+    expected_rows: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(part.size for part in self.parts)
+
+
+def _whole(name: str, body: bytes) -> Part:
+    return Part(name, len(body), lambda: iter([body]))
+
+
+def _step_part(store: Store, stream: StreamId, step: int) -> Part:
+    """A step file, read in pieces and checked against its index entry (size, CRC-32) as it is
+    copied: a damaged step never goes into a bundle or a pulled dump."""
+    entry = store.entry(stream, step)
+    assert entry is not None
+    return _file_part(store, entry, stream, step)
+
+
+def _file_part(store: Store, entry: StepEntry, stream: StreamId, step: int | None) -> Part:
+    """A file of the dump (``entry.file``) read in pieces, checked against ``entry``'s size and
+    CRC-32 as it is copied."""
+    rel, backend, where = entry.file, store.backend, store.where(entry.file)
+
+    def pieces() -> Iterator[bytes]:
+        size = backend.size(rel)
+        if size != entry.size:
+            raise corrupt_error(where, stream, step, "the file is missing" if size is None else
+                                f"it has {size} bytes, its index entry says {entry.size}")
+        crc, done = 0, 0
+        while done < entry.size:
+            piece = backend.read(rel, done, min(done + _CHUNK, entry.size))
+            if not piece:
+                raise corrupt_error(where, stream, step, f"it ended after {done} of {entry.size} bytes")
+            crc = crc32(piece, crc)
+            done += len(piece)
+            yield piece
+        if f"crc32:{crc:08x}" != entry.checksum:
+            raise corrupt_error(where, stream, step, f"checksum crc32:{crc:08x} does not match the index's "
+                                                     f"{entry.checksum}")
+
+    return Part(rel, entry.size, pieces)
+
+
+def _pack_parts(store: Store, stream: StreamId, steps: set[int]) -> list[Part]:
+    """The packs of extra calls holding a call of ``steps``, whole (record and data; a replay of
+    the selection ignores the calls of steps it does not hold), the data checked as it is copied."""
+    parts = []
+    for pack in store.packs(stream):
+        if not any(call.step in steps for call in pack.calls) and not set(pack.drop) & steps:
+            continue
+        record = pack_relpath(stream, pack.seq, ".json")
+        body = store.backend.read(record, 0, MANIFEST_BYTES + 1)
+        if body is None:
+            continue
+        entry = StepEntry(file=pack.file, size=pack.size, checksum=pack.checksum, samples=None, type="", keys={},
+                          written_at="")
+        parts += [_whole(record, body), _file_part(store, entry, stream, None)]
+    return parts
+
+
+#: A metrics row's ``"step": N`` (rows are filtered on it before any is parsed), and the longest
+#: row kept (a longer one is no metrics row the dump writer wrote: skipped).
+_STEP_FIELD = re.compile(rb'"step"\s*:\s*(-?[0-9]{1,20})(?![0-9.eE])')
+_MAX_ROW = 1 << 20
+
+
+def _expected_parts(store: Store, steps: set[int]) -> tuple[list[Part], int]:
+    """The dump run's metrics (:meth:`Store.expected_names`), each reduced to the rows of ``steps``
+    (lines that do not parse, such as a torn last line, are left out); files left empty are
+    dropped. Each file is read in pieces (bounded memory), and a line is parsed only when a
+    ``"step"`` field of one of ``steps`` appears in it: 8 MB of other lines cost one
+    regular-expression scan."""
+    parts, rows = [], 0
+    for rel in store.expected_names():
+        kept = _rows_of_steps(store, rel, steps)
+        if kept:
+            parts.append(_whole(rel, b"".join(kept)))
+            rows += len(kept)
+    return parts, rows
+
+
+def _rows_of_steps(store: Store, rel: str, steps: set[int]) -> list[bytes]:
+    """The lines of ``rel`` whose ``step`` is one of ``steps`` (see :func:`_expected_parts`)."""
+    kept: list[bytes] = []
+    offset, carry, skipping = 0, b"", False
+    while True:
+        piece = store.read_expected(rel=rel, start=offset, end=offset + _CHUNK)
+        if not piece:
+            break
+        offset += len(piece)
+        if offset > MAX_EXPECTED_BYTES:
+            raise DebugInputError(f"{store.where(rel)} is larger than {MAX_EXPECTED_BYTES:,} bytes; not bundled")
+        block = carry + piece
+        cut = block.rfind(b"\n") + 1
+        if skipping and cut:  # the rest of an over-long line: dropped
+            block, cut, skipping = block[block.find(b"\n") + 1:], cut - block.find(b"\n") - 1, False
+        if not cut:
+            carry, skipping = (b"", True) if skipping or len(block) > _MAX_ROW else (block, False)
+            continue
+        kept += _scan_rows(block[:cut], steps, store.where(rel))
+        carry = block[cut:]
+        if len(carry) > _MAX_ROW:
+            carry, skipping = b"", True
+        if len(piece) < _CHUNK:
+            break
+    if carry and not skipping:
+        kept += _scan_rows(carry, steps, store.where(rel))
+    return kept
+
+
+def _scan_rows(block: bytes, steps: set[int], where: str) -> list[bytes]:
+    kept: list[bytes] = []
+    done = -1
+    for match in _STEP_FIELD.finditer(block):
+        if int(match.group(1)) not in steps:
+            continue
+        start = block.rfind(b"\n", 0, match.start()) + 1
+        if start == done:
+            continue
+        done = start
+        end = block.find(b"\n", match.end())
+        line = block[start:len(block) if end < 0 else end + 1]
+        if len(line) > _MAX_ROW:
+            continue
         try:
-            os.unlink(self.temp)
-        except FileNotFoundError:
-            pass
+            record = loads_bounded(line, where=where, what="metrics line", allow_nan=True)
+        except ManifestError:
+            continue
+        step = record.get("step") if isinstance(record, dict) else None
+        if isinstance(step, int) and not isinstance(step, bool) and step in steps:
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+    return kept
+
+
+def slice_store(store: Store, *, steps: Sequence[int] | None, splits: Sequence[str] | None = None) -> DumpSlice:
+    """The files of ``store``'s dump that hold ``steps`` (None: every step) of every stream of
+    ``splits`` (None: all) that recorded them: a ``manifest.json`` listing only those steps (its
+    fields, the streams' fields and the entries copied as recorded: rollout settings, request
+    digests, calling conventions, fingerprint), the step files, and the expected metrics of those
+    steps. Only the index and those steps' objects are read. :class:`DebugInputError` for a step
+    recorded in no chosen stream or a split that is not there."""
+    view = store.require_manifest(mode="read")
+    source = store.where("")
+    streams = [s for s in view.stream_ids() if splits is None or s.split in splits]
+    if not streams:
+        present = sorted({s.split for s in view.stream_ids()})
+        raise DebugInputError(f"{source}: no split {', '.join(splits or ())} recorded (splits present: "
+                              f"{', '.join(present) or 'none'})")
+    if steps is not None:
+        missing = [s for s in steps if not any(s in view.steps(stream) for stream in streams)]
+        if missing:
+            raise DebugInputError(
+                f"{source}: steps {format_ranges(missing)} are recorded in no stream"
+                + ("" if splits is None else f" of splits {list(splits)}")
+                + f" (recorded: {'; '.join(f'{s}: {format_ranges(view.steps(s))}' for s in streams)})")
+    raw = read_doc(store.backend, MANIFEST_NAME, "manifest", MANIFEST_BYTES)
+    top = {k: v for k, v in raw.items() if k != "streams"} if isinstance(raw, dict) else {
+        k: v for k, v in view.to_json().items() if k != "streams"}
+    top.update(format=FORMAT, format_version=top.get("format_version", FORMAT_VERSION), fingerprint=view.fingerprint)
+    requires = [r for r in top.pop("requires", None) or () if r != "index-segments"]
+    manifest: dict[str, Any] = {**top, **({"requires": requires} if requires else {}), "streams": {}}
+    chosen: dict[str, list[int]] = {}
+    parts: list[Part] = []
+    for stream in streams:
+        wanted = list(view.steps(stream)) if steps is None else [s for s in steps if s in view.steps(stream)]
+        if not wanted:
+            continue
+        data = {k: v for k, v in (view.stream(stream) or {}).items() if k not in ("steps", "segments")}
+        data["methods"] = view.methods(stream)
+        data["steps"] = {}
+        for step in wanted:
+            view.entry(stream, step)  # validated (file name, fields) before it is copied
+            data["steps"][str(step)] = view.raw_entry(stream, step)
+            parts.append(_step_part(store, stream, step))
+        parts += _pack_parts(store, stream, set(wanted))
+        manifest["streams"][stream.key] = data
+        chosen[stream.key] = wanted
+    body = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    parse_manifest(body, f"{source} ({MANIFEST_NAME} of the selection)")  # what a reader will accept
+    expected, rows = _expected_parts(store, {s for wanted in chosen.values() for s in wanted})
+    return DumpSlice(source, chosen, [_whole(MANIFEST_NAME, body), *parts, *expected], rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# A new dump directory
+# ---------------------------------------------------------------------------------------------
+
+#: What a dump directory holds at its top (files; directories are splits, expected/...).
+_DUMP_TOP_FILES = frozenset({MANIFEST_NAME, INFO_NAME, "provenance.json"})  # the last: cut's (debug.cut)
+
+
+def _replaceable(dst: Path) -> str | None:
+    """Why the non-empty directory ``dst`` may not be replaced by ``--overwrite`` (None: it is a
+    dump: a rollout_mock ``manifest.json``, and no file at its top a dump does not hold)."""
+    manifest = dst / MANIFEST_NAME
+    if manifest.is_symlink() or not manifest.is_file():
+        return f"it is not a dump (no {MANIFEST_NAME})"
+    try:
+        head = manifest.open("rb").read(4096)
+    except OSError as exc:
+        return f"its {MANIFEST_NAME} cannot be read ({exc.strerror})"
+    if FORMAT.encode() not in head:
+        return f"its {MANIFEST_NAME} is not a rollout_mock manifest"
+    for entry in os.scandir(dst):
+        if entry.is_symlink() or (not entry.is_dir(follow_symlinks=False) and entry.name not in _DUMP_TOP_FILES
+                                  and not entry.name.startswith(".")):
+            return f"it holds {entry.name!r}, which is no part of a dump"
+    return None
+
+
+class StagedDirectory:
+    """A new dump directory, written into a temporary directory beside ``dst`` (:meth:`open_upload`:
+    each file a :class:`~rollout_mock.storage.directory.TempFile` at a name the
+    :class:`~rollout_mock.storage.directory.LocalBackend` there checks: no link followed, no name
+    outside it) and renamed into place at :meth:`commit`, every file and folder fsync-ed first (a
+    reader sees no directory or the whole one). ``dst`` must not exist or be empty, unless
+    ``overwrite`` (then it is replaced, when it is a dump and holds none of ``protect``)."""
+
+    def __init__(self, dst: str | os.PathLike[str], *, overwrite: bool, protect: Sequence[str] = ()) -> None:
+        self.dst = Path(dst)
+        self.replaces = False
+        if self.dst.is_symlink() or (self.dst.exists() and not self.dst.is_dir()):
+            raise DebugInputError(f"{self.dst} exists and is not a directory; pick a new directory for the dump")
+        if self.dst.is_dir() and any(self.dst.iterdir()):
+            if not overwrite:
+                raise DebugInputError(f"{self.dst} is not empty; pick a new or empty directory, or pass --overwrite "
+                                      f"(overwrite=True) to replace it")
+            real = os.path.realpath(self.dst)
+            for kept in protect:
+                inside = os.path.realpath(kept)
+                if inside == real or inside.startswith(real.rstrip(os.sep) + os.sep):
+                    raise DebugInputError(f"refusing to replace {self.dst}: it holds {kept}, which is being read")
+            why = _replaceable(self.dst)
+            if why is not None:  # --overwrite replaces a dump, never a folder of other files
+                raise DebugInputError(f"refusing to replace {self.dst} with --overwrite: {why}; pick a new or "
+                                      f"empty directory")
+            self.replaces = True
+        self.dst.parent.mkdir(parents=True, exist_ok=True)
+        self.temp = self.dst.parent / temp_name(self.dst.name)
+        os.mkdir(self.temp, 0o755)
+        self.backend = LocalBackend(self.temp)
+
+    def __enter__(self) -> StagedDirectory:
+        return self
+
+    def __exit__(self, kind: Any, exc: Any, tb: Any) -> None:
+        if kind is not None:
+            self.abort()
+
+    def open_upload(self, rel: str) -> TempFile:
+        """A file of the new directory (its fsyncs wait for :meth:`commit`: nothing is visible before)."""
+        return TempFile(self.backend.path(rel), durable=False)
+
+    def replace(self, rel: str, data: bytes) -> None:
+        upload = self.open_upload(rel)
+        try:
+            upload.write(memoryview(data))
+        except BaseException:
+            upload.abort()
+            raise
+        upload.commit()
+
+    def commit(self) -> None:
+        """Move the directory into place (replacing ``dst`` when allowed), durably (every file
+        and folder of it fsync-ed first, deepest first)."""
+        for folder, _, files in sorted(os.walk(self.temp), key=lambda item: len(item[0]), reverse=True):
+            for name in files:
+                fsync_path(Path(folder) / name)
+            fsync_dir(Path(folder))
+        if not self.replaces:
+            try:
+                os.rename(self.temp, self.dst)  # replaces an empty directory, refuses a non-empty one
+            except OSError as exc:
+                self.abort()
+                raise DebugInputError(f"{self.dst} could not be created ({exc.strerror}): it was filled meanwhile?") \
+                    from None
+        else:
+            backup = self.dst.parent / temp_name(self.dst.name + ".old")
+            os.rename(self.dst, backup)
+            try:
+                os.rename(self.temp, self.dst)
+            except BaseException:
+                os.rename(backup, self.dst)
+                raise
+            shutil.rmtree(backup)
+        fsync_dir(self.dst.parent)
+
+    def abort(self) -> None:
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# pack, pull, unpack: a selection copied into a one-file backend or a new dump directory
+# ---------------------------------------------------------------------------------------------
+
+class _Target(Protocol):
+    """Where a selection is copied: a backend that takes uploads (a bundle, a staged directory)."""
+
+    def open_upload(self, rel: str) -> Any: ...
+
+
+def copy_parts(parts: Iterable[tuple[str, Iterable[bytes | memoryview]]], target: _Target,
+               bar: ProgressBar | None = None) -> None:
+    """Write each ``(name, pieces)`` into ``target`` as one upload (committed whole, or aborted)."""
+    for name, pieces in parts:
+        upload = target.open_upload(name)
+        try:
+            for piece in pieces:
+                upload.write(memoryview(piece))
+                if bar is not None:
+                    bar.update(len(piece))
+            upload.commit()
+        except BaseException:
+            upload.abort()
+            raise
+
+
+def pack_store(store: Store, out: str | os.PathLike[str], *, steps: Sequence[int], splits: Sequence[str] | None = None,
+               meta: dict[str, Any] | None = None, overwrite: bool = False,
+               progress: bool | None = False) -> BundleInfo:
+    """Write ``steps`` of ``store``'s dump (:func:`slice_store`) as the bundle ``out``, a one-file
+    backend (:class:`BundleWriter`). ``meta`` is added to the bundle's description (``tolerances``,
+    ``redacted``...); the description also says which streams and steps it holds, how many
+    expected-metrics rows, and which rollout_mock wrote it (not where the dump was: nothing private)."""
+    chosen = slice_store(store, steps=steps, splits=splits)
+    description = {"created_by": f"rollout_mock {__version__}", "streams": chosen.streams,
+                   "expected_rows": chosen.expected_rows, **(meta or {})}
+    bar = progress_bar(chosen.nbytes, enabled=progress, desc="pack")
+    try:
+        with BundleWriter(out, overwrite=overwrite) as writer:
+            copy_parts(((part.name, part.read()) for part in chosen.parts), writer, bar)
+            return writer.commit(description)
+    finally:
+        bar.close()
+
+
+def pull_store(store: Store, dst: str | os.PathLike[str], *, steps: Sequence[int] | None,
+               splits: Sequence[str] | None = None, overwrite: bool = False, protect: Sequence[str] = (),
+               progress: bool | None = False) -> DumpSlice:
+    """Copy ``steps`` of ``store``'s dump (:func:`slice_store`: only the index and those steps'
+    objects are read) into the new local dump directory ``dst``, atomically (:class:`StagedDirectory`)."""
+    chosen = slice_store(store, steps=steps, splits=splits)
+    bar = progress_bar(chosen.nbytes, enabled=progress, desc="pull")
+    try:
+        with StagedDirectory(dst, overwrite=overwrite, protect=protect) as out:
+            copy_parts(((part.name, part.read()) for part in chosen.parts), out, bar)
+            out.commit()
+    finally:
+        bar.close()
+    return chosen
+
+
+def unpack_bundle(bundle: Bundle, dst: str | os.PathLike[str], *, overwrite: bool = False,
+                  protect: Sequence[str] = (), progress: bool | None = False) -> Bundle:
+    """Write the dump ``bundle`` holds into the dump directory ``dst`` (new or empty; a non-empty
+    one only with ``overwrite``), atomically: every byte is checked on the way (each member's
+    SHA-256, the padding: :meth:`Bundle.scan`), and nothing is left behind on an error. The
+    bundle's digest and description go to ``dst/bundle.json``."""
+    manifest = bundle.read(MANIFEST_NAME, 0, None)
+    if manifest is None:
+        raise BundleError(f"{bundle.where}: holds no {MANIFEST_NAME}: not a bundle of a dump", path=bundle.where)
+    parse_manifest(manifest, f"{bundle.where}:{MANIFEST_NAME}")
+    bar = progress_bar(bundle.payload_bytes, enabled=progress, desc="unpack")
+    try:
+        with StagedDirectory(dst, overwrite=overwrite, protect=protect) as out:
+            copy_parts(((member.name, pieces) for member, pieces in bundle.scan()), out, bar)
+            info = {"format": BUNDLE_FORMAT, "version": VERSION, "digest": bundle.digest, "meta": bundle.meta}
+            out.replace(INFO_NAME, json.dumps(info, indent=1, allow_nan=False).encode("utf-8") + b"\n")
+            out.commit()
+    finally:
+        bar.close()
+    return bundle

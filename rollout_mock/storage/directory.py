@@ -22,14 +22,22 @@ from typing import TYPE_CHECKING, Any
 
 from rollout_mock.errors import DiskFullError, LockedError
 from rollout_mock.storage.backend import BackendDefaults
-from rollout_mock.storage.paths import check_relpath, open_nofollow, open_regular, read_fd, resolve_inside
+from rollout_mock.storage.paths import (
+    check_relpath,
+    open_at,
+    open_dir_inside,
+    open_nofollow,
+    open_regular,
+    read_fd,
+    resolve_inside,
+)
 from rollout_mock.text import logger
 
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.codec.safe import ByteSource
 
-__all__ = ["TEMP_MARKER", "LocalBackend", "TempFile", "disk_full_error", "free_bytes", "fsync_dir", "fsync_path",
-           "is_temp_name", "write_temp"]
+__all__ = ["TEMP_MARKER", "LocalBackend", "TempFile", "atomic_write", "disk_full_error", "free_bytes", "fsync_dir",
+           "fsync_path", "is_temp_name", "temp_name", "write_inside", "write_temp"]
 
 TEMP_MARKER = ".tmp-"
 _IOV_MAX = min(getattr(os, "sysconf", lambda name: 1024)("SC_IOV_MAX"), 1024)
@@ -84,16 +92,36 @@ def disk_full_error(path: Path | str, needed: int) -> DiskFullError:
 
 
 class TempFile:
-    """A local :class:`~rollout_mock.storage.backend.Upload`: a temporary file beside
-    ``final_path``, moved into place by :meth:`commit` (rename) or :meth:`commit_new` (a hard
-    link: only if ``final_path`` does not exist). ``durable=False`` skips the fsyncs."""
+    """The one atomic writer of rollout_mock (every file a dump, a bundle, a report or a chart
+    is written through it): a temporary file beside ``final_path`` (``O_CREAT | O_EXCL |
+    O_NOFOLLOW``, a regular file only), moved into place by :meth:`commit` (rename) or
+    :meth:`commit_new` (a hard link: only if ``final_path`` does not exist); a
+    :class:`~rollout_mock.storage.backend.Upload`. ``durable=False`` skips the fsyncs. With
+    ``dir_fd`` (a descriptor of ``final_path``'s directory, reached by the caller without
+    following links: :func:`write_inside`) every operation is relative to it, so no link swapped
+    into the path meanwhile can redirect the write."""
 
-    def __init__(self, final_path: Path, *, durable: bool = True) -> None:
-        final_path.parent.mkdir(parents=True, exist_ok=True)
-        self.final_path, self.durable = final_path, durable
+    def __init__(self, final_path: Path, *, durable: bool = True, dir_fd: int | None = None) -> None:
+        if dir_fd is None:
+            final_path.parent.mkdir(parents=True, exist_ok=True)
+        self.final_path, self.durable, self.dir_fd = final_path, durable, dir_fd
         self.temp_path = final_path.parent / temp_name(final_path.name)
-        self.fd = open_nofollow(self.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        self.fd = open_nofollow(self.temp_path, flags) if dir_fd is None else \
+            open_at(dir_fd, self.temp_path.name, flags, 0o644, final_path)
         self.position = 0
+
+    def _names(self) -> tuple[Any, Any, dict[str, int]]:
+        """(temporary, final, keywords) for the ``os`` calls: names relative to ``dir_fd``, or paths."""
+        if self.dir_fd is None:
+            return self.temp_path, self.final_path, {}
+        return self.temp_path.name, self.final_path.name, {"src_dir_fd": self.dir_fd, "dst_dir_fd": self.dir_fd}
+
+    def _sync_dir(self) -> None:
+        if self.dir_fd is None:
+            fsync_dir(self.final_path.parent)
+        else:
+            os.fsync(self.dir_fd)
 
     def write(self, data: memoryview) -> None:
         done = 0
@@ -136,27 +164,29 @@ class TempFile:
 
     def commit(self) -> None:
         """Rename into place (atomic) and fsync the directory so the rename is durable."""
+        temp, final, at = self._names()
         try:
             self._close()
-            os.replace(self.temp_path, self.final_path)
+            os.replace(temp, final, **at)
         except BaseException:
             self.abort()
             raise
         if self.durable:
-            fsync_dir(self.final_path.parent)
+            self._sync_dir()
 
     def commit_new(self) -> bool:
         """Move into place only if ``final_path`` does not exist (a hard link: atomic and
         exclusive); False, and the temporary file removed, if it does."""
+        temp, final, at = self._names()
         try:
             self._close()
-            os.link(self.temp_path, self.final_path)
+            os.link(temp, final, **at, follow_symlinks=False)
         except FileExistsError:
             return False
         finally:
             self.abort()
         if self.durable:
-            fsync_dir(self.final_path.parent)
+            self._sync_dir()
         return True
 
     def abort(self) -> None:
@@ -164,15 +194,18 @@ class TempFile:
             os.close(self.fd)
             self.fd = -1
         try:
-            os.unlink(self.temp_path)
+            if self.dir_fd is None:
+                os.unlink(self.temp_path)
+            else:
+                os.unlink(self.temp_path.name, dir_fd=self.dir_fd)
         except FileNotFoundError:
             pass
 
 
-def write_temp(final_path: Path, data: bytes, *, durable: bool = True) -> TempFile:
+def write_temp(final_path: Path, data: bytes, *, durable: bool = True, dir_fd: int | None = None) -> TempFile:
     """``data`` written to a :class:`TempFile` of ``final_path``, ready to commit; on an error the
     temporary file is removed and ``ENOSPC`` becomes :class:`DiskFullError`."""
-    upload = TempFile(final_path, durable=durable)
+    upload = TempFile(final_path, durable=durable, dir_fd=dir_fd)
     try:
         upload.write(memoryview(data))
     except BaseException as exc:
@@ -181,6 +214,31 @@ def write_temp(final_path: Path, data: bytes, *, durable: bool = True) -> TempFi
             raise disk_full_error(final_path, len(data)) from None
         raise
     return upload
+
+
+def atomic_write(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Replace the file ``path`` (a user's choice: links on the way are followed, a link at
+    ``path`` itself is replaced) with ``data``, whole and durably (:class:`TempFile`). Its folder
+    is created if needed."""
+    target = Path(path)
+    write_temp(target, data).commit()
+    return target
+
+
+def write_inside(root: str | os.PathLike[str], relpath: str, data: bytes) -> Path:
+    """Atomically replace ``root/relpath`` with ``data`` (:class:`TempFile`), its folders reached
+    (and created) below ``root`` with :func:`~rollout_mock.storage.paths.open_inside`'s rules:
+    every component opened relative to its parent with ``O_NOFOLLOW``, so nothing is written
+    through a link; a link at the destination is replaced, never followed."""
+    parts = check_relpath(relpath).split("/")
+    where = Path(root) / relpath
+    os.makedirs(root, exist_ok=True)  # the root is the caller's choice (links followed there)
+    dir_fd = open_dir_inside(root, parts[:-1], where, make_dirs=True)
+    try:
+        write_temp(where, data, dir_fd=dir_fd).commit()
+    finally:
+        os.close(dir_fd)
+    return where
 
 
 class LocalBackend(BackendDefaults):

@@ -32,7 +32,7 @@ from rollout_mock.errors import ManifestError, UnsafePathError
 __all__ = [
     "NAME_PATTERN", "STEP_KEY", "check_name", "check_relpath", "is_url", "open_inside", "open_nofollow",
     "open_regular", "parse_step_key",
-    "read_fd", "read_inside", "resolve_inside", "write_inside",
+    "open_at", "open_dir_inside", "read_fd", "read_inside", "resolve_inside",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -166,7 +166,7 @@ def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: i
     return _regular(fd, path)
 
 
-def _open_dir(root: str | os.PathLike[str], parts: list[str], where: object, make_dirs: bool) -> int:
+def open_dir_inside(root: str | os.PathLike[str], parts: list[str], where: object, make_dirs: bool) -> int:
     """A descriptor of ``root/parts...``, each component opened below its parent with
     ``O_NOFOLLOW | O_DIRECTORY`` (created first with ``make_dirs``)."""
     dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
@@ -197,7 +197,9 @@ def _open_dir(root: str | os.PathLike[str], parts: list[str], where: object, mak
     return dir_fd
 
 
-def _open_at(dir_fd: int, name: str, flags: int, mode: int, where: object) -> int:
+def open_at(dir_fd: int, name: str, flags: int, mode: int, where: object) -> int:
+    """``os.open`` of the regular file ``name`` in the directory ``dir_fd``, never through a link
+    (``where``: the path shown in errors)."""
     try:
         fd = os.open(name, flags | _FLAGS | os.O_NOFOLLOW, mode, dir_fd=dir_fd)
     except OSError as exc:
@@ -224,9 +226,9 @@ def open_inside(root: str | os.PathLike[str], relpath: str, flags: int = os.O_RD
     """
     parts = check_relpath(relpath).split("/")
     where = Path(root) / relpath
-    dir_fd = _open_dir(root, parts[:-1], where, make_dirs)
+    dir_fd = open_dir_inside(root, parts[:-1], where, make_dirs)
     try:
-        return _open_at(dir_fd, parts[-1], flags, mode, where)
+        return open_at(dir_fd, parts[-1], flags, mode, where)
     finally:
         os.close(dir_fd)
 
@@ -258,39 +260,3 @@ def read_inside(root: str | os.PathLike[str], relpath: str, *, limit: int | None
     except (FileNotFoundError, NotADirectoryError):
         return None
     return read_fd(fd, limit=limit)
-
-
-def write_inside(root: str | os.PathLike[str], relpath: str, data: bytes) -> Path:
-    """Atomically replace ``root/relpath`` with ``data``: a temporary file created with
-    ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the destination's directory (reached with
-    :func:`open_inside`'s rules, created if needed), fsync-ed, renamed over the destination
-    relative to that directory's descriptor (a symlink at the destination is replaced, never
-    followed), and the directory fsync-ed."""
-    import secrets
-
-    parts = check_relpath(relpath).split("/")
-    where = Path(root) / relpath
-    temp = f".{parts[-1]}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    os.makedirs(root, exist_ok=True)  # the root is the caller's choice (links followed there)
-    dir_fd = _open_dir(root, parts[:-1], where, True)
-    try:
-        fd = _open_at(dir_fd, temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, where)
-        try:
-            try:
-                view = memoryview(data)
-                while view.nbytes:
-                    view = view[os.write(fd, view):]
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, parts[-1], src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        except BaseException:
-            try:
-                os.unlink(temp, dir_fd=dir_fd)
-            except FileNotFoundError:
-                pass
-            raise
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    return where

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import rollout_mock.codec as codec
 from rollout_mock.batch import count_samples, describe_keys, rejected_count, type_name
@@ -39,10 +39,22 @@ from rollout_mock.errors import (
     RolloutMockError,
     StepExistsError,
     StepNotFoundError,
+    UnsafePathError,
     dump_path_is_a_file,
 )
 from rollout_mock.storage.backend import BackendDefaults, ByteBackend, MemoryBackend, with_defaults
-from rollout_mock.storage.bundle import BundleBackend, is_bundle, open_bundle
+from rollout_mock.storage.bundle import (
+    Bundle,
+    BundleBackend,
+    BundleInfo,
+    DumpSlice,
+    is_bundle,
+    open_bundle,
+    pack_store,
+    pull_store,
+    slice_store,
+    unpack_bundle,
+)
 from rollout_mock.storage.digest import Digest, HashingWriter, mac_context
 from rollout_mock.storage.directory import LocalBackend, disk_full_error, free_bytes
 from rollout_mock.storage.index import (
@@ -79,7 +91,7 @@ from rollout_mock.storage.manifest import (
     pin_reason,
     utc_now,
 )
-from rollout_mock.storage.paths import is_url
+from rollout_mock.storage.paths import NAME_PATTERN, is_url, open_inside, read_fd
 from rollout_mock.storage.verified import corrupt_error, load_bytes_verified, load_source_verified, load_verified
 from rollout_mock.text import jsonable, logger
 
@@ -106,7 +118,32 @@ def _health_lines(data: bytes | None) -> dict[int, bytes]:
     return out
 
 
-__all__ = ["BatchInfo", "DirectoryStore", "FsspecStore", "MemoryStore", "StepStore", "Store", "open_store"]
+#: The side folders of a dump, beside its streams (named here only): the dump run's training
+#: metrics (``expected/metrics.jsonl``, ``metrics_rank{R}.jsonl``), and check mode's verdicts
+#: (``checks/{split}[/{name}]/step_NNNNNN[_rankR].json``).
+EXPECTED_DIR = "expected"
+CHECKS_DIR = "checks"
+#: The file of the dump run's metrics that replays and ``verify`` read.
+EXPECTED_FILE = "metrics.jsonl"
+
+
+def expected_relpath(rank: int | None = None) -> str:
+    """The dump-relative file of the dump run's metrics (of ``rank``, other than the writing one)."""
+    return f"{EXPECTED_DIR}/{EXPECTED_FILE if rank is None else f'metrics_rank{rank}.jsonl'}"
+
+
+def expected_path(dump_dir: str | os.PathLike[str], rank: int | None = None) -> Path:
+    """:func:`expected_relpath` under a local ``dump_dir``."""
+    return Path(dump_dir) / expected_relpath(rank)
+
+
+def verdict_relpath(stream: StreamId, step: int) -> str:
+    """Where check mode's verdict of ``step`` of ``stream`` lives, relative to the dump."""
+    return f"{CHECKS_DIR}/{stream.relpath(step).removesuffix('.pkl')}.json"
+
+
+__all__ = ["CHECKS_DIR", "EXPECTED_DIR", "EXPECTED_FILE", "BatchInfo", "DirectoryStore", "FsspecStore",
+           "MemoryStore", "StepStore", "Store", "expected_path", "expected_relpath", "open_store", "verdict_relpath"]
 
 
 #: Objects up to this size are loaded with one GET; larger ones with ranged GETs into the tensors.
@@ -155,7 +192,7 @@ def exists_error(stream: StreamId, step: int, where: str) -> StepExistsError:
     )
 
 
-def missing_step_error(store: StepStore, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
+def missing_step_error(store: Store, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
     """The error for a step a store does not hold: where it looked, what is recorded, why."""
     location = store.describe_location(stream, step)
     return StepNotFoundError(
@@ -168,64 +205,6 @@ def missing_step_error(store: StepStore, stream: StreamId, step: int, *, mode: s
         + ("" if stream.name is None else f", and this scheduler is named {stream.name!r}"),
         mode=mode, split=stream.split, step=step, path=location,
     )
-
-
-@runtime_checkable
-class StepStore(Protocol):
-    """What the wrappers need of a store: saves and loads recorded steps of streams (a
-    ``typing.Protocol``: :class:`Store` satisfies it without naming it; a store of your own may
-    subclass it to inherit the defaults below). Implementations must be thread-safe for one writer
-    thread plus readers of *other* steps."""
-
-    def save(self, stream: StreamId, step: int, batch: Any, info: BatchInfo, *, method: str | None = None,
-             rollout_seconds: float | None = None, overwrite: bool = False,
-             call: dict[str, Any] | None = None, compression: str = "none") -> StepEntry:
-        """Record ``batch`` as ``step`` of ``stream``. If the step exists and not ``overwrite``,
-        raise :class:`StepExistsError` and change nothing. ``compression``: ``none``, ``zstd``
-        or ``lz4`` for the file's data chunks (recorded in the entry)."""
-
-    def load(self, stream: StreamId, step: int, *, trusted: bool = False) -> Any:
-        """Return a fresh copy of the recorded batch; :class:`StepNotFoundError` if absent,
-        :class:`CorruptStepError` if it does not match its entry."""
-
-    def entry(self, stream: StreamId, step: int) -> StepEntry | None:
-        """The manifest entry of a step, or ``None``."""
-
-    def steps(self, stream: StreamId) -> Sequence[int]:
-        """Recorded steps of ``stream``, ascending."""
-
-    def methods(self, stream: StreamId) -> dict[str, dict[str, Any]]:
-        """Calling conventions recorded for the stream's intercepted methods."""
-
-    def set_methods(self, stream: StreamId, methods: dict[str, dict[str, Any]]) -> None:
-        """Record (merge) the calling conventions of the stream's intercepted methods."""
-
-    def fingerprint(self) -> dict[str, Any] | None:
-        """The environment fingerprint recorded by the first writer, if any."""
-
-    def set_fingerprint(self, fingerprint: dict[str, Any]) -> None:
-        """Record the environment fingerprint unless one is recorded already."""
-
-    def delete(self, stream: StreamId, step: int) -> None:
-        """Remove a recorded step (file and manifest entry). Absent steps: silently nothing."""
-
-    def contains(self, stream: StreamId, step: int) -> bool:
-        return self.entry(stream, step) is not None
-
-    def describe_location(self, stream: StreamId, step: int) -> str:
-        """A human-readable location of a step (a path for directory stores)."""
-        return stream.relpath(step)
-
-    def open_writer(self, stream: StreamId) -> None:
-        """Claim ``stream`` for writing by this object (no-op for stores without locking)."""
-        return None
-
-    def close(self) -> None:
-        """Release locks held by this store (nothing by default)."""
-        return None
-
-    def missing_step_error(self, stream: StreamId, step: int, *, mode: str) -> StepNotFoundError:
-        return missing_step_error(self, stream, step, mode=mode)
 
 
 #: errno -> (why a local dump cannot be written, the fix)
@@ -299,6 +278,139 @@ class Store:
                 if isinstance(record, dict):
                     out[step] = record
         return [out[s] for s in sorted(out)]
+
+    # ------------------------------------------------------------------ check mode's verdicts
+    def write_verdict(self, stream: StreamId, step: int, record: dict[str, Any]) -> str:
+        """Write check mode's verdict of ``step`` of ``stream`` (a JSON object), whole and
+        atomically, replacing an earlier check's (:func:`verdict_relpath`); returns its location.
+        ``OSError`` as the backend raises it (the caller names the mode and the fix)."""
+        rel = verdict_relpath(stream, step)
+        self.backend.replace(rel, json.dumps(record, allow_nan=False).encode("utf-8"))
+        return self.where(rel)
+
+    def verdict_files(self, limit: int) -> list[str]:
+        """The dump-relative verdict files (``checks/.../step_*.json``, three folders deep at most),
+        sorted, at most ``limit`` of them; none without a ``checks`` folder."""
+        out: list[str] = []
+
+        def walk(rel: str, depth: int) -> None:
+            for name in sorted(self.backend.listdir(rel)):
+                if len(out) >= limit:
+                    return
+                child = f"{rel}/{name}"
+                if name.startswith("step_") and name.endswith(".json"):
+                    out.append(child)
+                elif depth < 3 and not name.startswith("."):
+                    walk(child, depth + 1)
+
+        walk(CHECKS_DIR, 0)
+        return out
+
+    def read_side(self, rel: str, limit: int) -> bytes | None:
+        """A side file of the dump (a name :meth:`verdict_files` or :meth:`expected_names`
+        gave) read whole, at most ``limit + 1`` bytes (longer: the caller's "too large");
+        ``None`` when absent. A FIFO or a link out of the dump is
+        :class:`~rollout_mock.errors.UnsafePathError`."""
+        return self.backend.read(rel, 0, limit + 1)
+
+    # ------------------------------------------------------------------ the dump run's metrics
+    def local_path(self, rel: str = "") -> Path | None:
+        """The local path of ``rel`` (``""``: the dump's folder), or ``None`` for a dump that has
+        no local files (an object store, a bundle)."""
+        return self.backend.local_path(rel)
+
+    def expected_names(self) -> list[str]:
+        """The dump-relative files of the dump run's metrics (``expected/*.jsonl``, safe names
+        only), sorted. A local ``expected`` folder that is a link is
+        :class:`~rollout_mock.errors.UnsafePathError`: nothing under a dump is followed through one."""
+        root = self.backend.local_path("")
+        if root is not None and (root / EXPECTED_DIR).is_symlink():
+            raise UnsafePathError(f"[RolloutMock] {root / EXPECTED_DIR} is a symbolic link; nothing under a dump is "
+                                  f"followed through links; remove it", path=root / EXPECTED_DIR)
+        return [f"{EXPECTED_DIR}/{name}" for name in sorted(self.backend.listdir(EXPECTED_DIR))
+                if name.endswith(".jsonl") and NAME_PATTERN.fullmatch(name)]
+
+    def read_expected(self, rank: int | None = None, *, rel: str | None = None, start: int = 0,
+                      end: int | None = None) -> bytes | None:
+        """Bytes ``[start:end)`` of the dump run's metrics of ``rank`` (or of ``rel``, one of
+        :meth:`expected_names`), ``None`` when absent. In a local dump nothing is followed
+        through a link and no FIFO is opened (:func:`~rollout_mock.storage.paths.open_inside`:
+        :class:`~rollout_mock.errors.UnsafePathError`)."""
+        rel = expected_relpath(rank) if rel is None else rel
+        if not rel.startswith(f"{EXPECTED_DIR}/"):
+            raise ValueError(f"{rel!r} is not a file of the dump run's metrics")
+        root = self.backend.local_path("")
+        if root is None:
+            return self.backend.read(rel, start, end)
+        try:
+            fd = open_inside(root, rel)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if start == 0 and end is None:
+            return read_fd(fd)
+        try:
+            size = os.fstat(fd).st_size
+            stop = size if end is None else min(end, size)
+            return os.pread(fd, max(stop - start, 0), start) if stop > start else b""
+        finally:
+            os.close(fd)
+
+    def write_expected(self, rel: str, data: bytes) -> None:
+        """Write a file of the dump run's metrics (``rel``: one of another store's
+        :meth:`expected_names`) whole and atomically."""
+        if not rel.startswith(f"{EXPECTED_DIR}/"):
+            raise ValueError(f"{rel!r} is not a file of the dump run's metrics")
+        self.backend.replace(rel, data)
+
+    def open_expected(self, rank: int | None = None) -> int:
+        """The local file of the dump run's metrics of ``rank`` opened for appending (created with
+        its folder; never through a link, never a FIFO). :class:`DumpNotWritableError` for a dump
+        without local files (metrics are kept for local dumps only)."""
+        root = self.backend.local_path("")
+        if root is None:
+            raise DumpNotWritableError(f"[RolloutMock] {self.where('')} has no local files: the dump run's metrics "
+                                       f"are kept in local dumps only", mode="dump", path=self.where(""))
+        return open_inside(root, expected_relpath(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
+
+    # ------------------------------------------------------------------ bundles and copies of steps
+    def local_source(self) -> str | None:
+        """The local directory or bundle file this store reads (``None``: an object store)."""
+        local = self.backend.local_path("")
+        if local is not None:
+            return os.fspath(local)
+        if isinstance(self.backend, BundleBackend) and not is_url(self.backend.bundle.where):
+            return self.backend.bundle.where
+        return None
+
+    def slice(self, *, steps: Sequence[int] | None, splits: Sequence[str] | None = None) -> DumpSlice:
+        """The files of this dump that hold ``steps`` (``None``: all) of ``splits`` (``None``: all):
+        :func:`~rollout_mock.storage.bundle.slice_store`."""
+        return slice_store(self, steps=steps, splits=splits)
+
+    def pack(self, out: str | os.PathLike[str], *, steps: Sequence[int], splits: Sequence[str] | None = None,
+             meta: dict[str, Any] | None = None, overwrite: bool = False,
+             progress: bool | None = False) -> BundleInfo:
+        """``steps`` of this dump as the bundle ``out`` (:func:`~rollout_mock.storage.bundle.pack_store`)."""
+        return pack_store(self, out, steps=steps, splits=splits, meta=meta, overwrite=overwrite, progress=progress)
+
+    def pull(self, dst: str | os.PathLike[str], *, steps: Sequence[int] | None, splits: Sequence[str] | None = None,
+             overwrite: bool = False, progress: bool | None = False) -> DumpSlice:
+        """``steps`` of this dump copied into the new local dump directory ``dst``
+        (:func:`~rollout_mock.storage.bundle.pull_store`; an existing ``dst`` holding this dump is
+        never replaced)."""
+        source = self.local_source()
+        return pull_store(self, dst, steps=steps, splits=splits, overwrite=overwrite,
+                          protect=[] if source is None else [source], progress=progress)
+
+    def unpack(self, dst: str | os.PathLike[str], *, overwrite: bool = False, progress: bool | None = False) -> Bundle:
+        """The bundle this store reads, written back as the dump directory ``dst``, every byte
+        checked (:func:`~rollout_mock.storage.bundle.unpack_bundle`). ``TypeError`` for a store that
+        does not read a bundle."""
+        if not isinstance(self.backend, BundleBackend):
+            raise TypeError(f"{self!r} does not read a bundle: nothing to unpack")
+        source = self.local_source()
+        return unpack_bundle(self.backend.bundle, dst, overwrite=overwrite, protect=[] if source is None else [source],
+                             progress=progress)
 
     def where(self, rel: str) -> str:
         """A human-readable location (path or URL) of ``rel`` under the dump."""
@@ -853,6 +965,11 @@ class Store:
             raise corrupt_error(self.where(rel), stream, step, "the object listed in the index is missing") from None
         return load_source_verified(source, entry, stream=stream, step=step, trusted=trusted, verify=self.verify,
                                     hmac_key=self.hmac_key)
+
+
+#: The type the wrappers take (its former name, when it was a protocol with one implementation):
+#: the one :class:`Store`, whatever its backend.
+StepStore = Store
 
 
 # ---------------------------------------------------------------------------------------------

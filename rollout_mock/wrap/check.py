@@ -41,7 +41,6 @@ import math
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -52,17 +51,16 @@ from rollout_mock.config import CheckServes, CheckSettings
 from rollout_mock.errors import CheckFailedError, DumpNotWritableError, RolloutMockError, UnsafePathError
 from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.manifest import StreamId, utc_now
-from rollout_mock.storage.store import StepStore, Store, open_store
+from rollout_mock.storage.store import StepStore, Store, open_store, verdict_relpath
 from rollout_mock.text import json_float, logger, short_repr, step_log_level
 from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
 
 __all__ = [
-    "CHECKS_DIR", "MAX_VERDICTS", "MAX_VERDICT_BYTES", "VERDICT_FORMAT", "CheckVerdict", "Checker",
+    "MAX_VERDICTS", "MAX_VERDICT_BYTES", "VERDICT_FORMAT", "CheckVerdict", "Checker",
     "compare_batches", "pair_samples", "read_check_verdicts", "verdict_relpath",
 ]
 
 VERDICT_FORMAT = "rollout_mock.check/1"
-CHECKS_DIR = "checks"
 MAX_VERDICTS = 100_000
 MAX_VERDICT_BYTES = 256 << 10
 #: Keys listed per verdict (the others are counted in ``omitted``).
@@ -73,11 +71,6 @@ _PROMPT_KEYS = ("prompts", "prompt_ids", "prompt_tokens", "prompt")
 _LOGPROB_KEYS = ("rollout_log_probs", "rollout_logprobs", "logprobs", "old_log_probs", "log_probs", "old_logps")
 #: Samples listed per verdict (differing ones first; the others are counted).
 MAX_SAMPLES = 256
-
-
-def verdict_relpath(stream: StreamId, step: int) -> str:
-    """Where the verdict of ``step`` of ``stream`` lives, relative to the dump."""
-    return f"{CHECKS_DIR}/{stream.relpath(step).removesuffix('.pkl')}.json"
 
 
 @dataclass
@@ -539,63 +532,38 @@ class Checker:
         return live if self.settings.serves is CheckServes.LIVE else recorded
 
     def _write(self, verdict: CheckVerdict) -> None:
-        if not isinstance(self.store, Store):
-            logger.debug("[RolloutMock] %r keeps no verdict files (not a Store)", self.store)
-            return
-        data = json.dumps(verdict.to_json(), allow_nan=False).encode("utf-8")
-        rel = verdict_relpath(self.stream, verdict.step)
         try:
-            self.store.backend.replace(rel, data)
+            self.store.write_verdict(self.stream, verdict.step, verdict.to_json())
         except (IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError) as exc:
+            where = self.store.where(verdict_relpath(self.stream, verdict.step))
             raise DumpNotWritableError(
                 f"[RolloutMock] check mode: the verdict of {self.stream.key} step {verdict.step} cannot be written "
-                f"to {self.store.where(rel)} ({exc.strerror or type(exc).__name__}): something else is at that "
+                f"to {where} ({exc.strerror or type(exc).__name__}): something else is at that "
                 f"path or the folder is read-only; remove what is there, or check into another dump_dir",
-                mode="check", split=self.stream.split, step=verdict.step, path=self.store.where(rel)) from None
+                mode="check", split=self.stream.split, step=verdict.step, path=where) from None
 
 
 # ----------------------------------------------------------------------------- reading
-def _verdict_files(store: Store, rel: str, depth: int, out: list[str]) -> None:
-    for name in sorted(store.backend.listdir(rel)):
-        if len(out) >= MAX_VERDICTS:
-            return
-        child = f"{rel}/{name}"
-        if name.startswith("step_") and name.endswith(".json"):
-            out.append(child)
-        elif depth < 3 and not name.startswith("."):
-            _verdict_files(store, child, depth + 1, out)
-
-
 def read_check_verdicts(dump: str | os.PathLike[str] | Store, *, split: str | None = None,
                         storage_options: dict[str, Any] | None = None) -> list[CheckVerdict]:
     """Every check-mode verdict written beside ``dump`` (a path, a URL or a :class:`Store`),
     sorted by stream and step; ``split`` keeps one split. Files that are not verdicts, too large or
     damaged are skipped (and logged); an absent ``checks/`` folder gives ``[]``."""
-    store = dump if isinstance(dump, Store) else open_store(
-        Path(dump) if not isinstance(dump, str) else dump, storage_options=storage_options)
-    files: list[str] = []
-    _verdict_files(store, CHECKS_DIR, 0, files)
+    store = open_store(dump, storage_options=storage_options) if isinstance(dump, (str, os.PathLike)) else dump
     out: list[CheckVerdict] = []
-    for rel in files:
+    for rel in store.verdict_files(MAX_VERDICTS):
         try:
-            source = store.backend.open_source(rel)
-        except (FileNotFoundError, OSError, UnsafePathError) as exc:
-            logger.warning("[RolloutMock] skipping check verdict %s: %s", store.where(rel), exc)
-            continue
-        try:
-            size = source.size()
-            if size > MAX_VERDICT_BYTES:
-                logger.warning("[RolloutMock] skipping check verdict %s: %d bytes", store.where(rel), size)
+            data = store.read_side(rel, MAX_VERDICT_BYTES)
+            if data is None:
                 continue
-            verdict = CheckVerdict.from_json(parse_bounded(bytes(source.read_range(0, size)),
-                                                           max_bytes=MAX_VERDICT_BYTES, max_depth=16))
-        except (ValueError, UnicodeDecodeError, OSError) as exc:
+            if len(data) > MAX_VERDICT_BYTES:
+                logger.warning("[RolloutMock] skipping check verdict %s: more than %d bytes", store.where(rel),
+                               MAX_VERDICT_BYTES)
+                continue
+            verdict = CheckVerdict.from_json(parse_bounded(data, max_bytes=MAX_VERDICT_BYTES, max_depth=16))
+        except (ValueError, UnicodeDecodeError, OSError, UnsafePathError) as exc:
             logger.warning("[RolloutMock] skipping check verdict %s: %s", store.where(rel), exc)
             continue
-        finally:
-            close = getattr(source, "close", None)
-            if callable(close):
-                close()
         if verdict is not None and (split is None or StreamId.from_key(verdict.stream).split == split):
             out.append(verdict)
     return sorted(out, key=lambda v: (v.stream, v.step))

@@ -28,7 +28,7 @@ from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError
 from rollout_mock.storage.directory import free_bytes
 from rollout_mock.storage.manifest import CallRecord, StreamId, format_ranges
-from rollout_mock.storage.store import BatchInfo, StepStore, Store
+from rollout_mock.storage.store import BatchInfo, StepStore
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed
@@ -162,7 +162,7 @@ class Recorder:
         """Fail fast, before an expensive rollout, if its result could not be recorded: the first
         call of a step recorded by an earlier run (unless ``overwrite``). Further calls of a step
         (``index`` > 0) are recorded beside its first one."""
-        if index == 0 and self.records_step(step) and step not in self._recorded and isinstance(self.store, Store):
+        if index == 0 and self.records_step(step) and step not in self._recorded:
             self.store.check_writable(self.stream, step, overwrite=self.settings.overwrite)
         if self.writer is not None and isinstance(self.writer, BackgroundWriter):
             self.writer.raise_if_failed()
@@ -183,7 +183,7 @@ class Recorder:
                 call = {**call, "index": index}
             if provenance is not None:
                 call = {**call, "provenance": provenance}
-            if self.settings.overwrite and isinstance(self.store, Store) and step in self._old_extra():
+            if self.settings.overwrite and step in self._old_extra():
                 with self._lock:
                     self._drops.append(step)  # its extra calls of an earlier run: superseded
                 self._schedule_drain()
@@ -193,7 +193,6 @@ class Recorder:
 
     def _old_extra(self) -> set[int]:
         if self._old_extra_steps is None:
-            assert isinstance(self.store, Store)
             self._old_extra_steps = set(self.store.extra_calls(self.stream))
         return self._old_extra_steps
 
@@ -203,9 +202,9 @@ class Recorder:
         now (the caller may change it once this returns); the writer thread writes everything
         queued as one pack, so many small calls cost one file write, not one each. Blocks while
         :data:`PACK_PENDING_BYTES` of captured calls wait for the writer."""
-        if not self.writes or self.writer is None or not isinstance(self.store, Store):
-            raise ConfigError(f"[RolloutMock] {self.stream} (mode=dump): several calls of step {step} need a "
-                              f"rollout_mock Store (a dump_dir), not {self.store!r}")
+        if not self.writes or self.writer is None:
+            raise ConfigError(f"[RolloutMock] {self.stream} (mode=dump): call {index} of step {step} cannot be "
+                              f"recorded: this recorder does not write (a rank that does not write, or not opened)")
         snap: Any = codec.capture(batch) if isinstance(self.writer, BackgroundWriter) else batch
         request = call.get("request")
         digest = request.get("d") if isinstance(request, dict) and type(request.get("d")) is int else None
@@ -260,7 +259,6 @@ class Recorder:
             self._pack_ready.notify_all()
         if self.dump_disabled:
             return
-        assert isinstance(self.store, Store)
         start = 0
         while start < len(queued) or drops:
             end, size = start, 0
@@ -379,10 +377,8 @@ class Recorder:
             return None
 
     def _record_health(self, step: int, batch: Any, health: dict[str, Any] | None) -> None:
-        """Append the step's health line through the store (writer thread; a :class:`Store` only):
+        """Append the step's health line through the store (writer thread):
         ``health`` as taken before the capture, or the summary of ``batch`` (a plain batch)."""
-        if not isinstance(self.store, Store):
-            return
         if health is None and batch is not None and not isinstance(batch, codec.Capture):
             health = self._health_of(step, batch)
         if health is not None:
@@ -502,12 +498,12 @@ class Recorder:
 
     def _carry_out(self, plan: Plan) -> None:
         """Do what a retention decision asks (writer thread, or the caller with a SyncWriter)."""
-        if isinstance(self.store, Store) and self.retention is not None:
+        if self.retention is not None:
             for step in plan.annotate:  # the reasons now: a later plan may have run first
                 self.store.pin(self.stream, step, self.retention.reasons_of(step))
         if plan.delete:
             self._doomed.extend(plan.delete)
-            local = not isinstance(self.store, Store) or self.store.backend.local_path("") is not None
+            local = self.store.local_path() is not None
             if local or len(self._doomed) >= DELETE_BATCH:
                 self._send_deletions()
 
@@ -515,13 +511,9 @@ class Recorder:
         doomed, self._doomed = self._doomed, []
         if not doomed:
             return
-        if isinstance(self.store, Store):
-            self.store.delete_many(self.stream, doomed)
-            if self.extra_saved:  # packs of further calls whose steps are all gone go too
-                self.store.prune_packs(self.stream)
-        else:
-            for step in doomed:
-                self.store.delete(self.stream, step)
+        self.store.delete_many(self.stream, doomed)
+        if self.extra_saved:  # packs of further calls whose steps are all gone go too
+            self.store.prune_packs(self.stream)
         self._deleted_count += len(doomed)
         keep = self.settings.keep
         logger.log(step_log_level(self._deleted_count), "[RolloutMock] Deleted step%s %s of %s (keep: %s)",
@@ -532,7 +524,7 @@ class Recorder:
         remaining = self.settings.steps_after(step)
         if remaining is None:
             return
-        local = self.store.backend.local_path("") if isinstance(self.store, Store) else None
+        local = self.store.local_path()
         if local is None:
             return
         needed = remaining * size

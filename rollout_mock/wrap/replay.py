@@ -25,7 +25,6 @@ import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rollout_mock.batch import batch_type_of
@@ -42,12 +41,12 @@ from rollout_mock.errors import (
 )
 from rollout_mock.storage.manifest import CallRecord, PackRecord, StreamId, format_ranges
 from rollout_mock.storage.reader import Prefetcher, load_partial, rank_rows
-from rollout_mock.storage.store import BatchInfo, StepStore, Store
+from rollout_mock.storage.store import BatchInfo, StepStore, expected_path
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.matching import Request
 from rollout_mock.wrap.mismatch import RequestMatcher
 
-__all__ = ["EXPECTED_DIR", "Recorded", "Replayer", "describe_expected", "expected_path", "expected_relpath",
+__all__ = ["Recorded", "Replayer", "describe_expected",
            "keep_rows", "subsample_batch"]
 
 
@@ -203,7 +202,7 @@ class Replayer:
             calls.append(Recorded(_call_index(call), entry.method, _recorded_digest(call),
                                   task if type(task) is int else None, raw_request=call.get("request")))
         if self._extra is None:
-            self._extra = self.store.extra_calls(self.stream) if isinstance(self.store, Store) else {}
+            self._extra = self.store.extra_calls(self.stream)
         for pack, record in self._extra.get(source, []):
             calls.append(Recorded(record.call, record.method, record.digest, record.task, pack, record,
                                   load_meta=functools.partial(self._pack_meta, pack)))
@@ -211,7 +210,6 @@ class Replayer:
         return calls
 
     def _pack_meta(self, pack: PackRecord) -> list[Any]:
-        assert isinstance(self.store, Store)
         return self.store.pack_meta(self.stream, pack)
 
     def pick(self, step: int, source: int, method: str, request: Request | None,
@@ -287,7 +285,7 @@ class Replayer:
         if chosen is None or chosen.pack is None or chosen.record is None:
             return self.replay_at(source)
         store = self.store
-        assert self.prefetcher is not None and isinstance(store, Store)
+        assert self.prefetcher is not None
         pack, record = chosen.pack, chosen.record
         batch = self.prefetcher.load_now(
             lambda _: store.load_call(self.stream, pack, record, trusted=self.settings.trust_pickle), source)
@@ -298,8 +296,7 @@ class Replayer:
 
     def _open(self) -> None:
         place = DevicePlacement.for_setting(self.settings.device, mode=self.mode.value)  # before any I/O
-        if isinstance(self.store, Store):
-            self.store.require_manifest(mode=self.mode.value, split=self.split)
+        self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
         settings = self.settings
         lenient = settings.on_missing_step is not MissingStepPolicy.ERROR
@@ -331,9 +328,7 @@ class Replayer:
                 "(recorded streams: %s)",
                 settings.dump_dir,
                 self.stream,
-                ", ".join(s.key for s in self.store.stream_ids()) or "none"
-                if isinstance(self.store, Store)
-                else "?",
+                ", ".join(s.key for s in self.store.stream_ids()) or "none",
             )
         self._check_fingerprint()
         self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=settings.prefetch, place=place)
@@ -467,20 +462,8 @@ class Replayer:
 
 
 # --------------------------------------------------------------------------- expected values
-#: Where a dump keeps its run's training metrics (``expected/metrics.jsonl``; written and checked
-#: by :class:`rollout_mock.compare.expected.ExpectedMetrics`): a replay announces them at start-up.
-EXPECTED_DIR = "expected"
-
-
-def expected_relpath(rank: int | None = None) -> str:
-    name = "metrics.jsonl" if rank is None else f"metrics_rank{rank}.jsonl"
-    return f"{EXPECTED_DIR}/{name}"
-
-
-def expected_path(dump_dir: str | os.PathLike[str], rank: int | None = None) -> Path:
-    return Path(dump_dir) / expected_relpath(rank)
-
-
+# The dump run's training metrics (:func:`~rollout_mock.storage.store.expected_path`; written and
+# checked by :class:`rollout_mock.compare.expected.ExpectedMetrics`): a replay announces them at start-up.
 def describe_expected(config: RolloutMockConfig) -> str | None:
     """Mock mode's start-up line about the dump run's metrics (``None`` when there are none)."""
     path = expected_path(config.dump_dir)

@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.errors import ConfigError, ReplayMismatchError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention
-from rollout_mock.storage.store import StepStore, Store
+from rollout_mock.storage.store import StepStore
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import as_step, detect_convention, parameter_names, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
@@ -101,7 +101,7 @@ class MockScheduler(Generic[T]):
             manifest is used.
         name: namespace of this scheduler's files when several share a dump_dir and split
             (``{split}/{name}/step_...``); overrides the config's ``name``.
-        store: a :class:`~rollout_mock.storage.StepStore` to use instead of the dump directory.
+        store: a :class:`~rollout_mock.storage.Store` to use instead of the dump directory (e.g. ``MemoryStore()``).
         rank: this process's rank; default: ``torch.distributed.get_rank()`` when a process
             group is initialised, else none. With ``ranks: one`` only ``dump_rank`` writes (the
             other ranks do not touch the dump directory at all) and every rank replays the same
@@ -231,7 +231,7 @@ class MockScheduler(Generic[T]):
         assert interceptor is not None
         store = interceptor.store
         stream = interceptor.stream
-        if not isinstance(store, Store) or store.steps(stream):
+        if store.steps(stream):
             return
         present = store.stream_ids()
         splits = sorted({s.split for s in present})

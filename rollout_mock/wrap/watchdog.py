@@ -34,7 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rollout_mock.config.model import WatchdogConfig
-from rollout_mock.storage.paths import is_url, write_inside
+from rollout_mock.storage.directory import write_inside
+from rollout_mock.storage.paths import is_url
 from rollout_mock.text import logger
 
 __all__ = ["STALLS_DIR", "StallWatchdog", "format_stacks", "running_loops"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from test_numbers import make_dump, run
 
-import rollout_mock.cli.bundle as bundle_module
+import rollout_mock.storage.bundle as bundle_module
 from rollout_mock import open_dump
 
 
@@ -30,7 +30,8 @@ def parses(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real = bundle_module.loads_bounded
 
     def counted(*args: Any, **kwargs: Any) -> Any:
-        count.append(1)
+        if kwargs.get("what") == "metrics line":  # (not the table of contents of a bundle opened)
+            count.append(1)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(bundle_module, "loads_bounded", counted)

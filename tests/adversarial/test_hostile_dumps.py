@@ -343,7 +343,8 @@ def test_planted_fifo_never_blocks_any_entry_point(tmp_path: Path, case: str) ->
 
 
 def test_open_inside_refuses_fifo_device_and_links(tmp_path: Path) -> None:
-    from rollout_mock.storage.paths import open_inside, read_inside, write_inside
+    from rollout_mock.storage.directory import write_inside
+    from rollout_mock.storage.paths import open_inside, read_inside
 
     root = tmp_path / "root"
     (root / "a").mkdir(parents=True)

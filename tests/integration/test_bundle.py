@@ -282,7 +282,7 @@ def test_help_lists_the_commands_and_each_has_a_progress_switch(capsys: pytest.C
 
 def test_progress_bar_on_long_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a terminal each command draws a bar (``progress=None``: TTY only); forced here."""
-    import rollout_mock.cli.bundle as bundle_cli
+    import rollout_mock.storage.bundle as bundle_cli
 
     bars: list[tuple[str, float]] = []
     real = bundle_cli.progress_bar

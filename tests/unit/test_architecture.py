@@ -526,3 +526,97 @@ def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path) -> Non
     decoding = sorted(name for name in called if any(part in name for part in _DECODING)
                       or name.startswith(("_pickle.load", "_pickle.Unpickler", "pickle.load")))
     assert decoding == []
+
+
+#: The dump's side folders, named in storage/ only (rollout_mock.storage.store lays them out).
+_SIDE_FOLDERS = ("checks", "expected")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes of ``tree`` (module, classes, functions)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def _store_layout_offences(source: str, unit: str, modules: frozenset[str] = frozenset()) -> list[str]:
+    """What code of ``unit`` (a top-level package, e.g. ``wrap``) does that only storage/ may:
+    reach a store's byte backend (``.backend``; codec/ has a device backend of its own: there,
+    only ``store.backend``), downcast to ``Store``, or name a side folder of the dump."""
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "backend":
+            owner = ast.unparse(node.value)
+            if unit != "codec" or "store" in owner.lower():
+                found.append(f"line {node.lineno}: {owner}.backend")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" \
+                and len(node.args) == 2:
+            kinds = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
+            if any(isinstance(k, ast.Name) and k.id in ("Store", "StepStore") for k in kinds):
+                found.append(f"line {node.lineno}: {ast.unparse(node)}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                and node.value not in modules:
+            if any(node.value == name or node.value.startswith(f"{name}/") for name in _SIDE_FOLDERS):
+                found.append(f"line {node.lineno}: the side folder {node.value!r}")
+    return found
+
+
+def test_store_layout_scan_sees_backends_downcasts_and_side_folders() -> None:
+    """The scan below can fail: each thing it refuses is found in a snippet."""
+    snippet = ('"""A docstring may say expected/metrics.jsonl."""\n'
+               'def f(store, name):\n'
+               '    store.backend.replace("x", b"")\n'
+               '    assert isinstance(store, Store)\n'
+               '    return [f"expected/{name}", "checks"]\n')
+    found = _store_layout_offences(snippet, "wrap")
+    assert sorted(f.split(":")[0] for f in found) == ["line 3", "line 4", "line 5", "line 5"], found
+    assert _store_layout_offences("self.backend.event()\n", "codec") == []
+    assert _store_layout_offences('LAZY = {"read": "expected"}\n', "compare", frozenset({"expected"})) == []
+    assert _store_layout_offences("pool.store.backend.event()\n", "codec") != []
+
+
+def test_only_storage_touches_a_stores_backend_or_names_its_side_folders() -> None:
+    """The Store owns every file of a dump (steps, index, expected metrics, check verdicts,
+    bundles): code outside storage/ goes through its methods, never its byte backend, never a
+    ``Store`` downcast, and never spells a side folder's name."""
+    offenders = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "storage":
+            continue
+        found = _store_layout_offences(path.read_text(), rel.parts[0] if len(rel.parts) > 1 else rel.stem,
+                                       frozenset(p.stem for p in path.parent.glob("*.py")))
+        if found:
+            offenders[str(rel)] = found
+    assert offenders == {}, "go through rollout_mock.storage.store.Store's methods"
+
+
+def _file_movers(source: str) -> list[str]:
+    """Calls that move a written file into place (``os.replace``, ``os.link``) or make a
+    temporary one (``tempfile.mkstemp``/``NamedTemporaryFile``): what an atomic writer does."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = ast.unparse(node.func)
+            if name in ("os.replace", "os.link", "tempfile.mkstemp", "tempfile.NamedTemporaryFile"):
+                found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def test_atomic_writer_scan_sees_a_rename() -> None:
+    assert _file_movers("import os\nos.replace(tmp, path)\n") == ["line 2: os.replace"]
+
+
+def test_one_atomic_writer() -> None:
+    """Every file is written whole through storage/directory.py's ``TempFile`` (``atomic_write``,
+    ``write_inside``, the backends, bundles): no second temporary-file-and-rename anywhere."""
+    offenders = {str(path.relative_to(PACKAGE)): found for path in sorted(PACKAGE.rglob("*.py"))
+                 if path.relative_to(PACKAGE) != Path("storage/directory.py")
+                 and (found := _file_movers(path.read_text()))}
+    assert offenders == {}, "write through rollout_mock.storage.directory.atomic_write / TempFile"

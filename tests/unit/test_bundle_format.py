@@ -94,3 +94,47 @@ def test_is_bundle_and_open_store(tmp_path: Path) -> None:
         open_store(tmp_path / "text.rmb")
     (tmp_path / "notes.txt").write_text("hello")
     assert not is_bundle(tmp_path / "notes.txt")
+
+
+def test_the_store_packs_pulls_and_unpacks_its_own_steps(tmp_path: Path) -> None:
+    """Bundles are operations of the store, whatever its backend: a dump held in memory packs
+    into a bundle, the store over that bundle unpacks it, and a few steps pull into a directory."""
+    import torch
+
+    from rollout_mock.storage.manifest import StreamId
+    from rollout_mock.storage.store import BatchInfo, DirectoryStore, MemoryStore
+
+    stream = StreamId("train")
+    store = MemoryStore()
+    for step in range(3):
+        batch = {"x": torch.full((2,), step)}
+        store.save(stream, step, batch, BatchInfo.of(batch))
+    store.close()
+    assert store.local_source() is None
+    info = store.pack(tmp_path / "b.rmb", steps=[1, 2])
+    assert info.meta["streams"] == {"train": [1, 2]}
+    bundled = open_store(tmp_path / "b.rmb")
+    assert bundled.local_source() == str(tmp_path / "b.rmb")
+    assert list(bundled.steps(stream)) == [1, 2] and torch.equal(bundled.load(stream, 2)["x"], torch.full((2,), 2))
+    bundled.unpack(tmp_path / "u")
+    unpacked = DirectoryStore(tmp_path / "u")
+    assert list(unpacked.steps(stream)) == [1, 2] and (tmp_path / "u" / "bundle.json").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left behind
+    pulled = store.pull(tmp_path / "p", steps=[0])
+    assert pulled.streams == {"train": [0]} and list(DirectoryStore(tmp_path / "p").steps(stream)) == [0]
+    with pytest.raises(TypeError, match="does not read a bundle"):
+        store.unpack(tmp_path / "x")
+
+
+def test_the_store_writes_and_lists_check_verdicts(tmp_path: Path) -> None:
+    from rollout_mock.storage.manifest import StreamId
+    from rollout_mock.storage.store import DirectoryStore, MemoryStore
+
+    for store in (MemoryStore(), DirectoryStore(tmp_path / "d")):
+        assert store.verdict_files(10) == [] and store.expected_names() == []
+        store.write_verdict(StreamId("val", "judge"), 3, {"step": 3})
+        store.write_verdict(StreamId("train"), 1, {"step": 1})
+        files = store.verdict_files(10)
+        assert files == ["checks/train/step_000001.json", "checks/val/judge/step_000003.json"]
+        assert json.loads(store.read_side(files[1], 100) or b"") == {"step": 3}
+        assert store.verdict_files(1) == files[:1]

@@ -364,8 +364,8 @@ register_step_name("rollout_id")  # slime: generate_rollout(args, rollout_id, da
 # compare/ and debug/ (and torch) when they are called: importing this module stays cheap.
 def _fields(item: Any) -> Mapping[str, Any] | None:
     """A sample's fields: a dict's items, or an object's instance state (slime's ``Sample``), read
-    without running any code of the object."""
-    return item if isinstance(item, Mapping) else instance_state(item)
+    without running any code of the object (a TensorDict's ``get`` of a missing key may raise)."""
+    return item if isinstance(item, dict) else instance_state(item)
 
 
 def _is_slime_sample(item: Any) -> bool:

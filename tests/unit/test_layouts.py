@@ -150,6 +150,13 @@ def test_slime_sample_objects_are_read_without_running_their_code() -> None:
     assert layout_of([Sample(0)]) is not None and layout_of([{"input_ids": [1]}]) is None
 
 
+def test_a_list_of_tensordict_trajectories_is_no_framework_s_own_shape() -> None:
+    """Asking whether it is (slime's samples) never calls a TensorDict's ``get``, which may raise."""
+    tensordict = pytest.importorskip("tensordict")
+    trajectory = tensordict.TensorDict({"input_ids": torch.ones(1, 3, dtype=torch.long)}, batch_size=[1])
+    assert layout_of([trajectory]) is None and len(batch_traces([trajectory])) == 1
+
+
 def test_renderer_is_what_a_reader_is_handed() -> None:
     renderer = Renderer(None)
     assert renderer.chat("hi") == [{"role": "user", "content": "hi", "tokens": None}]

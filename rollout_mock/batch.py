@@ -28,6 +28,11 @@ loader may rebuild field by field (a :class:`BatchType` lists its own in ``class
 Importing this module imports neither torch nor numpy: a tensor or an array can only exist once
 its library is imported, so the checks look the library up in :data:`sys.modules`.
 
+A framework fills its batches its own way: where the rollout's log-probs are, what a sample is,
+how a trace reads. Each adapter registers that as a :class:`Layout` (:func:`register_layout`);
+traces, the log-prob check and the report look it up (:func:`layout_of`, :func:`logprob_keys`,
+:func:`layout_of_key`) and name no framework.
+
 :func:`dataproto_fields` reads the instance state of a DataProto-like object without running any
 of its code; the codec's safe format and the adapters' DataProto type share it.
 
@@ -44,11 +49,12 @@ from typing import Any, NamedTuple, cast
 from rollout_mock.errors import RolloutMockError
 
 __all__ = [
-    "BatchType", "batch_class_names", "batch_columns", "batch_keys", "batch_meta", "batch_parts",
+    "BatchType", "Layout", "batch_class_names", "batch_columns", "batch_keys", "batch_meta", "batch_parts",
     "batch_type_of", "column_name", "concat", "count_samples", "dataproto_fields", "describe_keys", "instance_state",
-    "is_array", "is_batch_class", "is_tensor", "leading_dim", "meta_part_names", "rebuild", "register_batch_class",
-    "register_batch_type", "register_step_name", "rejected_count", "select_keys", "step_names", "subset",
-    "take_columns", "take_rows", "type_name",
+    "is_array", "is_batch_class", "is_tensor", "layout_of", "layout_of_key", "leading_dim", "logprob_keys",
+    "meta_part_names", "rebuild", "register_batch_class", "register_batch_type", "register_layout",
+    "register_step_name", "rejected_count", "select_keys", "step_names", "subset", "take_columns", "take_rows",
+    "type_name",
 ]
 
 _MAX_KEYS = 256
@@ -269,6 +275,83 @@ def register_step_name(name: str) -> str:
 def step_names() -> tuple[str, ...]:
     """The names a call's step goes by, in lookup order (see :func:`register_step_name`)."""
     return tuple(_STEP_NAMES)
+
+
+# --------------------------------------------------------------------------- framework layouts
+class Layout(NamedTuple):
+    """Where one framework keeps what the readers look for: the rollout's per-token log-probs,
+    its samples, its traces. A batch type says what a batch *is* (a DataProto is verl's and
+    ROLL's); a layout says how a framework *fills* it (verl's ``rollout_log_probs`` covers the
+    response, ROLL's ``infer_logprobs`` the whole sequence but its first token). Adapters register
+    one per framework (:func:`register_layout`); traces (``rollout_mock.compare.traces``), the
+    log-prob check (``rollout_mock.debug.sequences``) and the report
+    (``rollout_mock.debug.report_columns``) look them up, and name no framework themselves.
+
+    Only ``name`` is required; ``None`` leaves a reading to the generic readers (columns, lists of
+    column dicts):
+
+    * ``logprob_keys``: the columns holding the rollout's per-token log-probs, best first
+      (:func:`logprob_keys` orders every layout's); a columnar batch whose log-probs are found under
+      one of them is of this layout (:func:`layout_of_key`);
+    * ``matches(batch)``: a batch this framework holds its own way (not as columns, nor as a list
+      of column dicts); the readers below then read it (:func:`layout_of`). Like a batch type's,
+      it must never run code of a possibly hostile object;
+    * ``traces(batch, limit, renderer)``: at most ``limit`` ``rollout_mock.compare.traces.Trace``
+      objects (``renderer``: a ``rollout_mock.compare.trace_rows.Renderer``);
+      ``count_traces(batch)``: how many the whole batch holds;
+    * ``sequences(batch, keys)``: the log-prob check's ``rollout_mock.debug.sequences.Extraction``
+      (``keys``: its ``LogprobKeys``);
+    * ``view(batch)``: ``(batch, texts)``, the batch as the report reads it (columns, or a list of
+      samples) and each row's text (``None``: read from the tokens).
+    """
+
+    name: str
+    logprob_keys: tuple[str, ...] = ()
+    matches: Callable[[Any], bool] | None = None
+    traces: Callable[[Any, int, Any], list[Any]] | None = None
+    count_traces: Callable[[Any], int | None] | None = None
+    sequences: Callable[[Any, Any], Any] | None = None
+    view: Callable[[Any], tuple[Any, list[str | None] | None]] | None = None
+
+
+_LAYOUTS: list[Layout] = []
+
+
+def register_layout(layout: Layout) -> Layout:
+    """Teach the readers a framework's layout (adapters call it at import; registering a layout
+    of the same ``name`` again replaces it). :func:`layout_of` checks the latest first."""
+    if not isinstance(layout, Layout) or not layout.name:
+        raise RolloutMockError(f"register_layout: expected a named rollout_mock.batch.Layout, got {layout!r}")
+    _LAYOUTS[:] = [known for known in _LAYOUTS if known.name != layout.name]
+    _LAYOUTS.insert(0, layout)
+    return layout
+
+
+def layout_of(batch: Any) -> Layout | None:
+    """The registered layout whose ``matches`` recognises ``batch`` (latest registered first),
+    else ``None``: the batch is read as columns or as a list of column dicts."""
+    if batch is None or type(batch) in _SCALARS:
+        return None
+    return next((layout for layout in _LAYOUTS if layout.matches is not None and layout.matches(batch)), None)
+
+
+def logprob_keys() -> tuple[str, ...]:
+    """Every layout's log-prob columns, best first: each layout's first choice (in registration
+    order), then each one's second, and so on; a key named twice counts once."""
+    order = _LAYOUTS[::-1]
+    out: list[str] = []
+    for rank in range(max((len(layout.logprob_keys) for layout in order), default=0)):
+        out += [key for layout in order if rank < len(layout.logprob_keys)
+                and (key := layout.logprob_keys[rank]) not in out]
+    return tuple(out)
+
+
+def layout_of_key(key: str) -> Layout | None:
+    """The layout whose log-probs go by ``key`` (the one that ranks it highest; the first
+    registered of those that rank it alike), else ``None``."""
+    ranked = [(layout.logprob_keys.index(key), i, layout) for i, layout in enumerate(_LAYOUTS[::-1])
+              if key in layout.logprob_keys]
+    return min(ranked, key=lambda found: found[:2])[2] if ranked else None
 
 
 def _index_column(value: Any, index: list[int], n: int) -> Any:

@@ -1,5 +1,6 @@
-"""The frameworks as the core sees them: their batch types, their step-argument names, and the
-scheduler hook that switches off ROLL's own rollout mock.
+"""The frameworks as the core sees them: their batch types, their step-argument names, their
+layouts (log-probs, samples, traces), and the scheduler hook that switches off ROLL's own rollout
+mock.
 
 Registered at import, which ``import rollout_mock`` does (whatever the user imports: every
 ``from rollout_mock... import ...`` runs the root package first), so this module imports no
@@ -21,6 +22,11 @@ framework, no torch and no numpy.
   (with a manifest and checksums), so the two would collide. A wrapped scheduler therefore gets
   ``mock_config = None`` (the mixin's own off state) after its ``__init__``; rollout_mock records
   and replays instead. Nothing else of the scheduler changes.
+* **Layouts** (:class:`rollout_mock.batch.Layout`, :data:`LAYOUTS`): where each framework keeps
+  what the readers look for — its log-prob columns (verl's ``rollout_log_probs``, ROLL's
+  ``infer_logprobs``, AReaL's ``logprobs``), and for slime's samples and TRL's generation records
+  their traces, log-prob sequences and report view. Traces, the log-prob check and the report
+  look them up and name no framework; the readers import compare/, debug/ and torch when called.
 * **Volatile and live-served fields** (:data:`VOLATILE_FIELDS`, :data:`LIVE_FIELDS`): what request
   matching and check mode leave out of each framework's own calls, and what of a request flows
   into its output and is served with the live value after a replay (:func:`serve_live_fields`).
@@ -37,13 +43,16 @@ from typing import Any
 
 from rollout_mock.batch import (
     BatchType,
+    Layout,
     batch_columns,
     batch_keys,
     batch_parts,
     batch_type_of,
     count_samples,
     dataproto_fields,
+    instance_state,
     register_batch_type,
+    register_layout,
     register_step_name,
     select_keys,
     take_columns,
@@ -54,7 +63,8 @@ from rollout_mock.errors import RolloutMockError
 from rollout_mock.wrap.hooks import register_scheduler_hook, register_volatile_fields
 
 __all__ = [
-    "DATAPROTO", "LIVE_FIELDS", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT", "VOLATILE_FIELDS",
+    "DATAPROTO", "LAYOUTS", "LIVE_FIELDS", "REQUEST", "SLIME_RECORD", "SLIME_RECORD_FORMAT", "TENSORDICT",
+    "VOLATILE_FIELDS",
     "disable_native_roll_mock", "disable_native_roll_mock_in_actor", "file_fingerprint", "has_native_roll_mock",
     "is_tokenizer",
     "prepare_roll_scheduler", "serve_live_fields", "tokenizer_fingerprint",
@@ -345,6 +355,266 @@ for _batch_type in (TRL_RECORD, SLIME_RECORD, TENSORDICT, REQUEST, DATAPROTO):
 register_step_name("global_step")  # ROLL: get_batch(data, global_step, batch_size), meta_info["global_step"]
 register_step_name("global_steps")  # verl: meta_info["global_steps"] of generate_sequences' batch
 register_step_name("rollout_id")  # slime: generate_rollout(args, rollout_id, data_source, evaluation)
+
+
+# --------------------------------------------------------------------------- layouts
+# Where each framework keeps what the readers look for (rollout_mock.batch.Layout): traces
+# (rollout_mock.compare.traces), the log-prob check (rollout_mock.debug.sequences) and the report
+# (rollout_mock.debug.report_columns) look them up and name no framework. The readers import
+# compare/ and debug/ (and torch) when they are called: importing this module stays cheap.
+def _fields(item: Any) -> Mapping[str, Any] | None:
+    """A sample's fields: a dict's items, or an object's instance state (slime's ``Sample``), read
+    without running any code of the object (a TensorDict's ``get`` of a missing key may raise)."""
+    return item if isinstance(item, dict) else instance_state(item)
+
+
+def _is_slime_sample(item: Any) -> bool:
+    """slime's ``Sample`` (or its ``to_dict()``): token ids and the response's length."""
+    fields = _fields(item)
+    return fields is not None and fields.get("tokens") is not None and fields.get("response_length") is not None
+
+
+def _flatten(items: Any) -> list[Any]:
+    return [x for item in items for x in (_flatten(item) if isinstance(item, list | tuple) else [item])]
+
+
+def _slime_samples(batch: Any) -> list[Any] | None:
+    """The samples of a slime batch, else ``None``: a record (rollout_mock's or slime's own debug
+    file; flat, or in groups of one prompt's samples), an eval record (every dataset's samples, flat),
+    an object or dict holding ``samples`` (``RolloutFnTrainOutput``), or a list of samples."""
+    if isinstance(batch, dict) and batch.get("format") == SLIME_RECORD_FORMAT and "samples" not in batch:
+        data = batch.get("data")
+        return [s for info in data.values() if isinstance(info, Mapping) for s in info.get("samples") or []] \
+            if isinstance(data, Mapping) else None
+    if isinstance(batch, dict) and SLIME_RECORD.matches(batch):
+        return list(batch["samples"])
+    samples = batch if isinstance(batch, list | tuple) else (_fields(batch) or {}).get("samples")
+    if not isinstance(samples, list | tuple):
+        return None
+    first = next((x for item in samples for x in (item if isinstance(item, list | tuple) else [item]) if x is not None),
+                 None)
+    return list(samples) if first is not None and _is_slime_sample(first) else None
+
+
+def _slime_reward(value: Any) -> float | None:
+    import numpy as np
+
+    from rollout_mock.text import to_float
+
+    if isinstance(value, Mapping):  # a reward model's dict: its score
+        value = next((value[k] for k in ("score", "reward", "acc") if k in value), None)
+    if isinstance(value, bool | int | float | np.generic):
+        return to_float(value)  # 10**400: inf, never OverflowError
+    return None
+
+
+def _slime_trace(sample: Mapping[str, Any], index: int, group: int | None, renderer: Any) -> Any:
+    """One slime sample: its prompt (text or chat messages) and its response as messages."""
+    from rollout_mock.compare.traces import Trace
+
+    messages = renderer.chat(sample.get("prompt")) or []
+    response, n = sample.get("response"), sample.get("response_length")
+    if isinstance(response, str):
+        messages.append({"role": "assistant", "content": response, "tokens": None})
+    elif sample.get("tokens") is not None and isinstance(n, int):
+        tokens = list(sample["tokens"])
+        messages.append({"role": "assistant", "content": renderer.content(tokens[len(tokens) - n:]),
+                         "tokens": tokens[len(tokens) - n:]})
+    metadata: dict[str, Any] = {key: renderer.field(sample[key]) for key in ("index", "status", "response_length",
+                                                                            "label") if key in sample.keys()}
+    if isinstance(n, int) and not isinstance(n, bool):
+        metadata["completion_tokens"] = n
+    if group is not None:
+        metadata["uid"] = group  # GRPO group: samples of one prompt
+    elif sample.get("group_index") is not None:  # a flat list (an eval record): the sample's own group
+        metadata["uid"] = renderer.field(sample["group_index"])
+    if sample.get("status") == "aborted":
+        return Trace(index, "rejected", None, messages, metadata)
+    return Trace(index, "ok", _slime_reward(sample.get("reward")), messages, metadata)
+
+
+def _slime_traces(batch: Any, limit: int, renderer: Any) -> list[Any]:
+    """slime's samples: a flat list, or groups (lists) of the samples of one prompt."""
+    from rollout_mock.compare.traces import Trace
+
+    traces: list[Any] = []
+    for g, item in enumerate(_slime_samples(batch) or []):
+        members, group = (item, g) if isinstance(item, list | tuple) else ([item], None)
+        for sample in members:
+            if len(traces) >= limit:
+                return traces
+            fields = _fields(sample)
+            if fields is not None:
+                traces.append(_slime_trace(fields, len(traces), group, renderer))
+            else:
+                traces.append(Trace(len(traces), "rejected", None, [], {"group": g}))
+    return traces
+
+
+def _slime_sequences(batch: Any, keys: Any) -> Any:
+    """The log-prob check's sequences of slime's samples: ``tokens``, ``response_length``,
+    ``rollout_log_probs`` and ``loss_mask`` of the last ``response_length`` tokens (``keys`` names
+    other fields); ``None`` (rejected) items counted, samples without log-probs skipped."""
+    import torch
+
+    from rollout_mock.debug.sequences import Extraction, RecordedSequence
+    from rollout_mock.errors import DebugInputError
+    from rollout_mock.text import logger, short_repr
+
+    items = _flatten(_slime_samples(batch) or [])
+    lp_name, tok_name = keys.logprobs or "rollout_log_probs", keys.tokens or "tokens"
+    mask_name = keys.mask or "loss_mask"
+    out = Extraction("slime", {"logprobs": lp_name, "tokens": tok_name, "mask": mask_name})
+    missing = 0
+    for index, item in enumerate(items):
+        sample = _fields(item)
+        if sample is None:
+            out.rejected += 1
+            continue
+        tokens, logprobs, n = sample.get(tok_name), sample.get(lp_name), sample.get("response_length") or 0
+        if tokens is None or logprobs is None or n == 0:
+            missing += logprobs is None
+            continue
+        loss_mask = sample.get(mask_name)
+        try:  # a damaged sample: text, nesting or numbers past int64 where ids are
+            if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(tokens):
+                raise ValueError(f"response_length {short_repr(n, 40)} is not in [1, {len(tokens)}]")
+            ids = torch.as_tensor(list(tokens), dtype=torch.long)
+            recorded = torch.as_tensor(list(logprobs), dtype=torch.float64)[-n:]
+            mask = torch.ones(n, dtype=torch.bool) if loss_mask is None else torch.as_tensor(list(loss_mask))[-n:] != 0
+        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
+            raise DebugInputError(
+                f"slime sample {index}: {tok_name}, {lp_name}, {mask_name} and response_length are not token ids, "
+                f"log-probs, a mask and a length ({short_repr(str(exc), 160)}); name other fields with --keys"
+            ) from None
+        if ids.ndim != 1 or recorded.ndim != 1 or mask.ndim != 1:
+            raise DebugInputError(f"slime sample {index}: {tok_name}, {lp_name} and {mask_name} must be flat lists")
+        positions = torch.arange(len(ids) - n, len(ids))[: len(recorded)]
+        mask = mask[: len(positions)] & (positions >= 1)
+        out.sequences.append(RecordedSequence(index, ids, positions[mask], recorded[: len(positions)][mask]))
+    if missing:
+        logger.warning("[RolloutMock] %d slime samples have no %s; skipped", missing, lp_name)
+    return out
+
+
+def _count_slime_traces(batch: Any) -> int:
+    return sum(len(item) if isinstance(item, list | tuple) else 1 for item in _slime_samples(batch) or [])
+
+
+def _trl_traces(record: Any, limit: int, renderer: Any) -> list[Any]:
+    """A TRL generation record: one trace per completion (its prompt's and completion's token
+    ids, the completion's text or messages), the reward the sum of the reward functions'."""
+    from rollout_mock.compare.traces import Trace
+    from rollout_mock.text import to_float
+
+    named = trl_outputs(record)
+    prompts, completions = named.get("prompt_ids") or [], named.get("completion_ids") or []
+    texts = named.get("completions")
+    rewards = record.get("rewards")
+    per_func = rewards.get("rewards_per_func") if isinstance(rewards, Mapping) else None
+    traces = []
+    for row in range(min(len(completions), limit)):
+        messages: list[dict[str, Any]] = []
+        if row < len(prompts):
+            ids = [int(t) for t in prompts[row]]
+            messages.append({"role": "user", "content": renderer.content(ids), "tokens": ids})
+        ids = [int(t) for t in completions[row]]
+        text = texts[row] if isinstance(texts, list | tuple) and row < len(texts) else None
+        chat = None if isinstance(text, str) else renderer.chat(text)
+        if chat:
+            messages += [{**m, "role": "assistant" if m["role"] == "user" else m["role"]} for m in chat]
+        else:
+            messages.append({"role": "assistant", "content": text if isinstance(text, str) else renderer.content(ids),
+                             "tokens": ids})
+        reward = None
+        if per_func is not None and row < len(per_func):
+            values = [to_float(v) for v in per_func[row].tolist()]
+            finite = [v for v in values if v is not None and v == v]
+            reward = sum(finite) if finite else None  # TRL sums the reward functions, NaN ones left out
+        traces.append(Trace(row, "ok", reward, messages, {"row": row, "mode": record.get("mode")}))
+    return traces
+
+
+def _ids(value: Any) -> list[int]:
+    values = value.tolist() if callable(getattr(type(value), "tolist", None)) else list(value)
+    return [int(v) for v in values]
+
+
+def _text(value: Any) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list | tuple) and all(isinstance(m, Mapping) for m in value):  # conversational
+        return "".join(str(m.get("content", "")) for m in value)
+    return None
+
+
+def _trl_view(record: Any) -> tuple[Any, list[str | None] | None]:
+    """A TRL generation record as verl-like columns (``prompts`` left-padded, ``responses``
+    right-padded, masks, ``rewards`` = ``nansum`` of ``rewards_per_func`` as TRL sums them,
+    ``rollout_log_probs`` when vLLM recorded them, ``uid`` = runs of one prompt) and the completion
+    texts, at most the report's rows; the record itself when it holds no generation output."""
+    import math
+
+    import numpy as np
+    import torch
+
+    from rollout_mock.debug.report_columns import STATS_ROWS
+    from rollout_mock.text import to_float
+
+    try:
+        output = record["generate"]["output"]
+        prompts = [_ids(p) for p in output[0][:STATS_ROWS]]
+        completions = [_ids(c) for c in output[1][:STATS_ROWS]]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return record, None
+    n = min(len(prompts), len(completions))
+    if n == 0:
+        return record, None
+    width_p, width_r = max(len(p) for p in prompts[:n]), max(1, max(len(c) for c in completions[:n]))
+    cols: dict[str, Any] = {"prompts": torch.zeros(n, width_p, dtype=torch.long),
+                            "responses": torch.zeros(n, width_r, dtype=torch.long),
+                            "attention_mask": torch.zeros(n, width_p + width_r, dtype=torch.long),
+                            "response_mask": torch.zeros(n, width_r, dtype=torch.long)}
+    logprobs = output[4] if len(output) > 4 and isinstance(output[4], list | tuple) else None
+    if logprobs is not None:
+        cols["rollout_log_probs"] = torch.zeros(n, width_r, dtype=torch.float64)
+    uids, group = [], -1
+    for i in range(n):
+        p, c = prompts[i], completions[i]
+        cols["prompts"][i, width_p - len(p):] = torch.tensor(p, dtype=torch.long)
+        cols["responses"][i, : len(c)] = torch.tensor(c, dtype=torch.long)
+        cols["attention_mask"][i, width_p - len(p): width_p + len(c)] = 1
+        cols["response_mask"][i, : len(c)] = 1
+        if logprobs is not None and i < len(logprobs) and isinstance(logprobs[i], list | tuple):
+            row = [to_float(v) for v in logprobs[i][: len(c)]]
+            cols["rollout_log_probs"][i, : len(row)] = torch.tensor([math.nan if v is None else v for v in row],
+                                                                    dtype=torch.float64)
+        group += i == 0 or p != prompts[i - 1]
+        uids.append(f"p{group}")
+    cols["uid"] = np.array(uids, dtype=object)
+    per_func = (record.get("rewards") or {}).get("rewards_per_func")
+    if isinstance(per_func, torch.Tensor) and per_func.ndim == 2 and per_func.shape[0] >= n:
+        cols["rewards"] = torch.nansum(per_func[:n].to(torch.float64), dim=1)
+    texts = output[3] if len(output) > 3 and isinstance(output[3], list | tuple) else []
+    return cols, [_text(texts[i]) if i < len(texts) else None for i in range(n)]
+
+
+#: Each framework's layout, registered in this order (a log-prob column two of them rank alike
+#: names the first: verl's ``rollout_log_probs``, which slime's samples share, read by their own
+#: reader). verl: the rollout's log-probs over the response, then the trainer's recompute (and its
+#: TensorDict name); ROLL: ``infer_logprobs`` over the sequence but its first token; AReaL:
+#: ``logprobs`` aligned with ``input_ids``; slime and TRL hold their batches their own way.
+LAYOUTS: tuple[Layout, ...] = (
+    Layout("verl", logprob_keys=("rollout_log_probs", "old_log_probs", "log_probs")),
+    Layout("roll", logprob_keys=("infer_logprobs",)),
+    Layout("areal", logprob_keys=("logprobs",)),
+    Layout("slime", logprob_keys=("rollout_log_probs",), matches=lambda b: _slime_samples(b) is not None,
+           traces=_slime_traces, count_traces=_count_slime_traces, sequences=_slime_sequences,
+           view=lambda b: (_slime_samples(b), None)),
+    Layout("trl", matches=TRL_RECORD.matches, traces=_trl_traces, count_traces=TRL_RECORD.rows, view=_trl_view),
+)
+for _layout in LAYOUTS:
+    register_layout(_layout)
 
 
 # --------------------------------------------------------------------------- ROLL's own mock

@@ -1,6 +1,7 @@
-"""Reading one row of a batch for a trace: token columns to role-labelled messages (verl's
-``prompts``/``responses``, ``input_ids`` with AReaL's loss-mask roles), chat messages, rewards and
-text fields, and the conversions every trace builder shares."""
+"""Reading one row of a batch for a trace: token columns to role-labelled messages
+(``prompts``/``responses``, ``input_ids`` with loss-mask roles), chat messages, rewards and text
+fields, and the conversions every trace builder shares (:class:`Renderer`: what a framework's own
+trace reader is handed)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from rollout_mock.batch import leading_dim, type_name
 from rollout_mock.text import fmt_number, jsonable, short_repr, to_float
 from rollout_mock.text import json_default as _json_default
 
-__all__ = ["MAX_FIELD_CHARS", "MAX_IDS_SHOWN", "Tokenizer"]
+__all__ = ["MAX_FIELD_CHARS", "MAX_IDS_SHOWN", "Renderer", "Tokenizer"]
 
 #: Token ids shown per message when there is no tokenizer.
 MAX_IDS_SHOWN = 16
@@ -181,11 +182,22 @@ def _text_columns(others: Mapping[str, Any], n: int) -> tuple[list[Any] | None, 
 _MAX_TOKEN_ID = 1 << 31
 
 
-class _Renderer:
-    """Token ids -> message content: decoded text with a tokenizer, a compact id list without."""
+class Renderer:
+    """How a trace shows a batch's values: token ids as message content (decoded text with a
+    tokenizer, a compact id list without), chat messages, metadata fields. What a layout's trace
+    reader (:class:`rollout_mock.batch.Layout`) is handed."""
 
     def __init__(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
+
+    def chat(self, value: Any) -> list[dict[str, Any]] | None:
+        """A text prompt (a string, or a list/array of chat messages) as messages; else None."""
+        return _chat_messages(value, self)
+
+    @staticmethod
+    def field(value: Any) -> Any:
+        """A value for a trace's metadata: scalars as-is, long strings cut, big objects summarised."""
+        return _short(value)
 
     def content(self, ids: Sequence[int]) -> str:
         if self.tokenizer is not None and all(type(i) is int and 0 <= i < _MAX_TOKEN_ID for i in ids):
@@ -222,7 +234,7 @@ def _is_token_list(value: Any) -> bool:
     return isinstance(value, list | tuple) and all(isinstance(v, int) for v in value) and len(value) > 0
 
 
-def _structured_message(message: Any, renderer: _Renderer) -> dict[str, Any]:
+def _structured_message(message: Any, renderer: Renderer) -> dict[str, Any]:
     """One chat message (``{"role", "content", ...}``) -> trace message.
 
     ``content`` given as token ids is rendered; ``tokens`` is the message's ``tokens``/``num_tokens``
@@ -245,7 +257,7 @@ def _structured_message(message: Any, renderer: _Renderer) -> dict[str, Any]:
     return {"role": _role(message.get("role", "user")), "content": _text_of(content), "tokens": tokens}
 
 
-def _chat_messages(value: Any, renderer: _Renderer) -> list[dict[str, Any]] | None:
+def _chat_messages(value: Any, renderer: Renderer) -> list[dict[str, Any]] | None:
     """A text prompt field (a string, or a list/array of chat messages) -> messages; else None."""
     if isinstance(value, str):
         return [{"role": "user", "content": value, "tokens": None}]
@@ -357,7 +369,7 @@ def _input_ids_runs(cols: _Columns, row: int) -> tuple[list[tuple[str, list[int]
     return runs, gen_versions
 
 
-def _token_messages(cols: _Columns, row: int, renderer: _Renderer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _token_messages(cols: _Columns, row: int, renderer: Renderer) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Messages and length metadata of one row (``[]``, ``{}`` when the batch has no token ids)."""
     if "prompts" in cols.rows or "responses" in cols.rows:
         runs, versions = _prompt_response_runs(cols, row)

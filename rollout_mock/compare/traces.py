@@ -1,8 +1,9 @@
 """Human-readable traces of a recorded rollout batch: who said what, with which reward.
 
-:func:`batch_traces` reads any batch shape (DataProto-like, columns, AReaL's lists of
-trajectories, slime's samples) into :class:`Trace` objects; :func:`format_traces` and
-:func:`traces_to_jsonl` render them.
+:func:`batch_traces` reads any batch shape (DataProto-like, columns, lists of trajectory dicts)
+into :class:`Trace` objects; a framework that holds its batches its own way (samples, generation
+records) registers a reader (:class:`rollout_mock.batch.Layout`, by its adapter), and this module
+names no framework. :func:`format_traces` and :func:`traces_to_jsonl` render the traces.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from typing import Any, Literal
 import numpy as np
 
 from rollout_mock.batch import batch_columns as batch_columns_of
-from rollout_mock.batch import batch_type_of, type_name
+from rollout_mock.batch import batch_type_of, layout_of, type_name
 from rollout_mock.compare.trace_rows import (
+    Renderer,
     Tokenizer,
     _chat_messages,
     _Columns,
     _n_rows,
     _promote_single_sequence,
-    _Renderer,
     _reward_column,
     _short,
     _split_mapping,
@@ -31,7 +32,7 @@ from rollout_mock.compare.trace_rows import (
     _token_messages,
 )
 from rollout_mock.errors import TraceError
-from rollout_mock.text import fmt_number, jsonable, to_float
+from rollout_mock.text import fmt_number, jsonable
 from rollout_mock.text import json_default as _json_default
 
 __all__ = [
@@ -79,7 +80,7 @@ def _columnar_traces(
     *,
     limit: int,
     start: int,
-    renderer: _Renderer,
+    renderer: Renderer,
     base: Mapping[str, Any],
 ) -> list[Trace]:
     """Traces of a columnar batch (dict of tensors, DataProto, one AReaL trajectory), at most ``limit``."""
@@ -101,7 +102,7 @@ def _columnar_traces(
 
 
 def _structured_traces(
-    item: Mapping[str, Any], *, limit: int, start: int, renderer: _Renderer, base: Mapping[str, Any]
+    item: Mapping[str, Any], *, limit: int, start: int, renderer: Renderer, base: Mapping[str, Any]
 ) -> list[Trace]:
     """An AReaL item with ``messages``: one conversation (list of dicts) or one per row (list of lists)."""
     conversations = item["messages"]
@@ -128,103 +129,7 @@ def _messages(conversation: Any) -> list[Any]:
     return list(conversation) if isinstance(conversation, list | tuple) else [conversation]
 
 
-_SLIME_FIELDS = frozenset({"tokens", "response_length"})
-
-
-def _is_slime_sample(item: Any) -> bool:
-    """slime's ``Sample`` as a dict: token ids plus a prompt or response text (one trace each)."""
-    return isinstance(item, Mapping) and _SLIME_FIELDS <= set(item.keys()) and (
-        "prompt" in item.keys() or "response" in item.keys())
-
-
-def _slime_reward(value: Any) -> float | None:
-    if isinstance(value, Mapping):  # a reward model's dict: its score
-        value = next((value[k] for k in ("score", "reward", "acc") if k in value), None)
-    if isinstance(value, bool | int | float | np.generic):
-        return to_float(value)  # 10**400: inf, never OverflowError
-    return None
-
-
-def _slime_trace(sample: Mapping[str, Any], index: int, group: int | None, renderer: _Renderer) -> Trace:
-    """One slime sample: its prompt (text or chat messages) and its response as messages."""
-    messages = _chat_messages(sample.get("prompt"), renderer) or []
-    response = sample.get("response")
-    if isinstance(response, str):
-        messages.append({"role": "assistant", "content": response, "tokens": None})
-    elif sample.get("tokens") is not None and isinstance(sample.get("response_length"), int):
-        tokens = list(sample["tokens"])
-        n = sample["response_length"]
-        messages.append({"role": "assistant", "content": renderer.content(tokens[len(tokens) - n:]),
-                         "tokens": tokens[len(tokens) - n:]})
-    metadata: dict[str, Any] = {key: _short(sample[key]) for key in ("index", "status", "response_length", "label")
-                                if key in sample.keys()}
-    if group is not None:
-        metadata["uid"] = group  # GRPO group: samples of one prompt
-    if sample.get("status") == "aborted":
-        return Trace(index, "rejected", None, messages, metadata)
-    return Trace(index, "ok", _slime_reward(sample.get("reward")), messages, metadata)
-
-
-def _slime_traces(samples: Sequence[Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
-    """slime's samples: a flat list, or groups (lists) of the samples of one prompt."""
-    traces: list[Trace] = []
-    for g, item in enumerate(samples):
-        members, group = (item, g) if isinstance(item, list | tuple) else ([item], None)
-        for sample in members:
-            if len(traces) >= limit:
-                return traces
-            if isinstance(sample, Mapping):
-                traces.append(_slime_trace(sample, len(traces), group, renderer))
-            else:
-                traces.append(Trace(len(traces), "rejected", None, [], {"group": g}))
-    return traces
-
-
-def _slime_samples(batch: Any) -> Sequence[Any] | None:
-    """The samples of a slime batch (a recorded rollout, or a list of sample dicts), else None."""
-    kind = batch_type_of(batch)
-    if kind is not None and kind.name == "slime":
-        return list(batch["samples"])
-    if isinstance(batch, list | tuple) and batch:
-        first = batch[0][0] if isinstance(batch[0], list | tuple) and batch[0] else batch[0]
-        if _is_slime_sample(first):
-            return batch
-    return None
-
-
-def _trl_traces(record: Mapping[str, Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
-    """A TRL generation record: one trace per completion (its prompt's and completion's token
-    ids, the completion's text or messages), the reward the sum of the reward functions'."""
-    kind = batch_type_of(record)
-    named = kind.columns(record) if kind is not None and kind.columns is not None else {}
-    prompts, completions = named.get("prompt_ids") or [], named.get("completion_ids") or []
-    texts = named.get("completions")
-    rewards = record.get("rewards")
-    per_func = rewards.get("rewards_per_func") if isinstance(rewards, Mapping) else None
-    traces = []
-    for row in range(min(len(completions), limit)):
-        messages: list[dict[str, Any]] = []
-        if row < len(prompts):
-            ids = [int(t) for t in prompts[row]]
-            messages.append({"role": "user", "content": renderer.content(ids), "tokens": ids})
-        ids = [int(t) for t in completions[row]]
-        text = texts[row] if isinstance(texts, list | tuple) and row < len(texts) else None
-        chat = None if isinstance(text, str) else _chat_messages(text, renderer)
-        if chat:
-            messages += [{**m, "role": "assistant" if m["role"] == "user" else m["role"]} for m in chat]
-        else:
-            messages.append({"role": "assistant", "content": text if isinstance(text, str) else renderer.content(ids),
-                             "tokens": ids})
-        reward = None
-        if per_func is not None and row < len(per_func):
-            values = [to_float(v) for v in per_func[row].tolist()]
-            finite = [v for v in values if v is not None and v == v]
-            reward = sum(finite) if finite else None  # TRL sums the reward functions, NaN ones left out
-        traces.append(Trace(row, "ok", reward, messages, {"row": row, "mode": record.get("mode")}))
-    return traces
-
-
-def _list_traces(batch: Sequence[Any], *, limit: int, renderer: _Renderer) -> list[Trace]:
+def _list_traces(batch: Sequence[Any], *, limit: int, renderer: Renderer) -> list[Trace]:
     """AReaL's list of trajectories; ``None`` items are rejected traces (they count toward ``limit``)."""
     traces: list[Trace] = []
     for i, item in enumerate(batch):
@@ -241,7 +146,7 @@ def _list_traces(batch: Sequence[Any], *, limit: int, renderer: _Renderer) -> li
     return traces
 
 
-def _item_traces(item: dict[str, Any], *, limit: int, start: int, renderer: _Renderer,
+def _item_traces(item: dict[str, Any], *, limit: int, start: int, renderer: Renderer,
                  base: Mapping[str, Any]) -> list[Trace]:
     """One trajectory (or a dict of columns): structured ``messages``, else token columns."""
     if "messages" in item:
@@ -281,13 +186,10 @@ def batch_traces(
     """
     if max_traces < 0:
         raise TraceError(f"max_traces must be >= 0, got {max_traces}")
-    renderer = _Renderer(tokenizer)
-    slime = _slime_samples(batch)
-    kind = batch_type_of(batch)
-    if slime is not None:
-        traces = _slime_traces(slime, limit=max_traces, renderer=renderer)
-    elif kind is not None and kind.name == "trl":
-        traces = _trl_traces(batch, limit=max_traces, renderer=renderer)
+    renderer = Renderer(tokenizer)
+    layout = layout_of(batch)
+    if layout is not None and layout.traces is not None:  # a framework's own shape (its adapter reads it)
+        traces = list(layout.traces(batch, max_traces, renderer))
     elif isinstance(batch, list | tuple):
         traces = _list_traces(batch, limit=max_traces, renderer=renderer)
     elif (columns := batch_columns_of(batch)) is not None and _has_parts(batch):
@@ -297,9 +199,10 @@ def batch_traces(
         traces = _item_traces(columns, limit=max_traces, start=0, renderer=renderer, base={})
     else:
         raise TraceError(
-            f"cannot build traces from a {type_name(batch)}: expected a list of trajectory dicts "
-            f"(AReaL), a batch with columns (rollout_mock.batch.batch_columns: verl's and ROLL's batches) "
-            f"or a dict of tensors with input_ids or prompts/responses"
+            f"cannot build traces from a {type_name(batch)}: expected a list of trajectory dicts, a batch "
+            f"with columns (rollout_mock.batch.batch_columns), a dict of "
+            f"tensors with input_ids or prompts/responses, or a batch of a registered layout "
+            f"(rollout_mock.batch.register_layout)"
         )
     for trace in traces:
         trace.step = step
@@ -309,12 +212,9 @@ def batch_traces(
 def count_traces(batch: Any) -> int | None:
     """How many traces the whole batch holds (rows of every trajectory, rejected ones as one each),
     without copying anything; ``None`` for a batch of unknown shape."""
-    slime = _slime_samples(batch)
-    if slime is not None:
-        return sum(len(item) if isinstance(item, list | tuple) else 1 for item in slime)
-    kind = batch_type_of(batch)
-    if kind is not None and kind.name == "trl":
-        return kind.rows(batch)
+    layout = layout_of(batch)
+    if layout is not None and layout.count_traces is not None:
+        return layout.count_traces(batch)
     if isinstance(batch, list | tuple):
         total = 0
         for item in batch:

@@ -66,7 +66,7 @@ def _from_directory(path: Path, device: str, dtype: torch.dtype | None) -> torch
         from transformers import AutoModelForCausalLM
     except ImportError as exc:
         raise MissingExtraError(
-            f"--model {path}: loading a Hugging Face model needs transformers (pip install rollout_mock[verl])"
+            f"--model {path}: loading a Hugging Face model needs transformers (pip install transformers)"
         ) from exc
     kwargs: dict[str, Any] = {"local_files_only": True}
     if dtype is not None:

@@ -7,8 +7,9 @@ response tokens' log-probs, and the views that make every shape readable by the 
   ``[B, L]`` mask), else under the end of ``attention_mask``;
 * lists (AReaL's trajectory dicts of ``[group, L]`` tensors, ``L`` varying; slime's ``Sample``
   dicts with per-token lists): one array per item and key, log-probs per item;
-* TRL's generation records (``rollout_mock.trl/1``) become verl-like columns
-  (:func:`trl_view`), slime's eval records their flat list of samples (:func:`report_view`).
+* a batch its framework holds its own way is read as its layout's view makes it
+  (:func:`report_view`, :class:`rollout_mock.batch.Layout`: e.g. TRL's generation records as
+  columns, slime's eval records as their flat list of samples).
 
 At most :data:`STATS_ROWS` items of a list are looked at (the report reads that many rows).
 """
@@ -23,18 +24,13 @@ import numpy as np
 import torch
 
 from rollout_mock.batch import batch_columns as columns_of
+from rollout_mock.batch import layout_of, logprob_keys
 from rollout_mock.text import to_float
 
-__all__ = ["STATS_ROWS", "TRL_FORMAT", "items_of", "key_stats", "numeric_columns", "report_view", "trl_view"]
+__all__ = ["STATS_ROWS", "items_of", "key_stats", "numeric_columns", "report_view"]
 
 #: Rows of a step read for the report (statistics, the search index and previews).
 STATS_ROWS = 2048
-_LOGPROB_KEYS = ("rollout_log_probs", "infer_logprobs", "old_log_probs", "log_probs", "logprobs", "old_logprob",
-                 "ref_log_prob")
-#: ``format`` of a TRL generation record (``rollout_mock.adapters.trl.RECORD_FORMAT``; debug sits below
-#: adapters and cannot import it).
-TRL_FORMAT = "rollout_mock.trl/1"
-_SLIME_FORMAT = "rollout_mock.slime"
 
 
 def _r(x: float) -> float:
@@ -112,7 +108,7 @@ def _masked(values: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
 
 def _token_logprobs(arrays: Mapping[str, Any]) -> np.ndarray | None:
     """The recorded per-token log-probs of the response tokens (masked when a mask fits)."""
-    for key in _LOGPROB_KEYS:
+    for key in logprob_keys():
         values = _as_numpy(arrays.get(key))
         if values is None or values.ndim != 2:
             continue
@@ -130,9 +126,7 @@ def _token_logprobs(arrays: Mapping[str, Any]) -> np.ndarray | None:
 
 # ----------------------------------------------------------------- framework shapes
 def items_of(batch: Any) -> list[Mapping[str, Any]]:
-    """The dict items of a list batch (AReaL's trajectories, slime's samples, flat or grouped)."""
-    if isinstance(batch, Mapping) and batch.get("format") == _SLIME_FORMAT:
-        batch = batch.get("samples") or []
+    """The dict items of a list batch (trajectories, samples; flat or in groups)."""
     out: list[Mapping[str, Any]] = []
     for item in batch[:STATS_ROWS] if isinstance(batch, list | tuple) else ():
         for x in item if isinstance(item, list | tuple) else [item]:
@@ -164,70 +158,12 @@ def numeric_columns(batch: Any) -> tuple[dict[str, Any], np.ndarray | None]:
     return per_key, (np.concatenate(logprobs) if logprobs else None)
 
 
-def _ids(value: Any) -> list[int]:
-    values = value.tolist() if isinstance(value, torch.Tensor | np.ndarray) else list(value)
-    return [int(v) for v in values]
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list | tuple) and all(isinstance(m, Mapping) for m in value):  # conversational
-        return "".join(str(m.get("content", "")) for m in value)
-    return None
-
-
-def trl_view(record: Mapping[str, Any]) -> tuple[dict[str, Any], list[str | None]] | None:
-    """A TRL generation record as verl-like columns (``prompts`` left-padded, ``responses``
-    right-padded, masks, ``rewards`` = ``nansum`` of ``rewards_per_func`` as TRL sums them,
-    ``rollout_log_probs`` when vLLM recorded them, ``uid`` = runs of one prompt) and the completion
-    texts; ``None`` when the record holds no generation output."""
-    try:
-        output = record["generate"]["output"]
-        prompts = [_ids(p) for p in output[0][:STATS_ROWS]]
-        completions = [_ids(c) for c in output[1][:STATS_ROWS]]
-    except (KeyError, IndexError, TypeError, ValueError):
-        return None
-    n = min(len(prompts), len(completions))
-    if n == 0:
-        return None
-    width_p, width_r = max(len(p) for p in prompts[:n]), max(1, max(len(c) for c in completions[:n]))
-    cols: dict[str, Any] = {"prompts": torch.zeros(n, width_p, dtype=torch.long),
-                            "responses": torch.zeros(n, width_r, dtype=torch.long),
-                            "attention_mask": torch.zeros(n, width_p + width_r, dtype=torch.long),
-                            "response_mask": torch.zeros(n, width_r, dtype=torch.long)}
-    logprobs = output[4] if len(output) > 4 and isinstance(output[4], list | tuple) else None
-    if logprobs is not None:
-        cols["rollout_log_probs"] = torch.zeros(n, width_r, dtype=torch.float64)
-    uids, group = [], -1
-    for i in range(n):
-        p, c = prompts[i], completions[i]
-        cols["prompts"][i, width_p - len(p):] = torch.tensor(p, dtype=torch.long)
-        cols["responses"][i, : len(c)] = torch.tensor(c, dtype=torch.long)
-        cols["attention_mask"][i, width_p - len(p): width_p + len(c)] = 1
-        cols["response_mask"][i, : len(c)] = 1
-        if logprobs is not None and i < len(logprobs) and isinstance(logprobs[i], list | tuple):
-            row = [to_float(v) for v in logprobs[i][: len(c)]]
-            cols["rollout_log_probs"][i, : len(row)] = torch.tensor([math.nan if v is None else v for v in row],
-                                                                    dtype=torch.float64)
-        group += i == 0 or p != prompts[i - 1]
-        uids.append(f"p{group}")
-    cols["uid"] = np.array(uids, dtype=object)
-    per_func = (record.get("rewards") or {}).get("rewards_per_func")
-    if isinstance(per_func, torch.Tensor) and per_func.ndim == 2 and per_func.shape[0] >= n:
-        cols["rewards"] = torch.nansum(per_func[:n].to(torch.float64), dim=1)
-    texts = output[3] if len(output) > 3 and isinstance(output[3], list | tuple) else []
-    return cols, [_text(texts[i]) if i < len(texts) else None for i in range(n)]
-
-
 def report_view(batch: Any) -> tuple[Any, list[str | None] | None]:
-    """The batch as the trace builders and :func:`numeric_columns` read it: a TRL record as
-    columns (and its completion texts), a slime eval record as its flat list of samples, any
-    other batch unchanged."""
-    if isinstance(batch, dict) and batch.get("format") == TRL_FORMAT:
-        view = trl_view(batch)
-        return (batch, None) if view is None else view
-    if isinstance(batch, dict) and batch.get("format") == _SLIME_FORMAT and isinstance(batch.get("data"), Mapping):
-        return [s for info in batch["data"].values() if isinstance(info, Mapping)
-                for s in info.get("samples") or []][:STATS_ROWS], None
-    return batch, None
+    """The batch as the trace builders and :func:`numeric_columns` read it, and each row's text
+    when the batch keeps it apart from its tokens: what its framework's layout makes of it
+    (:class:`rollout_mock.batch.Layout` ``view``: a generation record as columns, a record of
+    samples as its samples), any other batch unchanged."""
+    layout = layout_of(batch)
+    if layout is None or layout.view is None:
+        return batch, None
+    return layout.view(batch)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from rollout_mock.batch import count_samples
-from rollout_mock.debug.report_columns import STATS_ROWS, _r, items_of, key_stats, numeric_columns, report_view
+from rollout_mock.debug.report_columns import STATS_ROWS, _r, key_stats, numeric_columns, report_view
 from rollout_mock.text import to_float
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -116,8 +116,6 @@ def _length(trace: Any) -> int | None:
     meta = trace.metadata or {}
     if isinstance(meta.get("completion_tokens"), int):
         return int(meta["completion_tokens"])
-    if isinstance(meta.get("response_length"), int):  # slime's Sample
-        return int(meta["response_length"])
     tokens = [m.get("tokens") for m in trace.messages if m.get("role") == "assistant"]
     return sum(t for t in tokens if isinstance(t, int)) if tokens else None
 
@@ -210,7 +208,7 @@ def _groups(uids: list[Any] | None, rewards: list[float | None]) -> dict[str, An
 
 
 def _uids(view: Any, traces: list[Any]) -> list[Any] | None:
-    """The GRPO group of each trace: a ``uid``-like column, slime's group, AReaL's trajectory."""
+    """The GRPO group of each trace: a ``uid``-like column, else its trace's ``uid`` or ``trajectory``."""
     from rollout_mock.compare.traces import batch_columns
 
     arrays, others = batch_columns(view)
@@ -221,12 +219,9 @@ def _uids(view: Any, traces: list[Any]) -> list[Any] | None:
                 col = col.tolist()
             if isinstance(col, np.ndarray | list) and len(col) == len(traces):
                 return list(col)
-    for key in ("uid", "trajectory"):  # slime's groups, AReaL's trajectories
+    for key in ("uid", "trajectory"):  # a group a layout's reader names (samples of one prompt), a trajectory
         if traces and all(key in t.metadata for t in traces):
             return [t.metadata[key] for t in traces]
-    items = items_of(view)  # slime's flat samples (eval records): their group_index
-    if traces and len(items) == len(traces) and all(item.get("group_index") is not None for item in items):
-        return [item["group_index"] for item in items]
     return None
 
 
@@ -247,7 +242,7 @@ def summarize_step(dump: Dump, stream: StreamId, step: int, *, tokenizer: Any = 
         traces = batch_traces(view, max_traces=min(read, STATS_ROWS), tokenizer=tokenizer, step=step)
     except TraceError as exc:  # shown in the page: no previews, the tensor statistics still are
         read, traces, note = 0, [], f"no sample previews: {exc}"
-    if texts is not None and tokenizer is None:  # TRL: the completion text, not its ids
+    if texts is not None and tokenizer is None:  # texts kept apart from the ids (a generation record's)
         for trace, text in zip(traces, texts, strict=False):
             last = next((m for m in reversed(trace.messages) if m.get("role") == "assistant"), None)
             if last is not None and text is not None:

@@ -1,23 +1,22 @@
-"""Finding the recorded log-probs, tokens and masks of a batch, whatever framework made it.
+"""Finding the recorded log-probs, tokens and masks of a batch, whatever framework made it (this
+module names none: the adapters register where theirs keep them).
 
 Every sample becomes one :class:`RecordedSequence`: its unpadded token ids, and for each scored
 response token its index in those ids and the log-prob the rollout engine recorded for it. The
 log-prob of token ``t`` is the one the model gives it after seeing tokens ``0..t-1``, so it is
 recomputed from the logits at position ``t - 1``.
 
-Layouts found without flags (``keys`` overrides any name):
+Found without flags (``keys`` overrides any name):
 
-==========  ==========================================================================================
-ROLL        ``infer_logprobs`` [B, L-1], shifted (column ``j`` is token ``j + 1``); ``input_ids`` [B, L];
-            ``response_mask`` [B, L]; ``attention_mask`` [B, L]
-verl        ``rollout_log_probs`` [B, R], the last ``R`` positions of ``input_ids`` [B, P+R];
-            ``response_mask`` [B, R] (else ``attention_mask``)
-AReaL       a list of trajectory dicts, ``logprobs`` [G, L] aligned with ``input_ids`` [G, L];
-            ``loss_mask`` [G, L]; ``None`` (rejected) items skipped
-slime       sample dicts or ``Sample`` objects (or ``{"samples": [...]}``): ``tokens``,
-            ``response_length``, ``rollout_log_probs`` and ``loss_mask`` of the last
-            ``response_length`` tokens
-==========  ==========================================================================================
+* columns (a DataProto's, a TensorDict's, a dict's): the log-probs under the first of
+  :func:`rollout_mock.batch.logprob_keys` present (the frameworks' adapters register their
+  columns), the tokens under ``input_ids`` (or ``tokens``), the mask under ``response_mask``,
+  ``loss_mask`` or ``attention_mask``; the layout is named after the framework that registered the
+  log-prob column found (:func:`rollout_mock.batch.layout_of_key`), else ``columns``;
+* a list of such column dicts (trajectories): each read alike, ``None`` (rejected) items skipped;
+  ``trajectories`` unless the log-prob column names a framework;
+* a batch a framework holds its own way (samples): read by the reader its adapter registered
+  (:class:`rollout_mock.batch.Layout`, ``sequences``).
 
 For column layouts the width ``X`` of the log-prob tensor against the token width ``L`` gives the
 alignment: ``X == L`` token-aligned, ``X == L - 1`` shifted, ``X < L - 1`` the last ``X`` tokens.
@@ -33,20 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.batch import batch_columns, column_name, type_name
+from rollout_mock.batch import batch_columns, column_name, layout_of, layout_of_key, logprob_keys, type_name
 from rollout_mock.errors import DebugInputError
-from rollout_mock.text import logger, short_repr
 
-__all__ = ["LogprobKeys", "RecordedSequence", "Extraction", "extract_sequences"]
+__all__ = ["Extraction", "LogprobKeys", "RecordedSequence", "extract_sequences"]
 
 
-#: Log-prob keys tried in order. ``old_log_probs`` last: in verl it is the trainer's recompute.
-LOGPROB_KEYS: tuple[str, ...] = (
-    "rollout_log_probs", "infer_logprobs", "logprobs", "rollout_logprobs", "old_log_probs",
-)
 TOKEN_KEYS: tuple[str, ...] = ("input_ids", "tokens")
 MASK_KEYS: tuple[str, ...] = ("response_mask", "loss_mask", "attention_mask")
-_LAYOUT_OF_KEY = {"rollout_log_probs": "verl", "infer_logprobs": "roll", "logprobs": "areal"}
 
 
 @dataclass(frozen=True)
@@ -127,12 +120,13 @@ def _pick(columns: Mapping[str, Any], explicit: str | None, candidates: Sequence
 def _columnar(batch: Any, keys: LogprobKeys, out: Extraction, start: int) -> int:
     """Append the sequences of one columnar batch; return how many rows it had."""
     columns = _columns(batch)
-    lp_key = _pick(columns, keys.logprobs, LOGPROB_KEYS, "logprobs", batch)
+    candidates = logprob_keys()
+    lp_key = _pick(columns, keys.logprobs, candidates, "logprobs", batch)
     tok_key = _pick(columns, keys.tokens, TOKEN_KEYS, "tokens", batch)
     if lp_key is None or tok_key is None:
         raise DebugInputError(
             f"no {'log-prob' if lp_key is None else 'token'} key found among {', '.join(sorted(columns))} "
-            f"(looked for {', '.join(LOGPROB_KEYS if lp_key is None else TOKEN_KEYS)}); name it with "
+            f"(looked for {', '.join(candidates if lp_key is None else TOKEN_KEYS)}); name it with "
             f"--keys logprobs=KEY,tokens=KEY,mask=KEY"
         )
     logprobs, ids = _tensor(columns[lp_key]), _tensor(columns[tok_key])
@@ -182,14 +176,6 @@ def _columnar(batch: Any, keys: LogprobKeys, out: Extraction, start: int) -> int
     return rows
 
 
-def _sample_field(sample: Any, name: str) -> Any:
-    return sample.get(name) if isinstance(sample, Mapping) else getattr(sample, name, None)
-
-
-def _is_slime_sample(item: Any) -> bool:
-    return _sample_field(item, "tokens") is not None and _sample_field(item, "response_length") is not None
-
-
 def _flatten(items: Sequence[Any]) -> list[Any]:
     flat: list[Any] = []
     for item in items:
@@ -200,55 +186,16 @@ def _flatten(items: Sequence[Any]) -> list[Any]:
     return flat
 
 
-def _slime(samples: Sequence[Any], keys: LogprobKeys, out: Extraction) -> None:
-    lp_name = keys.logprobs or "rollout_log_probs"
-    tok_name = keys.tokens or "tokens"
-    mask_name = keys.mask or "loss_mask"
-    out.layout, out.keys = "slime", {"logprobs": lp_name, "tokens": tok_name, "mask": mask_name}
-    missing = 0
-    for index, sample in enumerate(samples):
-        tokens = _sample_field(sample, tok_name)
-        logprobs = _sample_field(sample, lp_name)
-        n = _sample_field(sample, "response_length") or 0
-        if tokens is None or logprobs is None or n == 0:
-            missing += logprobs is None
-            continue
-        loss_mask = _sample_field(sample, mask_name)
-        try:  # a damaged sample: text, nesting or numbers past int64 where ids are
-            if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(tokens):
-                raise ValueError(f"response_length {short_repr(n, 40)} is not in [1, {len(tokens)}]")
-            tokens = torch.as_tensor(list(tokens), dtype=torch.long)
-            logprobs = torch.as_tensor(list(logprobs), dtype=torch.float64)[-n:]
-            mask = torch.ones(n, dtype=torch.bool) if loss_mask is None else torch.as_tensor(list(loss_mask))[-n:] != 0
-        except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
-            raise DebugInputError(
-                f"slime sample {index}: {tok_name}, {lp_name}, {mask_name} and response_length are not token ids, "
-                f"log-probs, a mask and a length ({short_repr(str(exc), 160)}); name other fields with --keys"
-            ) from None
-        if tokens.ndim != 1 or logprobs.ndim != 1 or mask.ndim != 1:
-            raise DebugInputError(f"slime sample {index}: {tok_name}, {lp_name} and {mask_name} must be flat lists")
-        positions = torch.arange(len(tokens) - n, len(tokens))[: len(logprobs)]
-        mask = mask[: len(positions)] & (positions >= 1)
-        out.sequences.append(RecordedSequence(index, tokens, positions[mask], logprobs[: len(positions)][mask]))
-    if missing:
-        logger.warning("[RolloutMock] %d slime samples have no %s; skipped", missing, lp_name)
-
-
 def extract_sequences(batch: Any, keys: LogprobKeys | None = None) -> Extraction:
     """All scored sequences of one recorded batch (see the module docstring)."""
     keys = keys or LogprobKeys()
+    layout = layout_of(batch)
+    if layout is not None and layout.sequences is not None:  # a framework's own shape (its adapter reads it)
+        extraction: Extraction = layout.sequences(batch, keys)
+        return extraction
     out = Extraction(layout="columns", keys={})
-    if isinstance(batch, Mapping) and "samples" in batch and isinstance(batch["samples"], list | tuple):
-        batch = batch["samples"]
-    elif not isinstance(batch, Mapping) and isinstance(getattr(batch, "samples", None), list | tuple):
-        batch = batch.samples  # slime's RolloutFnTrainOutput
     if isinstance(batch, list | tuple):
         items = _flatten(batch)
-        present = [item for item in items if item is not None]
-        if present and all(_is_slime_sample(item) for item in present):
-            _slime(items, keys, out)
-            out.rejected = len(items) - len(present)
-            return out
         start = 0
         for i, item in enumerate(items):
             if item is None:
@@ -257,8 +204,10 @@ def extract_sequences(batch: Any, keys: LogprobKeys | None = None) -> Extraction
             if batch_columns(item) is None:
                 raise DebugInputError(f"trajectory {i} is a {type_name(item)}: expected a dict of tensors or None")
             start += _columnar(item, keys, out, start)
-        out.layout = "areal"
-        return out
-    _columnar(batch, keys, out, 0)
-    out.layout = _LAYOUT_OF_KEY.get(out.keys.get("logprobs", ""), "columns")
+        out.layout = "trajectories"
+    else:
+        _columnar(batch, keys, out, 0)
+    named = layout_of_key(out.keys.get("logprobs", ""))
+    if named is not None:
+        out.layout = named.name
     return out

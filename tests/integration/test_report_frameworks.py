@@ -22,8 +22,8 @@ from report_cases import GROUP, framework_dump, install_roll, open_page, run_met
 from report_cases import browser as get_browser
 
 from rollout_mock import open_dump
+from rollout_mock.adapters.trl import RECORD_FORMAT as TRL_FORMAT
 from rollout_mock.debug import write_report
-from rollout_mock.debug.report_columns import TRL_FORMAT
 
 FRAMEWORKS = ["verl", "roll", "areal", "slime", "trl"]
 REPO = Path(__file__).resolve().parents[2]
@@ -125,12 +125,6 @@ def test_slime_eval_records_are_their_samples(tmp_path: Path) -> None:
     step = data["steps"]["1"]
     assert data["split"] == "val" and step["read"] == step["rows"]["n"] == 16 and step["rejected"] == 1
     assert step["groups"]["groups"] == 4 and step["hist"]["logprob"] and step["traces"][0]["messages"]
-
-
-def test_trl_format_is_the_adapters(tmp_path: Path) -> None:
-    from rollout_mock.adapters.trl import RECORD_FORMAT
-
-    assert TRL_FORMAT == RECORD_FORMAT
 
 
 @pytest.mark.slow

@@ -289,10 +289,26 @@ def test_wrap_names_no_framework() -> None:
     assert _naming(pattern, units={"wrap"}) == []
 
 
+#: A framework's name inside a word too (``_slime_samples``, ``trl_view``, ``"rollout_mock.slime"``),
+#: but not inside another word (``overlay``, ``rollout``, ``control``).
+FRAMEWORK_NAMES = r"(?<![a-z])(verl|slime|areal|trl|roll)(?![a-z])"
+
+
+def test_compare_and_debug_name_no_framework() -> None:
+    """Framework knowledge lives in adapters/ (issue 36): traces, the log-prob check and the report
+    read each framework's log-prob columns, samples and records through the layouts its adapter
+    registers (:class:`rollout_mock.batch.Layout`); their code (not their prose) names none."""
+    assert _naming(FRAMEWORK_NAMES, units={"compare", "debug"}) == []
+
+
 def test_framework_name_scan_sees_code() -> None:
     """The scans above can fail: they find the names where the adapters use them."""
     assert any("DataProto" in hit for hit in _naming(r"dataproto", units={"adapters"}))
     assert any("'rollout_id'" in hit for hit in _naming(r"rollout_id", units={"adapters"}))
+    named = _naming(FRAMEWORK_NAMES, units={"adapters"})
+    assert any("'_slime_samples'" in hit for hit in named) and any("'verl'" in hit for hit in named)
+    assert [w for w in ("overlay_section", "rollout_mock", "controller", "_roll_scan", "TRL_FORMAT", "rollout_mock.slime")
+            if re.search(FRAMEWORK_NAMES, w, re.IGNORECASE)] == ["_roll_scan", "TRL_FORMAT", "rollout_mock.slime"]
 
 
 def test_no_private_name_is_imported_from_another_unit() -> None:

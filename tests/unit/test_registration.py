@@ -65,6 +65,24 @@ print("ok")
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
 
 
+def test_layouts_are_registered_by_any_import(tmp_path: Path) -> None:
+    """Traces, the log-prob check and the report read every framework's shapes whatever the user
+    imported: the adapters' layouts (rollout_mock.batch.Layout) are registered by the root package."""
+    proc = _run("""
+from rollout_mock.compare.traces import batch_traces
+from rollout_mock.debug.sequences import extract_sequences
+import torch
+record = {"format": "rollout_mock.slime", "samples": [
+    {"tokens": [1, 2, 3], "response_length": 1, "response": "yes", "rollout_log_probs": [-0.5]}]}
+assert [m["content"] for m in batch_traces(record)[0].messages] == ["yes"]
+assert extract_sequences(record).layout == "slime"
+columns = {"input_ids": torch.ones(2, 4, dtype=torch.long), "infer_logprobs": torch.zeros(2, 3)}
+assert extract_sequences(columns).layout == "roll"
+print("ok")
+""", tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
+
+
 def test_importing_rollout_mock_stays_cheap(tmp_path: Path) -> None:
     """The registrations import no framework, torch or numpy (nor pydantic: the configuration)."""
     proc = _run("""

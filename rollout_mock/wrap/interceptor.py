@@ -72,12 +72,16 @@ Capture = Callable[[Any], Any]
 Provenance = Callable[[Any], "dict[str, Any] | None"]
 
 
-def _open_dump(settings: StoreSettings, *, bundled: bool, mode: str) -> StepStore:
-    """The store of the dump at ``settings.dump_dir`` (a path to a file that is no bundle is refused)."""
+def _open_dump(settings: StoreSettings, given: StepStore | None, *, mode: str) -> tuple[StepStore, bool]:
+    """The dump's store (``given``, else opened from ``settings``: a path to a file that is no
+    bundle is refused) and whether the dump is a bundle (a .rmb file: replayed in place, read-only)."""
+    bundled = is_bundle(settings.dump_dir)
+    if given is not None:
+        return given, bundled
     if not bundled and not is_url(settings.dump_dir) and Path(settings.dump_dir).is_file():
         raise dump_path_is_a_file(settings.dump_dir, mode=mode)
     return open_store(settings.dump_dir, storage_options=dict(settings.storage_options or {}) or None,
-                      hmac_key=settings.hmac_key, verify=settings.verify)
+                      hmac_key=settings.hmac_key, verify=settings.verify), bundled
 
 
 class Interceptor:
@@ -114,8 +118,7 @@ class Interceptor:
                                self.rank if per_rank else None)
         #: dump mode: whether this process writes (only ``dump_rank`` unless ranks: all).
         self.writes = self.mode.records and parts.stream.writes(self.rank)
-        bundled = is_bundle(self.dump_dir)  # a .rmb file: replayed in place, read-only
-        self.store = store or _open_dump(parts.store, bundled=bundled, mode=self.mode.value)
+        self.store, bundled = _open_dump(parts.store, store, mode=self.mode.value)
         self._next_step = 0
         self._lock = threading.Lock()
         #: the intercepted methods called at all

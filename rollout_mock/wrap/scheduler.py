@@ -165,9 +165,10 @@ class MockScheduler(Generic[T]):
             raise ConfigError("MockScheduler needs at least one method name to intercept")
         self.enabled = self.config.enable
         self.interceptor: Interceptor | None = None
-        #: each intercepted method's calling convention and step position; its callable is made at
-        #: its first look-up (:meth:`__getattr__`) and kept in ``_intercepted``
-        self._calls: dict[str, tuple[Convention, int | None]] = {}
+        #: each intercepted method's calling convention, step position and real method (``None``:
+        #: none yet); its callable is made at its first look-up (:meth:`__getattr__`), kept in
+        #: ``_intercepted``
+        self._calls: dict[str, tuple[Convention, int | None, Any]] = {}
         self._intercepted: dict[str, Any] = {}
         needs_real = not self.enabled or self.mode.runs_scheduler
         self._factory = factory
@@ -199,7 +200,9 @@ class MockScheduler(Generic[T]):
         for method in self.methods:
             params = conventions[method].get("params")
             self.interceptor.params[method] = params if isinstance(params, list) else None
-            self._calls[method] = (Convention(conventions[method]["convention"]), conventions[method].get("step_arg"))
+            real = None if scheduler is None else getattr(scheduler, method)
+            self._calls[method] = (Convention(conventions[method]["convention"]), conventions[method].get("step_arg"),
+                                   real)
 
     def __repr__(self) -> str:
         state = "disabled" if self.interceptor is None else f"{self.mode.value}, {self.interceptor.stream}"
@@ -262,10 +265,9 @@ class MockScheduler(Generic[T]):
             prepare_scheduler(self.scheduler)
         return None if self.scheduler is None else getattr(self.scheduler, method)
 
-    def _make(self, method: str, convention: Convention, position: int | None) -> Any:
+    def _make(self, method: str, convention: Convention, position: int | None, real: Any) -> Any:
         interceptor = self.interceptor
         assert interceptor is not None
-        real = None if self.scheduler is None else getattr(self.scheduler, method)
         resolve = functools.partial(self._resolve, method)
 
         if convention is Convention.RAY:

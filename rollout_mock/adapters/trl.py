@@ -200,6 +200,8 @@ class _Source:
 
     def rollout(self, prompts: Any = None, global_step: int | None = None,
                 trainer_step: int | None = None) -> dict[str, Any]:
+        # ``trainer_step`` (an evaluation's optimizer step) is read from the recorded call's
+        # arguments, not here: mock mode finds the i-th evaluation at a step by it (_val_step)
         record, self.pending = self.pending, None
         if record is None:  # pragma: no cover - the wrappers always set it first
             raise RuntimeError("[RolloutMock] TRL: no generation to record")

@@ -34,6 +34,7 @@ from rollout_mock.config.parts import (
     RecordSettings,
     ReplaySettings,
     StoreSettings,
+    StreamSettings,
     config_parts,
 )
 
@@ -41,6 +42,6 @@ __all__ = [
     "BLOCK_KEY", "MAX_CONFIG_BYTES", "MAX_ERROR_LINES", "MAX_YAML_NODES", "CheckServes", "CheckSettings", "Compression",
     "ConfigParts", "DiskFullPolicy", "FingerprintPolicy", "KeepConfig", "KeepSettings", "MatchSettings",
     "MetricRule", "MismatchPolicy", "MissingStepPolicy", "RankPolicy", "RecordSettings", "ReplayRows",
-    "ReplaySettings", "RolloutMockConfig", "StoreSettings", "Tolerance", "VerdictAction", "VerdictConfig",
-    "WatchdogConfig", "build_config", "config_parts", "load_config",
+    "ReplaySettings", "RolloutMockConfig", "StoreSettings", "StreamSettings", "Tolerance", "VerdictAction",
+    "VerdictConfig", "WatchdogConfig", "build_config", "config_parts", "load_config",
 ]

@@ -32,7 +32,6 @@ import os
 import re
 from collections.abc import Mapping
 from enum import Enum
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import (
@@ -638,10 +637,6 @@ class RolloutMockConfig(BaseModel):
         if self.step_map is not None and run_step in self.step_map:
             return self.step_map[run_step]
         return run_step + self.step_offset
-
-    @property
-    def dump_path(self) -> Path:
-        return Path(self.dump_dir)
 
     def replace(self, **changes: Any) -> RolloutMockConfig:
         """A copy with ``changes`` applied and validated."""

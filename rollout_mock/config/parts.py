@@ -5,10 +5,11 @@ unchanged). The components behind a wrapped scheduler each need a few of its key
 ready to use: the recorder the dump-mode keys (``dump_steps`` as a set, ``max_keep`` and ``keep``
 merged into one :class:`KeepSettings`), the replayer the mock-mode
 keys (``step_map``/``step_offset`` as one mapping), request matching its two keys, check mode
-its three, the store its location and signing key (read from the environment once), the random
-number hook one flag. :func:`config_parts` builds them all at once, when a scheduler is wrapped;
-each component then gets its part only, so that what a component reads is written in its
-constructor's signature and nothing reaches back into the whole config.
+its three, the store its location and signing key (read from the environment once), the stream
+its name and rank policy, the random number hook one flag. :func:`config_parts` builds them all
+at once, at the edge (where a scheduler is wrapped); the interceptor hands each component its part
+only, so that what a component reads is written in its constructor's signature and nothing
+reaches back into the whole config (no component holds it).
 
 The parts are frozen dataclasses (plain values, no validation: the config was validated).
 """
@@ -29,9 +30,11 @@ from rollout_mock.config.model import (
     MetricRule,
     MismatchPolicy,
     MissingStepPolicy,
+    RankPolicy,
     ReplayRows,
     RolloutMockConfig,
     Tolerance,
+    VerdictAction,
     WatchdogConfig,
 )
 from rollout_mock.errors import ConfigError
@@ -39,7 +42,7 @@ from rollout_mock.modes import Mode
 
 __all__ = [
     "CheckSettings", "ConfigParts", "KeepSettings", "MatchSettings", "RecordSettings", "ReplaySettings",
-    "StoreSettings", "config_parts", "hmac_key",
+    "StoreSettings", "StreamSettings", "config_parts", "hmac_key",
 ]
 
 
@@ -65,6 +68,22 @@ class StoreSettings:
     storage_options: Mapping[str, Any] | None
     hmac_key: bytes | None = field(repr=False)
     verify: bool
+
+
+@dataclass(frozen=True)
+class StreamSettings:
+    """Which stream of the dump a wrapped scheduler reads and writes (``name``, ``ranks``, ``dump_rank``)."""
+
+    #: the scheduler's namespace in the dump (``None``: none); a wrapper's own name overrides it
+    name: str | None
+    #: ``ranks: all``: each rank writes and replays files of its own
+    per_rank: bool
+    #: ``ranks: one``: the rank that writes
+    dump_rank: int
+
+    def writes(self, rank: int | None) -> bool:
+        """Whether a process of rank ``rank`` writes in dump mode (``None``: no process group)."""
+        return (self.per_rank and rank is not None) or rank is None or rank == self.dump_rank
 
 
 #: What ``keep.metrics`` says of a metric it does not name: an anomaly when NaN or inf.
@@ -224,6 +243,7 @@ class ConfigParts:
 
     mode: Mode
     store: StoreSettings
+    stream: StreamSettings
     record: RecordSettings
     replay: ReplaySettings
     match: MatchSettings
@@ -231,6 +251,8 @@ class ConfigParts:
     watchdog: WatchdogConfig
     #: ``replay_rng: true``: generator states recorded/restored around every call
     replay_rng: bool
+    #: the start-up note about the dump run's metrics says whether they are compared
+    verdict: VerdictAction
 
 
 def config_parts(config: RolloutMockConfig) -> ConfigParts:
@@ -238,6 +260,7 @@ def config_parts(config: RolloutMockConfig) -> ConfigParts:
     return ConfigParts(
         mode=config.mode,
         store=StoreSettings(config.dump_dir, config.storage_options, hmac_key(config), config.verify_checksum),
+        stream=StreamSettings(config.name, config.ranks is RankPolicy.ALL, config.dump_rank),
         record=RecordSettings(
             dump_dir=config.dump_dir,
             dump_steps=None if config.dump_steps is None else frozenset(config.dump_steps),
@@ -258,4 +281,5 @@ def config_parts(config: RolloutMockConfig) -> ConfigParts:
                             tuple((config.check_tolerances or {}).items()), config.check_sample_key),
         watchdog=config.watchdog,
         replay_rng=config.replay_rng is True,
+        verdict=config.verdict.action,
     )

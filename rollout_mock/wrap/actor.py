@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
-from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.config import RolloutMockConfig, config_parts, load_config
 from rollout_mock.determinism import apply_from_env
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
 from rollout_mock.text import logger
@@ -243,7 +243,7 @@ class _InstanceMock:
         extras: _Extras | None = None,
     ) -> None:
         extras = extras or _Extras(None, {})
-        self.interceptor = Interceptor(config, split=split, name=name, rank=rank, match_keys=extras.keys,
+        self.interceptor = Interceptor(config_parts(config), split=split, name=name, rank=rank, match_keys=extras.keys,
                                        framework=extras.framework)
         self.positions = {m: step_arg_position(getattr(cls, m), bound=False) for m in methods}
         for m in methods:

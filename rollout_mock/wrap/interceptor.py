@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from rollout_mock.codec import BufferPool
-from rollout_mock.config import RankPolicy, RolloutMockConfig, config_parts
+from rollout_mock.config import ConfigParts, StoreSettings
 from rollout_mock.errors import ConfigError, dump_path_is_a_file
 from rollout_mock.storage.bundle import is_bundle
 from rollout_mock.storage.manifest import StreamId
@@ -72,6 +72,18 @@ Capture = Callable[[Any], Any]
 Provenance = Callable[[Any], "dict[str, Any] | None"]
 
 
+def _open_dump(settings: StoreSettings, given: StepStore | None, *, mode: str) -> tuple[StepStore, bool]:
+    """The dump's store (``given``, else opened from ``settings``: a path to a file that is no
+    bundle is refused) and whether the dump is a bundle (a .rmb file: replayed in place, read-only)."""
+    bundled = is_bundle(settings.dump_dir)
+    if given is not None:
+        return given, bundled
+    if not bundled and not is_url(settings.dump_dir) and Path(settings.dump_dir).is_file():
+        raise dump_path_is_a_file(settings.dump_dir, mode=mode)
+    return open_store(settings.dump_dir, storage_options=dict(settings.storage_options or {}) or None,
+                      hmac_key=settings.hmac_key, verify=settings.verify), bundled
+
+
 class Interceptor:
     """Runs intercepted calls for one stream in the configured mode (see the module docstring).
 
@@ -79,11 +91,12 @@ class Interceptor:
     :meth:`~rollout_mock.wrap.mismatch.RequestMatcher.register_key`); ``check_views``: per-method
     functions giving what check mode compares of a batch; ``capture``: what dump mode records
     of a live batch (default: the batch); ``framework``: whose volatile fields request matching
-    and check mode leave out (``None``: none)."""
+    and check mode leave out (``None``: none). ``parts``: the resolved config
+    (:func:`~rollout_mock.config.config_parts`); each component gets its own part."""
 
     def __init__(
         self,
-        config: RolloutMockConfig,
+        parts: ConfigParts,
         *,
         split: str = "train",
         name: str | None = None,
@@ -95,27 +108,17 @@ class Interceptor:
         provenance: Provenance | None = None,
         framework: str | None = None,
     ) -> None:
-        if not config.enable:
-            raise ValueError("Interceptor needs an enabled config")
-        self.config = config
-        parts = config_parts(config)
-        self.mode = config.mode
+        self.mode = parts.mode
         self.split = split
-        name = name if name is not None else config.name
+        #: the dump's location (for messages; the store is opened from ``parts.store``)
+        self.dump_dir = parts.store.dump_dir
         self.rank = _distributed_rank() if rank is None else rank
-        per_rank = config.ranks is RankPolicy.ALL and self.rank is not None
-        self.stream = StreamId(split, name, self.rank if per_rank else None)
+        per_rank = parts.stream.per_rank and self.rank is not None
+        self.stream = StreamId(split, name if name is not None else parts.stream.name,
+                               self.rank if per_rank else None)
         #: dump mode: whether this process writes (only ``dump_rank`` unless ranks: all).
-        self.writes = self.mode.records and (
-            per_rank or self.rank is None or self.rank == config.dump_rank
-        )
-        bundled = is_bundle(config.dump_dir)  # a .rmb file: replayed in place, read-only
-        if store is None and not bundled and not is_url(config.dump_dir) and Path(config.dump_dir).is_file():
-            raise dump_path_is_a_file(config.dump_dir, mode=self.mode.value)
-        self.store = store or open_store(
-            parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
-            hmac_key=parts.store.hmac_key, verify=parts.store.verify,
-        )
+        self.writes = self.mode.records and parts.stream.writes(self.rank)
+        self.store, bundled = _open_dump(parts.store, store, mode=self.mode.value)
         self._next_step = 0
         self._lock = threading.Lock()
         #: the intercepted methods called at all
@@ -132,17 +135,17 @@ class Interceptor:
         self.replayer: Replayer | None = None
         self.checker: Checker | None = None
         self.matcher = RequestMatcher(parts.match, self.store, self.stream, keys=match_keys, context={
-            "mode": self.mode.value, "split": split, "path": config.dump_dir}, framework=framework)
+            "mode": self.mode.value, "split": split, "path": self.dump_dir}, framework=framework)
         #: stall reports go to {dump_dir}/stalls/ (not from dump ranks that never touch the dump)
         self.watchdog = None if not parts.watchdog.enable else StallWatchdog(
             parts.watchdog,
-            directory=config.dump_dir if (self.writes or self.mode.replays) and not bundled else None,
+            directory=self.dump_dir if (self.writes or self.mode.replays) and not bundled else None,
             label=str(self.stream))
         if self.mode.records:
             self.recorder = Recorder(parts.record, self.store, self.stream, writes=self.writes)
         else:
             self.replayer = Replayer(parts.replay, self.store, self.stream)
-            if (note := describe_expected(config)) is not None:
+            if (note := describe_expected(self.dump_dir, parts.verdict)) is not None:
                 logger.info(note)
             if self.mode.runs_scheduler:
                 self.checker = Checker(parts.check, self.store, self.stream, views=check_views,
@@ -153,9 +156,9 @@ class Interceptor:
         logger.info(
             "[RolloutMock] Rollout Mock enabled: mode=%s, dir=%s, scheduler_mode=%s, format=%s%s",
             self.mode.value,
-            config.dump_dir,
+            self.dump_dir,
             split,
-            "data-only (trust_pickle: opaque blobs unpickled)" if config.trust_pickle else "data-only",
+            "data-only (trust_pickle: opaque blobs unpickled)" if parts.replay.trust_pickle else "data-only",
             "" if self.stream.key == split else f", stream={self.stream.key}",
         )
         #: calls served from the dump so far (mock mode): said when the run is interrupted
@@ -481,6 +484,6 @@ class Interceptor:
                 if interrupted:  # Ctrl-C: say where the replay stopped, as dump mode says what was kept
                     where = "before its first step" if not self._methods_seen else f"at step {self._next_step - 1}"
                     logger.warning("[RolloutMock] interrupted %s of %s (mode=%s); %d step(s) replayed from %s",
-                                   where, self.stream, self.mode.value, self.replayed, self.config.dump_dir)
+                                   where, self.stream, self.mode.value, self.replayed, self.dump_dir)
                 self.replayer.close()
             self.store.close()

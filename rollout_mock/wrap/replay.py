@@ -29,7 +29,7 @@ from typing import Any
 
 from rollout_mock.batch import batch_type_of
 from rollout_mock.codec.device import DevicePlacement
-from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, ReplaySettings, RolloutMockConfig
+from rollout_mock.config import FingerprintPolicy, MissingStepPolicy, ReplaySettings
 from rollout_mock.config.model import VerdictAction
 from rollout_mock.determinism.fingerprint import compare_fingerprints, fingerprint, format_differences
 from rollout_mock.errors import (
@@ -464,12 +464,13 @@ class Replayer:
 # --------------------------------------------------------------------------- expected values
 # The dump run's training metrics (:func:`~rollout_mock.storage.store.expected_path`; written and
 # checked by :class:`rollout_mock.compare.expected.ExpectedMetrics`): a replay announces them at start-up.
-def describe_expected(config: RolloutMockConfig) -> str | None:
-    """Mock mode's start-up line about the dump run's metrics (``None`` when there are none)."""
-    path = expected_path(config.dump_dir)
+def describe_expected(dump_dir: str, verdict: VerdictAction) -> str | None:
+    """Mock mode's start-up line about the dump run's metrics in ``dump_dir`` (``None`` when there
+    are none); ``verdict``: the config's ``verdict.action``."""
+    path = expected_path(dump_dir)
     if not os.path.isfile(path) or os.path.islink(path) or os.path.islink(path.parent):
         return None
-    if config.verdict.action is VerdictAction.OFF:
+    if verdict is VerdictAction.OFF:
         return f"[RolloutMock] {path} holds the dump run's metrics (verdict: off, not compared)"
-    return (f"[RolloutMock] {path} holds the dump run's metrics; verdict={config.verdict.action.value}: "
+    return (f"[RolloutMock] {path} holds the dump run's metrics; verdict={verdict.value}: "
             f"metrics logged through MetricsWriter(..., expected=<scheduler>) are compared as they are logged")

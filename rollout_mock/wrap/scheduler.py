@@ -8,9 +8,9 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
-from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.config import RolloutMockConfig, config_parts, load_config
 from rollout_mock.errors import ConfigError, ReplayMismatchError, SchedulerUnavailableError, StreamNotFoundError
-from rollout_mock.modes import Convention
+from rollout_mock.modes import Convention, Mode
 from rollout_mock.storage.store import StepStore
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import as_step, detect_convention, parameter_names, ray_actor_class, step_arg_position
@@ -156,20 +156,26 @@ class MockScheduler(Generic[T]):
         provenance: Provenance | None = None,
         framework: str | None = None,
     ) -> None:
+        #: the ``rollout_mock:`` block as loaded (read here only: each component gets its part)
         self.config: RolloutMockConfig = load_config(config if config is not None else {})
+        self.mode: Mode = self.config.mode
         self.split = split
         self.methods: tuple[str, ...] = (methods,) if isinstance(methods, str) else tuple(methods)
         if not self.methods:
             raise ConfigError("MockScheduler needs at least one method name to intercept")
         self.enabled = self.config.enable
         self.interceptor: Interceptor | None = None
+        #: each intercepted method's calling convention, step position and real method (``None``:
+        #: none yet); its callable is made at its first look-up (:meth:`__getattr__`), kept in
+        #: ``_intercepted``
+        self._calls: dict[str, tuple[Convention, int | None, Any]] = {}
         self._intercepted: dict[str, Any] = {}
-        needs_real = not self.enabled or self.config.mode.runs_scheduler
+        needs_real = not self.enabled or self.mode.runs_scheduler
         self._factory = factory
         if scheduler is None and factory is not None and needs_real:
             scheduler = factory()
         if scheduler is None and needs_real:
-            what = "enable: false" if not self.enabled else f"mode={self.config.mode.value}"
+            what = "enable: false" if not self.enabled else f"mode={self.mode.value}"
             raise ConfigError(
                 f"MockScheduler ({what}, split={split}) needs the real scheduler: pass it, or a "
                 f"factory that builds it (factories are never called in mock mode)"
@@ -177,16 +183,16 @@ class MockScheduler(Generic[T]):
         self.scheduler = scheduler
         if not self.enabled:
             return
-        if scheduler is not None and self.config.mode.runs_scheduler:
+        if scheduler is not None and self.mode.runs_scheduler:
             prepare_scheduler(scheduler)
-        self.interceptor = Interceptor(self.config, split=split, name=name, store=store, rank=rank,
+        self.interceptor = Interceptor(config_parts(self.config), split=split, name=name, store=store, rank=rank,
                                        match_keys=match_keys, check_views=check_views, capture=capture,
                                        provenance=provenance, framework=framework)
-        if self.config.mode.replays:
+        if self.mode.replays:
             _check_recorded_methods(self.interceptor, self.methods)
         conventions = self._conventions(scheduler, spec)
         settings = flatten_settings(rollout_settings)
-        if self.config.mode.records and self.interceptor.writes:
+        if self.mode.records and self.interceptor.writes:
             recorded = {m: {**info, "settings": settings} if settings is not None else info
                         for m, info in conventions.items()}
             self.interceptor.store.set_methods(self.interceptor.stream, recorded)
@@ -194,10 +200,12 @@ class MockScheduler(Generic[T]):
         for method in self.methods:
             params = conventions[method].get("params")
             self.interceptor.params[method] = params if isinstance(params, list) else None
-            self._intercepted[method] = self._make(method, conventions[method])
+            real = None if scheduler is None else getattr(scheduler, method)
+            self._calls[method] = (Convention(conventions[method]["convention"]), conventions[method].get("step_arg"),
+                                   real)
 
     def __repr__(self) -> str:
-        state = "disabled" if self.interceptor is None else f"{self.config.mode.value}, {self.interceptor.stream}"
+        state = "disabled" if self.interceptor is None else f"{self.mode.value}, {self.interceptor.stream}"
         return f"MockScheduler({self.scheduler!r}, {state}, methods={list(self.methods)})"
 
     def _conventions(self, scheduler: Any, spec: Any) -> dict[str, dict[str, Any]]:
@@ -211,13 +219,13 @@ class MockScheduler(Generic[T]):
             return info
         recorded = self.interceptor.store.methods(self.interceptor.stream)
         if spec is not None:
-            return _spec_methods(spec, self.methods, recorded if self.config.mode.replays else None)
+            return _spec_methods(spec, self.methods, recorded if self.mode.replays else None)
         info = {}
         for method in self.methods:
             if method not in recorded:
                 self._raise_if_stream_missing()
                 raise ConfigError(
-                    f"mock mode without a scheduler: the manifest of {self.config.dump_dir} does not "
+                    f"mock mode without a scheduler: the manifest of {self.interceptor.dump_dir} does not "
                     f"record how {self.split}.{method} is called (recorded: {sorted(recorded) or 'none'}); "
                     f"pass spec=<scheduler class> or check `methods`"
                 )
@@ -243,9 +251,9 @@ class MockScheduler(Generic[T]):
             what = f"no stream {stream.key!r}"
             fix = "check the scheduler's `name` and the rank settings"
         raise StreamNotFoundError(
-            f"[RolloutMock] mode={self.config.mode.value}: {interceptor.config.dump_dir} has {what} (splits recorded: "
+            f"[RolloutMock] mode={self.mode.value}: {interceptor.dump_dir} has {what} (splits recorded: "
             f"{', '.join(splits) or 'none'}; streams: {', '.join(s.key for s in present) or 'none'}); {fix}",
-            mode=self.config.mode.value, split=self.split, path=interceptor.config.dump_dir,
+            mode=self.mode.value, split=self.split, path=interceptor.dump_dir,
         )
 
     def _resolve(self, method: str) -> Any:
@@ -257,12 +265,9 @@ class MockScheduler(Generic[T]):
             prepare_scheduler(self.scheduler)
         return None if self.scheduler is None else getattr(self.scheduler, method)
 
-    def _make(self, method: str, info: Mapping[str, Any]) -> Any:
-        convention = Convention(info["convention"])
-        position = info.get("step_arg")
+    def _make(self, method: str, convention: Convention, position: int | None, real: Any) -> Any:
         interceptor = self.interceptor
         assert interceptor is not None
-        real = None if self.scheduler is None else getattr(self.scheduler, method)
         resolve = functools.partial(self._resolve, method)
 
         if convention is Convention.RAY:
@@ -293,17 +298,20 @@ class MockScheduler(Generic[T]):
         intercepted = self.__dict__.get("_intercepted", {})
         if attribute in intercepted:
             return intercepted[attribute]
+        calls = self.__dict__.get("_calls", {})
+        if attribute in calls:  # made once: every look-up returns the same callable
+            return intercepted.setdefault(attribute, self._make(attribute, *calls[attribute]))
         scheduler = self.__dict__.get("scheduler")
         if scheduler is None:
             if attribute.startswith("__"):
                 raise AttributeError(attribute)
-            config = self.__dict__.get("config")
+            mode = self.__dict__.get("mode")
             raise SchedulerUnavailableError(
                 f"[RolloutMock] {attribute!r} is not available in mock mode: there is no real "
                 f"scheduler (it is never built in mock mode), and only "
                 f"{list(self.__dict__.get('methods', ()))} are replayed. Add {attribute!r} to "
                 f"`methods` if it returns batches, or avoid calling it in mock mode.",
-                mode=None if config is None else config.mode.value,
+                mode=None if mode is None else mode.value,
                 split=self.__dict__.get("split"),
             )
         return getattr(scheduler, attribute)

@@ -1,0 +1,72 @@
+"""The config is resolved once, at the edge: each component behind a wrapped scheduler holds its
+part (a frozen dataclass), never the whole ``rollout_mock:`` block."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import cfg
+
+from rollout_mock import MockScheduler, RolloutMockConfig, load_config
+from rollout_mock.config import StreamSettings, VerdictAction, config_parts
+
+
+class Source:
+    def get_batch(self, global_step: int) -> dict[str, Any]:
+        return {"step": global_step, "values": [global_step] * 3}
+
+
+def _held(root: Any, name: str) -> Iterator[tuple[str, Any]]:
+    """Every value reachable from ``root`` through the attributes of rollout_mock objects (and
+    the lists, tuples, sets and dicts they hold), with its attribute path."""
+    seen: set[int] = set()
+    todo = [(name, root)]
+    while todo:
+        path, value = todo.pop()
+        if id(value) in seen:
+            continue
+        seen.add(id(value))
+        yield path, value
+        if isinstance(value, dict):
+            todo += [(f"{path}[{key!r}]", item) for key, item in value.items()]
+        elif isinstance(value, list | tuple | set | frozenset):
+            todo += [(f"{path}[{i}]", item) for i, item in enumerate(value)]
+        elif type(value).__module__.startswith("rollout_mock.") and hasattr(value, "__dict__"):
+            todo += [(f"{path}.{key}", item) for key, item in vars(value).items()]
+
+
+@pytest.mark.parametrize("mode", ["dump", "mock", "check"])
+def test_no_component_behind_a_scheduler_holds_the_whole_config(tmp_path: Path, mode: str) -> None:
+    if mode != "dump":
+        with MockScheduler(Source(), cfg(tmp_path)) as recording:
+            recording.get_batch(global_step=0)
+    with MockScheduler(Source(), cfg(tmp_path, mode)) as wrapped:
+        assert wrapped.get_batch(global_step=0)["values"] == [0, 0, 0]
+        assert isinstance(wrapped.config, RolloutMockConfig)  # the edge keeps it (``expected=`` reads it)
+        holders = [path for path, value in _held(wrapped.interceptor, "interceptor")
+                   if isinstance(value, RolloutMockConfig)]
+        assert holders == []
+        # and each part is there, in its component
+        assert wrapped.interceptor.recorder is not None or wrapped.interceptor.replayer is not None
+
+
+def test_the_stream_part_says_which_rank_writes() -> None:
+    one = config_parts(load_config({"enable": True, "dump_dir": "/x", "name": "actor", "dump_rank": 2}))
+    assert one.stream == StreamSettings(name="actor", per_rank=False, dump_rank=2)
+    assert [one.stream.writes(rank) for rank in (None, 0, 2)] == [True, False, True]
+    every = config_parts(load_config({"enable": True, "dump_dir": "/x", "ranks": "all"})).stream
+    assert every.per_rank and every.writes(0) and every.writes(5)
+
+
+def test_the_verdict_part_is_the_verdict_action() -> None:
+    parts = config_parts(load_config({"enable": True, "dump_dir": "/x", "verdict": {"action": "off"}}))
+    assert parts.verdict is VerdictAction.OFF
+
+
+def test_an_intercepted_method_is_made_once(tmp_path: Path) -> None:
+    with MockScheduler(Source(), cfg(tmp_path)) as wrapped:
+        method = wrapped.get_batch
+        assert wrapped.get_batch is method and method.__name__ == "get_batch"

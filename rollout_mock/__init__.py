@@ -64,7 +64,7 @@ _EXPORTS: dict[str, str] = {
     "VerifyReport": "rollout_mock.compare.verify",
     "diff_dumps": "rollout_mock.compare.diff",
     "DiffReport": "rollout_mock.compare.diff",
-    "compare_batches": "rollout_mock.compare.batch_diff",
+    "compare_batches": "rollout_mock.codec.structure",
     "batch_traces": "rollout_mock.compare.traces",
     "read_check_verdicts": "rollout_mock.wrap.check",
     "CheckVerdict": "rollout_mock.wrap.check",
@@ -82,7 +82,7 @@ __all__ += _errors.__all__
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.adapters.trl import wrap_trl
     from rollout_mock.batch import register_batch_class
-    from rollout_mock.compare.batch_diff import compare_batches
+    from rollout_mock.codec.structure import compare_batches
     from rollout_mock.compare.diff import DiffReport, diff_dumps
     from rollout_mock.compare.expected import MetricsWriter
     from rollout_mock.compare.metrics import read_metrics

@@ -81,3 +81,21 @@ def test_one_tolerance_rule_for_scalars_and_arrays() -> None:
     for rtol, atol in ((0.0, 0.0), (0.0, 1e-6), (1e-3, 0.0)):
         scalar = [within_tolerance(float(x), float(y), rtol, atol) for x, y in zip(a, b)]
         assert within_tolerance_array(a, b, rtol, atol).tolist() == scalar
+
+
+def test_the_in_run_verdict_uses_the_same_rule(tmp_path: Any) -> None:
+    """An expected infinity matches only itself, whatever the tolerance (it took 1e308 for +inf
+    under an rtol: ``|inf - 1e308| <= rtol * inf``)."""
+    from rollout_mock.compare.expected import ExpectedMetrics
+    from rollout_mock.config import RolloutMockConfig
+    from rollout_mock.wrap.replay import expected_path
+
+    path = expected_path(str(tmp_path), None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"step": 0, "loss": "Infinity", "kl": 1.0}\n')
+    config = RolloutMockConfig(enable=True, mode="mock", dump_dir=str(tmp_path),
+                               verdict={"action": "warn", "rtol": 1e-3})
+    verdict = ExpectedMetrics(config, writes=False)
+    verdict.observe(0, {"loss": 1e308, "kl": 1.0005})
+    assert (verdict.compared, verdict.diverged) == (2, 1) and verdict.first is not None
+    assert verdict.first[1] == "loss"

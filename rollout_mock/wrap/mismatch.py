@@ -4,7 +4,8 @@ the rollout-settings pre-flight check.
 :class:`RequestMatcher` belongs to one stream's interceptor. Dump mode asks it for the digest of
 each call (:meth:`RequestMatcher.request`, stored with the step); mock and check mode also call
 :meth:`RequestMatcher.check` before the recorded batch is served. A difference is explained from
-the recorded nodes (:mod:`rollout_mock.wrap.matching`): which argument (or field inside one)
+the recorded structure (:mod:`rollout_mock.wrap.matching`), walked by the structural comparison
+engine (:mod:`rollout_mock.codec.structure`) beside the live one: which argument (or field inside one)
 differs and how — kind, dtype, shape, length, the first differing index with both values where
 the recorded values are kept, else the first differing row block — whether the call equals the
 recorded call of a *nearby* step (a shifted data loader), and the fixes. ``on_mismatch: error``
@@ -38,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_mock.codec.structure import compare_batches
 from rollout_mock.config import MatchSettings, MismatchPolicy, RolloutMockConfig, config_parts
 from rollout_mock.errors import (
     ConfigError,
@@ -259,24 +261,71 @@ def _unkept_field(parent: Node | None, child: str) -> bool:
     return child.rsplit(".", 1)[-1][:40] in keys or (isinstance(length, int) and length > len(keys))
 
 
-def _deepest(path: str, rec: dict[str, Node], live: dict[str, Node], unkept: str = "") -> Difference:
-    """The deepest kept node under ``path`` that differs, described; among several differing
-    fields, the prompts (:data:`PROMPT_FIELDS`) first. ``unkept``: why the recorded structure
-    may stop above the field that differs (said when the walk ends at a container)."""
+class _Leaf:
+    """A recorded node as a leaf of the structural comparison engine's walk: equal by digest,
+    shown by its summary."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Leaf) and other.node.digest == self.node.digest
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return _summary(self.node)
+
+
+def _tree(path: str, nodes: Mapping[str, Node]) -> Any:
+    """The kept structure at ``path`` as nested dicts, a node without kept fields as a
+    :class:`_Leaf`: what the engine walks."""
     prefix = path + "."
-    children = [p for p in [*rec, *(p for p in live if p not in rec)]
-                if p.startswith(prefix) and "." not in p[len(prefix):]]
-    order = {p: i for i, p in enumerate(children)}
-    children.sort(key=lambda p: (p[len(prefix):] not in PROMPT_FIELDS, order[p]))
-    for child in children:
-        a, b = rec.get(child), live.get(child)
-        if (a is None and _unkept_field(rec.get(path), child)) or (b is None and _unkept_field(live.get(path), child)):
+    heads = dict.fromkeys(p[len(prefix):].split(".", 1)[0] for p in nodes if p.startswith(prefix))
+    if not heads:
+        return _Leaf(nodes[path])
+    return {head: _tree(prefix + head, nodes) for head in heads}
+
+
+def _deepest(path: str, rec: dict[str, Node], live: dict[str, Node], unkept: str = "") -> Difference:
+    """The deepest kept node under ``path`` that differs, described: the recorded and the live
+    structure compared by the structural comparison engine
+    (:func:`rollout_mock.codec.structure.compare_batches`); among several differing fields, the
+    prompts (:data:`PROMPT_FIELDS`) first, then the recorded order. ``unkept``: why the recorded
+    structure may stop above the field that differs (said when it ends at a container)."""
+    found, _ = compare_batches(_tree(path, rec), _tree(path, live))
+    order = {p: i for i, p in enumerate([*rec, *(p for p in live if p not in rec)])}
+    candidates: list[tuple[str, str]] = []
+    for diff in found:
+        full = path if diff.key == "<batch>" else f"{path}.{diff.key}"
+        parent = full.rsplit(".", 1)[0]
+        if (diff.status == "only_in_b" and _unkept_field(rec.get(parent), full)) or (
+                diff.status == "only_in_a" and _unkept_field(live.get(parent), full)):
             continue  # in that call, past what its structure kept: not compared
-        if a is None or b is None or a.digest != b.digest:
-            if a is not None and b is not None:
-                return _deepest(child, rec, live, unkept)
-            return _describe(child, a, b)
-    return _describe(path, rec.get(path), live.get(path), unkept)
+        candidates.append((full, diff.status))
+    if not candidates:  # differing digests, equal kept fields: the deepest differing node, said why
+        candidates = [(p, "different") for p in rec if (p == path or p.startswith(path + "."))
+                      and p in live and rec[p].digest != live[p].digest]
+        candidates = [c for c in candidates if c[0].count(".") == max(p.count(".") for p, _ in candidates)]
+    full, status = min(candidates, key=lambda c: _rank(c[0], path, order))
+    if status == "only_in_a":
+        return _describe(full, rec.get(full), None)
+    if status == "only_in_b":
+        return _describe(full, None, live.get(full))
+    return _describe(full, rec.get(full), live.get(full), unkept)
+
+
+def _rank(full: str, root: str, order: Mapping[str, int]) -> list[tuple[bool, int]]:
+    """Where a differing field comes among others: level by level, prompts first, then in the
+    recorded order."""
+    out: list[tuple[bool, int]] = []
+    at = root
+    for name in full[len(root) + 1:].split(".") if full != root else []:
+        at = f"{at}.{name}"
+        out.append((name not in PROMPT_FIELDS, order.get(at, len(order))))
+    return out
 
 
 def _whole(recorded: Request, live: Request) -> list[Difference]:

@@ -177,3 +177,10 @@ def test_the_recorded_structure_is_bounded_and_says_what_it_left_out() -> None:
     other = {**wide, "k399": {"inner": {"x": -1, "t": torch.full((4,), 399.0)}}}
     (found,) = differences(request, digest_request({"data": other}))
     assert "name the path in match_on when dumping" in found.what
+
+
+def test_a_deep_tensor_difference_names_its_path_and_both_summaries() -> None:
+    recorded = {"a": {"b": {"c": {"d": {"t": torch.arange(4), "u": 1}}}}, "x": [1, 2]}
+    live = {"a": {"b": {"c": {"d": {"t": torch.arange(4, dtype=torch.int32), "u": 1}}}}, "x": [1, 2]}
+    (found,) = differences(digest_request({"data": recorded}), digest_request({"data": live}))
+    assert found.path == "data.a.b.c.d.t" and found.what == "dtype int64 in the dump run, int32 now"

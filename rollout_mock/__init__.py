@@ -13,7 +13,7 @@ The public API, all importable from here::
 * comparing: :class:`MetricsWriter`, :func:`read_metrics`, :func:`verify`, :func:`diff_dumps`,
   :func:`compare_batches`, :func:`batch_traces` (``rollout_mock.compare``); check mode's verdicts:
   :func:`read_check_verdicts` / :class:`CheckVerdict`; request matching:
-  :func:`register_volatile_fields`;
+  :func:`register_volatile_fields`, :func:`register_matcher` (named ``match_on`` matchers);
 * the flight recorder (``keep:``): :func:`observe` and :func:`pin` reach every dump-mode
   scheduler of this process (``MockScheduler.observe`` / ``.pin`` reach one);
 * forensics: :func:`anomaly_hooks` / :func:`explain` name the module and op that made a step's
@@ -64,11 +64,12 @@ _EXPORTS: dict[str, str] = {
     "VerifyReport": "rollout_mock.compare.verify",
     "diff_dumps": "rollout_mock.compare.diff",
     "DiffReport": "rollout_mock.compare.diff",
-    "compare_batches": "rollout_mock.compare.batch_diff",
+    "compare_batches": "rollout_mock.codec.structure",
     "batch_traces": "rollout_mock.compare.traces",
     "read_check_verdicts": "rollout_mock.wrap.check",
     "CheckVerdict": "rollout_mock.wrap.check",
     "register_volatile_fields": "rollout_mock.wrap.hooks",
+    "register_matcher": "rollout_mock.wrap.mismatch",
     "observe": "rollout_mock.wrap.retention",
     "anomaly_hooks": "rollout_mock.debug.forensics",
     "explain": "rollout_mock.debug.forensics",
@@ -81,7 +82,7 @@ __all__ += _errors.__all__
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.adapters.trl import wrap_trl
     from rollout_mock.batch import register_batch_class
-    from rollout_mock.compare.batch_diff import compare_batches
+    from rollout_mock.codec.structure import compare_batches
     from rollout_mock.compare.diff import DiffReport, diff_dumps
     from rollout_mock.compare.expected import MetricsWriter
     from rollout_mock.compare.metrics import read_metrics
@@ -95,6 +96,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.wrap.actor import mock_class
     from rollout_mock.wrap.check import CheckVerdict, read_check_verdicts
     from rollout_mock.wrap.hooks import register_volatile_fields
+    from rollout_mock.wrap.mismatch import register_matcher
     from rollout_mock.wrap.retention import observe, pin
     from rollout_mock.wrap.scheduler import MockScheduler, wrap_scheduler
 

@@ -9,7 +9,8 @@ back with ``allow_nan`` and what JavaScript's ``Number()`` parses).
 One number formatter for every CLI output and the HTML report, :func:`fmt_number`, and one safe
 conversion for charts, :func:`to_float`: neither ever raises, whatever the value (a 20,000-digit
 int, ``Decimal('1e999999')``, a numpy ``longdouble`` beyond float64, a signalling NaN, an object
-whose ``__float__`` raises).
+whose ``__float__`` raises). One tolerance rule for every comparison of numbers,
+:func:`within_tolerance` (and :func:`within_tolerance_array`, element by element).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import numbers
 import os
 import re
 import reprlib
+import struct
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Protocol, TextIO, cast
@@ -29,7 +32,7 @@ from typing import Any, Protocol, TextIO, cast
 __all__ = [
     "LOG_PREFIX", "MAX_INT_DIGITS", "STEP_LOG_EVERY", "STEP_LOG_FIRST", "ProgressBar", "dumps_json", "fmt_number",
     "int_digits", "json_default", "json_float", "jsonable", "logger", "progress_bar", "short_repr", "step_log_level",
-    "table", "terminal_safe", "to_float",
+    "identical", "table", "terminal_safe", "to_float", "within_tolerance", "within_tolerance_array",
 ]
 
 #: The one logger of the package; every log line starts with :data:`LOG_PREFIX`.
@@ -237,6 +240,46 @@ def to_float(x: object) -> float | None:
             return None
     except Exception:
         return None
+
+
+# ----------------------------------------------------------------------------- comparing numbers
+def _bits(x: float) -> bytes:
+    return struct.pack("<d", x)
+
+
+def identical(a: float, b: float) -> bool:
+    """Bitwise equality of two floats, except that any two NaNs are identical."""
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    return _bits(a) == _bits(b)
+
+
+def within_tolerance(a: float, b: float, rtol: float, atol: float) -> bool:
+    """``a`` (candidate) matches ``b`` (baseline): the package's one tolerance rule (``verify``'s
+    metrics, ``diff``'s and check mode's values). Bitwise (any two NaNs alike) when both
+    tolerances are 0; else two NaNs, equal values, or ``|a - b| <= atol + rtol * |b|``."""
+    if rtol == 0.0 and atol == 0.0:
+        return identical(a, b)
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= atol + rtol * abs(b)
+
+
+def within_tolerance_array(a: Any, b: Any, rtol: float, atol: float) -> Any:
+    """:func:`within_tolerance` element by element over two numpy arrays of one shape (real or
+    complex), as a bool array; by their operators, so this module imports no numpy."""
+    both_nan = (a != a) & (b != b)  # noqa: PLR0124 - NaN is the value unequal to itself
+    if rtol == 0.0 and atol == 0.0:
+        wide = "complex128" if "c" in (a.dtype.kind, b.dtype.kind) else "float64"
+        bits_a = a.astype(wide).reshape(-1, 1).view("uint64")
+        bits_b = b.astype(wide).reshape(-1, 1).view("uint64")
+        return (bits_a == bits_b).all(axis=1).reshape(a.shape) | both_nan
+    with warnings.catch_warnings():  # inf - inf: NaN, not within (equal infinities are a == b)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        finite = (abs(a) < math.inf) & (abs(b) < math.inf)  # an infinity matches only itself
+        return (a == b) | both_nan | (finite & (abs(a - b) <= atol + rtol * abs(b)))
 
 
 def dumps_json(value: Any, **kwargs: Any) -> str:

@@ -22,7 +22,9 @@ the header's grammar, and the container writer: the format is specified in its d
 :mod:`~rollout_mock.codec.safe` (sources and the bounded read API),
 :mod:`~rollout_mock.codec.device` (capture buffers, pinned memory, CUDA staging and placement),
 :mod:`~rollout_mock.codec.classes` (framework classes written and rebuilt as data),
-:mod:`~rollout_mock.codec.legacy` (format-1 files read as data) and
+:mod:`~rollout_mock.codec.legacy` (format-1 files read as data),
+:mod:`~rollout_mock.codec.structure` (the structural comparison of two values: ``diff``, check
+mode) and
 :mod:`~rollout_mock.codec.trusted` (everything that runs pickle).
 
 Step files name ``rollout_mock.codec._load_v2`` (format 2, for ``pickle.load``) and

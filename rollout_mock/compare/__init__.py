@@ -5,8 +5,8 @@ and the pytest plugin that turns them into a precision-regression job.
   :func:`identical` / :func:`within_tolerance`;
 * :mod:`~rollout_mock.compare.expected` — :class:`MetricsWriter` and the dump's expected values;
 * :mod:`~rollout_mock.compare.verify` — :func:`verify` two runs' metrics;
-* :mod:`~rollout_mock.compare.diff` — :func:`diff_dumps`; :mod:`~rollout_mock.compare.batch_diff` —
-  :func:`compare_batches`;
+* :mod:`~rollout_mock.compare.diff` — :func:`diff_dumps`, over the structural comparison engine
+  (:func:`compare_batches`, :mod:`rollout_mock.codec.structure`: below wrap/, check mode uses it too);
 * :mod:`~rollout_mock.compare.traces` — :func:`batch_traces`.
 
 Names are imported lazily (PEP 562): the pytest plugin loads this package in every pytest run.
@@ -24,7 +24,7 @@ _EXPORTS: dict[str, str] = {
     "ExpectedMetrics": "expected", "MetricsWriter": "expected", "attach_expected": "expected",
     "read_expected": "expected",
     "MetricComparison": "verify", "VerifyReport": "verify", "format_report": "verify", "verify": "verify",
-    "KeyDiff": "batch_diff", "compare_batches": "batch_diff",
+    "KeyDiff": "diff", "compare_batches": "diff",
     "DiffReport": "diff", "StepDiff": "diff", "StreamDiff": "diff", "diff_dumps": "diff", "format_diff": "diff",
     "parse_steps": "diff",
     "Trace": "traces", "batch_traces": "traces", "count_traces": "traces", "format_traces": "traces",
@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rollout_mock.compare.batch_diff import KeyDiff, compare_batches
+    from rollout_mock.codec.structure import KeyDiff, compare_batches
     from rollout_mock.compare.diff import DiffReport, StepDiff, StreamDiff, diff_dumps, format_diff, parse_steps
     from rollout_mock.compare.expected import ExpectedMetrics, MetricsWriter, attach_expected, read_expected
     from rollout_mock.compare.metrics import (

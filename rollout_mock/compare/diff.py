@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, TextIO, TypedDict
 
-from rollout_mock.compare.batch_diff import KeyDiff, compare_batches
+from rollout_mock.codec.structure import KeyDiff, compare_batches
 from rollout_mock.determinism.fingerprint import compare_fingerprints
 from rollout_mock.errors import CorruptStepError, DiffInputError, StepNotFoundError
 from rollout_mock.storage.manifest import StepEntry, StreamId, format_ranges

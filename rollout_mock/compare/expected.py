@@ -42,8 +42,8 @@ from rollout_mock.compare.metrics import (
     _check_step,
     decode_value,
     encode_value,
-    identical,
     read_jsonl,
+    within_tolerance,
 )
 from rollout_mock.config import RolloutMockConfig, load_config
 from rollout_mock.config.model import VerdictAction
@@ -298,13 +298,7 @@ class ExpectedMetrics:
             expected, actual = series[step], _number(name, raw)
             rtol, atol = self.verdict.tolerance(name)
             self.compared += 1
-            if rtol == 0.0 and atol == 0.0:
-                same = identical(actual, expected)
-            elif math.isnan(actual) or math.isnan(expected):
-                same = math.isnan(actual) and math.isnan(expected)
-            else:
-                same = actual == expected or abs(actual - expected) <= atol + rtol * abs(expected)
-            if same:
+            if within_tolerance(actual, expected, rtol, atol):
                 continue
             self.diverged += 1
             if self.first is None:

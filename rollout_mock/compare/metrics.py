@@ -9,7 +9,9 @@ for one step is an error. :class:`~rollout_mock.compare.expected.MetricsWriter` 
 
 Two values are the same (:func:`identical`) when their float64 bit patterns are equal, except
 that any two NaNs are identical; :func:`within_tolerance` is numpy's ``isclose`` relative to the
-baseline, bitwise when both tolerances are 0.
+baseline, bitwise when both tolerances are 0. Both live in :mod:`rollout_mock.text`, the
+package's one tolerance rule (the structural comparison of batches,
+:mod:`rollout_mock.codec.structure`, applies it element by element: ``diff``, check mode).
 """
 
 from __future__ import annotations
@@ -35,12 +37,12 @@ from rollout_mock.errors import (
 )
 from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.paths import read_inside
-from rollout_mock.text import fmt_number, logger, short_repr
+from rollout_mock.text import fmt_number, identical, logger, short_repr, within_tolerance, within_tolerance_array
 
 __all__ = [
     "DEFAULT_METRICS_FILE", "MAX_EXACT_INT", "JsonlRecord", "MetricsTable", "decode_value", "encode_value",
     "identical", "jsonl_records", "read_csv", "read_jsonl", "read_metrics", "read_tensorboard",
-    "resolve_metrics_path", "within_tolerance",
+    "resolve_metrics_path", "within_tolerance", "within_tolerance_array",
 ]
 
 
@@ -152,28 +154,6 @@ def _check_step(step: object) -> int:
     if value < 0:
         raise InvalidMetricError(f"step must be a non-negative int, got {value}")
     return value
-
-
-def _bits(x: float) -> bytes:
-    return struct.pack("<d", x)
-
-
-def identical(a: float, b: float) -> bool:
-    """Bitwise equality of two floats, except that any two NaNs are identical."""
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    return _bits(a) == _bits(b)
-
-
-def within_tolerance(a: float, b: float, rtol: float, atol: float) -> bool:
-    """``a`` (candidate) matches ``b`` (baseline); bitwise when both tolerances are 0."""
-    if rtol == 0.0 and atol == 0.0:
-        return identical(a, b)
-    if math.isnan(a) or math.isnan(b):
-        return math.isnan(a) and math.isnan(b)
-    if math.isinf(a) or math.isinf(b):
-        return a == b
-    return abs(a - b) <= atol + rtol * abs(b)
 
 
 # --------------------------------------------------------------------------- the table

@@ -513,9 +513,12 @@ class RolloutMockConfig(BaseModel):
     recorded batch is served (request matching; a difference raises ReplayMismatchError).
     ``null`` (default): every argument except the step, tensors/arrays/DataProto/TensorDict by
     content, containers recursively, less the fields the framework adapters declare volatile
-    (random uids, trace ids); a list of argument names or dotted paths inside them (``[prompts,
-    data.batch.input_ids]``) compares only those; ``[step]`` compares nothing (the step alone picks
-    the record). Dump mode records a digest of every call, unless ``[step]``."""
+    (random uids, trace ids); a list of matcher names, argument names or dotted paths inside them
+    (``[prompts, data.batch.input_ids, data.a.b.c.d.e]``) compares only those: a name registered
+    with ``rollout_mock.register_matcher`` runs that matcher over the recorded and the live call,
+    any other entry is a path; ``[step]`` compares nothing (the step alone picks the record),
+    ``[request]`` the whole call. Dump mode records a digest of every call and its structure
+    (bounded), unless ``[step]``."""
 
     on_mismatch: MismatchPolicy = MismatchPolicy.ERROR
     """Mock and check mode: a call that does not match its recorded call (see ``match_on``), or
@@ -605,7 +608,7 @@ class RolloutMockConfig(BaseModel):
         if value is None:
             return value
         if not value or any(not isinstance(k, str) or not k.strip() for k in value):
-            raise ValueError("must be a non-empty list of argument names or dotted paths (or [step])")
+            raise ValueError("must be a non-empty list of matcher names, argument names or dotted paths (or [step])")
         if "step" in value and len(value) > 1:
             raise ValueError("'step' means 'match on the step alone': it cannot be combined with other names")
         return value

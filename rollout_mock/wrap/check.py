@@ -3,8 +3,10 @@
 What it is for (miles' "inject" mode): catching stale weights on the inference engines, or an
 engine upgrade that changes what is generated, while training stays on the recorded data.
 
-Comparison (:func:`compare_batches`), per key (a dotted path; list items are ``[]``, so the
-trajectories of an AReaL list or the samples of a slime record aggregate into one key each):
+Comparison (:func:`score_batches`, over the structural comparison engine
+:mod:`rollout_mock.codec.structure`: its walk, its value equality, its tolerance rule), per key
+(a dotted path; list items are ``[]``, so the trajectories of an AReaL list or the samples of a
+slime record aggregate into one key each):
 
 * token sequences (integer values of ``responses``, ``response_ids``, ``completion_ids``,
   ``response_tokens`` when the batch has one of them, else of every ``*ids`` / ``tokens`` key):
@@ -39,25 +41,26 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from rollout_mock.batch import batch_parts, take_rows
+from rollout_mock.batch import take_rows
+from rollout_mock.codec.structure import leaves, same_value
 from rollout_mock.config import CheckServes, CheckSettings
 from rollout_mock.errors import CheckFailedError, DumpNotWritableError, RolloutMockError, UnsafePathError
 from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.manifest import StreamId, utc_now
 from rollout_mock.storage.store import StepStore, Store, open_store, verdict_relpath
-from rollout_mock.text import json_float, logger, short_repr, step_log_level
+from rollout_mock.text import json_float, logger, short_repr, step_log_level, within_tolerance_array
 from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
 
 __all__ = [
     "MAX_VERDICTS", "MAX_VERDICT_BYTES", "VERDICT_FORMAT", "CheckVerdict", "Checker",
-    "compare_batches", "pair_samples", "read_check_verdicts", "verdict_relpath",
+    "pair_samples", "read_check_verdicts", "score_batches", "verdict_relpath",
 ]
 
 VERDICT_FORMAT = "rollout_mock.check/1"
@@ -129,34 +132,6 @@ class CheckVerdict:
 
 
 # ----------------------------------------------------------------------------- comparison
-def _leaves(obj: Any, path: tuple[str, ...], depth: int = 0) -> Iterator[tuple[tuple[str, ...], Any]]:
-    if depth > 32:
-        yield path, obj
-    elif isinstance(obj, Mapping):
-        for key in sorted(obj.keys(), key=str):
-            yield from _leaves(obj[key], (*path, str(key)), depth + 1)
-    elif not isinstance(obj, list | tuple | torch.Tensor | np.ndarray) and (parts := batch_parts(obj)) is not None:
-        # a registered batch type (a DataProto's batch / non_tensor_batch / meta_info, a TensorDict's keys)
-        for name, part in parts.items():
-            if part is not None:
-                yield from _leaves(part, (*path, str(name)), depth + 1)
-    elif isinstance(obj, list | tuple) and obj and not _plain_sequence(obj):
-        for item in obj:
-            yield from _leaves(item, (*path, "[]"), depth + 1)
-    elif hasattr(obj, "to_dict") and callable(obj.to_dict) and not isinstance(obj, torch.Tensor | np.ndarray):
-        yield from _leaves(obj.to_dict(), path, depth + 1)
-    else:
-        yield path, obj
-
-
-def _plain_sequence(obj: list[Any] | tuple[Any, ...]) -> bool:
-    """A list of scalars, or of lists of scalars (token sequences): one value, not items."""
-    first = obj[0]
-    if isinstance(first, list | tuple):
-        return not first or not isinstance(first[0], list | tuple | Mapping)
-    return not isinstance(first, Mapping | torch.Tensor | np.ndarray) and not hasattr(first, "to_dict")
-
-
 def _key(path: tuple[str, ...]) -> str:
     out = ""
     for part in path:
@@ -211,11 +186,13 @@ def _compare_value(stats: _Stats, live: Any, recorded: Any, tolerance: Any, toke
             stats.detail = stats.detail or f"{b.dtype} {list(b.shape)} recorded, {a.dtype} {list(a.shape)} live"
             return
         if a.dtype.kind == "f" or a.dtype.kind == "c":
-            diff = np.abs(a.astype(np.float64) - b.astype(np.float64))
-            both_nan = np.isnan(a) & np.isnan(b)
-            limit = 0.0 if tolerance is None else tolerance.atol + tolerance.rtol * np.abs(b.astype(np.float64))
-            ok = (diff <= limit) | both_nan
-            finite = diff[~both_nan & ~np.isnan(diff)]
+            wide = np.complex128 if a.dtype.kind == "c" else np.float64
+            va, vb = a.astype(wide), b.astype(wide)
+            atol, rtol = (0.0, 0.0) if tolerance is None else (tolerance.atol, tolerance.rtol)
+            ok = within_tolerance_array(va, vb, rtol, atol)
+            with np.errstate(invalid="ignore", over="ignore"):
+                diff = np.abs(va - vb)
+            finite = diff[~np.isnan(diff)]
             if finite.size:
                 stats.max_abs = max(stats.max_abs, float(finite.max()))
             stats.add(float(ok.sum()), a.size)
@@ -229,22 +206,10 @@ def _compare_value(stats: _Stats, live: Any, recorded: Any, tolerance: Any, toke
             y = rows_b[i] if i < len(rows_b) else []
             stats.add(sum(1 for p, q in zip(x, y) if p == q), max(len(x), len(y)))
         return
-    try:
-        same = bool(np.array_equal(np.asarray(live, dtype=object), np.asarray(recorded, dtype=object))) \
-            if isinstance(live, np.ndarray) or isinstance(recorded, np.ndarray) else _plain_equal(live, recorded)
-    except Exception:  # noqa: BLE001 - values that cannot be compared are different
-        same = False
+    same = same_value(live, recorded)
     stats.add(1.0 if same else 0.0, 1.0)
     if not same and not stats.detail:
         stats.detail = f"{short_repr(recorded, 60)} recorded, {short_repr(live, 60)} live"
-
-
-def _plain_equal(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    if type(a) is not type(b) and not (isinstance(a, int | float) and isinstance(b, int | float)):
-        return False
-    return bool(a == b)
 
 
 def _is_token_key(parts: tuple[str, ...], value: Any, names: tuple[str, ...]) -> bool:
@@ -257,16 +222,19 @@ def _is_token_key(parts: tuple[str, ...], value: Any, names: tuple[str, ...]) ->
     return _ragged(value) is not None
 
 
-def compare_batches(live: Any, recorded: Any, settings: CheckSettings,
-                    volatile: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Key-by-key comparison (see the module docstring): ``{"match", "token_match", "tokens",
-    "equal", "keys": [...], "omitted"}``."""
+def score_batches(live: Any, recorded: Any, settings: CheckSettings,
+                  volatile: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Check mode's key-by-key score (see the module docstring) over the leaves of the
+    structural comparison engine (:func:`rollout_mock.codec.structure.leaves`), values compared
+    by its rule (:func:`~rollout_mock.codec.structure.same_value`, the tolerance rule
+    :func:`~rollout_mock.text.within_tolerance`): ``{"match", "token_match", "tokens", "equal",
+    "keys": [...], "omitted"}``."""
     patterns = compile_patterns(volatile)
     live_leaves: dict[str, list[Any]] = {}
     recorded_leaves: dict[str, list[Any]] = {}
     paths: dict[str, tuple[str, ...]] = {}
     for target, obj in ((live_leaves, live), (recorded_leaves, recorded)):
-        for path, value in _leaves(obj, ()):
+        for path, value in leaves(obj):
             if patterns and matches_pattern(path, patterns):
                 continue
             key = _key(path)
@@ -362,10 +330,10 @@ def pair_samples(live: Any, recorded: Any, sample_key: str | None = None) -> dic
 
     sides = []
     for obj in (live, recorded):
-        leaves: dict[str, list[Any]] = {}
-        for path, value in _leaves(obj, ()):
-            leaves.setdefault(_key(path), []).append(value)
-        sides.append(leaves)
+        found: dict[str, list[Any]] = {}
+        for path, value in leaves(obj):
+            found.setdefault(_key(path), []).append(value)
+        sides.append(found)
     response = _find(sides[1], _RESPONSE_KEYS)
     if response is None or response not in sides[0]:
         return None
@@ -488,7 +456,7 @@ class Checker:
             except (RolloutMockError, TypeError, ValueError, IndexError) as exc:
                 logger.warning("[RolloutMock] check mode, step %d of %s: cannot reorder the live batch by sample "
                                "(%s); its keys are compared by position", step, self.stream, exc)
-        result = compare_batches(live_view, recorded_view, self.settings, self._volatile)
+        result = score_batches(live_view, recorded_view, self.settings, self._volatile)
         threshold = self.settings.min_match
         if pairing is not None:
             pairing.pop("order")

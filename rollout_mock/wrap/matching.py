@@ -32,12 +32,18 @@ volatile fields the call's framework adapter declares
 Equal values (up to dict order and volatile fields) always take the same path, so they always
 digest alike; a digest does not depend on which nodes are kept.
 
-Besides the digest of the whole request, at most :data:`MAX_NODES` *nodes* (the arguments, then
-their fields breadth first, down to :data:`NODE_DEPTH`, never inside a list) are kept with a
-short summary (kind, dtype, shape, the first values, CRCs of block prefixes), so that a mismatch
-can be explained; the summary is computed for those nodes only, so a recorded request stays a
-few KB (:data:`REQUEST_FORMAT` versions the encoding: a request of another format is not
-compared, see :mod:`rollout_mock.wrap.mismatch`).
+Besides the digest of the whole request, its *structure* is recorded: the arguments, then their
+fields breadth first (mappings, batch parts, dataclasses; never inside a list), down to
+:data:`NODE_DEPTH`, each with its CRC and a short summary (kind, dtype, shape, the first values,
+CRCs of block prefixes; a tensor by dtype, shape and digest, never its bytes). It is bounded: at
+most :data:`MAX_NODES` nodes and :data:`MAX_STRUCTURE_BYTES` bytes of JSON, the shallowest
+first (``match_on`` paths always); what the bound left out is counted (``dropped``). So any
+path of a request of ordinary depth can be matched (``match_on: [data.a.b.c.d.e]``) and a
+difference is explained at its real path with both values. Dumps of older versions kept 24
+nodes to depth 4 (no ``"s"`` in their JSON: :attr:`Request.deep` is false); they replay, and a
+path they did not keep is refused with the fix (re-dump). :data:`REQUEST_FORMAT` versions the
+digest encoding: a request of another format is not compared (see
+:mod:`rollout_mock.wrap.mismatch`).
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ import enum
 import fnmatch
 import functools
 import itertools
+import json
 import operator
 import re
 import reprlib
@@ -68,16 +75,22 @@ from rollout_mock.wrap.calls import step_names
 from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
 
 __all__ = [
-    "BLOCKS", "HEAD", "MAX_NODES", "NODE_DEPTH", "REQUEST_FORMAT", "Node", "Request", "block_bounds", "digest_request",
+    "BLOCKS", "HEAD", "MAX_NODES", "MAX_STRUCTURE_BYTES", "NODE_DEPTH", "REQUEST_FORMAT", "STRUCTURE", "Node",
+    "Request", "block_bounds", "digest_request",
 ]
 
 #: ``v`` of a recorded request: the encoding digests are computed with (2: by blocks and
 #: columns). A request of another format cannot be compared with this one's digests.
 REQUEST_FORMAT = 2
 #: Nodes kept per request (arguments first, then breadth first), besides ``match_on`` paths.
-MAX_NODES = 24
+MAX_NODES = 128
 #: Nodes are taken from this depth at most (``data.batch.input_ids`` is depth 3).
-NODE_DEPTH = 4
+NODE_DEPTH = 16
+#: JSON bytes of the kept nodes at most (the arguments and ``match_on`` paths always kept).
+MAX_STRUCTURE_BYTES = 16_000
+#: ``s`` of a recorded request whose structure is kept deep (this version); absent in the
+#: requests older versions recorded (24 nodes to depth 4).
+STRUCTURE = 2
 #: Blocks a list is digested in (its items, or a tensor's rows, when there are at least
 #: 2 * BLOCKS of them); the CRCs of their prefixes locate a difference.
 BLOCKS = 8
@@ -134,16 +147,37 @@ class Node:
 
 @dataclass
 class Request:
-    """A call's digest (:attr:`digest`), its argument names and its kept nodes (see the module
-    docstring)."""
+    """A call's digest (:attr:`digest`), its argument names and its recorded structure, the kept
+    nodes (see the module docstring). ``deep``: recorded by this version (the structure to
+    :data:`NODE_DEPTH`), not an older one's 24 nodes to depth 4; ``dropped``: nodes the bound
+    left out."""
 
     digest: int
     arguments: list[str]
     nodes: list[Node]
+    deep: bool = True
+    dropped: int = 0
 
     def to_json(self) -> dict[str, Any]:
-        return {"v": REQUEST_FORMAT, "d": self.digest, "a": self.arguments,
-                "n": [[n.path, n.digest, n.info] for n in self.nodes]}
+        out = {"v": REQUEST_FORMAT, "d": self.digest, "a": self.arguments,
+               "n": [[n.path, n.digest, n.info] for n in self.nodes], "s": STRUCTURE}
+        if self.dropped:
+            out["x"] = self.dropped
+        return out
+
+    def get(self, path: str) -> Node | None:
+        """The kept node at dotted ``path`` (an argument name, ``data.batch.input_ids``), or ``None``."""
+        return next((n for n in self.nodes if n.path == path), None)
+
+    def below(self, path: str) -> list[Node]:
+        """The kept nodes inside the value at ``path`` (its fields, at any depth)."""
+        prefix = path + "."
+        return [n for n in self.nodes if n.path.startswith(prefix)]
+
+    def kept_everything(self) -> bool:
+        """Whether every field of the call (to :data:`NODE_DEPTH`, outside lists) was kept: a
+        path not among the nodes is then not in the call."""
+        return self.deep and not self.dropped
 
     @staticmethod
     def problem(data: Any) -> str | None:
@@ -184,7 +218,9 @@ class Request:
         raw_names = data.get("a")
         names = [a[:200] for a in raw_names[: 4 * MAX_NODES] if isinstance(a, str)] \
             if isinstance(raw_names, list) else []
-        return cls(data["d"], names, nodes)
+        dropped = data.get("x", 0)
+        return cls(data["d"], names, nodes, deep=data.get("s") == STRUCTURE,
+                   dropped=dropped if type(dropped) is int and dropped >= 0 else 0)
 
 
 #: Longest string, list and mapping a recorded node's summary keeps: a forged index entry cannot
@@ -212,6 +248,11 @@ def _bounded(value: Any, depth: int) -> Any:
     if isinstance(value, dict):
         return {str(k)[:64]: _bounded(v, depth + 1) for k, v in list(value.items())[:32]} if depth < 3 else {}
     return value
+
+
+def _node_bytes(node: Node) -> int:
+    """About the JSON size of a kept node (its path, CRC and summary)."""
+    return len(node.path) + 16 + len(json.dumps(node.info, default=str, separators=(",", ":")))
 
 
 def _scalar_bytes(value: Any) -> bytes:
@@ -415,6 +456,8 @@ class _Digester:
         self._flat_keys: dict[tuple[tuple[Any, ...], tuple[str, ...] | None], bool] = {}
         self.forced = forced
         self.candidates: list[tuple[int, int, Node]] = []
+        #: fields never considered as nodes (past :data:`NODE_DEPTH`, past a big flat mapping's first ones)
+        self.skipped = 0
         #: the volatile fields' names as bytes (``None`` when a pattern's name is a wildcard):
         #: a packed row that holds none of them holds no volatile field
         self._row_names = None if any(any(c in p[-1] for c in "*?[") for p in ignore) else \
@@ -431,7 +474,16 @@ class _Digester:
         self.candidates.sort(key=lambda c: (c[0], c[1]))
         nodes = [n for depth, _, n in self.candidates if depth == 1 or n.path in self.forced]
         rest = [n for depth, _, n in self.candidates if depth > 1 and n.path not in self.forced]
-        return Request(total, sorted(arguments), nodes + rest[: max(MAX_NODES - len(nodes), 0)])
+        budget = MAX_STRUCTURE_BYTES - sum(map(_node_bytes, nodes))
+        kept = 0
+        for node in rest[: max(MAX_NODES - len(nodes), 0)]:
+            budget -= _node_bytes(node)
+            if budget < 0:
+                break
+            kept += 1
+        order = {id(n): i for i, (_, _, n) in enumerate(self.candidates)}
+        chosen = sorted(nodes + rest[:kept], key=lambda n: order[id(n)])
+        return Request(total, sorted(arguments), chosen, dropped=len(rest) - kept + self.skipped)
 
     def _forced_below(self, path: tuple[str, ...] | None) -> bool:
         """Whether a ``match_on`` path names a field inside the value at ``path``."""
@@ -594,6 +646,8 @@ class _Digester:
             except (OverflowError, ValueError):  # an int beyond 64 bits: field by field
                 flat = None
         # the fields are kept where one of them can be a node
+        if keep and path is not None and depth >= NODE_DEPTH and not self.forced and obj:
+            self.skipped += len(obj)  # fields past the depth kept: counted as dropped
         keep = keep and path is not None and (depth < NODE_DEPTH or bool(self.forced))
         if flat is not None and not keep:
             return crc, {}
@@ -601,6 +655,7 @@ class _Digester:
         if flat is not None and len(flat) > MAX_NODES and not self._forced_below(path):
             # a big plain mapping: digested in one msgpack call above; only its first fields can
             # be kept as nodes (MAX_NODES at most), so only they are walked
+            self.skipped += len(flat) - MAX_NODES
             for key, item in flat[:MAX_NODES]:
                 self.value(item, None if path is None else (*path, key), depth + 1, keep)
             return crc, {"k": "dict", "len": len(flat), "keys": [key[:40] for key, _ in flat[:12]]}

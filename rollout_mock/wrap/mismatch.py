@@ -4,7 +4,8 @@ the rollout-settings pre-flight check.
 :class:`RequestMatcher` belongs to one stream's interceptor. Dump mode asks it for the digest of
 each call (:meth:`RequestMatcher.request`, stored with the step); mock and check mode also call
 :meth:`RequestMatcher.check` before the recorded batch is served. A difference is explained from
-the recorded nodes (:mod:`rollout_mock.wrap.matching`): which argument (or field inside one)
+the recorded structure (:mod:`rollout_mock.wrap.matching`), walked by the structural comparison
+engine (:mod:`rollout_mock.codec.structure`) beside the live one: which argument (or field inside one)
 differs and how — kind, dtype, shape, length, the first differing index with both values where
 the recorded values are kept, else the first differing row block — whether the call equals the
 recorded call of a *nearby* step (a shifted data loader), and the fixes. ``on_mismatch: error``
@@ -15,6 +16,14 @@ A call recorded with another digest format (:data:`~rollout_mock.wrap.matching.R
 is never compared (equal calls would differ): ``on_mismatch: error`` raises
 :class:`~rollout_mock.errors.FormatVersionError` ("recorded with another digest format; re-dump
 or match_on: [step]"), ``warn`` says so once.
+
+What is compared: ``match_on`` (:class:`~rollout_mock.config.MatchSettings`) names *matchers* or
+dotted paths, as vcrpy's ``match_on`` does. A name registered with :func:`register_matcher` is
+that matcher (a function of the recorded and the live :class:`~rollout_mock.wrap.matching.Request`:
+``True``/``None`` when they match, ``False`` or an ``AssertionError`` with the reason when not);
+any other entry is an argument name or a dotted path into the recorded structure
+(``data.batch.input_ids``, ``data.a.b.c.d.e``). Built in: ``step`` (compares nothing: the step
+alone picks the record) and ``request`` (the whole call, as ``match_on: null``).
 
 Rollout settings (:func:`check_settings`): a flat mapping of the rollout side's settings (TRL's
 ``num_generations``, sampling parameters...), recorded with the stream's methods in dump mode
@@ -30,6 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from rollout_mock.codec.structure import compare_batches
 from rollout_mock.config import MatchSettings, MismatchPolicy, RolloutMockConfig, config_parts
 from rollout_mock.errors import (
     ConfigError,
@@ -42,15 +52,26 @@ from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.store import StepStore, open_store
 from rollout_mock.text import jsonable, logger, short_repr, terminal_safe
 from rollout_mock.wrap.calls import step_names
-from rollout_mock.wrap.matching import REQUEST_FORMAT, Node, Request, block_bounds, digest_request
+from rollout_mock.wrap.matching import (
+    MAX_NODES,
+    MAX_STRUCTURE_BYTES,
+    REQUEST_FORMAT,
+    Node,
+    Request,
+    block_bounds,
+    digest_request,
+)
 
 __all__ = [
-    "MAX_SETTINGS", "Difference", "KeyFunction", "RequestMatcher", "bind_arguments",
-    "check_dump_settings", "check_settings", "differences", "flatten_settings",
+    "MAX_SETTINGS", "Difference", "KeyFunction", "Matcher", "RequestMatcher", "bind_arguments",
+    "check_dump_settings", "check_settings", "differences", "flatten_settings", "matcher_names", "register_matcher",
 ]
 
 #: A request key function: the call's named arguments (step left out) -> what is compared.
 KeyFunction = Callable[[dict[str, Any]], Any]
+#: A named matcher: ``(recorded, live) -> True/None`` when the calls match, ``False`` (or an
+#: ``AssertionError`` whose message says why) when they do not.
+Matcher = Callable[[Request, Request], "bool | None"]
 
 
 #: Settings kept per stream (flattened keys); more are cut with a note.
@@ -114,7 +135,7 @@ def _index(flat: int, shape: Any) -> str:
     return "[" + ", ".join(str(i) for i in reversed(out)) + "]"
 
 
-def _describe(path: str, rec: Node | None, live: Node | None) -> Difference:
+def _describe(path: str, rec: Node | None, live: Node | None, unkept: str = "") -> Difference:
     recorded, now = _summary(rec), _summary(live)
     if rec is None or live is None:
         where = "passed now, not in the dump run's call" if rec is None else "in the dump run's call, not passed now"
@@ -164,7 +185,7 @@ def _describe(path: str, rec: Node | None, live: Node | None) -> Difference:
         only_b = [k for k in b.get("keys", []) if k not in a["keys"]]
         return Difference(path, f"keys only in the dump run: {only_a or 'none'}; only now: {only_b or 'none'}",
                           recorded, now)
-    return Difference(path, f"same {recorded}, other contents", recorded, now)
+    return Difference(path, f"same {recorded}, other contents{unkept}", recorded, now)
 
 
 #: Longest line of a mismatch message (values from the dump are cut: a recorded value is never echoed whole).
@@ -228,40 +249,186 @@ def _row_difference(path: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> Di
     return Difference(path, f"row {row}: {x} in the dump run, {y} now", x, y)
 
 
-def _deepest(path: str, rec: dict[str, Node], live: dict[str, Node]) -> Difference:
-    """The deepest kept node under ``path`` that differs, described; among several differing
-    fields, the prompts (:data:`PROMPT_FIELDS`) first."""
+def _unkept_field(parent: Node | None, child: str) -> bool:
+    """Whether the field ``child`` is in the value of ``parent`` though not kept as a node (its
+    name listed among the parent's keys, or the listing cut short)."""
+    if parent is None:
+        return False
+    keys = parent.info.get("keys")
+    if not isinstance(keys, list):
+        return False
+    length = parent.info.get("len")
+    return child.rsplit(".", 1)[-1][:40] in keys or (isinstance(length, int) and length > len(keys))
+
+
+class _Leaf:
+    """A recorded node as a leaf of the structural comparison engine's walk: equal by digest,
+    shown by its summary."""
+
+    __slots__ = ("node",)
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Leaf) and other.node.digest == self.node.digest
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return _summary(self.node)
+
+
+def _tree(path: str, nodes: Mapping[str, Node]) -> Any:
+    """The kept structure at ``path`` as nested dicts, a node without kept fields as a
+    :class:`_Leaf`: what the engine walks."""
     prefix = path + "."
-    children = [p for p in [*rec, *(p for p in live if p not in rec)]
-                if p.startswith(prefix) and "." not in p[len(prefix):]]
-    order = {p: i for i, p in enumerate(children)}
-    children.sort(key=lambda p: (p[len(prefix):] not in PROMPT_FIELDS, order[p]))
-    for child in children:
-        a, b = rec.get(child), live.get(child)
-        if a is None or b is None or a.digest != b.digest:
-            if a is not None and b is not None:
-                return _deepest(child, rec, live)
-            return _describe(child, a, b)
-    return _describe(path, rec.get(path), live.get(path))
+    heads = dict.fromkeys(p[len(prefix):].split(".", 1)[0] for p in nodes if p.startswith(prefix))
+    if not heads:
+        return _Leaf(nodes[path])
+    return {head: _tree(prefix + head, nodes) for head in heads}
 
 
-def differences(recorded: Request, live: Request, scope: Sequence[str] | None = None) -> list[Difference]:
-    """What differs between two requests (empty when they are equal within ``scope``: argument
-    names or dotted paths; ``None``: everything)."""
-    if scope is None and recorded.digest == live.digest:
+def _deepest(path: str, rec: dict[str, Node], live: dict[str, Node], unkept: str = "") -> Difference:
+    """The deepest kept node under ``path`` that differs, described: the recorded and the live
+    structure compared by the structural comparison engine
+    (:func:`rollout_mock.codec.structure.compare_batches`); among several differing fields, the
+    prompts (:data:`PROMPT_FIELDS`) first, then the recorded order. ``unkept``: why the recorded
+    structure may stop above the field that differs (said when it ends at a container)."""
+    found, _ = compare_batches(_tree(path, rec), _tree(path, live))
+    order = {p: i for i, p in enumerate([*rec, *(p for p in live if p not in rec)])}
+    candidates: list[tuple[str, str]] = []
+    for diff in found:
+        full = path if diff.key == "<batch>" else f"{path}.{diff.key}"
+        parent = full.rsplit(".", 1)[0]
+        if (diff.status == "only_in_b" and _unkept_field(rec.get(parent), full)) or (
+                diff.status == "only_in_a" and _unkept_field(live.get(parent), full)):
+            continue  # in that call, past what its structure kept: not compared
+        candidates.append((full, diff.status))
+    if not candidates:  # differing digests, equal kept fields: the deepest differing node, said why
+        candidates = [(p, "different") for p in rec if (p == path or p.startswith(path + "."))
+                      and p in live and rec[p].digest != live[p].digest]
+        candidates = [c for c in candidates if c[0].count(".") == max(p.count(".") for p, _ in candidates)]
+    full, status = min(candidates, key=lambda c: _rank(c[0], path, order))
+    if status == "only_in_a":
+        return _describe(full, rec.get(full), None)
+    if status == "only_in_b":
+        return _describe(full, None, live.get(full))
+    return _describe(full, rec.get(full), live.get(full), unkept)
+
+
+def _rank(full: str, root: str, order: Mapping[str, int]) -> list[tuple[bool, int]]:
+    """Where a differing field comes among others: level by level, prompts first, then in the
+    recorded order."""
+    out: list[tuple[bool, int]] = []
+    at = root
+    for name in full[len(root) + 1:].split(".") if full != root else []:
+        at = f"{at}.{name}"
+        out.append((name not in PROMPT_FIELDS, order.get(at, len(order))))
+    return out
+
+
+def _whole(recorded: Request, live: Request) -> list[Difference]:
+    """The built-in ``request`` matcher: every argument (the call's digest)."""
+    if recorded.digest == live.digest:
         return []
     rec = {n.path: n for n in recorded.nodes}
     now = {n.path: n for n in live.nodes}
-    paths = list(scope) if scope is not None else sorted(set(recorded.arguments) | set(live.arguments))
+    out = _compared(sorted(set(recorded.arguments) | set(live.arguments)), rec, now, _unkept(recorded))
+    if not out:  # equal kept nodes, other digests (a node past the bound)
+        out.append(Difference("(request)", f"other contents than the dump run's call{_unkept(recorded)}", "", ""))
+    return out
+
+
+def _compared(paths: Sequence[str], rec: dict[str, Node], now: dict[str, Node], unkept: str) -> list[Difference]:
     out = []
     for path in paths:
         a, b = rec.get(path), now.get(path)
         if (a is None and b is None) or (a is not None and b is not None and a.digest == b.digest):
             continue
-        out.append(_deepest(path, rec, now) if a is not None and b is not None else _describe(path, a, b))
-    if not out and scope is None:  # equal kept nodes, other digests (a node past the bound)
-        out.append(Difference("(request)", "other contents than the dump run's call", "", ""))
+        out.append(_deepest(path, rec, now, unkept) if a is not None and b is not None else _describe(path, a, b))
     return out
+
+
+def _unkept(recorded: Request) -> str:
+    """Why the fields below a differing node may be missing from the recorded structure (the
+    end of an explanation that cannot go deeper), or ``""`` when every field was kept."""
+    if not recorded.deep:
+        return ("; the dump run kept only 24 fields to depth 4 (an older rollout_mock): re-dump (mode: dump) "
+                "with this version to see the field that differs")
+    if recorded.dropped:
+        return (f"; {recorded.dropped} field(s) of the dump run's call were past the {MAX_NODES} fields "
+                f"({MAX_STRUCTURE_BYTES} bytes) it kept: name the path in match_on when dumping to keep it")
+    return ""
+
+
+_MATCHERS: dict[str, Matcher] = {}
+_BUILT_IN = ("step", "request")
+
+
+def register_matcher(name: str, matcher: Matcher) -> None:
+    """Add a named matcher (as vcrpy's ``register_matcher``): ``match_on: [name, ...]`` then runs
+    ``matcher(recorded, live)`` over the recorded and the live :class:`~rollout_mock.wrap.matching.Request`
+    (:meth:`~rollout_mock.wrap.matching.Request.get` gives a path's node: ``digest``, ``info``).
+    It returns ``True`` (or ``None``) when the calls match, ``False`` or raises ``AssertionError``
+    with the reason when they do not. A registered name wins over an argument of that name; names
+    are plain (no ``.``, ``[``), so a dotted path is never a matcher. Registering a name again
+    replaces its matcher; the built-ins (``step``, ``request``) cannot be replaced."""
+    if not isinstance(name, str) or not name.strip() or any(c in name for c in ".[] "):
+        raise ConfigError(f"register_matcher: {name!r} is not a matcher name: a plain word without '.', '[' or "
+                          f"spaces (dotted entries of match_on are paths)")
+    if name in _BUILT_IN:
+        raise ConfigError(f"register_matcher: {name!r} is a built-in matcher; register another name")
+    if not callable(matcher):
+        raise ConfigError(f"register_matcher({name!r}): expected a callable (recorded, live) -> bool, got {matcher!r}")
+    _MATCHERS[name] = matcher
+
+
+def matcher_names() -> list[str]:
+    """The names ``match_on`` takes as matchers: the built-ins, then the registered ones."""
+    return [*_BUILT_IN, *sorted(_MATCHERS)]
+
+
+def _run_matcher(name: str, recorded: Request, live: Request) -> list[Difference]:
+    if name == "step":
+        return []
+    if name == "request":
+        return _whole(recorded, live)
+    try:
+        verdict = _MATCHERS[name](recorded, live)
+    except AssertionError as exc:
+        reason = str(exc) or "they differ"
+        return [Difference(name, f"matcher {name!r}: {reason}", "", "")]
+    if verdict is None or verdict is True:
+        return []
+    if verdict is False:
+        return [Difference(name, f"matcher {name!r} says the calls differ", "", "")]
+    raise ConfigError(f"matcher {name!r} returned {short_repr(verdict, 60)}; a matcher returns True/None "
+                      f"(match) or False (no match), or raises AssertionError with the reason")
+
+
+def _is_matcher(entry: str) -> bool:
+    return entry in _BUILT_IN or entry in _MATCHERS
+
+
+def differences(recorded: Request, live: Request, scope: Sequence[str] | None = None) -> list[Difference]:
+    """What differs between two requests: empty when they are equal within ``scope``, the
+    ``match_on`` entries (matcher names or argument names and dotted paths; ``None``: the whole
+    call)."""
+    if scope is None:
+        return _whole(recorded, live)
+    rec = {n.path: n for n in recorded.nodes}
+    now = {n.path: n for n in live.nodes}
+    out: list[Difference] = []
+    paths: list[str] = []
+    for entry in scope:
+        if _is_matcher(entry):
+            out += _compared(paths, rec, now, _unkept(recorded))
+            paths = []
+            out += _run_matcher(entry, recorded, live)
+        else:
+            paths.append(entry)
+    return out + _compared(paths, rec, now, _unkept(recorded))
 
 
 def bind_arguments(args: Sequence[Any], kwargs: Mapping[str, Any], params: Sequence[str] | None,
@@ -314,7 +481,8 @@ class RequestMatcher:
         if key is not None:
             value = key(arguments)
             arguments = {str(k): v for k, v in value.items()} if isinstance(value, Mapping) else {"key": value}
-        return digest_request(arguments, forced=self.settings.match_on or (), framework=self.framework)
+        forced = [p for p in self.settings.match_on or () if not _is_matcher(p)]
+        return digest_request(arguments, forced=forced, framework=self.framework)
 
     def recorded_settings(self, method: str) -> dict[str, Any] | None:
         """The rollout settings recorded with ``method`` of this stream, if any."""
@@ -365,11 +533,21 @@ class RequestMatcher:
         if scope is not None and not self._scope_checked:
             self._scope_checked = True
             kept = {n.path for n in recorded.nodes}
-            unknown = [p for p in scope if p not in kept and p not in live.arguments]
+            unknown = [p for p in scope if p not in kept and p not in live.arguments and not _is_matcher(p)]
             if unknown:
+                if not recorded.deep:
+                    why = ("the dump was recorded by an older rollout_mock, which kept only 24 fields to depth 4 of "
+                           "each call: re-dump (mode: dump) with this version, which records the call's structure")
+                elif recorded.dropped:
+                    why = (f"the dump run kept {len(kept)} fields of the call ({recorded.dropped} past its bound of "
+                           f"{MAX_NODES} fields, {MAX_STRUCTURE_BYTES} bytes): re-dump with match_on naming these "
+                           f"paths (the dump run then keeps them)")
+                else:
+                    why = "the dump run's call has no such field: name arguments or dotted paths of the call"
                 raise ConfigError(
-                    f"[RolloutMock] match_on: {unknown} not recorded with step {dump_step} of {context.get('stream')} "
-                    f"(recorded: {sorted(kept)[:40]}); name arguments or dotted paths recorded by the dump run")
+                    f"[RolloutMock] mode={context.get('mode')}, match_on: {unknown} not recorded with step {dump_step} "
+                    f"of {context.get('stream')} (recorded: {sorted(kept)[:40]}); {why}; or match on registered "
+                    f"matchers ({', '.join(matcher_names())})")
         found = differences(recorded, live, scope)
         if not found:
             return

@@ -359,9 +359,11 @@ def _third_party(path: Path) -> set[str]:
 
 def test_the_codec_is_a_handful_of_modules_by_concept() -> None:
     """format, encode, decode, safe loading, classes, legacy, trusted (issue 27); device memory:
-    CUDA tensors staged through pinned buffers and replayed onto a device (issue 29)."""
+    CUDA tensors staged through pinned buffers and replayed onto a device (issue 29); the
+    structural comparison of two values, below wrap/ so that check mode uses it too (issue 36)."""
     codec = sorted(p.stem for p in (PACKAGE / "codec").glob("*.py"))
-    assert codec == ["__init__", "classes", "decode", "device", "encode", "format", "legacy", "safe", "trusted"]
+    assert codec == ["__init__", "classes", "decode", "device", "encode", "format", "legacy", "safe", "structure",
+                     "trusted"]
 
 
 def test_the_safe_loader_reaches_no_unpickler() -> None:

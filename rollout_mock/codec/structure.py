@@ -1,21 +1,34 @@
-"""Comparing two batches structurally, key by key, bit for bit or within tolerances: one
-:class:`KeyDiff` per key that is not identical on both sides (:func:`compare_batches`)."""
+"""The structural comparison engine: two values walked side by side, key by key, bit for bit or
+within tolerances; one :class:`KeyDiff` (path, status, kind, both values' summaries) per key that
+is not identical on both sides (:func:`compare_batches`).
+
+One walk: batches through their parts (the batch registry, :func:`rollout_mock.batch.batch_parts`),
+mappings (and mapping-like objects: ``keys()`` and ``[key]``) key by key, dataclasses and records
+(an object with ``to_dict()``) field by field, lists of containers item by item; tensors, numpy
+arrays (object and string arrays element by element) and plain values are leaves. One tolerance
+rule: :func:`rollout_mock.text.within_tolerance` (element by element,
+:func:`~rollout_mock.text.within_tolerance_array`), as ``verify`` applies it to metrics.
+
+It lives below wrap/ (it needs only the batch model and numbers), so that every comparison uses
+it: ``diff`` (:mod:`rollout_mock.compare.diff`) and check mode (:mod:`rollout_mock.wrap.check`,
+which scores the leaves of :func:`leaves` with :func:`same_value` and the same rule).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import struct
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from rollout_mock.batch import batch_parts, batch_type_of
-from rollout_mock.text import json_float
+from rollout_mock.batch import batch_parts, batch_type_of, meta_part_names
+from rollout_mock.text import json_float, within_tolerance, within_tolerance_array
 
-__all__ = ["KeyDiff", "compare_batches", "is_timing_key"]
+__all__ = ["KeyDiff", "compare_batches", "is_timing_key", "leaves", "same_value"]
 
 _REPR_WIDTH = 60
 
@@ -66,7 +79,7 @@ def _short(value: Any) -> str:
         return f"tensor {str(value.dtype).removeprefix('torch.')} {list(value.shape)}"
     if isinstance(value, np.ndarray):
         return f"ndarray {value.dtype.name} {list(value.shape)}"
-    if _node_kind(value) not in ("sequence", "value", "dataclass"):
+    if _node_kind(value) not in ("sequence", "value", "dataclass", "record"):
         try:
             return f"{type(value).__name__} ({len(_children(value))} keys)"
         except Exception:
@@ -82,7 +95,7 @@ def _short(value: Any) -> str:
 
 
 def _is_mapping_like(obj: Any) -> bool:
-    """A Mapping, or an object with ``keys()`` and ``[key]`` (ROLL's BatchProxy: no ``len``,
+    """A Mapping, or an object with ``keys()`` and ``[key]`` (a proxy without ``len``,
     ``iter``, ``values`` or ``==``; only ``keys()``, returning a set, and ``__getitem__``)."""
     if isinstance(obj, Mapping):
         return True
@@ -110,12 +123,27 @@ def _mapping_children(obj: Any) -> dict[str, Any]:
 
 
 def _parts_of(obj: Any) -> dict[str, Any] | None:
-    """A batch type's named parts (:func:`rollout_mock.batch.batch_parts`: a DataProto's
-    ``batch``/``non_tensor_batch``/``meta_info``, a TensorDict's or a dict's columns); ``None``
+    """A batch type's named parts (:func:`rollout_mock.batch.batch_parts`: as the batch type
+    registered them, a dict's columns); ``None``
     for tensors, arrays and values without parts."""
     if isinstance(obj, (torch.Tensor, np.ndarray, list, tuple)):
         return None
     return batch_parts(obj)
+
+
+def _record(obj: Any) -> dict[str, Any] | None:
+    """The fields of a record: an object (not a tensor, an array or a type) whose ``to_dict()``
+    returns a mapping; ``None`` for anything else."""
+    if isinstance(obj, (type, torch.Tensor, np.ndarray, Mapping, str, bytes)):
+        return None
+    to_dict = getattr(obj, "to_dict", None)
+    if not callable(to_dict):
+        return None
+    try:
+        fields = to_dict()
+    except Exception:  # noqa: BLE001 - a record that cannot list its fields is compared as a value
+        return None
+    return {str(k): v for k, v in fields.items()} if isinstance(fields, Mapping) else None
 
 
 def _is_container(obj: Any) -> bool:
@@ -124,12 +152,15 @@ def _is_container(obj: Any) -> bool:
         or _parts_of(obj) is not None
         or _is_mapping_like(obj)
         or (dataclasses.is_dataclass(obj) and not isinstance(obj, type))
+        or (callable(getattr(obj, "to_dict", None)) and not isinstance(obj, type))
     )
 
 
-def _structured(seq: list[Any] | tuple[Any, ...]) -> bool:
-    """A list walked item by item: it holds dicts, arrays or batches (``None`` = rejected)."""
-    return any(_is_container(item) for item in seq)
+def _structured(seq: list[Any] | tuple[Any, ...], depth: int = 0) -> bool:
+    """A list walked item by item: it holds dicts, arrays, batches or records, or lists of them
+    (a list of token lists is one value)."""
+    return any(_is_container(item) or (depth < 4 and isinstance(item, (list, tuple)) and _structured(item, depth + 1))
+               for item in seq)
 
 
 def _node_kind(obj: Any) -> str:
@@ -146,6 +177,8 @@ def _node_kind(obj: Any) -> str:
         return "dataclass"
     if isinstance(obj, (list, tuple)) and _structured(obj):
         return "sequence"
+    if _record(obj) is not None:
+        return "record"
     return "value"
 
 
@@ -159,6 +192,8 @@ def _children(obj: Any) -> dict[str, Any]:
         return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
     if kind == "sequence":
         return {f"[{i}]": v for i, v in enumerate(obj)}
+    if kind == "record":
+        return _record(obj) or {}
     raise TypeError(kind)
 
 
@@ -198,6 +233,36 @@ def _same_value(x: Any, y: Any) -> bool:
             return repr(x) == repr(y)
         except Exception:
             return False
+
+
+def same_value(x: Any, y: Any) -> bool:
+    """Exact equality of two values as the engine compares them: same type, floats by bit
+    pattern, arrays bitwise, containers item by item."""
+    return _same_value(x, y)
+
+
+#: Depth past which :func:`leaves` takes a value as a leaf (a self-referencing structure ends).
+MAX_DEPTH = 32
+
+
+def leaves(obj: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """Every leaf of ``obj`` (a tensor, an array, a value) with its path, by the walk of
+    :func:`compare_batches`; the items of a list of containers share one component, ``"[]"``
+    (so that one key gathers a list's items: check mode's per-key scores)."""
+    yield from _leaves(obj, path, 0)
+
+
+def _leaves(obj: Any, path: tuple[str, ...], depth: int) -> Iterator[tuple[tuple[str, ...], Any]]:
+    kind = _node_kind(obj) if depth <= MAX_DEPTH else "value"
+    if kind in ("tensor", "ndarray", "object_array", "value"):
+        yield path, obj
+    elif kind == "sequence":
+        for item in obj:
+            yield from _leaves(item, (*path, "[]"), depth + 1)
+    else:
+        for name, child in _children(obj).items():
+            if child is not None or not kind.startswith("batch:"):  # a batch's absent part is no key
+                yield from _leaves(child, (*path, name), depth + 1)
 
 
 def _dtype_name(x: torch.Tensor | np.ndarray) -> str:
@@ -296,10 +361,8 @@ def _compare_arrays(
                                    note="values equal", **common)
             max_abs = float(diff.max())
             first_vals = (_element(a, int(bad[0])), _element(b, int(bad[0])))
-            if same_dtype and (atol > 0 or rtol > 0):
-                with np.errstate(invalid="ignore", over="ignore"):
-                    if bool(np.all(both_nan | (diff <= atol + rtol * np.abs(vb)))):
-                        status = "close"
+            if same_dtype and (atol > 0 or rtol > 0) and bool(np.all(within_tolerance_array(va, vb, rtol, atol))):
+                status = "close"
     if shape_a:
         per_sample = max(1, int(np.prod(shape_a[1:])))
         rows = bad // per_sample
@@ -341,22 +404,24 @@ def _first_seq_difference(x: Any, y: Any) -> int | None:
     return None
 
 
-#: meta_info keys that only say when or how long: ``--ignore-timing`` skips them (any depth).
+#: Metadata keys that only say when or how long: ``--ignore-timing`` skips them (any depth).
 _TIMING_WORDS = ("time", "timing", "timestamp", "duration", "elapsed", "seconds", "latency")
 
 
 def is_timing_key(name: str) -> bool:
-    """Whether a ``meta_info`` key names a time or a duration (``get_batch_return_start_time``,
-    verl's ``timing``, ``time/rollout``...)."""
+    """Whether a metadata key names a time or a duration (``get_batch_return_start_time``,
+    ``timing``, ``time/rollout``...)."""
     lowered = name.lower()
     return any(word in lowered for word in _TIMING_WORDS)
 
 
 def _ignored(key: str, ignore_meta: frozenset[str], ignore_timing: bool) -> bool:
     parts = key.split(".")
-    if "meta_info" not in parts:
+    metas = meta_part_names()  # a batch type's metadata part (BatchType.meta_key)
+    at = next((i for i, part in enumerate(parts) if part in metas), None)
+    if at is None:
         return False
-    below = parts[parts.index("meta_info") + 1:]
+    below = parts[at + 1:]
     if not below:
         return False
     if ".".join(below) in ignore_meta or below[0] in ignore_meta:
@@ -387,8 +452,11 @@ def _walk(prefix: str, a: Any, b: Any, atol: float, rtol: float, out: list[KeyDi
             note = None
             if type(a) is not type(b):
                 note = f"{type(a).__name__} vs {type(b).__name__}"
-            out.append(KeyDiff(key=key, status="different", kind="value", a=_short(a), b=_short(b),
-                               first_index=_first_seq_difference(a, b), note=note))
+            close = (atol > 0 or rtol > 0) and type(a) is type(b) and isinstance(a, (float, np.floating)) \
+                and within_tolerance(float(a), float(b), rtol, atol)
+            out.append(KeyDiff(key=key, status="close" if close else "different", kind="value", a=_short(a),
+                               b=_short(b), first_index=_first_seq_difference(a, b), note=note,
+                               max_abs_diff=abs(float(a) - float(b)) if close else None))
         return
     if type(a) is not type(b):
         # Same structure kind, different classes (e.g. dict vs OrderedDict): note it, go on.
@@ -421,9 +489,9 @@ def compare_batches(
     """Compare two batches; return the non-identical keys and the number of keys compared.
 
     Batches are walked through their parts (:func:`rollout_mock.batch.batch_parts`); other
-    mapping-like containers (dicts, ROLL's BatchProxy) key by key via ``keys()`` and ``[key]``
-    only. ``ignore_meta``: ``meta_info`` keys (or dotted paths below it)
-    left out; ``ignore_timing``: also every ``meta_info`` key naming a time or duration."""
+    mapping-like containers (dicts, proxies with ``keys()``) key by key via ``keys()`` and ``[key]``
+    only. ``ignore_meta``: keys of a batch's metadata part (``BatchType.meta_key``), or dotted
+    paths below it, left out; ``ignore_timing``: also every metadata key naming a time or duration."""
     out: list[KeyDiff] = []
     counter = [0]
     _walk("", a, b, atol, rtol, out, counter, (frozenset(ignore_meta), ignore_timing))

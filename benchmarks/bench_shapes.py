@@ -14,6 +14,11 @@ For each shape, timed interleaved (format A, B, C, A, B, C, ...; medians of ``--
   batch's bytes into preallocated memory (the physical floor of any snapshot);
 * file size, and an exact round trip (types included) of every format that can hold the batch.
 
+Then the targets of issue 36 for Python objects (slime's sample dicts, verl's object columns), each
+the best (minimum) of ``--repeat`` runs over the best of the peer's in the same run: the blocking
+call against ``pickle.dumps``, the write against ``pickle.dump`` + fsync, the load against
+``pickle.load``; each at most 1.00x.
+
 Run: ``python benchmarks/bench_shapes.py [--shapes slime,verl,areal] [--repeat 5]``. It prints a
 table; ``--update-readme`` rewrites the ``bench_shapes`` section of benchmarks/README.md.
 """
@@ -286,6 +291,33 @@ def report(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+#: (row, rollout_mock's time, pickle's time) of each issue 36 target, for the Python-object shapes
+TARGETS = (("blocking call / pickle.dumps", ("blocking", "call"), ("blocking", "pickle_dumps")),
+           ("write / pickle.dump + fsync", ("times", "rm.write"), ("times", "pickle.write")),
+           ("load / pickle.load", ("times", "rm.load"), ("times", "pickle.load")))
+TARGET_SHAPES = ("slime", "verl")
+
+
+def targets(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Issue 36's six ratios (best of the repeats over best): at most 1.00x each."""
+    rows = []
+    for r in results:
+        if r["shape"] not in TARGET_SHAPES:
+            continue
+        for name, (part, mine), (_, peer) in TARGETS:
+            ratio = r[part][mine]["best"] / r[part][peer]["best"]
+            rows.append({"shape": r["shape"], "ratio": name, "value": ratio, "n": r[part][mine]["n"],
+                         "met": ratio <= 1.0})
+    return rows
+
+
+def report_targets(rows: list[dict[str, Any]]) -> str:
+    lines = ["| batch | issue 36 target | best of n / best of n | target | met |", "|---|---|---:|---|---|"]
+    lines += [f"| {row['shape']} | {row['ratio']} | {row['value']:.2f}x (n={row['n']}) | <= 1.00x | "
+              f"{'yes' if row['met'] else 'no'} |" for row in rows]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="slime,verl,areal")
@@ -304,9 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     table = report(results)
+    goals = targets(results)
+    if goals:
+        table += "\n\n" + report_targets(goals)
     print(table)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "bench_shapes.json").write_text(json.dumps({"machine": info, "results": results}, indent=1))
+    (RESULTS / "bench_shapes.json").write_text(json.dumps({"machine": info, "results": results, "targets": goals},
+                                                          indent=1))
     if args.update_readme:
         update_readme(TAG, f"{describe_machine(info)}\n\n{table}")
     return 0

@@ -35,9 +35,9 @@ inside the body load as ``bytes``; at a structural position they keep their type
 :data:`~rollout_mock.codec.format.SMALL_BYTES` inside the body are copied side by side (64-byte
 aligned, zero padding) into shared 4 MiB chunks.
 
-Plain values (only ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, lists and dicts
-of them, checked in C passes) are packed by msgspec, the rest by msgpack's packer: the same
-bytes (docs/performance.md).
+Plain values (only ``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``, lists and
+str-keyed dicts of them) are packed by ormsgpack, which checks each value's exact type as it packs
+it; the rest by msgpack's packer: the same bytes (docs/performance.md).
 
 Where the bytes go: the container (header, chunk table, CRC-32s) is written by
 :func:`~rollout_mock.codec.format.write_container`, the mirror of the reader, to a
@@ -51,9 +51,9 @@ from __future__ import annotations
 import collections
 import datetime
 import functools
-import gc
 import io
 import math
+import operator
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -63,6 +63,7 @@ import cloudpickle
 import msgpack
 import msgspec
 import numpy as np
+import ormsgpack
 import torch
 
 from rollout_mock.codec.classes import (
@@ -155,53 +156,18 @@ def _packed_strings(flat: list[str], errors: str | None, total: int) -> bytes:
     return packer.pack(flat)
 
 
-#: msgspec's packer, for values made only of :data:`_SCALARS`, lists and dicts: the same msgpack
-#: bytes as :func:`_msgpack`'s, two to three times faster (docs/performance.md). It encodes tuples,
-#: sets, subclasses of list/dict, dataclasses, enums and decimals as plain arrays, maps and values,
-#: so a value goes to it only once :func:`_plain_value` has seen that it holds none of them; no
-#: ``enc_hook``: what it cannot take raises, and msgpack's packer takes the value instead.
+#: msgspec's packer of string columns (:func:`_packed_strings`): the same msgpack bytes as
+#: msgpack's, about twice as fast.
 _FAST = msgspec.msgpack.Encoder()
-_SCALARS = frozenset({type(None), bool, int, float, str, bytes})
+#: ormsgpack's options that make it pack plain data only: ``None``, ``bool``, ``int`` (64-bit),
+#: ``float``, ``str``, ``bytes``, lists and str-keyed dicts of exactly these types. Everything
+#: else (tuples, sets, subclasses of int/str/list/dict, enums, dataclasses, datetimes, UUIDs,
+#: numpy scalars, ints past 64 bits, non-str keys, lone surrogates, nesting past its limit)
+#: makes it raise, and msgpack's packer takes the value instead (:meth:`_Body.node`): one pass in
+#: C over the value, checked as it is packed, the same msgpack bytes (docs/performance.md).
+_PLAIN = functools.reduce(operator.or_, (getattr(ormsgpack, f"OPT_PASSTHROUGH_{kind}") for kind in (
+    "BIG_INT", "DATACLASS", "DATETIME", "ENUM", "SUBCLASS", "TUPLE", "UUID")))
 _NESTED = frozenset({list, dict})
-_PLAIN_TYPES = _SCALARS | _NESTED
-#: deeper values take msgpack's packer (its nesting limit, its cycle refusal)
-_FAST_DEPTH = 64
-#: lists at least this long are checked as numbers first (:func:`_numbers`)
-_NUMBERS_MIN = 16
-
-
-def _numbers(items: list[Any]) -> bool:
-    """Whether ``items`` holds only ``int``, ``bool`` and ``float`` values (exactly those types),
-    in two C passes instead of a type lookup per item: no item has a referent for the garbage
-    collector (no container with items, no instance of a class defined in Python: enum members,
-    subclasses), and ``sum`` adds them up to an ``int`` or a ``float`` (which refuses strings,
-    bytes, None, empty containers; a decimal, complex or numpy value makes the sum one of its
-    type). Only C types are added: nothing of the caller's runs."""
-    if gc.get_referents(*items):
-        return False
-    try:
-        return type(sum(items)) in (int, float)
-    except TypeError:
-        return False
-
-
-def _plain_value(obj: list[Any] | dict[Any, Any], depth: int = 0) -> bool:
-    """Whether ``obj`` holds only values of exactly the types of :data:`_PLAIN_TYPES` (dict keys:
-    :data:`_SCALARS`), at most :data:`_FAST_DEPTH` deep: what msgspec and msgpack encode alike."""
-    if isinstance(obj, dict):  # (exactly a dict or a list: the callers check)
-        if not set(map(type, obj)) <= _SCALARS:
-            return False
-        values: Any = obj.values()
-    else:
-        if len(obj) >= _NUMBERS_MIN and _numbers(obj):
-            return True
-        values = obj
-    kinds = set(map(type, values))
-    if kinds <= _SCALARS:
-        return True
-    if not kinds <= _PLAIN_TYPES or depth >= _FAST_DEPTH:
-        return False
-    return all(_plain_value(v, depth + 1) for v in values if type(v) in _NESTED)
 
 
 def _msgpack(default: Any, surrogates: bool) -> msgpack.Packer:
@@ -672,11 +638,11 @@ class _Body:
         self._path = path
         assert self._packer is not None, "the body is finished"
         data = None
-        if type(obj) in _NESTED and _plain_value(obj):
+        if type(obj) in _NESTED:
             try:
-                data = _FAST.encode(obj)
-            except (UnicodeEncodeError, OverflowError, RecursionError):
-                data = None  # lone surrogates, ints beyond 64 bits: msgpack's packer decides below
+                data = ormsgpack.packb(obj, option=_PLAIN)
+            except TypeError:  # not plain data (see _PLAIN): msgpack's packer decides below
+                data = None
         try:
             if data is None:
                 data = self._packer.pack(obj)

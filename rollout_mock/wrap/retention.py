@@ -185,6 +185,14 @@ FP16_MAX = 65504.0
 _HEALTH_KEYS = 64
 #: Values of one tensor read exactly; a larger one is summarised over evenly spaced rows.
 HEALTH_SAMPLE = 1 << 16
+#: Values of one list of Python floats read (evenly spaced), at most HEALTH_SAMPLE per key.
+HEALTH_LIST = 64
+#: Items of a longer list of containers (samples) walked, evenly spaced; the counts under them
+#: are scaled to the whole list (``s`` says which fraction was read).
+HEALTH_ITEMS = 64
+_FLOAT_ITEMS = frozenset({float, int})
+#: Values a health walk passes by (by exact type; subclasses are checked with isinstance).
+_SKIPPED = frozenset({str, bytes, bool, type(None), complex})
 
 
 class _NumpyDtypes:
@@ -210,6 +218,8 @@ class _Health:
     def __init__(self) -> None:
         self.keys: dict[str, dict[str, Any]] = {}
         self.nodes = 0
+        #: values each one read stands for: > 1 inside a long list read at evenly spaced items
+        self.weight = 1.0
 
     def _acc(self, path: str, kind: str) -> dict[str, Any]:
         return self.keys.setdefault(path or "<value>", {"kind": kind, "n": 0, "nf": 0})
@@ -222,17 +232,19 @@ class _Health:
         self.nodes += 1
         if self.nodes > _MAX_NODES or depth > _MAX_DEPTH or len(self.keys) > _HEALTH_KEYS:
             return
-        if isinstance(obj, bool) or obj is None or isinstance(obj, str | bytes | complex):
+        cls = type(obj)  # the plain types first, by identity: a sample dict's values cost ~0.3 µs each
+        if cls in _SKIPPED:
             return
-        if isinstance(obj, int | float):
-            acc = self._acc(path, "float" if isinstance(obj, float) else "int")
-            acc["n"] += 1
-            acc["read"] = acc.get("read", 0) + 1
-            if isinstance(obj, float) and not math.isfinite(obj):
-                acc["nf"] += 1
-            else:
-                self._bounds(acc, float(obj), float(obj))
-                acc["sum"] = acc.get("sum", 0.0) + float(obj)
+        if cls is float or cls is int:
+            self._number(obj, path, cls is float)
+        elif cls is dict:
+            self._mapping(obj, path, depth)
+        elif cls is list:
+            self._items(obj, path, depth)
+        elif isinstance(obj, bool) or isinstance(obj, str | bytes | complex):
+            return
+        elif isinstance(obj, int | float):
+            self._number(obj, path, isinstance(obj, float))
         elif is_tensor(obj):
             self._tensor(obj, path)
         elif is_array(obj):
@@ -242,34 +254,74 @@ class _Health:
             elif obj.dtype.kind in "fiu" and obj.size:
                 self._tensor(obj, path)
         elif isinstance(obj, Mapping):
-            for key, value in obj.items():
-                self.walk(value, f"{path}.{key}" if path else str(key), depth + 1)
+            self._mapping(obj, path, depth)
         elif isinstance(obj, list | tuple):
-            if obj and isinstance(obj[0], list | tuple) and obj[0] and isinstance(obj[0][0], int):
-                acc = self._acc(path, "tokens")  # token rows: their lengths
-                lengths = [len(row) for row in obj]
-                acc["n"] += sum(lengths)
-                acc["read"] = acc.get("read", 0) + sum(lengths)
-                acc.setdefault("lengths", []).extend(lengths)
-            elif obj and isinstance(obj[0], int) and not isinstance(obj[0], bool):
-                acc = self._acc(path, "tokens")
-                acc["n"] += len(obj)
-                acc["read"] = acc.get("read", 0) + len(obj)
-                acc.setdefault("lengths", []).append(len(obj))
-            else:
-                for item in obj:
-                    if self.nodes > _MAX_NODES:
-                        return
-                    self.walk(item, f"{path}[]", depth + 1)
+            self._items(obj, path, depth)
         elif (parts := batch_parts(obj)) is not None:
             for name, part in parts.items():
                 self.walk(part, f"{path}.{name}" if path else str(name), depth + 1)
+
+    def _number(self, value: int | float, path: str, floating: bool) -> None:
+        """A Python number: kept (up to :data:`HEALTH_SAMPLE` per key) for :meth:`result`'s one
+        numpy pass over the key."""
+        acc = self.keys.get(path or "<value>") or self._acc(path, "float" if floating else "int")
+        acc["n"] += self.weight
+        values = acc.setdefault("values", [])
+        if len(values) < HEALTH_SAMPLE:
+            values.append(value)
+
+    def _mapping(self, obj: Mapping[Any, Any], path: str, depth: int) -> None:
+        for key, value in obj.items():
+            self.walk(value, f"{path}.{key}" if path else str(key), depth + 1)
+
+    def _items(self, obj: list[Any] | tuple[Any, ...], path: str, depth: int) -> None:
+        if obj and isinstance(obj[0], list | tuple) and obj[0] and isinstance(obj[0][0], int):
+            acc = self._acc(path, "tokens")  # token rows: their lengths
+            lengths = [len(row) for row in obj]
+            acc["n"] += sum(lengths) * self.weight
+            acc["read"] = acc.get("read", 0) + sum(lengths)
+            acc.setdefault("lengths", []).extend(lengths)
+        elif obj and isinstance(obj[0], int) and not isinstance(obj[0], bool):
+            acc = self._acc(path, "tokens")
+            acc["n"] += len(obj) * self.weight
+            acc["read"] = acc.get("read", 0) + len(obj)
+            acc.setdefault("lengths", []).append(len(obj))
+        elif obj and type(obj[0]) is float and self._floats(obj, f"{path}[]"):
+            return
+        else:
+            stride = -(-len(obj) // HEALTH_ITEMS)
+            items = obj[::stride] if stride > 1 else obj  # a long list (of samples): evenly spaced items
+            saved, self.weight = self.weight, self.weight * len(obj) / len(items)
+            try:
+                for item in items:
+                    if self.nodes > _MAX_NODES:
+                        return
+                    self.walk(item, f"{path}[]", depth + 1)
+            finally:
+                self.weight = saved
+
+    def _floats(self, obj: list[Any] | tuple[Any, ...], path: str) -> bool:
+        """A list of Python floats (log-probs of a sample): at most :data:`HEALTH_LIST` of its
+        values, evenly spaced, are kept for one numpy pass per key (:meth:`result`), and no more
+        than :data:`HEALTH_SAMPLE` per key; a walk value by value costs a microsecond each, in the
+        caller's thread. False (walked item by item) when the sample holds anything but floats
+        and ints."""
+        stride = -(-len(obj) // HEALTH_LIST)
+        sample = obj[::stride] if stride > 1 else obj
+        if not set(map(type, sample)) <= _FLOAT_ITEMS:
+            return False
+        acc = self.keys.get(path) or self._acc(path, "float")
+        acc["n"] += len(obj) * self.weight
+        values = acc.setdefault("values", [])
+        room = HEALTH_SAMPLE - len(values)
+        if room > 0:
+            values.extend(sample[:room])
+        return True
 
     def _tensor(self, t: Any, path: str) -> None:
         """A tensor's (or array's) values, through numpy: the sample is small, and numpy's
         single-threaded reductions do not wake torch's intra-op thread pool, which the training
         thread and the writer thread share."""
-        import numpy as np
         import torch
 
         if isinstance(t, torch.Tensor):
@@ -280,7 +332,7 @@ class _Health:
             floating = t.dtype.kind == "f"
         acc = self._acc(path, "float" if floating else "int")
         n = int(t.numel() if isinstance(t, torch.Tensor) else t.size)
-        acc["n"] += n
+        acc["n"] += n * self.weight
         if not n:
             return
         if n > HEALTH_SAMPLE:  # evenly spaced rows (whole rows: the lengths stay right), at most ~HEALTH_SAMPLE values
@@ -294,31 +346,43 @@ class _Health:
             a = t.numpy()
         else:
             a = t
-        acc["read"] = acc.get("read", 0) + a.size
         if floating:
-            lo_f, hi_f = float(a.min()), float(a.max())
-            if not (math.isfinite(lo_f) and math.isfinite(hi_f)):  # rare: count, then the finite part
-                finite = np.isfinite(a)
-                acc["nf"] += int(a.size - finite.sum())
-                a = a[finite]
-                if not a.size:
-                    return
-                lo_f, hi_f = float(a.min()), float(a.max())
-            self._bounds(acc, lo_f, hi_f)
-            acc["sum"] = acc.get("sum", 0.0) + float(a.sum(dtype=np.float64))
+            self._float_values(acc, a)
         else:
+            acc["read"] = acc.get("read", 0) + a.size
             self._bounds(acc, float(a.min()), float(a.max()))
             name = path.rsplit(".", 1)[-1]
             if name.endswith("mask") and a.ndim == 2:  # attention / response / loss masks: the lengths
                 acc["lengths"] = acc.get("lengths", []) + a.sum(-1).tolist()
 
+    def _float_values(self, acc: dict[str, Any], a: Any) -> None:
+        """Counts, bounds and sum of a float array's values (those read of a key)."""
+        import numpy as np
+
+        acc["read"] = acc.get("read", 0) + a.size
+        lo_f, hi_f = float(a.min()), float(a.max())
+        if not (math.isfinite(lo_f) and math.isfinite(hi_f)):  # rare: count, then the finite part
+            finite = np.isfinite(a)
+            acc["nf"] += int(a.size - finite.sum())
+            a = a[finite]
+            if not a.size:
+                return
+            lo_f, hi_f = float(a.min()), float(a.max())
+        self._bounds(acc, lo_f, hi_f)
+        acc["sum"] = acc.get("sum", 0.0) + float(a.sum(dtype=np.float64))
+
     def result(self) -> dict[str, Any]:
+        import numpy as np
+
         keys: dict[str, dict[str, Any]] = {}
         flags: list[str] = []
         for key, acc in self.keys.items():
-            out: dict[str, Any] = {"n": acc["n"]}
+            values = acc.pop("values", None)
+            if values:  # the Python numbers kept (:meth:`_number`, :meth:`_floats`), in one pass
+                self._float_values(acc, np.array(values, dtype=np.float64))
+            out: dict[str, Any] = {"n": round(acc["n"])}
             if acc.get("read", acc["n"]) < acc["n"]:
-                out["s"] = _g(acc["read"] / acc["n"])  # the fraction of the values read
+                out["s"] = _g(acc["read"] / round(acc["n"]))  # the fraction of the values read
             if acc["nf"]:
                 out["nf"] = acc["nf"]
                 flags.append(f"nonfinite:{key}")
@@ -352,7 +416,11 @@ def health_summary(batch: Any) -> dict[str, Any]:
     copy of the batch; the writer thread writes it): a larger tensor is
     summarised over evenly spaced rows, and its line says which fraction was read (``s``; ``n``
     is still every value, ``nf`` counts the NaN/inf among those read; a NaN elsewhere is the
-    ``keep:`` scan's to find). See benchmarks/README.md, bench_health."""
+    ``keep:`` scan's to find). Python objects are read the same way, since the walk runs in the
+    dump-mode call: a list of more than :data:`HEALTH_ITEMS` containers (sample dicts) at that
+    many evenly spaced items (its counts scaled to the whole list), a list of floats at
+    :data:`HEALTH_LIST` evenly spaced values, and the numbers of a key in one numpy pass. See
+    benchmarks/README.md, bench_health and bench_shapes."""
     walk = _Health()
     walk.walk(batch, "", 0)
     return walk.result()

@@ -236,3 +236,20 @@ def test_bench_health_small_batch_runs(tmp_path: Path) -> None:
     assert bench_health.main(["--size", "4M", "--repeat", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())["result"]
     assert result["health"] > 0 and 100 < result["bytes per step"] < 1000
+
+
+def test_bench_shapes_reports_the_six_python_object_targets_as_best_over_best() -> None:
+    bench_shapes = pytest.importorskip("bench_shapes")
+
+    def part(mine: float, peer: float, names: tuple[str, str]) -> dict[str, dict[str, float]]:
+        return {names[0]: {"best": mine, "median": 9.0, "n": 5}, names[1]: {"best": peer, "median": 1.0, "n": 5}}
+
+    results = [{"shape": shape, "blocking": part(0.5, 1.0, ("call", "pickle_dumps")),
+                "times": {**part(2.0, 1.0, ("rm.write", "pickle.write")), **part(1.0, 1.0, ("rm.load", "pickle.load"))}}
+               for shape in ("slime", "verl", "areal")]
+    rows = bench_shapes.targets(results)
+    assert [(r["shape"], r["value"], r["met"]) for r in rows] == [
+        ("slime", 0.5, True), ("slime", 2.0, False), ("slime", 1.0, True),
+        ("verl", 0.5, True), ("verl", 2.0, False), ("verl", 1.0, True)]
+    table = bench_shapes.report_targets(rows)
+    assert "| slime | write / pickle.dump + fsync | 2.00x (n=5) | <= 1.00x | no |" in table

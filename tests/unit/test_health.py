@@ -103,3 +103,26 @@ def test_a_large_tensor_is_summarised_over_evenly_spaced_rows() -> None:
     health = health_summary({"big": big, "attention_mask": mask})["keys"]
     assert health["big"]["n"] == 4096 * 256 and health["big"]["s"] == 0.0625  # every 16th row read
     assert 0 < HEALTH_SAMPLE < 4096 * 256 and health["attention_mask"]["len"] == [256, 256, 256, 256.0]
+
+
+def test_python_samples_are_read_at_evenly_spaced_items_and_values() -> None:
+    """A list of sample dicts (slime) and the float lists inside them are read as tensors are:
+    evenly spaced, the counts scaled to the whole list, ``s`` saying what was read; the walk
+    runs in the dump-mode call, so it must not visit every value."""
+    from rollout_mock.wrap.retention import HEALTH_ITEMS, HEALTH_LIST
+
+    samples = [{"reward": float(i), "log_probs": [-0.5] * 1000 + [math.nan], "tokens": list(range(10)),
+                "meta": {"tag": "x", "n": i}} for i in range(8 * HEALTH_ITEMS)]
+    samples[0]["log_probs"][0] = math.inf  # read: the first value of a list is in its sample
+    keys = health_summary(samples)["keys"]
+    assert keys["[].reward"]["n"] == 8 * HEALTH_ITEMS and keys["[].reward"]["s"] == 0.125
+    assert keys["[].reward"]["lo"] == 0.0 and keys["[].meta.n"]["n"] == 8 * HEALTH_ITEMS
+    probs = keys["[].log_probs[]"]
+    assert probs["n"] == 8 * HEALTH_ITEMS * 1001 and probs["nf"] == 1 and probs["hi"] == -0.5
+    assert probs["s"] < 1 / 8 * (HEALTH_LIST + 1) / 1001 * 1.01
+    assert keys["[].tokens"]["n"] == 8 * HEALTH_ITEMS * 10 and keys["[].tokens"]["len"] == [10, 10, 10, 10.0]
+
+
+def test_a_list_of_floats_with_other_values_is_walked_item_by_item() -> None:
+    keys = health_summary({"x": [1.0, "a", 3.0, None, math.nan]})["keys"]
+    assert keys["x[]"] == {"n": 3, "nf": 1, "lo": 1.0, "hi": 3.0, "mean": 2.0}

@@ -54,6 +54,7 @@ import functools
 import gc
 import io
 import math
+import re
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -111,6 +112,11 @@ _CODES = {name: i for i, name in enumerate(TORCH_DTYPE_NAMES)}
 _MARKS: dict[type, msgpack.ExtType] = {tuple: msgpack.ExtType(EXT_TUPLE, b""), set: msgpack.ExtType(EXT_SET, b""),
                                        frozenset: msgpack.ExtType(EXT_FROZENSET, b"")}
 _OBJARRAY = msgpack.ExtType(EXT_OBJARRAY, b"")
+#: What a non-finite number looks like in a msgpack body: a float64 (``0xcb``) or float32
+#: (``0xca``) whose exponent bits are all set (big-endian), or a node extension's ``float`` /
+#: ``npscalar`` tag (``{"$": "float", "hex": ...}``): :meth:`Capture.floats_finite`.
+_NONFINITE = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]|\xca[\x7f\xff][\x80-\xff]|\xa1\$\xa5float|\xa1\$\xa8npscalar",
+                        re.DOTALL)
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -849,6 +855,29 @@ class Capture:
                 yield path, flat.view(dtype).view(shape)
             else:
                 yield path, raw.view(dtype).reshape(shape)
+
+    def floats_finite(self) -> bool:
+        """Whether every Python float the capture holds is finite, told without a decode: its
+        header's nodes are looked at for the tags a non-finite number takes there (``float``,
+        ``npscalar``), and its msgpack body, in place, for the bytes of a non-finite float32/64
+        or of those tags inside a node extension (:data:`_NONFINITE`). ``False`` may be a false
+        alarm (other bytes of the body that look the same): the caller then looks closer. What
+        :meth:`tensors` leaves out of a scan of the step's data."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if type(node) is dict:
+                if node.get("$") in ("float", "npscalar"):
+                    return False
+                stack.extend(node.values())
+            elif type(node) is list:
+                stack.extend(node)
+        if self.body is None:
+            return True
+        first, count = self.body
+        views = [view for view, _ in self.chunks[first: first + count]]
+        body = views[0] if len(views) == 1 else b"".join(views)
+        return _NONFINITE.search(body) is None
 
     def write(self, file: Sink | Any, *, compression: str = "none", checksums: bool = True) -> int:
         """Write the capture as a step file (:func:`~rollout_mock.codec.format.write_container`);

@@ -233,8 +233,7 @@ class _Encoder:
     ``snapshot``: every chunk is an owned copy (a capture: the caller may mutate the batch next),
     in ``pool``'s buffers when given. The header holds the batch's structure as nodes; every
     other value goes to the msgpack body (:class:`_Body`), and back to nodes only for what
-    msgpack cannot hold (cycles, nesting beyond its limit). ``body`` is None once finished (and
-    in the tests' writer of version-2 files, which writes nodes only).
+    msgpack cannot hold (cycles, nesting beyond its limit). ``body`` is None once finished.
     """
 
     def __init__(self, *, snapshot: bool, pool: BufferPool | None = None) -> None:
@@ -242,7 +241,7 @@ class _Encoder:
         self.body: _Body | None = _Body(self)
         #: pooled memory of small structural tensors, pageable (False) and pinned (True): (slab, used)
         self._slabs: dict[bool, tuple[torch.Tensor, int]] = {}
-        #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
+        #: > 0 while encoding nodes only (inside a body's node extension, or what msgpack refused)
         self._plain = 0
         #: the next str-keyed dict is structural (its values are nodes, not one body value) for
         #: this many levels: the root and batch fields, and dicts directly inside them
@@ -314,7 +313,7 @@ class _Encoder:
         return [first, len(self.chunks) - first]
 
     def plain_node(self, obj: Any) -> Any:
-        """``obj`` as version-2 nodes only (what a body's node extension holds)."""
+        """``obj`` as nodes only (what a body's node extension holds)."""
         self._plain += 1
         try:
             return self.node(obj)
@@ -484,7 +483,7 @@ class _Encoder:
         cls = type(obj)
         if obj is None or cls is bool or cls is str:
             return obj
-        if self.body is not None and not self._plain:
+        if not self._plain:
             routed = self._route(obj, cls, path)
             if routed is not None:
                 return routed
@@ -532,7 +531,8 @@ class _Encoder:
         return {"$": "nested", "layout": layout, "items": [self.node(t, f"{path}[{i}]") for i, t in enumerate(parts)]}
 
     def _route(self, obj: Any, cls: type, path: str) -> Any:
-        """Header version 4: where a value goes (None: the version-2 node path)."""
+        """Where a value goes: the body (an ``mp`` node), or a node of its own (None: the node
+        path below, for tensors, arrays, bytes and the classes that keep their structure)."""
         levels, self._structural = self._structural, 0
         if cls is int:
             return obj if -(1 << 63) <= obj < (1 << 63) else _big_int(obj, path)
@@ -555,7 +555,7 @@ class _Encoder:
             return None
         assert self.body is not None
         node = self.body.node(obj, path)
-        if node is None:  # cycles, nesting msgpack refuses: version-2 nodes (cycles become blobs)
+        if node is None:  # cycles, nesting msgpack refuses: nodes (cycles become blobs)
             return self.plain_node(obj)
         return node
 
@@ -811,8 +811,6 @@ class Capture:
     #: header version 4: the chunks of the msgpack body, and whether it holds lone surrogates
     body: list[int] | None = None
     surrogates: bool = False
-    #: 4, or 2/3 (decided from the nodes) for the version-2 writer of older files
-    header_version: int = BODY_VERSION
     owners: list[Any] = field(default_factory=list, repr=False)
     pool: BufferPool | None = field(default=None, repr=False)
     pooled: list[Any] = field(default_factory=list, repr=False)
@@ -882,7 +880,7 @@ class Capture:
     def write(self, file: Sink | Any, *, compression: str = "none", checksums: bool = True) -> int:
         """Write the capture as a step file (:func:`~rollout_mock.codec.format.write_container`);
         :meth:`finish` must have run."""
-        return write_container(self.root, list(self.chunks), file, version=self.header_version, body=self.body,
+        return write_container(self.root, list(self.chunks), file, version=BODY_VERSION, body=self.body,
                                surrogates=self.surrogates, compression=compression, checksums=checksums)
 
     def release(self) -> None:
@@ -900,7 +898,6 @@ class Capture:
 
 
 def _captured(encoder: _Encoder, obj: Any) -> Capture:
-    version = BODY_VERSION if encoder.body is not None else 0  # 0: decided by the version-2 writer
     try:
         root = encoder.node(obj)
         body, surrogates = encoder.finish()
@@ -911,7 +908,7 @@ def _captured(encoder: _Encoder, obj: Any) -> Capture:
         raise
     if encoder.staged is not None:
         encoder.staged.close()  # the call returns with the copies queued
-    return Capture(root, encoder.chunks, body, surrogates, version, encoder.owners, encoder.pool, encoder.pooled,
+    return Capture(root, encoder.chunks, body, surrogates, encoder.owners, encoder.pool, encoder.pooled,
                    encoder.pending, encoder.pinned, encoder.staged, encoder.arrays)
 
 

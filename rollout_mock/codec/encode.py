@@ -28,10 +28,11 @@ Normalisations (each exact or documented in docs/file-format.md):
 * an object that appears twice is stored twice (the format has no shared references).
 
 The body (header version 4) holds every value below the header's structural nodes (a root
-dict's values, a batch's fields, a TensorDict's items) that is not a tensor, a numeric array or a
-string column, packed by msgpack's C encoder; what msgpack lacks becomes one of the ``EXT_*``
-extension types of :mod:`~rollout_mock.codec.format`. ``bytearray`` and ``memoryview`` values
-inside the body load as ``bytes``; at a structural position they keep their type. Tensors under
+dict's values, a batch's fields, the items of a keyed batch class such as a TensorDict) that is
+not a tensor, a numeric array or a string column, packed by msgpack's C encoder; what msgpack
+lacks becomes one of the ``EXT_*`` extension types of :mod:`~rollout_mock.codec.format`.
+``bytearray`` and ``memoryview`` values inside the body load as ``bytes``; at a structural
+position they keep their type. Tensors under
 :data:`~rollout_mock.codec.format.SMALL_BYTES` inside the body are copied side by side (64-byte
 aligned, zero padding) into shared 4 MiB chunks.
 
@@ -66,6 +67,7 @@ import msgspec
 import numpy as np
 import torch
 
+from rollout_mock.batch import KeyedCodec, keyed_codec
 from rollout_mock.codec.classes import (
     Batch,
     class_path,
@@ -73,7 +75,6 @@ from rollout_mock.codec.classes import (
     encode_scalar,
     keeps_structure,
     split_batch,
-    tensordict_state,
 )
 from rollout_mock.codec.device import BufferPool, StagedCopies, cuda_index, flat_values
 from rollout_mock.codec.format import (
@@ -550,7 +551,6 @@ class _Encoder:
             if column is not None:
                 return column
         elif cls in (torch.Tensor, torch.nn.Parameter, np.ndarray, bytes, bytearray) \
-                or (cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict") \
                 or split_batch(obj) is not None or keeps_structure(obj):
             return None
         assert self.body is not None
@@ -596,8 +596,9 @@ class _Encoder:
             return {"$": cls.__name__, "iso": obj.isoformat()}
         if cls is datetime.timedelta:
             return {"$": "timedelta", "v": [obj.days, obj.seconds, obj.microseconds]}
-        if cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict":
-            return self._tensordict(obj, path)
+        keyed = keyed_codec(cls)  # a registered batch class with keyed parts (a TensorDict)
+        if keyed is not None:
+            return self._keyed(obj, keyed, path)
         structural = encode_class(self, obj, cls, path)  # classes.py: tensordict's classes
         if structural is not None:
             return structural
@@ -638,12 +639,10 @@ class _Encoder:
                 return None
         return None
 
-    def _tensordict(self, td: Any, path: str) -> Any:
-        names = list(td.names) if td._has_names() else None
-        device = td.device
-        return {"$": "tensordict", "batch_size": list(td.batch_size), "names": names,
-                "device": "cpu" if device is not None and device.type == "cpu" else None,
-                "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()], **tensordict_state(td, path)}
+    def _keyed(self, obj: Any, keyed: KeyedCodec, path: str) -> Any:
+        """The node of a batch class with keyed parts (:class:`~rollout_mock.batch.KeyedCodec`)."""
+        head, items, tail = keyed.parts(obj, path)
+        return {"$": keyed.tag, **head, "items": [[k, self.node(v, f"{path}.{k}")] for k, v in items], **tail}
 
 
 def _put_into(target: np.ndarray, start: int, raw: np.ndarray) -> None:

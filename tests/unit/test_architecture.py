@@ -283,6 +283,18 @@ def test_only_the_batch_model_and_the_adapters_name_framework_batch_classes() ->
     assert _naming(r"tensordict|dataproto", allowed=("batch.py", "adapters/", "codec/")) == []
 
 
+def test_the_codec_knows_batch_classes_by_their_parts_not_tensordict_by_name() -> None:
+    """The codec's writer, reader and format check dispatch on a registered batch class with
+    keyed parts (rollout_mock.batch.KeyedCodec, registered by adapters/frameworks.py for
+    TensorDict), never on TensorDict's name. (codec/classes.py still rebuilds tensordict's
+    non-tensor and stacked classes; legacy.py and trusted.py read and write format 1, whose
+    pickles name ``tensordict._td.TensorDict`` and ``rollout_mock.codec._rebuild_tensordict``.)"""
+    modules = ("codec/encode.py:", "codec/decode.py:", "codec/format.py:", "codec/safe.py:")
+    assert [hit for hit in _naming(r"tensordict", units={"codec"}) if hit.startswith(modules)] == []
+    assert any(hit.startswith("codec/classes.py:") for hit in _naming(r"tensordict", units={"codec"}))
+    assert any("TENSORDICT" in hit for hit in _naming(r"tensordict", units={"adapters"}))
+
+
 def test_wrap_names_no_framework() -> None:
     """wrap/, the interception core, names no framework, batch class, or framework convention
     (ROLL's, verl's and slime's step arguments are registered by the adapters)."""

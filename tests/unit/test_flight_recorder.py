@@ -398,6 +398,7 @@ _CAPTURED_CASES = {
     "a sample's float": [{"tokens": list(range(8)), "reward": 0.5}, {"tokens": [1], "reward": math.nan}],
     "float64 scalar": {"meta": {"score": np.float64("inf")}},
     "float16 column": {"h": torch.tensor([1.0, math.nan], dtype=torch.float16), "i": torch.arange(3)},
+    "a body of several chunks": {"r": [0.5] * 10 + [-math.inf] + [0.25] * 600_000},
 }
 
 

@@ -38,7 +38,6 @@ from _common import RESULTS, clock, describe_machine, machine, on_worker, parse_
 
 import rollout_mock.codec as codec
 from rollout_mock import MockScheduler
-from rollout_mock.wrap.recording import scannable
 from rollout_mock.wrap.retention import health_summary
 
 TAG = "bench_health"
@@ -85,7 +84,7 @@ def measure(batch: dict[str, torch.Tensor], repeat: int) -> dict[str, float]:
                 runs = {"memcpy": lambda: clock(memcpy), "health": lambda: clock(lambda: health_summary(batch)),
                         "health, warm": lambda: statistics.median(clock(lambda: health_summary(batch))
                                                                   for _ in range(10)),
-                        "rebuild of the capture": lambda: on_worker(lambda: scannable(captured))}
+                        "rebuild of the capture": lambda: on_worker(lambda: codec.view_capture(captured))}
                 measured = {name: run() for name, run in runs.items()}
                 if i:  # the first round warms up
                     samples["dump-mode call"].append(calls)

@@ -23,7 +23,9 @@ Framework adapters register their own types with :func:`register_batch_type` (ch
 the built-in ones, latest first): ``rollout_mock.adapters.frameworks`` registers DataProto-like
 objects (verl's, ROLL's, the demo's), TensorDicts and slime records, and ``import rollout_mock``
 imports it, whatever the user imports. :func:`register_batch_class` names a class the safe
-loader may rebuild field by field (a :class:`BatchType` lists its own in ``classes``).
+loader may rebuild field by field (a :class:`BatchType` lists its own in ``classes``). A type
+whose class has keyed parts (a TensorDict) tells the codec how to write and rebuild it as data
+in ``codec`` (:class:`KeyedCodec`).
 
 Importing this module imports neither torch nor numpy: a tensor or an array can only exist once
 its library is imported, so the checks look the library up in :data:`sys.modules`.
@@ -51,10 +53,10 @@ from rollout_mock.errors import RolloutMockError
 __all__ = [
     "BatchType", "Layout", "batch_class_names", "batch_columns", "batch_keys", "batch_meta", "batch_parts",
     "batch_type_of", "column_name", "concat", "count_samples", "dataproto_fields", "describe_keys", "instance_state",
-    "is_array", "is_batch_class", "is_tensor", "layout_of", "layout_of_key", "leading_dim", "logprob_keys",
-    "meta_part_names", "rebuild", "register_batch_class", "register_batch_type", "register_layout",
-    "register_step_name", "rejected_count", "select_keys", "step_names", "subset", "take_columns", "take_rows",
-    "type_name",
+    "KeyedCodec", "is_array", "is_batch_class", "is_tensor", "keyed_codec", "keyed_codec_of_tag", "layout_of",
+    "layout_of_key", "leading_dim", "logprob_keys", "meta_part_names", "rebuild", "register_batch_class",
+    "register_batch_type", "register_layout", "register_step_name", "rejected_count", "select_keys", "step_names",
+    "subset", "take_columns", "take_rows", "type_name",
 ]
 
 _MAX_KEYS = 256
@@ -214,10 +216,46 @@ class BatchType(NamedTuple):
     rebuild: Callable[[Any, dict[str, Any]], Any] | None = None
     meta_key: str | None = None
     classes: tuple[str, ...] = ()
+    codec: KeyedCodec | None = None
+
+
+class KeyedCodec(NamedTuple):
+    """How the codec writes a batch class with keyed parts and rebuilds it, as data (no pickle):
+    a header node ``{"$": tag, **head, "items": [[key, NODE], ...], **tail}`` whose items' values
+    the codec encodes like any other (tensors, nested instances of the class...). A
+    :class:`BatchType` names it in ``codec``; the codec knows no such class by name.
+
+    * ``tag``: the node's tag in step files (a name of the file format: never change it);
+    * ``classes``: ``"module:qualname"`` of the classes written this way (exactly these, no
+      subclass);
+    * ``parts(obj, path)``: ``(head, items, tail)`` of an instance: plain JSON data, its
+      ``(str key, value)`` pairs, plain JSON data;
+    * ``check(node)``: raise ``ValueError`` when a node's head or tail is malformed (the safe
+      loader runs it on every such node of a file before anything is built);
+    * ``build(node, items, flush)``: the instance from a checked node (head and tail) and its
+      decoded items; ``flush()`` completes the reads of the items' data first, when ``build``
+      copies it;
+    * ``rows(node, rows)``: the node for the rows ``rows`` (a ``slice``) of its items' first
+      dimension (its head changed, not its items), or ``None`` when its items have no rows (a
+      row selection leaves it whole);
+    * ``class_keys``: keys of the node that need the header version of the structural classes
+      (an older reader must refuse, not lose them).
+    """
+
+    tag: str
+    classes: tuple[str, ...]
+    parts: Callable[[Any, str], tuple[dict[str, Any], Iterable[tuple[str, Any]], dict[str, Any]]]
+    check: Callable[[Mapping[str, Any]], None]
+    build: Callable[[Mapping[str, Any], dict[str, Any], Callable[[], None]], Any]
+    rows: Callable[[Mapping[str, Any], slice], dict[str, Any] | None]
+    class_keys: tuple[str, ...] = ()
 
 
 _REGISTERED: list[BatchType] = []
 _CLASSES: set[tuple[str, str]] = set()
+#: The registered types' keyed codecs by class (a cache, emptied by each registration) and by tag.
+_CODEC_OF_CLASS: dict[type, KeyedCodec | None] = {}
+_CODEC_OF_TAG: dict[str, KeyedCodec] = {}
 #: The names a batch's step goes by, in lookup order: rollout_mock's own ``global_step``, then
 #: those adapters register (:func:`register_step_name`).
 _STEP_NAMES: list[str] = ["global_step"]
@@ -228,7 +266,26 @@ def register_batch_type(batch_type: BatchType) -> BatchType:
     call it at import; registering a type of the same ``name`` again replaces it."""
     _REGISTERED[:] = [t for t in _REGISTERED if t.name != batch_type.name]
     _REGISTERED.insert(0, batch_type)
+    _CODEC_OF_CLASS.clear()
+    _CODEC_OF_TAG.clear()
+    _CODEC_OF_TAG.update((t.codec.tag, t.codec) for t in reversed(_REGISTERED) if t.codec is not None)
     return batch_type
+
+
+def keyed_codec(cls: type) -> KeyedCodec | None:
+    """The :class:`KeyedCodec` that writes instances of exactly ``cls``, else ``None``."""
+    try:
+        return _CODEC_OF_CLASS[cls]
+    except KeyError:
+        name = f"{cls.__module__}:{cls.__qualname__}"
+        found = next((t.codec for t in _REGISTERED if t.codec is not None and name in t.codec.classes), None)
+        _CODEC_OF_CLASS[cls] = found
+        return found
+
+
+def keyed_codec_of_tag(tag: Any) -> KeyedCodec | None:
+    """The :class:`KeyedCodec` whose nodes carry ``tag``, else ``None``."""
+    return _CODEC_OF_TAG.get(tag) if type(tag) is str else None
 
 
 def register_batch_class(cls: type) -> type:

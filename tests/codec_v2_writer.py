@@ -62,10 +62,9 @@ def move_items(root: Any, chunks: list[tuple[Any, int]]) -> tuple[Any, int]:
 def encode_v2(obj: Any) -> bytes:
     """``obj`` as a step file of header version 2 or 3 (4 when it uses the structural-class tags)."""
     encoder = _encode._Encoder(snapshot=False)
-    encoder.body = None  # version-2 nodes only
-    captured = _encode._captured(encoder, obj)
-    chunks = list(captured.chunks)
-    root, version = move_items(captured.root, chunks)
+    root = encoder.plain_node(obj)  # nodes only, no body
+    chunks = list(encoder.chunks)
+    root, version = move_items(root, chunks)
     buffer = io.BytesIO()
     write_container(root, chunks, buffer, version=version)
     return buffer.getvalue()

@@ -43,6 +43,7 @@ from typing import Any
 
 from rollout_mock.batch import (
     BatchType,
+    KeyedCodec,
     Layout,
     batch_columns,
     batch_keys,
@@ -256,11 +257,73 @@ def _tensordict_rebuild(obj: Any, parts: dict[str, Any]) -> Any:
     return out
 
 
+# TensorDict in step files: a keyed node (rollout_mock.batch.KeyedCodec), tag "tensordict":
+# {"$": "tensordict", "batch_size": [...], "names": [...]|None, "device": "cpu"|None,
+#  "items": [[key, NODE], ...], "locked": true?, "consolidated": true?}. A consolidated
+# TensorDict is rebuilt with consolidate() (which also locks it, as in tensordict), a locked one
+# with lock_().
+_warned_devices: set[str] = set()
+
+
+def _tensordict_node_parts(td: Any, path: str) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    device = td.device
+    head = {"batch_size": list(td.batch_size), "names": list(td.names) if td._has_names() else None,
+            "device": "cpu" if device is not None and device.type == "cpu" else None}
+    tail: dict[str, Any] = {}
+    if device is not None and device.type != "cpu" and device.type not in _warned_devices:
+        from rollout_mock.text import logger
+
+        _warned_devices.add(device.type)
+        logger.warning("[RolloutMock] %s: the TensorDict device %s is not recorded: it loads on the CPU with "
+                       "device=None", path or "a TensorDict", device)
+    if td.is_locked:
+        tail["locked"] = True
+    consolidated = getattr(td, "is_consolidated", None)
+    if consolidated is not None and consolidated():
+        tail["consolidated"] = True
+    return head, td.items(), tail
+
+
+def _tensordict_node_check(node: Mapping[str, Any]) -> None:
+    from rollout_mock.codec.format import check_shape
+
+    check_shape(node.get("batch_size"))
+    names = node.get("names")
+    if names is not None and (type(names) is not list or any(n is not None and type(n) is not str for n in names)):
+        raise ValueError("bad tensordict names")
+    if node.get("device") not in (None, "cpu"):
+        raise ValueError("bad tensordict device")
+    if any(type(node.get(k, False)) is not bool for k in ("locked", "consolidated")):
+        raise ValueError("bad tensordict state")
+
+
+def _tensordict_node_build(node: Mapping[str, Any], items: dict[str, Any], flush: Any) -> Any:
+    from tensordict import TensorDict
+
+    td = TensorDict(items, batch_size=list(node["batch_size"]), device=node.get("device"), names=node.get("names"))
+    if node.get("consolidated"):
+        flush()  # consolidating copies the tensors' data
+        td = td.consolidate()
+    if node.get("locked") and not td.is_locked:
+        td.lock_()
+    return td
+
+
+def _tensordict_node_rows(node: Mapping[str, Any], rows: slice) -> dict[str, Any] | None:
+    batch_size = list(node["batch_size"])
+    if not batch_size:
+        return None
+    batch_size[0] = len(range(batch_size[0])[rows])
+    return {**node, "batch_size": batch_size}
+
+
 TENSORDICT = BatchType(
     "tensordict", _is_tensordict, _tensordict_rows, _tensordict_take, _tensordict_concat,
     columns=lambda b: {str(k): v for k, v in b.items()},
     select=lambda b, keys: b.select(*[k for k in b.keys() if k in keys]),
     parts=_tensordict_parts, rebuild=_tensordict_rebuild,
+    codec=KeyedCodec("tensordict", ("tensordict._td:TensorDict",), _tensordict_node_parts, _tensordict_node_check,
+                     _tensordict_node_build, _tensordict_node_rows, class_keys=("locked", "consolidated")),
 )
 
 

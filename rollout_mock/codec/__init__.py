@@ -162,10 +162,11 @@ def _address(view: memoryview) -> int:
 def view_capture(captured: Capture) -> Any:
     """The batch ``captured`` holds, rebuilt over its own memory: tensors and arrays are views of
     the capture's buffers (no copy of the data, no CRC check: the bytes never left the process),
-    valid until :meth:`Capture.release`. What the writer thread looks at after writing a step
-    (the flight recorder's NaN/inf scan), without a second encode into a file or a decode of a
-    copy. Waits for the capture's pending work first (:meth:`Capture.finish`). A scan of the
-    tensors alone needs no rebuild: :meth:`Capture.tensors`."""
+    valid until :meth:`Capture.release`. The container is written to memory once more and opened
+    by the safe decoder: what the writer thread does to join small captured calls into one pack,
+    and the flight recorder to name the places of a step found to hold NaN/inf. A scan reads the
+    capture in place instead (:meth:`Capture.tensors`, :meth:`Capture.floats_finite`). Waits
+    for the capture's pending work first (:meth:`Capture.finish`)."""
     gathered = _Gathered()
     captured.finish()
     captured.write(gathered, checksums=False)  # opened unverified: no CRC-32 to compute

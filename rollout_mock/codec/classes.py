@@ -30,10 +30,9 @@ property setters run). Otherwise the result is a :class:`Batch`, or the caller's
 Structural classes
 ==================
 
-numpy string scalars, tensordict's non-tensor and stacked classes, TensorDict
-lock/consolidation state, and jagged nested tensors. Each is stored as data (no pickle) and
-rebuilt as the same class by rollout_mock's own code; the class is chosen by the node's tag,
-never by a name in the file. The tags and keys below need header version
+numpy string scalars, tensordict's non-tensor and stacked classes, and jagged nested tensors.
+Each is stored as data (no pickle) and rebuilt as the same class by rollout_mock's own code; the
+class is chosen by the node's tag, never by a name in the file. The tags and keys below need header version
 :data:`~rollout_mock.codec.format.CLASS_VERSION` (4): an older reader refuses such a file with
 "written by a newer rollout_mock" instead of silently losing the state.
 
@@ -50,9 +49,10 @@ never by a name in the file. The tags and keys below need header version
   ``.shape``, which differs from ``ragged`` for tensors whose ``_ragged_idx`` was set after
   construction, as verl's ``nested_tensor_from_tensor_list(..., ragged_idx=2)`` does: both are
   restored, so shape, ragged dimension, offsets, lengths (holes) and values come back equal;
-* TensorDict nodes (``{"$": "tensordict"}``) gain ``"locked": true`` and ``"consolidated": true``:
-  a consolidated TensorDict is rebuilt with ``consolidate()`` (which also locks it, as in
-  tensordict), a locked one with ``lock_()``.
+* a batch class with keyed parts (a TensorDict) is described by the adapter that registers its
+  batch type (:class:`rollout_mock.batch.KeyedCodec`): the codec writes and rebuilds it from
+  that description, and its ``class_keys`` (a TensorDict's ``"locked"``/``"consolidated"``)
+  need the same header version.
 
 Strides are not kept (a transposed nested tensor comes back contiguous, like dense tensors).
 """
@@ -68,15 +68,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from rollout_mock.batch import batch_class_names, dataproto_fields, is_batch_class, register_batch_class
+from rollout_mock.batch import batch_class_names, dataproto_fields, is_batch_class, keyed_codec, register_batch_class
 from rollout_mock.codec.format import TORCH_DTYPES
 from rollout_mock.errors import ConfigError, UnsafePickleError
 from rollout_mock.text import logger
 
 __all__ = [
     "Batch", "batch_class_names", "build_batch", "class_path", "decode_class", "encode_class", "encode_scalar",
-    "finish_tensordict", "is_batch_class", "keeps_structure", "register_batch_class", "split_batch",
-    "tensordict_state",
+    "is_batch_class", "keeps_structure", "register_batch_class", "split_batch",
 ]
 
 # --------------------------------------------------------------------------- batch classes
@@ -302,13 +301,13 @@ def encode_scalar(obj: Any) -> dict[str, Any] | None:
 
 
 def keeps_structure(obj: Any) -> bool:
-    """Whether ``obj`` must reach :func:`encode_class` / the TensorDict node itself: a generic
-    path (a pickle taken in memory, a msgpack body) would lose its class or state — pickling a
-    nested tensor renormalises its ragged dimension and strides, pickling verl's DataProto
-    consolidates its TensorDict."""
+    """Whether ``obj`` must reach :func:`encode_class` / the node of a keyed batch class
+    (:func:`rollout_mock.batch.keyed_codec`) itself: a generic path (a pickle taken in memory, a
+    msgpack body) would lose its class or state — pickling a nested tensor renormalises its
+    ragged dimension and strides, pickling verl's DataProto consolidates its TensorDict."""
     cls = type(obj)
     name = _name(cls)
-    if name == _NONTENSOR or name in _STACKS or name == ("tensordict._td", "TensorDict"):
+    if name == _NONTENSOR or name in _STACKS or keyed_codec(cls) is not None:
         return True
     return isinstance(obj, torch.Tensor) and bool(obj.is_nested)
 
@@ -351,20 +350,6 @@ def _encode_njt(enc: Any, nt: Any, path: str) -> dict[str, Any] | None:
         "max": int(nt._max_seqlen) if "max_seqlen" in cache else None,
     }
     return node
-
-
-def tensordict_state(td: Any, path: str = "") -> dict[str, Any]:
-    """The extra keys of a TensorDict node: its lock and consolidation state (when set)."""
-    state: dict[str, Any] = {}
-    if td.device is not None and td.device.type != "cpu":
-        _warn_once(f"td-device-{td.device.type}", f"{path or 'a TensorDict'}: the TensorDict device "
-                   f"{td.device} is not recorded: it loads on the CPU with device=None")
-    if td.is_locked:
-        state["locked"] = True
-    consolidated = getattr(td, "is_consolidated", None)
-    if consolidated is not None and consolidated():
-        state["consolidated"] = True
-    return state
 
 
 # structural classes: load side
@@ -440,14 +425,3 @@ def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:
     if out._ragged_idx != ragged:  # set after construction by the writer (verl does this)
         out._ragged_idx = ragged
     return out
-
-
-def finish_tensordict(td: Any, node: dict[str, Any], flush: Any) -> Any:
-    """Apply a TensorDict node's recorded state: consolidated (which locks), or locked.
-    ``flush`` completes deferred reads (consolidating copies the tensors' data)."""
-    if node.get("consolidated"):
-        flush()
-        td = td.consolidate()
-    if node.get("locked") and not td.is_locked:
-        td.lock_()
-    return td

@@ -62,8 +62,8 @@ import msgpack
 import numpy as np
 import torch
 
-from rollout_mock.batch import subset
-from rollout_mock.codec.classes import build_batch, decode_class, finish_tensordict
+from rollout_mock.batch import keyed_codec_of_tag, subset
+from rollout_mock.codec.classes import build_batch, decode_class
 from rollout_mock.codec.device import host_empty, note_device
 from rollout_mock.codec.format import (
     CLASS_TAGS,
@@ -740,18 +740,17 @@ class NodeDecoder:
         scalars only, as many as its shape says (:func:`parse_items`)."""
         return parse_items(self.reader.whole(node["c"], None).numpy().data, count)
 
-    def tensordict(self, node: dict[str, Any], rows: slice | None = None,
-                   keys: frozenset[str] | None = None) -> Any:
-        from tensordict import TensorDict
-
-        batch_size = list(node["batch_size"])
-        sub = rows if batch_size else None
-        if sub is not None:
-            batch_size[0] = len(_rows_range(sub, batch_size[0]))
-        items = {k: self.value(v, sub) for k, v in node["items"] if keys is None or k in keys}
-        names = node.get("names")
-        td = TensorDict(items, batch_size=batch_size, device=node.get("device"), names=names)
-        return finish_tensordict(td, node, self.reader.flush)  # classes.py: lock and consolidation state
+    def keyed(self, node: dict[str, Any], rows: slice | None = None, keys: frozenset[str] | None = None) -> Any:
+        """A batch class with keyed parts (a TensorDict), rebuilt by its registered description
+        (:class:`~rollout_mock.batch.KeyedCodec`); ``rows`` of its items' first dimension."""
+        keyed = keyed_codec_of_tag(node["$"])
+        if keyed is None:
+            raise ValueError(f"unknown node tag {node['$']!r:.40}")
+        if rows is not None:
+            selected = keyed.rows(node, rows)
+            node, rows = (node, None) if selected is None else (selected, rows)
+        items = {k: self.value(v, rows) for k, v in node["items"] if keys is None or k in keys}
+        return keyed.build(node, items, self.reader.flush)
 
     def blob(self, node: dict[str, Any]) -> Any:
         if self.unpickle is None:
@@ -795,8 +794,6 @@ class NodeDecoder:
             return self.ndarray(node, rows)
         if tag == "objarray":
             return self.objarray(node, rows)
-        if tag == "tensordict":
-            return self.tensordict(node, rows)
         if tag == "batch":
             return self.batch(node, rows)
         if tag == "nested":
@@ -809,9 +806,9 @@ class NodeDecoder:
             return torch.nested.nested_tensor(parts, layout=layout)
         if tag in CLASS_TAGS:  # classes.py: numpy string scalars, tensordict classes, jagged tensors
             return decode_class(self, node, tag, rows)
-        return self._small(node, tag)
+        return self._small(node, tag, rows)
 
-    def _small(self, node: dict[str, Any], tag: str) -> Any:
+    def _small(self, node: dict[str, Any], tag: str, rows: slice | None) -> Any:
         if tag == "tuple":
             return tuple(self.value(x) for x in node["v"])
         if tag in ("set", "frozenset"):
@@ -859,7 +856,7 @@ class NodeDecoder:
             return datetime.timedelta(*node["v"])
         if tag in ("datetime", "date", "time"):
             return getattr(datetime, tag).fromisoformat(node["iso"])
-        raise ValueError(f"unknown node tag {tag!r}")
+        return self.keyed(node, rows)  # a registered batch class's tag, or an unknown one (refused)
 
     def batch(self, node: dict[str, Any], rows: slice | None = None,
               keys: frozenset[str] | None = None) -> Any:
@@ -876,6 +873,6 @@ class NodeDecoder:
         """A batch or non-tensor field: dict-like node filtered by ``keys``, rows applied."""
         if type(node) is dict and node.get("$") is None:
             return {k: self.value(v, rows) for k, v in node.items() if keys is None or k in keys}
-        if type(node) is dict and node.get("$") == "tensordict":
-            return self.tensordict(node, rows, keys)
+        if type(node) is dict and keyed_codec_of_tag(node.get("$")) is not None:
+            return self.keyed(node, rows, keys)
         return self.value(node, rows)

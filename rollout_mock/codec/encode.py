@@ -28,10 +28,11 @@ Normalisations (each exact or documented in docs/file-format.md):
 * an object that appears twice is stored twice (the format has no shared references).
 
 The body (header version 4) holds every value below the header's structural nodes (a root
-dict's values, a batch's fields, a TensorDict's items) that is not a tensor, a numeric array or a
-string column, packed by msgpack's C encoder; what msgpack lacks becomes one of the ``EXT_*``
-extension types of :mod:`~rollout_mock.codec.format`. ``bytearray`` and ``memoryview`` values
-inside the body load as ``bytes``; at a structural position they keep their type. Tensors under
+dict's values, a batch's fields, the items of a keyed batch class such as a TensorDict) that is
+not a tensor, a numeric array or a string column, packed by msgpack's C encoder; what msgpack
+lacks becomes one of the ``EXT_*`` extension types of :mod:`~rollout_mock.codec.format`.
+``bytearray`` and ``memoryview`` values inside the body load as ``bytes``; at a structural
+position they keep their type. Tensors under
 :data:`~rollout_mock.codec.format.SMALL_BYTES` inside the body are copied side by side (64-byte
 aligned, zero padding) into shared 4 MiB chunks.
 
@@ -54,6 +55,7 @@ import functools
 import io
 import math
 import operator
+import re
 import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -66,6 +68,7 @@ import numpy as np
 import ormsgpack
 import torch
 
+from rollout_mock.batch import KeyedCodec, keyed_codec
 from rollout_mock.codec.classes import (
     Batch,
     class_path,
@@ -73,7 +76,6 @@ from rollout_mock.codec.classes import (
     encode_scalar,
     keeps_structure,
     split_batch,
-    tensordict_state,
 )
 from rollout_mock.codec.device import BufferPool, StagedCopies, cuda_index, flat_values
 from rollout_mock.codec.format import (
@@ -112,6 +114,11 @@ _CODES = {name: i for i, name in enumerate(TORCH_DTYPE_NAMES)}
 _MARKS: dict[type, msgpack.ExtType] = {tuple: msgpack.ExtType(EXT_TUPLE, b""), set: msgpack.ExtType(EXT_SET, b""),
                                        frozenset: msgpack.ExtType(EXT_FROZENSET, b"")}
 _OBJARRAY = msgpack.ExtType(EXT_OBJARRAY, b"")
+#: What a non-finite number looks like in a msgpack body: a float64 (``0xcb``) or float32
+#: (``0xca``) whose exponent bits are all set (big-endian), or a node extension's ``float`` /
+#: ``npscalar`` tag (``{"$": "float", "hex": ...}``): :meth:`Capture.floats_finite`.
+_NONFINITE = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]|\xca[\x7f\xff][\x80-\xff]|\xa1\$\xa5float|\xa1\$\xa8npscalar",
+                        re.DOTALL)
 
 
 def _warn_once(key: str, message: str) -> None:
@@ -193,8 +200,7 @@ class _Encoder:
     ``snapshot``: every chunk is an owned copy (a capture: the caller may mutate the batch next),
     in ``pool``'s buffers when given. The header holds the batch's structure as nodes; every
     other value goes to the msgpack body (:class:`_Body`), and back to nodes only for what
-    msgpack cannot hold (cycles, nesting beyond its limit). ``body`` is None once finished (and
-    in the tests' writer of version-2 files, which writes nodes only).
+    msgpack cannot hold (cycles, nesting beyond its limit). ``body`` is None once finished.
     """
 
     def __init__(self, *, snapshot: bool, pool: BufferPool | None = None) -> None:
@@ -202,7 +208,7 @@ class _Encoder:
         self.body: _Body | None = _Body(self)
         #: pooled memory of small structural tensors, pageable (False) and pinned (True): (slab, used)
         self._slabs: dict[bool, tuple[torch.Tensor, int]] = {}
-        #: > 0 while encoding version-2 nodes (inside a body's node extension, or a fallback)
+        #: > 0 while encoding nodes only (inside a body's node extension, or what msgpack refused)
         self._plain = 0
         #: the next str-keyed dict is structural (its values are nodes, not one body value) for
         #: this many levels: the root and batch fields, and dicts directly inside them
@@ -274,7 +280,7 @@ class _Encoder:
         return [first, len(self.chunks) - first]
 
     def plain_node(self, obj: Any) -> Any:
-        """``obj`` as version-2 nodes only (what a body's node extension holds)."""
+        """``obj`` as nodes only (what a body's node extension holds)."""
         self._plain += 1
         try:
             return self.node(obj)
@@ -444,7 +450,7 @@ class _Encoder:
         cls = type(obj)
         if obj is None or cls is bool or cls is str:
             return obj
-        if self.body is not None and not self._plain:
+        if not self._plain:
             routed = self._route(obj, cls, path)
             if routed is not None:
                 return routed
@@ -492,7 +498,8 @@ class _Encoder:
         return {"$": "nested", "layout": layout, "items": [self.node(t, f"{path}[{i}]") for i, t in enumerate(parts)]}
 
     def _route(self, obj: Any, cls: type, path: str) -> Any:
-        """Header version 4: where a value goes (None: the version-2 node path)."""
+        """Where a value goes: the body (an ``mp`` node), or a node of its own (None: the node
+        path below, for tensors, arrays, bytes and the classes that keep their structure)."""
         levels, self._structural = self._structural, 0
         if cls is int:
             return obj if -(1 << 63) <= obj < (1 << 63) else _big_int(obj, path)
@@ -510,12 +517,11 @@ class _Encoder:
             if column is not None:
                 return column
         elif cls in (torch.Tensor, torch.nn.Parameter, np.ndarray, bytes, bytearray) \
-                or (cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict") \
                 or split_batch(obj) is not None or keeps_structure(obj):
             return None
         assert self.body is not None
         node = self.body.node(obj, path)
-        if node is None:  # cycles, nesting msgpack refuses: version-2 nodes (cycles become blobs)
+        if node is None:  # cycles, nesting msgpack refuses: nodes (cycles become blobs)
             return self.plain_node(obj)
         return node
 
@@ -556,8 +562,9 @@ class _Encoder:
             return {"$": cls.__name__, "iso": obj.isoformat()}
         if cls is datetime.timedelta:
             return {"$": "timedelta", "v": [obj.days, obj.seconds, obj.microseconds]}
-        if cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict":
-            return self._tensordict(obj, path)
+        keyed = keyed_codec(cls)  # a registered batch class with keyed parts (a TensorDict)
+        if keyed is not None:
+            return self._keyed(obj, keyed, path)
         structural = encode_class(self, obj, cls, path)  # classes.py: tensordict's classes
         if structural is not None:
             return structural
@@ -598,12 +605,10 @@ class _Encoder:
                 return None
         return None
 
-    def _tensordict(self, td: Any, path: str) -> Any:
-        names = list(td.names) if td._has_names() else None
-        device = td.device
-        return {"$": "tensordict", "batch_size": list(td.batch_size), "names": names,
-                "device": "cpu" if device is not None and device.type == "cpu" else None,
-                "items": [[k, self.node(v, f"{path}.{k}")] for k, v in td.items()], **tensordict_state(td, path)}
+    def _keyed(self, obj: Any, keyed: KeyedCodec, path: str) -> Any:
+        """The node of a batch class with keyed parts (:class:`~rollout_mock.batch.KeyedCodec`)."""
+        head, items, tail = keyed.parts(obj, path)
+        return {"$": keyed.tag, **head, "items": [[k, self.node(v, f"{path}.{k}")] for k, v in items], **tail}
 
 
 def _put_into(target: np.ndarray, start: int, raw: np.ndarray) -> None:
@@ -771,8 +776,6 @@ class Capture:
     #: header version 4: the chunks of the msgpack body, and whether it holds lone surrogates
     body: list[int] | None = None
     surrogates: bool = False
-    #: 4, or 2/3 (decided from the nodes) for the version-2 writer of older files
-    header_version: int = BODY_VERSION
     owners: list[Any] = field(default_factory=list, repr=False)
     pool: BufferPool | None = field(default=None, repr=False)
     pooled: list[Any] = field(default_factory=list, repr=False)
@@ -816,10 +819,33 @@ class Capture:
             else:
                 yield path, raw.view(dtype).reshape(shape)
 
+    def floats_finite(self) -> bool:
+        """Whether every Python float the capture holds is finite, told without a decode: its
+        header's nodes are looked at for the tags a non-finite number takes there (``float``,
+        ``npscalar``), and its msgpack body, in place, for the bytes of a non-finite float32/64
+        or of those tags inside a node extension (:data:`_NONFINITE`). ``False`` may be a false
+        alarm (other bytes of the body that look the same): the caller then looks closer. What
+        :meth:`tensors` leaves out of a scan of the step's data."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            if type(node) is dict:
+                if node.get("$") in ("float", "npscalar"):
+                    return False
+                stack.extend(node.values())
+            elif type(node) is list:
+                stack.extend(node)
+        if self.body is None:
+            return True
+        first, count = self.body
+        views = [view for view, _ in self.chunks[first: first + count]]
+        body = views[0] if len(views) == 1 else b"".join(views)
+        return _NONFINITE.search(body) is None
+
     def write(self, file: Sink | Any, *, compression: str = "none", checksums: bool = True) -> int:
         """Write the capture as a step file (:func:`~rollout_mock.codec.format.write_container`);
         :meth:`finish` must have run."""
-        return write_container(self.root, list(self.chunks), file, version=self.header_version, body=self.body,
+        return write_container(self.root, list(self.chunks), file, version=BODY_VERSION, body=self.body,
                                surrogates=self.surrogates, compression=compression, checksums=checksums)
 
     def release(self) -> None:
@@ -837,7 +863,6 @@ class Capture:
 
 
 def _captured(encoder: _Encoder, obj: Any) -> Capture:
-    version = BODY_VERSION if encoder.body is not None else 0  # 0: decided by the version-2 writer
     try:
         root = encoder.node(obj)
         body, surrogates = encoder.finish()
@@ -848,7 +873,7 @@ def _captured(encoder: _Encoder, obj: Any) -> Capture:
         raise
     if encoder.staged is not None:
         encoder.staged.close()  # the call returns with the copies queued
-    return Capture(root, encoder.chunks, body, surrogates, version, encoder.owners, encoder.pool, encoder.pooled,
+    return Capture(root, encoder.chunks, body, surrogates, encoder.owners, encoder.pool, encoder.pooled,
                    encoder.pending, encoder.pinned, encoder.staged, encoder.arrays)
 
 

@@ -33,7 +33,9 @@ written before it was recorded; files written before 0.1 may say ``grad``, which
 step holds data, not autograd state), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
 (``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3),
 ``nested`` (a ``torch.nested`` tensor's components and layout), ``tensordict`` (``batch_size``,
-``names``, ``device``, ``items``), ``batch`` (a DataProto-like object: ``kind``, the writer's
+``names``, ``device``, ``items``: the node of a batch class with keyed parts, written and
+checked by the description its adapter registers, :class:`rollout_mock.batch.KeyedCodec`),
+``batch`` (a DataProto-like object: ``kind``, the writer's
 ``class`` as ``module:qualname`` (information only), ``layout``, ``batch``/``non_tensor_batch``/
 ``meta_info`` nodes, ``extra`` attributes; see :mod:`~rollout_mock.codec.classes`) and ``pickle``
 (an opaque cloudpickle blob for anything that is not data; only a trusted load unpickles it).
@@ -78,6 +80,7 @@ import numpy as np
 import torch
 
 import rollout_mock.crc as _crc
+from rollout_mock.batch import keyed_codec_of_tag
 from rollout_mock.errors import ConfigError, MissingExtraError
 
 __all__ = [
@@ -87,7 +90,8 @@ __all__ = [
     "JSON_ITEMS_MIN",
     "MAX_CHUNK_RAW", "MAX_DEPTH", "MAX_NDIM", "PACK_ALIGN", "PARALLEL_BYTES", "PREFIX", "PREFIX_HEAD", "PREFIX_LEN",
     "PROTOCOL", "SMALL_BYTES", "SUFFIX", "Sink", "TENSOR_HEAD", "TORCH_DTYPES", "TORCH_DTYPE_NAMES", "Layout",
-    "array_head", "check_tree", "compress", "crc32", "decompress", "max_expansion", "needs_class_version",
+    "array_head", "check_shape", "check_tree", "compress", "crc32", "decompress", "max_expansion",
+    "needs_class_version",
     "numpy_dtype", "pool", "prefix_sums", "read_layout", "ref_raw", "write_container",
 ]
 
@@ -439,7 +443,8 @@ def _check_chunk(entry: Any, data_len: int) -> None:
         raise ValueError("bad shuffle item size")
 
 
-def _shape(value: Any) -> list[int]:
+def check_shape(value: Any) -> list[int]:
+    """A shape of a node (a list of at most MAX_NDIM sizes), else ValueError."""
     if type(value) is not list or len(value) > MAX_NDIM:
         raise ValueError(f"bad shape {value!r:.80}")
     return [_int(d, 0, _MAX_DIM) for d in value]
@@ -525,7 +530,7 @@ def check_tree(root: Any, table: list[list[int]], *, used: list[int] | None = No
                 raise ValueError("body values overlap or lie outside the body")
             continue
         if tag == "strs":
-            count = math.prod(_shape(node.get("shape")))
+            count = math.prod(check_shape(node.get("shape")))
             if ref_raw(sums, node.get("o"), sums) != 8 * (count + 1) or count == 0:
                 raise ValueError("string column offsets do not match its shape")
             total += ref_raw(sums, node.get("c"), sums) + 8 * (count + 1) + ITEM_OVERHEAD * count
@@ -567,7 +572,7 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
         dtype = node.get("dtype")
         if dtype not in TORCH_DTYPES:
             raise ValueError(f"torch dtype {dtype!r:.40} is not allowed")
-        shape = _shape(node.get("shape"))
+        shape = check_shape(node.get("shape"))
         itemsize = TORCH_DTYPES[dtype].itemsize
         if math.prod(shape) * itemsize != ref_raw(sums, node.get("c"), sums):
             raise ValueError(f"tensor of shape {shape} and dtype {dtype} does not match its data size")
@@ -576,12 +581,12 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
         return []
     if tag == "ndarray":
         dtype = numpy_dtype(node.get("dtype"))
-        shape = _shape(node.get("shape"))
+        shape = check_shape(node.get("shape"))
         if math.prod(shape) * dtype.itemsize != ref_raw(sums, node.get("c"), sums):
             raise ValueError(f"array of shape {shape} and dtype {dtype} does not match its data size")
         return []
     if tag == "objarray":
-        shape = _shape(node.get("shape"))
+        shape = check_shape(node.get("shape"))
         if "c" in node and "items" not in node:  # items in a JSON data chunk (header version 3)
             ref_raw(sums, node["c"], sums)
             return []
@@ -595,19 +600,6 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
         elif tag == "pickle" or type(node.get("hex")) is not str:
             raise ValueError(f"{tag} node without data")
         return []
-    if tag == "tensordict":
-        _shape(node.get("batch_size"))
-        names = node.get("names")
-        if names is not None and (type(names) is not list or any(n is not None and type(n) is not str for n in names)):
-            raise ValueError("bad tensordict names")
-        if node.get("device") not in (None, "cpu"):
-            raise ValueError("bad tensordict device")
-        if any(type(node.get(k, False)) is not bool for k in ("locked", "consolidated")):
-            raise ValueError("bad tensordict state")
-        pairs = _pairs(node, "items")
-        if any(type(k) is not str for k, _ in pairs):
-            raise ValueError("tensordict keys must be strings")
-        return [v for _, v in pairs]
     if tag == "batch":
         if node.get("kind") not in ("dataproto", "object") or type(node.get("class")) is not str \
                 or node.get("layout") not in ("public", "private", "dict"):
@@ -627,6 +619,13 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
     if tag in ("int", "float", "npscalar", "complex", "device", "dtype", "range", "datetime", "date",
                "time", "timedelta"):
         return _check_scalar(node, tag)
+    keyed = keyed_codec_of_tag(tag)  # a registered batch class with keyed parts (a TensorDict)
+    if keyed is not None:
+        keyed.check(node)
+        pairs = _pairs(node, "items")
+        if any(type(k) is not str for k, _ in pairs):
+            raise ValueError(f"{tag} keys must be strings")
+        return [v for _, v in pairs]
     raise ValueError(f"unknown node tag {tag!r:.40}")
 
 
@@ -854,7 +853,7 @@ def _check_class_node(node: dict[str, Any], tag: str) -> list[Any]:
             raise ValueError("bad npbytes node")
         return []
     if tag == "nontensor":
-        _shape(node.get("batch_size"))
+        check_shape(node.get("batch_size"))
         if node.get("device") not in (None, "cpu"):
             raise ValueError("bad nontensor device")
         _bool(node, "locked")
@@ -893,4 +892,7 @@ def _check_class_node(node: dict[str, Any], tag: str) -> list[Any]:
 def needs_class_version(node: dict[str, Any]) -> bool:
     """Whether a (tagged) node needs header version :data:`CLASS_VERSION`."""
     tag = node.get("$")
-    return tag in CLASS_TAGS or (tag == "tensordict" and ("locked" in node or "consolidated" in node))
+    if tag in CLASS_TAGS:
+        return True
+    keyed = keyed_codec_of_tag(tag)
+    return keyed is not None and any(key in node for key in keyed.class_keys)

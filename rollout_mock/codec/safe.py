@@ -36,7 +36,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from rollout_mock.batch import batch_keys, subset
+from rollout_mock.batch import batch_keys, keyed_codec_of_tag, subset
 from rollout_mock.codec.decode import ChunkReader, NodeDecoder, Unpickle, normalize_rows
 from rollout_mock.codec.format import (
     BODY_VERSION,
@@ -407,7 +407,8 @@ class StepView:
         return value & 0xFFFFFFFF
 
     def keys(self) -> list[str]:
-        """Top-level keys: batch + non-tensor keys of a batch, a dict's or TensorDict's keys."""
+        """Top-level keys: batch + non-tensor keys of a batch, a dict's or a keyed batch class's
+        (a TensorDict's) keys."""
         if self._layout is not None:
             root = self._layout.root
             if type(root) is dict and root.get("$") == "mp":  # keys live in the body
@@ -448,7 +449,7 @@ def _root_keys(root: Any) -> list[str]:
         tag = root.get("$")
         if tag is None:
             return list(root)
-        if tag == "tensordict":
+        if keyed_codec_of_tag(tag) is not None:
             return [k for k, _ in root["items"]]
         if tag == "batch" and root.get("kind") == "dataproto":
             keys: list[str] = []
@@ -456,7 +457,7 @@ def _root_keys(root: Any) -> list[str]:
                 field = root.get(name)
                 if type(field) is dict and field.get("$") is None:
                     keys += [k for k in field if k not in keys]
-                elif type(field) is dict and field.get("$") == "tensordict":
+                elif type(field) is dict and keyed_codec_of_tag(field.get("$")) is not None:
                     keys += [k for k, _ in field["items"] if k not in keys]
             return keys
     if type(root) is list:
@@ -477,8 +478,8 @@ def _decode_root(decoder: NodeDecoder, root: Any, keys: frozenset[str] | None, r
             return subset(decoder.value(root), keys, rows)
         if tag is None:
             return {k: decoder.value(v, rows) for k, v in root.items() if keys is None or k in keys}
-        if tag == "tensordict":
-            return decoder.tensordict(root, rows, keys)
+        if keyed_codec_of_tag(tag) is not None:
+            return decoder.keyed(root, rows, keys)
         if tag == "batch":
             return decoder.batch(root, rows, keys)
     if type(root) is list:

@@ -42,7 +42,7 @@ from rollout_mock.wrap.retention import (
     unregister,
 )
 
-__all__ = ["DELETE_BATCH", "DRAIN_BYTES", "DRAIN_CALLS", "PACK_BYTES", "PACK_PENDING_BYTES", "Recorder", "scannable"]
+__all__ = ["DELETE_BATCH", "DRAIN_BYTES", "DRAIN_CALLS", "PACK_BYTES", "PACK_PENDING_BYTES", "Recorder"]
 
 #: On an object store, the ring's deletions are sent once this many steps are due (two batched
 #: requests: entries, then data) and at close; on a local disk at once.
@@ -56,15 +56,6 @@ PACK_PENDING_BYTES = 512 << 20
 #: call would cost the caller a submission and the writer a file each).
 DRAIN_CALLS = 256
 DRAIN_BYTES = 8 << 20
-
-
-def scannable(written: Any) -> Any:
-    """The batch to scan for NaN/inf of what the writer thread wrote: the batch itself, or, for
-    the codec's in-memory capture of one (:func:`rollout_mock.codec.capture`), the batch rebuilt
-    over the capture's memory (:func:`rollout_mock.codec.view_capture`: no copy, no second encode)."""
-    if isinstance(written, codec.Capture):
-        return codec.view_capture(written)
-    return written
 
 
 #: Extra calls smaller than this are written as one list per pack (one header for all of them:
@@ -413,11 +404,11 @@ class Recorder:
         self._carry_out(self.retention.written(step, size))
 
     def _scan(self, step: int, batch: Any) -> list[str]:
-        """:func:`nonfinite_values` of a written step (a batch, or the codec's capture of one:
-        :func:`scannable`); a batch it cannot look into is said once and recording goes on (the
-        step is written: only the scan is missing)."""
+        """:func:`nonfinite_values` of a written step (a batch, or the codec's capture of one,
+        read in place); a batch it cannot look into is said once and recording goes on (the step
+        is written: only the scan is missing)."""
         try:
-            return nonfinite_values(scannable(batch))
+            return nonfinite_values(batch)
         except Exception as exc:  # noqa: BLE001 - an odd tensor subclass must not stop the dump
             if not self._scan_failed_said:
                 self._scan_failed_said = True

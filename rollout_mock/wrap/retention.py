@@ -9,9 +9,9 @@ they ask for, on its writer thread:
 * :func:`nonfinite_values` — where a recorded batch holds NaN or ±inf: a walk of the batch model
   (:func:`rollout_mock.batch.batch_parts`), one ``torch.aminmax`` per floating-point tensor or
   array (NaN and ±inf propagate to the minimum or the maximum: exact, no temporary the size of
-  the tensor), Python floats one by one. It runs on the writer thread, on what the recorder
-  captured (:func:`rollout_mock.wrap.recording.scannable`), so the training thread never pays for
-  it.
+  the tensor), Python floats one by one. It runs on the writer thread, on the codec's capture
+  of the batch, in place (:meth:`rollout_mock.codec.Capture.tensors`: no second encode, no
+  decode), so the training thread never pays for it.
 * :class:`MetricWatch` — a metric that is NaN/inf, or more than ``z`` robust deviations from the
   median of its recent window (``keep.metrics``): fed by :meth:`MockScheduler.observe
   <rollout_mock.MockScheduler.observe>`, by ``MetricsWriter(..., expected=scheduler)`` and by
@@ -44,7 +44,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import numpy as np
+
 from rollout_mock.batch import batch_parts, is_array, is_tensor
+from rollout_mock.codec import Capture, view_capture
 from rollout_mock.config import KeepSettings, MetricRule
 from rollout_mock.storage.manifest import MAX_PIN_REASONS, StepSet, pin_reason
 from rollout_mock.text import logger
@@ -164,7 +167,8 @@ class _Scan:
 def nonfinite_values(batch: Any, *, limit: int = MAX_PLACES) -> list[str]:
     """Where ``batch`` holds NaN or ±inf: at most ``limit`` places, each ``"key (counts)"``
     (``"batch.old_log_probs (3 NaN)"``, ``"[2].rewards (nan)"``); empty when every value is
-    finite.
+    finite. ``batch`` may be the codec's capture of a batch (what the writer thread holds in
+    background mode): it is read in place (:func:`_captured_nonfinite`).
 
     Walks what the batch model sees (a DataProto's ``batch``/``non_tensor_batch``/``meta_info``,
     a TensorDict's keys, mappings, lists and tuples, numpy object arrays item by item), at most
@@ -174,9 +178,32 @@ def nonfinite_values(batch: Any, *, limit: int = MAX_PLACES) -> list[str]:
     the maximum); only a tensor holding some is counted exactly. Nested tensors are checked per
     component; sparse and meta tensors are skipped. A CUDA tensor is checked where it is (the
     recorder hands over its CPU copy in background mode)."""
+    if isinstance(batch, Capture):
+        return _captured_nonfinite(batch, limit)
     scan = _Scan(limit)
     scan.walk(batch, "", 0)
     return scan.places
+
+
+def _captured_nonfinite(captured: Capture, limit: int) -> list[str]:
+    """:func:`nonfinite_values` of the batch ``captured`` holds, read in place: its tensors and
+    numeric arrays over the capture's own memory (:meth:`Capture.tensors`: no encode, no decode,
+    no copy), its Python floats by :meth:`Capture.floats_finite` (a look at the header's nodes
+    and a byte search of the msgpack body). Only a step that holds NaN/inf (or bytes that look
+    like one) is rebuilt over the capture's memory (:func:`rollout_mock.codec.view_capture`), to
+    name its places exactly as the walk of the batch names them: the step is kept, and the
+    reason says where."""
+    suspect = False
+    for _, value in captured.tensors():
+        if isinstance(value, np.ndarray):
+            suspect = _array_counts(value) is not None
+        else:
+            suspect = (value.is_floating_point() or value.is_complex()) and _tensor_counts(value) is not None
+        if suspect:
+            break
+    if not suspect and captured.floats_finite():
+        return []
+    return nonfinite_values(view_capture(captured), limit=limit)
 
 
 # ----------------------------------------------------------------------------- health

@@ -7,6 +7,7 @@ holds one concept whole, and a concept is not cut into files to stay under a lin
 from __future__ import annotations
 
 import ast
+import pickle
 import re
 from pathlib import Path
 
@@ -282,6 +283,18 @@ def test_only_the_batch_model_and_the_adapters_name_framework_batch_classes() ->
     assert _naming(r"tensordict|dataproto", allowed=("batch.py", "adapters/", "codec/")) == []
 
 
+def test_the_codec_knows_batch_classes_by_their_parts_not_tensordict_by_name() -> None:
+    """The codec's writer, reader and format check dispatch on a registered batch class with
+    keyed parts (rollout_mock.batch.KeyedCodec, registered by adapters/frameworks.py for
+    TensorDict), never on TensorDict's name. (codec/classes.py still rebuilds tensordict's
+    non-tensor and stacked classes; legacy.py and trusted.py read and write format 1, whose
+    pickles name ``tensordict._td.TensorDict`` and ``rollout_mock.codec._rebuild_tensordict``.)"""
+    modules = ("codec/encode.py:", "codec/decode.py:", "codec/format.py:", "codec/safe.py:")
+    assert [hit for hit in _naming(r"tensordict", units={"codec"}) if hit.startswith(modules)] == []
+    assert any(hit.startswith("codec/classes.py:") for hit in _naming(r"tensordict", units={"codec"}))
+    assert any("TENSORDICT" in hit for hit in _naming(r"tensordict", units={"adapters"}))
+
+
 def test_wrap_names_no_framework() -> None:
     """wrap/, the interception core, names no framework, batch class, or framework convention
     (ROLL's, verl's and slime's step arguments are registered by the adapters)."""
@@ -497,13 +510,16 @@ _DECODING = ("rollout_mock/codec/safe.py", "rollout_mock/codec/decode.py", "roll
              "rollout_mock/codec/trusted.py")
 
 
-def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path) -> None:
-    """Follows the calls, not the imports (issue 36): every function the writer thread runs
-    while it writes captured steps (a profile hook on every thread but this one) is recorded,
-    and none is in the safe decoder, the format-1 reader, the unpickler or ``pickle.load``.
-    (With ``keep:``'s NaN/inf scan the writer still rebuilds the batch through the decoder:
-    :func:`rollout_mock.codec.view_capture`; :meth:`rollout_mock.codec.Capture.tensors` is the
-    way around it.)"""
+#: What the writer thread must not run on a capture: the encoder again (it was captured once).
+_ENCODING = ("rollout_mock/codec/encode.py:node", "rollout_mock/codec/encode.py:capture",
+             "rollout_mock/codec/encode.py:_captured")
+
+
+def _writer_thread_calls(dump: Path, **config: object) -> tuple[set[str], list[str], list[str]]:
+    """Every function the writer thread runs while it writes captured steps (a profile hook on
+    every thread but this one), and those of them that decode (the safe decoder, the format-1
+    reader, the unpickler, ``pickle.load``) or encode again. The batch holds tensors, strings,
+    Python samples and floats: every path of the scan is taken."""
     import sys
     import threading
 
@@ -511,8 +527,9 @@ def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path) -> Non
 
     from rollout_mock import MockScheduler
 
-    batch = {"input_ids": torch.arange(4096).reshape(8, 512), "texts": ["a", "b"] * 4,
-             "samples": [{"tokens": list(range(64)), "reward": 0.5}] * 8}
+    batch = {"input_ids": torch.arange(4096).reshape(8, 512), "logprobs": torch.randn(8, 512),
+             "texts": ["a", "b"] * 4, "samples": [{"tokens": list(range(64)), "reward": 0.5}] * 8,
+             "meta": {"temperature": 0.7, "ts": [1.0, 2.0]}}
 
     class Source:
         def get_batch(self, data: object, global_step: int) -> object:
@@ -529,11 +546,11 @@ def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path) -> Non
             elif event == "c_call":
                 called.add(f"{getattr(arg, '__module__', None)}.{getattr(arg, '__qualname__', arg)}")
 
-    config = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d"), "background": True,
-              "fingerprint": "off"}
+    settings = {"enable": True, "mode": "dump", "dump_dir": str(dump), "background": True, "fingerprint": "off",
+                **config}
     threading.setprofile(hook)
     try:
-        with MockScheduler(Source(), config) as mock:
+        with MockScheduler(Source(), settings) as mock:
             for step in range(3):
                 mock.get_batch(None, step)
             mock.flush()
@@ -543,7 +560,41 @@ def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path) -> Non
     assert any("rollout_mock/codec/format.py:write_container" in name for name in called), "the hook saw no write"
     decoding = sorted(name for name in called if any(part in name for part in _DECODING)
                       or name.startswith(("_pickle.load", "_pickle.Unpickler", "pickle.load")))
-    assert decoding == []
+    encoding = sorted(name for name in called if any(name.endswith(part) for part in _ENCODING))
+    return called, decoding, encoding
+
+
+@pytest.mark.parametrize("config", [{}, {"keep": {"last": 2}}], ids=["plain", "keep"])
+def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path, config: dict[str, object]) -> None:
+    """Follows the calls, not the imports (issue 36): the writer thread writes captured steps
+    without decoding or encoding them again, and with ``keep:`` it scans each for NaN/inf in
+    place (:meth:`rollout_mock.codec.Capture.tensors`), not through a rebuild of the batch."""
+    called, decoding, encoding = _writer_thread_calls(tmp_path / "d", **config)
+    assert decoding == [] and encoding == []
+    if config:
+        assert any(name.endswith("rollout_mock/wrap/retention.py:_captured_nonfinite") for name in called)
+        assert any(name.endswith("rollout_mock/codec/encode.py:tensors") for name in called)
+
+
+def test_the_call_check_sees_a_scan_that_rebuilds_the_capture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check above can fail: a scan that rebuilds the capture through the decoder (what
+    ``_scan`` did through ``view_capture``) or encodes the batch again is caught."""
+    import rollout_mock.codec as codec
+    import rollout_mock.wrap.recording as recording
+    from rollout_mock.codec.trusted import loads
+
+    def rebuilding_scan(batch: object) -> list[str]:
+        assert isinstance(batch, codec.Capture)
+        view = codec.view_capture(batch)
+        codec.capture(view).release()
+        loads(pickle.dumps(1))
+        return []
+
+    monkeypatch.setattr(recording, "nonfinite_values", rebuilding_scan)
+    _, decoding, encoding = _writer_thread_calls(tmp_path / "d", keep={"last": 2})
+    assert any("codec/safe.py" in name for name in decoding) and any("codec/decode.py" in name for name in decoding)
+    assert any("_pickle.load" in name or "trusted.py" in name for name in decoding)
+    assert any(name.endswith("encode.py:node") for name in encoding)
 
 
 #: The dump's side folders, named in storage/ only (rollout_mock.storage.store lays them out).

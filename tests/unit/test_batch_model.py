@@ -265,3 +265,56 @@ def test_a_batch_type_added_as_the_docs_say_works_everywhere(episodes: Any, tmp_
     small = open_dump(tmp_path / "cut").load(1, stream)
     assert type(small) is episodes_cls and list(small.columns) == ["input_ids"]
     assert small.columns["input_ids"][:, 0].tolist() == [7, 1] and small.info["global_step"] == 1
+
+
+class Table:
+    """A batch class with keyed parts that is not a TensorDict: the codec writes and rebuilds it
+    from the description its batch type registers, knowing no such class by name."""
+
+    def __init__(self, columns: dict[str, Any], title: str) -> None:
+        self.columns, self.title = columns, title
+
+
+def _table_check(node: Any) -> None:
+    if type(node.get("title")) is not str or type(node.get("rows")) is not int:
+        raise ValueError("bad table")
+
+
+def _table_rows(node: Any, rows: slice) -> dict[str, Any] | None:
+    return {**node, "rows": len(range(node["rows"])[rows])}
+
+
+TABLE = batch_module.BatchType(
+    "test-table", lambda b: isinstance(b, Table), lambda b: len(next(iter(b.columns.values()))),
+    lambda b, index: Table({k: v[index] for k, v in b.columns.items()}, b.title),
+    codec=batch_module.KeyedCodec(
+        "x-table", (f"{__name__}:Table",),
+        lambda t, path: ({"title": t.title, "rows": len(next(iter(t.columns.values())))}, t.columns.items(), {}),
+        _table_check, lambda node, items, flush: Table(items, node["title"]), _table_rows),
+)
+
+
+def test_the_codec_writes_a_registered_batch_class_with_keyed_parts() -> None:
+    """A registered :class:`KeyedCodec` is how the codec writes a class with keyed parts (a
+    ``{"$": tag, ..., "items": [[key, NODE]]}`` node) and rebuilds it in a safe load, rows and
+    keys included; its ``check`` guards the header; an unregistered tag is refused."""
+    from rollout_mock.codec import decode, encode_bytes
+    from rollout_mock.codec.format import check_tree
+
+    table = Table({"x": torch.arange(8).reshape(4, 2), "y": np.arange(4.0), "nested": Table({"z": torch.ones(4)}, "in")},
+                  "t")
+    register_batch_type(TABLE)
+    data = encode_bytes({"t": table})
+    start = data.index(b'{"format"')
+    assert b'"$":"x-table","title":"t","rows":4,"items":[["x",' in data[start:].replace(b" ", b"")
+    back = decode(data)["t"]
+    assert type(back) is Table and back.title == "t" and torch.equal(back.columns["x"], table.columns["x"])
+    assert type(back.columns["nested"]) is Table and torch.equal(back.columns["nested"].columns["z"], torch.ones(4))
+    rows = decode(encode_bytes(table), rows=slice(1, 3), keys=["y"])
+    assert type(rows) is Table and list(rows.columns) == ["y"] and rows.columns["y"].tolist() == [1.0, 2.0]
+    node = {"$": "x-table", "title": "t", "rows": 2, "items": [["x", None]]}
+    check_tree(node, [])
+    with pytest.raises(ValueError, match="bad table"):
+        check_tree({**node, "title": 7}, [])
+    with pytest.raises(ValueError, match="unknown node tag 'y-table'"):
+        check_tree({**node, "$": "y-table"}, [])

@@ -383,19 +383,88 @@ def test_a_batch_the_scan_cannot_read_is_recorded_anyway(tmp_path: Path, monkeyp
     assert len(said) == 1 and "step 0 of train for NaN/inf (RuntimeError: odd tensor subclass)" in said[0]
 
 
-def test_the_writer_thread_scans_what_the_codec_captured() -> None:
-    """The background writer hands the recorder the codec's capture of a batch, not the batch:
-    its NaN/inf are found all the same (whatever the codec's capture offers)."""
-    import rollout_mock.codec as codec
-    from rollout_mock.wrap.recording import scannable
+_CAPTURED_CASES = {
+    "tensors and a body list": {"logprobs": torch.tensor([[0.5, math.nan]]), "ids": torch.arange(2),
+                                "meta": {"t": [1.0, math.inf]}},
+    "header float": {"x": torch.zeros(3), "meta": {"temperature": math.nan, "prompts": ["a", "b"]}},
+    "body tensors": {"y": [torch.randn(7) for _ in range(5)] + [torch.tensor([0.0, -math.inf])]},
+    "odd values": {
+        "complex": torch.tensor([1 + 1j, complex(math.nan, 0)]),
+        "nested": torch.nested.nested_tensor([torch.ones(2), torch.tensor([math.inf])], layout=torch.jagged),
+        "big_endian": np.array([1.0, np.inf], dtype=">f8"),
+        "objects": np.array([1.0, "text", np.nan], dtype=object),
+    },
+    "float32 array in a list": [{"r": np.array([1.0, np.nan], dtype=np.float32)}, {"r": np.zeros(2)}],
+    "a sample's float": [{"tokens": list(range(8)), "reward": 0.5}, {"tokens": [1], "reward": math.nan}],
+    "float64 scalar": {"meta": {"score": np.float64("inf")}},
+    "float16 column": {"h": torch.tensor([1.0, math.nan], dtype=torch.float16), "i": torch.arange(3)},
+    "a body of several chunks": {"r": [0.5] * 10 + [-math.inf] + [0.25] * 600_000},
+}
 
-    batch = {"logprobs": torch.tensor([[0.5, math.nan]]), "ids": torch.arange(2), "meta": {"t": [1.0, math.inf]}}
-    captured = codec.capture(batch)
+
+@pytest.mark.parametrize("name", list(_CAPTURED_CASES))
+def test_the_writer_thread_scans_what_the_codec_captured(name: str) -> None:
+    """The background writer hands the recorder the codec's capture of a batch, not the batch:
+    its NaN/inf are found all the same, named as the walk of the batch names them."""
+    import rollout_mock.codec as codec
+
+    batch = _CAPTURED_CASES[name]
+    captured = codec.capture(batch, pool=codec.BufferPool())
     try:
-        assert nonfinite_values(scannable(captured)) == ["logprobs (1 NaN)", "meta.t[1] (inf)"]
+        assert nonfinite_values(captured) == nonfinite_values(batch) != []
+        assert not captured.floats_finite() or any(
+            _suspect(value) for _, value in captured.tensors())  # the in-place look saw it
     finally:
         captured.release()
-    assert scannable(batch) is batch
+
+
+def _suspect(value: Any) -> bool:
+    values = torch.as_tensor(value) if isinstance(value, np.ndarray) and value.dtype.isnative else value
+    if isinstance(values, np.ndarray):
+        return not bool(np.isfinite(values).all())
+    return (values.is_floating_point() or values.is_complex()) and not bool(torch.isfinite(values).all())
+
+
+@pytest.mark.parametrize("batch", [
+    {"x": torch.randn(64, 1 << 12), "ids": torch.arange(10**5), "y": [torch.randn(7) for _ in range(30)],
+     "text": ["a prompt"] * 50, "meta": {"t": [1.0, 2.5], "lr": 1e-5, "big": 1e308, "tiny": -5e-324}},
+    [{"tokens": list(range(64)), "reward": float(i) / 3, "logprobs": [-0.5] * 64} for i in range(64)],
+    {"values": np.random.default_rng(0).standard_normal(10_000), "objects": np.array([1.0, "a", None], dtype=object),
+     "ints": list(range(-300, 70_000, 7)), "raw": bytes(range(256)) * 4},
+])
+def test_a_clean_capture_is_scanned_in_place(batch: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clean step (the common case) is read where the capture holds it: neither rebuilt
+    (view_capture) nor decoded nor encoded again; the Python floats by a byte search only."""
+    import rollout_mock.codec as codec
+    import rollout_mock.wrap.retention as retention
+
+    captured = codec.capture(batch, pool=codec.BufferPool())
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the scan of a clean capture rebuilt, decoded or encoded it")
+
+    monkeypatch.setattr(retention, "view_capture", refused)
+    for module, name in [(codec, "decode"), (codec, "open_step"), (codec, "encode"), (codec, "capture")]:
+        monkeypatch.setattr(module, name, refused)
+    try:
+        assert captured.floats_finite()
+        assert nonfinite_values(captured) == []
+    finally:
+        captured.release()
+
+
+def test_bytes_that_look_like_a_nonfinite_float_are_looked_at_closer() -> None:
+    """The byte search of the body may raise a false alarm (a bytes value holding the pattern of
+    a float64 inf): the scan then names the places exactly, here none."""
+    import rollout_mock.codec as codec
+
+    batch = {"raw": [b"\xcb\x7f\xf0\x00\x00\x00\x00\x00\x00"], "ok": [1.5]}
+    captured = codec.capture(batch)
+    try:
+        assert not captured.floats_finite()
+        assert nonfinite_values(captured) == []
+    finally:
+        captured.release()
 
 
 def test_the_capture_is_scanned_over_its_own_memory_without_a_copy() -> None:

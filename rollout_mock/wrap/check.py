@@ -54,7 +54,7 @@ from rollout_mock.config import CheckServes, CheckSettings
 from rollout_mock.errors import CheckFailedError, DumpNotWritableError, RolloutMockError, UnsafePathError
 from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.manifest import StreamId, utc_now
-from rollout_mock.storage.store import StepStore, Store, open_store, verdict_relpath
+from rollout_mock.storage.store import Store, open_store, verdict_relpath
 from rollout_mock.text import json_float, logger, short_repr, step_log_level, within_tolerance_array
 from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
 
@@ -430,7 +430,7 @@ class Checker:
     recorded object holds more than the rollout's output, e.g. TRL's record). ``framework``:
     whose volatile fields are not compared (``None``: none)."""
 
-    def __init__(self, settings: CheckSettings, store: StepStore, stream: StreamId, *,
+    def __init__(self, settings: CheckSettings, store: Store, stream: StreamId, *,
                  views: Mapping[str, Callable[[Any], Any]] | None = None, framework: str | None = None) -> None:
         self.settings = settings
         self.store = store

@@ -42,7 +42,7 @@ from rollout_mock.errors import ConfigError, dump_path_is_a_file
 from rollout_mock.storage.bundle import is_bundle
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.paths import is_url
-from rollout_mock.storage.store import StepStore, open_store
+from rollout_mock.storage.store import Store, open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import (
@@ -72,7 +72,7 @@ Capture = Callable[[Any], Any]
 Provenance = Callable[[Any], "dict[str, Any] | None"]
 
 
-def _open_dump(settings: StoreSettings, given: StepStore | None, *, mode: str) -> tuple[StepStore, bool]:
+def _open_dump(settings: StoreSettings, given: Store | None, *, mode: str) -> tuple[Store, bool]:
     """The dump's store (``given``, else opened from ``settings``: a path to a file that is no
     bundle is refused) and whether the dump is a bundle (a .rmb file: replayed in place, read-only)."""
     bundled = is_bundle(settings.dump_dir)
@@ -100,7 +100,7 @@ class Interceptor:
         *,
         split: str = "train",
         name: str | None = None,
-        store: StepStore | None = None,
+        store: Store | None = None,
         rank: int | None = None,
         match_keys: Mapping[str, KeyFunction] | None = None,
         check_views: Mapping[str, Callable[[Any], Any]] | None = None,

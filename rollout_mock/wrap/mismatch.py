@@ -49,7 +49,7 @@ from rollout_mock.errors import (
     RolloutSettingsMismatchError,
 )
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.store import StepStore, open_store
+from rollout_mock.storage.store import Store, open_store
 from rollout_mock.text import jsonable, logger, short_repr, terminal_safe
 from rollout_mock.wrap.calls import step_names
 from rollout_mock.wrap.matching import (
@@ -452,7 +452,7 @@ class RequestMatcher:
     and ``path`` (the dump) for messages. ``framework``: whose volatile fields are left out
     (:func:`~rollout_mock.wrap.hooks.volatile_patterns`; ``None``: none)."""
 
-    def __init__(self, settings: MatchSettings, store: StepStore, stream: StreamId, *,
+    def __init__(self, settings: MatchSettings, store: Store, stream: StreamId, *,
                  keys: Mapping[str, KeyFunction] | None = None, context: Mapping[str, Any] | None = None,
                  framework: str | None = None) -> None:
         self.settings = settings

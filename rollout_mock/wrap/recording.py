@@ -28,7 +28,7 @@ from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError
 from rollout_mock.storage.directory import free_bytes
 from rollout_mock.storage.manifest import CallRecord, StreamId, format_ranges
-from rollout_mock.storage.store import BatchInfo, StepStore
+from rollout_mock.storage.store import BatchInfo, Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed
@@ -92,7 +92,7 @@ class Recorder:
     :meth:`records_step` is always false. ``settings`` are the dump-mode keys of the config.
     """
 
-    def __init__(self, settings: RecordSettings, store: StepStore, stream: StreamId, *, writes: bool) -> None:
+    def __init__(self, settings: RecordSettings, store: Store, stream: StreamId, *, writes: bool) -> None:
         self.settings = settings
         self.store = store
         self.stream = stream

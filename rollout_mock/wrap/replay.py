@@ -41,7 +41,7 @@ from rollout_mock.errors import (
 )
 from rollout_mock.storage.manifest import CallRecord, PackRecord, StreamId, format_ranges
 from rollout_mock.storage.reader import Prefetcher, load_partial, rank_rows
-from rollout_mock.storage.store import BatchInfo, StepStore, expected_path
+from rollout_mock.storage.store import BatchInfo, Store, expected_path
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.matching import Request
 from rollout_mock.wrap.mismatch import RequestMatcher
@@ -157,7 +157,7 @@ class Replayer:
     ``settings`` are the replay keys of the config.
     """
 
-    def __init__(self, settings: ReplaySettings, store: StepStore, stream: StreamId) -> None:
+    def __init__(self, settings: ReplaySettings, store: Store, stream: StreamId) -> None:
         self.settings = settings
         self.store = store
         self.stream = stream

@@ -34,7 +34,7 @@ from typing import Any
 
 from rollout_mock.errors import CorruptStepError
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.store import BatchInfo, StepStore
+from rollout_mock.storage.store import BatchInfo, Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger
 
@@ -360,7 +360,7 @@ class RngHook:
     restores the states recorded for the served step, if there are any.
     """
 
-    def __init__(self, *, enabled: bool, store: StepStore, stream: StreamId, overwrite: bool) -> None:
+    def __init__(self, *, enabled: bool, store: Store, stream: StreamId, overwrite: bool) -> None:
         self.enabled = enabled
         self.store = store
         self.stream = rng_stream(stream)

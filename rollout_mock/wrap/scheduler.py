@@ -11,7 +11,7 @@ from typing import Any, Generic, TypeVar, cast, overload
 from rollout_mock.config import RolloutMockConfig, config_parts, load_config
 from rollout_mock.errors import ConfigError, ReplayMismatchError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention, Mode
-from rollout_mock.storage.store import StepStore
+from rollout_mock.storage.store import Store
 from rollout_mock.text import logger
 from rollout_mock.wrap.calls import as_step, detect_convention, parameter_names, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
@@ -147,7 +147,7 @@ class MockScheduler(Generic[T]):
         factory: Callable[[], T] | None = None,
         spec: Any = None,
         name: str | None = None,
-        store: StepStore | None = None,
+        store: Store | None = None,
         rank: int | None = None,
         rollout_settings: Mapping[str, Any] | None = None,
         match_keys: Mapping[str, KeyFunction] | None = None,
@@ -448,15 +448,15 @@ def _check_recorded_methods(interceptor: Interceptor, methods: Sequence[str]) ->
 @overload
 def wrap_scheduler(scheduler: None, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
                    factory: Callable[[], T], spec: Any = ..., name: str | None = ...,
-                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+                   store: Store | None = ..., rank: int | None = ...) -> T: ...
 @overload
 def wrap_scheduler(scheduler: None, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
                    factory: None = ..., spec: type[T], name: str | None = ...,
-                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+                   store: Store | None = ..., rank: int | None = ...) -> T: ...
 @overload
 def wrap_scheduler(scheduler: T, config: Any = None, *, split: str = ..., methods: Iterable[str] = ...,
                    factory: Callable[[], T] | None = ..., spec: Any = ..., name: str | None = ...,
-                   store: StepStore | None = ..., rank: int | None = ...) -> T: ...
+                   store: Store | None = ..., rank: int | None = ...) -> T: ...
 def wrap_scheduler(scheduler: Any, config: Any = None, **options: Any) -> Any:
     """:class:`MockScheduler` typed as what it wraps: ``wrap_scheduler(real, cfg)`` is a
     ``MockScheduler`` at run time, and to a type checker the type of ``real`` (or of what

@@ -28,7 +28,7 @@ from rollout_mock.storage.paths import (
     open_dir_inside,
     open_nofollow,
     open_regular,
-    read_fd,
+    read_fd_range,
     resolve_inside,
 )
 from rollout_mock.text import logger
@@ -291,14 +291,7 @@ class LocalBackend(BackendDefaults):
             fd = open_regular(self.path(rel))
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if start == 0 and end is None:
-            return read_fd(fd)
-        try:
-            size = os.fstat(fd).st_size
-            stop = size if end is None else min(end, size)
-            return os.pread(fd, max(stop - start, 0), start) if stop > start else b""
-        finally:
-            os.close(fd)
+        return read_fd_range(fd, start, end)
 
     def _write_temp(self, rel: str, data: bytes, *, durable: bool = True) -> TempFile:
         # Another writer compacting at the same moment may remove an index directory that just

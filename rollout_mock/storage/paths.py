@@ -252,6 +252,19 @@ def read_fd(fd: int, *, limit: int | None = None) -> bytes:
     return b"".join(chunks)
 
 
+def read_fd_range(fd: int, start: int = 0, end: int | None = None) -> bytes:
+    """Bytes ``[start:end)`` of the open file ``fd`` (closed afterwards; ``end`` past the end
+    stops there)."""
+    if start == 0 and end is None:
+        return read_fd(fd)
+    try:
+        size = os.fstat(fd).st_size
+        stop = size if end is None else min(end, size)
+        return os.pread(fd, max(stop - start, 0), start) if stop > start else b""
+    finally:
+        os.close(fd)
+
+
 def read_inside(root: str | os.PathLike[str], relpath: str, *, limit: int | None = None) -> bytes | None:
     """The bytes of ``root/relpath`` opened with :func:`open_inside` (see :func:`read_fd` for
     ``limit``); ``None`` when it (or a directory on the way) does not exist."""

@@ -91,7 +91,7 @@ from rollout_mock.storage.manifest import (
     pin_reason,
     utc_now,
 )
-from rollout_mock.storage.paths import NAME_PATTERN, is_url, open_inside, read_fd
+from rollout_mock.storage.paths import NAME_PATTERN, is_url, open_inside, read_fd_range
 from rollout_mock.storage.verified import corrupt_error, load_bytes_verified, load_source_verified, load_verified
 from rollout_mock.text import jsonable, logger
 
@@ -346,14 +346,7 @@ class Store:
             fd = open_inside(root, rel)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        if start == 0 and end is None:
-            return read_fd(fd)
-        try:
-            size = os.fstat(fd).st_size
-            stop = size if end is None else min(end, size)
-            return os.pread(fd, max(stop - start, 0), start) if stop > start else b""
-        finally:
-            os.close(fd)
+        return read_fd_range(fd, start, end)
 
     def write_expected(self, rel: str, data: bytes) -> None:
         """Write a file of the dump run's metrics (``rel``: one of another store's

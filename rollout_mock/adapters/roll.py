@@ -62,7 +62,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from rollout_mock.adapters.frameworks import file_fingerprint
-from rollout_mock.config import RolloutMockConfig, load_config
+from rollout_mock.config import RolloutMockConfig, config_parts, load_config
 from rollout_mock.wrap.actor import mock_class
 from rollout_mock.wrap.calls import ray_actor_class
 from rollout_mock.wrap.mismatch import check_dump_settings
@@ -201,8 +201,9 @@ def roll_scheduler(
     With ``enable: false`` (or no block) ``cls`` itself is returned."""
     resolved = roll_config(config)
     settings = roll_settings(config)
-    if resolved.enable and resolved.mode.replays:
-        check_dump_settings(resolved, settings)  # the pre-flight check, on the driver, before any actor
+    if resolved.enable and resolved.mode.replays:  # the pre-flight check, on the driver, before any actor
+        parts = config_parts(resolved)
+        check_dump_settings(parts.store, parts.match, settings, mode=parts.mode)
     wrapped = mock_class(
         cls, resolved,
         split=roll_split if split is None else split,

@@ -214,7 +214,13 @@ class TrlRollout:
 
     def __init__(self, trainer: Any, config: RolloutMockConfig) -> None:
         self.trainer = trainer
-        self.config = config
+        #: handed on, whole, to the scheduler of each split (each resolves its own parts); this
+        #: object reads only the keys below
+        self._config = config
+        self.mode = config.mode
+        #: the dump's location (named in messages)
+        self.dump_dir = config.dump_dir
+        self.check_serves = config.check_serves
         self.rng = config.replay_rng is not False  # auto (null) means on: generation runs in-process
         self.settings = trl_settings(trainer)
         self._source = _Source()
@@ -240,8 +246,8 @@ class TrlRollout:
     def _scheduler(self, split: str) -> MockScheduler:
         scheduler = self._schedulers.get(split)
         if scheduler is None:
-            real = self._source if self.config.mode.runs_scheduler else None
-            scheduler = MockScheduler(real, self.config, split=split, methods=(_METHOD,), spec=_Source,
+            real = self._source if self.mode.runs_scheduler else None
+            scheduler = MockScheduler(real, self._config, split=split, methods=(_METHOD,), spec=_Source,
                                       rollout_settings=self.settings, check_views={_METHOD: _named_output},
                                       framework="trl")
             self._schedulers[split] = scheduler
@@ -256,16 +262,16 @@ class TrlRollout:
         else:
             micro = self.start[0] * accumulation + int(trainer._step) - self.start[1]
         every = int(trainer.args.steps_per_generation) * int(trainer.num_iterations)
-        if micro % every and self.config.mode.replays:
+        if micro % every and self.mode.replays:
             raise ReplayMismatchError(
-                f"[RolloutMock] TRL (mode={self.config.mode.value}): this run generates at micro-step {micro} "
+                f"[RolloutMock] TRL (mode={self.mode.value}): this run generates at micro-step {micro} "
                 f"(optimizer step {trainer.state.global_step}), inside the dump run's generation {micro // every} "
                 f"(one every {every} micro-steps): it resumed from a checkpoint that is not at a generation "
                 f"boundary, where TRL generates anew while the dump run trained on its buffered generation, so "
                 f"no record reproduces it. Resume from a checkpoint whose step is a multiple of "
                 f"steps_per_generation * num_iterations / gradient_accumulation_steps.",
-                method="_generate", argument="resume step", mode=self.config.mode.value,
-                step=int(trainer.state.global_step), path=self.config.dump_dir)
+                method="_generate", argument="resume step", mode=self.mode.value,
+                step=int(trainer.state.global_step), path=self.dump_dir)
         return micro // every
 
     def _val_step(self, optimizer_step: int) -> tuple[int, int]:
@@ -274,7 +280,7 @@ class TrlRollout:
         index = self._evals.get(optimizer_step, 0)
         self._evals[optimizer_step] = index + 1
         scheduler = self._scheduler("val")
-        if self.config.mode.records:
+        if self.mode.records:
             return scheduler.step, index
         if self._val_steps is None:
             interceptor = scheduler.interceptor
@@ -294,10 +300,10 @@ class TrlRollout:
         if found_step is None:
             recorded = sorted({g for g, _ in self._val_steps})
             raise StepNotFoundError(
-                f"[RolloutMock] TRL (mode={self.config.mode.value}): evaluation generation {index} at optimizer step "
-                f"{optimizer_step} was not recorded in {self.config.dump_dir} (the dump run evaluated at steps "
+                f"[RolloutMock] TRL (mode={self.mode.value}): evaluation generation {index} at optimizer step "
+                f"{optimizer_step} was not recorded in {self.dump_dir} (the dump run evaluated at steps "
                 f"{recorded[:20]}); run the evaluations at the dump run's steps (eval_steps, eval_on_start)",
-                mode=self.config.mode.value, split="val", step=optimizer_step, path=self.config.dump_dir)
+                mode=self.mode.value, split="val", step=optimizer_step, path=self.dump_dir)
         return found_step, index
 
     def _call(self, mode: str, prompts: Any) -> dict[str, Any]:
@@ -313,9 +319,9 @@ class TrlRollout:
             result = self._scheduler("val").rollout(prompts, global_step=step, trainer_step=optimizer_step)
         if not isinstance(result, dict) or result.get("format") != RECORD_FORMAT:
             raise ConfigError(
-                f"[RolloutMock] TRL ({self.config.mode.value}): {self.config.dump_dir} holds no TRL "
+                f"[RolloutMock] TRL ({self.mode.value}): {self.dump_dir} holds no TRL "
                 f"generation record for this call (got {type(result).__name__}); was it recorded by wrap_trl?",
-                mode=self.config.mode.value, path=self.config.dump_dir,
+                mode=self.mode.value, path=self.dump_dir,
             )
         return result
 
@@ -327,9 +333,9 @@ class TrlRollout:
             return
         split, step = self._served
         raise CorruptStepError(
-            f"[RolloutMock] TRL (mode={self.config.mode.value}): the record of {split} step {step} in "
-            f"{self.config.dump_dir} is malformed ({problem}); record the dump again with wrap_trl",
-            mode=self.config.mode.value, split=split, step=step, path=self.config.dump_dir)
+            f"[RolloutMock] TRL (mode={self.mode.value}): the record of {split} step {step} in "
+            f"{self.dump_dir} is malformed ({problem}); record the dump again with wrap_trl",
+            mode=self.mode.value, split=split, step=step, path=self.dump_dir)
 
     def _replay_generation(self, record: dict[str, Any], mode: str) -> Any:
         """Re-apply a recorded generation's side effects; return its output."""
@@ -343,12 +349,12 @@ class TrlRollout:
             trainer.state.num_input_tokens_seen = generated["num_input_tokens_seen"]
         elif live != before:
             raise ReplayMismatchError(
-                f"[RolloutMock] TRL (mode={self.config.mode.value}): generation at optimizer step "
+                f"[RolloutMock] TRL (mode={self.mode.value}): generation at optimizer step "
                 f"{trainer.state.global_step}: this run has seen {live} input tokens, the dump run had seen {before} "
                 f"at this generation, so this run is not at the point the record was made (resumed from another "
                 f"checkpoint, or other data before it). The record is not served.",
                 method="_generate", argument="state.num_input_tokens_seen", recorded=str(before), live=str(live),
-                mode=self.config.mode.value, step=int(trainer.state.global_step), path=self.config.dump_dir)
+                mode=self.mode.value, step=int(trainer.state.global_step), path=self.dump_dir)
         else:
             trainer.state.num_input_tokens_seen = live + (generated["num_input_tokens_seen"] - before)
         if self.rng and generated["rng"] is not None:
@@ -360,7 +366,7 @@ class TrlRollout:
     def generate(self, prompts: list[Any]) -> Any:
         trainer = self.trainer
         mode = self._mode()
-        if not self.config.mode.runs_scheduler:
+        if not self.mode.runs_scheduler:
             record = self._call(mode, prompts)
             output = self._replay_generation(record, mode)
             self._current = record
@@ -382,8 +388,8 @@ class TrlRollout:
                 "rng": capture_rng() if self.rng else None,
             },
         }
-        if self.config.mode.records or self.config.check_serves is CheckServes.LIVE:
-            if not self.config.mode.records:  # check mode, live served: compare now, rewards run live
+        if self.mode.records or self.check_serves is CheckServes.LIVE:
+            if not self.mode.records:  # check mode, live served: compare now, rewards run live
                 self._source.pending = live
                 self._call(mode, prompts)
                 live["checked"] = True
@@ -405,7 +411,7 @@ class TrlRollout:
             raise ConfigError(
                 "[RolloutMock] TRL: _calculate_rewards was called without a generation before it; "
                 "wrap_trl supports trainers that score right after _generate (GRPO, RLOO)",
-                mode=self.config.mode.value,
+                mode=self.mode.value,
             )
         if "rewards" in record:  # a recorded generation is served: so are its rewards
             self._check_record(record, "rewards")

@@ -35,6 +35,7 @@ from rollout_mock.config.parts import (
     ReplaySettings,
     StoreSettings,
     StreamSettings,
+    WatchdogSettings,
     config_parts,
 )
 
@@ -43,5 +44,5 @@ __all__ = [
     "ConfigParts", "DiskFullPolicy", "FingerprintPolicy", "KeepConfig", "KeepSettings", "MatchSettings",
     "MetricRule", "MismatchPolicy", "MissingStepPolicy", "RankPolicy", "RecordSettings", "ReplayRows",
     "ReplaySettings", "RolloutMockConfig", "StoreSettings", "StreamSettings", "Tolerance", "VerdictAction",
-    "VerdictConfig", "WatchdogConfig", "build_config", "config_parts", "load_config",
+    "VerdictConfig", "WatchdogConfig", "WatchdogSettings", "build_config", "config_parts", "load_config",
 ]

@@ -6,10 +6,10 @@ ready to use: the recorder the dump-mode keys (``dump_steps`` as a set, ``max_ke
 merged into one :class:`KeepSettings`), the replayer the mock-mode
 keys (``step_map``/``step_offset`` as one mapping), request matching its two keys, check mode
 its three, the store its location and signing key (read from the environment once), the stream
-its name and rank policy, the random number hook one flag. :func:`config_parts` builds them all
-at once, at the edge (where a scheduler is wrapped); the interceptor hands each component its part
-only, so that what a component reads is written in its constructor's signature and nothing
-reaches back into the whole config (no component holds it).
+its name and rank policy, the stall watchdog its limits, the random number hook one flag.
+:func:`config_parts` builds them all at once, at the edge (where a scheduler is wrapped); the
+interceptor hands each component its part only, so that what a component reads is written in
+its constructor's signature and nothing reaches back into the whole config (no component holds it).
 
 The parts are frozen dataclasses (plain values, no validation: the config was validated).
 """
@@ -42,7 +42,7 @@ from rollout_mock.modes import Mode
 
 __all__ = [
     "CheckSettings", "ConfigParts", "KeepSettings", "MatchSettings", "RecordSettings", "ReplaySettings",
-    "StoreSettings", "StreamSettings", "config_parts", "hmac_key",
+    "StoreSettings", "StreamSettings", "WatchdogSettings", "config_parts", "hmac_key",
 ]
 
 
@@ -238,6 +238,23 @@ class CheckSettings:
 
 
 @dataclass(frozen=True)
+class WatchdogSettings:
+    """The stall watchdog's limits (the ``watchdog`` block less ``enable``: a disabled watchdog
+    gets no part, see :attr:`ConfigParts.watchdog`)."""
+
+    factor: float
+    min_seconds: float
+    absolute_seconds: float | None
+    #: how many recent durations the running median is taken over
+    history: int
+
+    @classmethod
+    def of(cls, block: WatchdogConfig) -> WatchdogSettings:
+        """The limits of a ``watchdog`` block (its defaults are the config's)."""
+        return cls(block.factor, block.min_seconds, block.absolute_seconds, block.history)
+
+
+@dataclass(frozen=True)
 class ConfigParts:
     """Every part, built once by :func:`config_parts` (see the module docstring)."""
 
@@ -248,7 +265,8 @@ class ConfigParts:
     replay: ReplaySettings
     match: MatchSettings
     check: CheckSettings
-    watchdog: WatchdogConfig
+    #: ``None``: ``watchdog: {enable: false}``
+    watchdog: WatchdogSettings | None
     #: ``replay_rng: true``: generator states recorded/restored around every call
     replay_rng: bool
     #: the start-up note about the dump run's metrics says whether they are compared
@@ -279,7 +297,7 @@ def config_parts(config: RolloutMockConfig) -> ConfigParts:
         match=MatchSettings(None if config.match_on is None else tuple(config.match_on), config.on_mismatch),
         check=CheckSettings(config.check_serves, config.check_min_match,
                             tuple((config.check_tolerances or {}).items()), config.check_sample_key),
-        watchdog=config.watchdog,
+        watchdog=WatchdogSettings.of(config.watchdog) if config.watchdog.enable else None,
         replay_rng=config.replay_rng is True,
         verdict=config.verdict.action,
     )

@@ -313,11 +313,27 @@ class Store:
         :class:`~rollout_mock.errors.UnsafePathError`."""
         return self.backend.read(rel, 0, limit + 1)
 
+    @property
+    def bundled(self) -> bool:
+        """Whether the dump is a bundle (a ``.rmb`` file, read in place: read-only)."""
+        return isinstance(self.backend, BundleBackend)
+
     # ------------------------------------------------------------------ the dump run's metrics
     def local_path(self, rel: str = "") -> Path | None:
         """The local path of ``rel`` (``""``: the dump's folder), or ``None`` for a dump that has
         no local files (an object store, a bundle)."""
         return self.backend.local_path(rel)
+
+    def expected_file(self, rank: int | None = None) -> Path | None:
+        """The local file of the dump run's metrics of ``rank`` when there is one: a regular file,
+        not reached through a link (``None`` otherwise, and for a dump without local files)."""
+        root = self.backend.local_path("")
+        if root is None:
+            return None
+        path = root / expected_relpath(rank)
+        if not os.path.isfile(path) or os.path.islink(path) or os.path.islink(path.parent):
+            return None
+        return path
 
     def expected_names(self) -> list[str]:
         """The dump-relative files of the dump run's metrics (``expected/*.jsonl``, safe names
@@ -496,9 +512,7 @@ class Store:
 
     def require_manifest(self, *, mode: str, split: str | None = None) -> Manifest:
         """The merged index, or :class:`DumpNotFoundError` naming what is missing and the fix."""
-        local = self.backend.local_path("")
-        if local is not None and local.is_file():
-            raise dump_path_is_a_file(local, mode=mode)
+        local = self.backend.local_path("")  # (a file is refused where the store is opened: open_store)
         if local is not None and not local.is_dir():
             raise DumpNotFoundError(
                 f"[RolloutMock] dump directory not found: {local} (mode={mode}). Run the same steps in dump "
@@ -992,17 +1006,21 @@ def MemoryStore(*, hmac_key: bytes | None = None, verify: bool = True) -> Store:
 
 
 def open_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
-               hmac_key: bytes | None = None, verify: bool = True) -> Store:
-    """The store for ``location``: a local path (or ``file://``) gets the
-    :class:`~rollout_mock.storage.directory.LocalBackend` (atomic rename, fsync, flock: fastest),
-    any other fsspec URL (``s3://bucket/prefix``) the
-    :class:`~rollout_mock.storage.objectstore.FsspecBackend`, and a bundle (a ``.rmb`` file or
-    URL, :func:`~rollout_mock.storage.bundle.is_bundle`) the read-only
-    :class:`~rollout_mock.storage.bundle.BundleBackend`, read in place."""
+               hmac_key: bytes | None = None, verify: bool = True, mode: str | None = None) -> Store:
+    """The store for ``location``, the one place that decides how a location is opened: a bundle
+    (a ``.rmb`` file or URL, :func:`~rollout_mock.storage.bundle.is_bundle`) gets the read-only
+    :class:`~rollout_mock.storage.bundle.BundleBackend`, read in place; any other fsspec URL
+    (``s3://bucket/prefix``) the :class:`~rollout_mock.storage.objectstore.FsspecBackend`; a local
+    path (or ``file://``) the :class:`~rollout_mock.storage.directory.LocalBackend` (atomic rename,
+    fsync, flock: fastest). A local file that is no bundle (a step file, the manifest) is refused
+    with :func:`~rollout_mock.errors.dump_path_is_a_file` (``mode``: the mode it names)."""
     text = os.fspath(location)
     if is_bundle(text):
         return Store(BundleBackend(open_bundle(text, storage_options=storage_options)), hmac_key=hmac_key,
                      verify=verify)
     if is_url(text) and not text.startswith("file://"):
         return FsspecStore(text, storage_options=storage_options, hmac_key=hmac_key, verify=verify)
-    return DirectoryStore(text.removeprefix("file://"), hmac_key=hmac_key, verify=verify)
+    path = text.removeprefix("file://")
+    if os.path.isfile(path):
+        raise dump_path_is_a_file(path, mode=mode)
+    return DirectoryStore(path, hmac_key=hmac_key, verify=verify)

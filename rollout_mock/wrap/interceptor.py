@@ -33,15 +33,12 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from pathlib import Path
 from typing import Any
 
 from rollout_mock.codec import BufferPool
-from rollout_mock.config import ConfigParts, StoreSettings
-from rollout_mock.errors import ConfigError, dump_path_is_a_file
-from rollout_mock.storage.bundle import is_bundle
+from rollout_mock.config import ConfigParts
+from rollout_mock.errors import ConfigError
 from rollout_mock.storage.manifest import StreamId
-from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.store import Store, open_store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter
 from rollout_mock.text import logger
@@ -70,18 +67,6 @@ Capture = Callable[[Any], Any]
 #: Dump mode: a small JSON-able description recorded with a call, e.g. the weight versions of its
 #: samples (``None``: nothing).
 Provenance = Callable[[Any], "dict[str, Any] | None"]
-
-
-def _open_dump(settings: StoreSettings, given: Store | None, *, mode: str) -> tuple[Store, bool]:
-    """The dump's store (``given``, else opened from ``settings``: a path to a file that is no
-    bundle is refused) and whether the dump is a bundle (a .rmb file: replayed in place, read-only)."""
-    bundled = is_bundle(settings.dump_dir)
-    if given is not None:
-        return given, bundled
-    if not bundled and not is_url(settings.dump_dir) and Path(settings.dump_dir).is_file():
-        raise dump_path_is_a_file(settings.dump_dir, mode=mode)
-    return open_store(settings.dump_dir, storage_options=dict(settings.storage_options or {}) or None,
-                      hmac_key=settings.hmac_key, verify=settings.verify), bundled
 
 
 class Interceptor:
@@ -118,7 +103,9 @@ class Interceptor:
                                self.rank if per_rank else None)
         #: dump mode: whether this process writes (only ``dump_rank`` unless ranks: all).
         self.writes = self.mode.records and parts.stream.writes(self.rank)
-        self.store, bundled = _open_dump(parts.store, store, mode=self.mode.value)
+        self.store = store if store is not None else open_store(
+            parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
+            hmac_key=parts.store.hmac_key, verify=parts.store.verify, mode=self.mode.value)
         self._next_step = 0
         self._lock = threading.Lock()
         #: the intercepted methods called at all
@@ -137,15 +124,15 @@ class Interceptor:
         self.matcher = RequestMatcher(parts.match, self.store, self.stream, keys=match_keys, context={
             "mode": self.mode.value, "split": split, "path": self.dump_dir}, framework=framework)
         #: stall reports go to {dump_dir}/stalls/ (not from dump ranks that never touch the dump)
-        self.watchdog = None if not parts.watchdog.enable else StallWatchdog(
+        self.watchdog = None if parts.watchdog is None else StallWatchdog(
             parts.watchdog,
-            directory=self.dump_dir if (self.writes or self.mode.replays) and not bundled else None,
+            directory=self.dump_dir if (self.writes or self.mode.replays) and not self.store.bundled else None,
             label=str(self.stream))
         if self.mode.records:
             self.recorder = Recorder(parts.record, self.store, self.stream, writes=self.writes)
         else:
             self.replayer = Replayer(parts.replay, self.store, self.stream)
-            if (note := describe_expected(self.dump_dir, parts.verdict)) is not None:
+            if (note := describe_expected(self.store, parts.verdict)) is not None:
                 logger.info(note)
             if self.mode.runs_scheduler:
                 self.checker = Checker(parts.check, self.store, self.stream, views=check_views,

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollout_mock.codec.structure import compare_batches
-from rollout_mock.config import MatchSettings, MismatchPolicy, RolloutMockConfig, config_parts
+from rollout_mock.config import MatchSettings, MismatchPolicy, StoreSettings
 from rollout_mock.errors import (
     ConfigError,
     CorruptStepError,
@@ -48,6 +48,7 @@ from rollout_mock.errors import (
     ReplayMismatchError,
     RolloutSettingsMismatchError,
 )
+from rollout_mock.modes import Mode
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.store import Store, open_store
 from rollout_mock.text import jsonable, logger, short_repr, terminal_safe
@@ -703,28 +704,29 @@ def check_settings(recorded: Mapping[str, Any] | None, live: Mapping[str, Any] |
                                        split=context.get("split"), path=context.get("path"))
 
 
-def check_dump_settings(config: RolloutMockConfig, settings: Mapping[str, Any] | None) -> None:
+def check_dump_settings(store: StoreSettings, match: MatchSettings, settings: Mapping[str, Any] | None, *,
+                        mode: Mode) -> None:
     """The pre-flight check against a whole dump, for wrappers that build their schedulers later
-    (ROLL's actors): the first stream that recorded settings is compared with ``settings``. A
-    missing dump is left to the schedulers to report, as without settings."""
-    if settings is None or not config.enable or not config.mode.replays:
+    (ROLL's actors): the first stream of the dump at ``store`` that recorded settings is compared
+    with ``settings``, under ``match``'s policy. Nothing to check outside mock and check mode
+    (``mode``) or without settings. A missing dump is left to the schedulers to report."""
+    if settings is None or not mode.replays:
         return
-    parts = config_parts(config)
-    store = open_store(parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
-                       hmac_key=parts.store.hmac_key, verify=parts.store.verify)
+    opened = open_store(store.dump_dir, storage_options=dict(store.storage_options or {}) or None,
+                        hmac_key=store.hmac_key, verify=store.verify, mode=mode.value)
     try:
-        if not store.has_dump():  # the scheduler itself says so, where it always has
+        if not opened.has_dump():  # the scheduler itself says so, where it always has
             return
         recorded, where = None, None
-        for stream in store.stream_ids():
-            for info in store.methods(stream).values():
+        for stream in opened.stream_ids():
+            for info in opened.methods(stream).values():
                 if isinstance(info.get("settings"), dict):
                     recorded, where = info["settings"], stream
                     break
             if recorded is not None:
                 break
-        context = {"mode": config.mode.value, "path": config.dump_dir, "stream": "any stream" if where is None
+        context = {"mode": mode.value, "path": store.dump_dir, "stream": "any stream" if where is None
                    else where.key, "split": None if where is None else where.split}
-        check_settings(recorded, settings, policy=parts.match.policy, context=context)
+        check_settings(recorded, settings, policy=match.policy, context=context)
     finally:
-        store.close()
+        opened.close()

@@ -21,7 +21,6 @@ its state declared in ``__init__``; the interceptor decides when a call is repla
 from __future__ import annotations
 
 import functools
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +40,7 @@ from rollout_mock.errors import (
 )
 from rollout_mock.storage.manifest import CallRecord, PackRecord, StreamId, format_ranges
 from rollout_mock.storage.reader import Prefetcher, load_partial, rank_rows
-from rollout_mock.storage.store import BatchInfo, Store, expected_path
+from rollout_mock.storage.store import BatchInfo, Store
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.matching import Request
 from rollout_mock.wrap.mismatch import RequestMatcher
@@ -296,7 +295,7 @@ class Replayer:
 
     def _open(self) -> None:
         place = DevicePlacement.for_setting(self.settings.device, mode=self.mode.value)  # before any I/O
-        self.store.require_manifest(mode=self.mode.value, split=self.split)
+        manifest = self.store.require_manifest(mode=self.mode.value, split=self.split)
         recorded = self.store.steps(self.stream)
         settings = self.settings
         lenient = settings.on_missing_step is not MissingStepPolicy.ERROR
@@ -330,17 +329,18 @@ class Replayer:
                 self.stream,
                 ", ".join(s.key for s in self.store.stream_ids()) or "none",
             )
-        self._check_fingerprint()
+        self._check_fingerprint(manifest.fingerprint)
         self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=settings.prefetch, place=place)
 
     def _next_recorded(self, step: int) -> int | None:
         candidate = step + 1
         return candidate if self.store.contains(self.stream, candidate) else None
 
-    def _check_fingerprint(self) -> None:
+    def _check_fingerprint(self, recorded: dict[str, Any] | None) -> None:
+        """Compare the environment the dump run recorded (``recorded``, from the manifest the
+        pre-flight read) with this run's (``fingerprint:`` says whether a difference is an error)."""
         if self.settings.fingerprint is FingerprintPolicy.OFF:
             return
-        recorded = self.store.fingerprint()
         if not recorded:
             return
         differences = compare_fingerprints(recorded, fingerprint())
@@ -462,13 +462,14 @@ class Replayer:
 
 
 # --------------------------------------------------------------------------- expected values
-# The dump run's training metrics (:func:`~rollout_mock.storage.store.expected_path`; written and
+# The dump run's training metrics (:meth:`~rollout_mock.storage.store.Store.expected_file`; written and
 # checked by :class:`rollout_mock.compare.expected.ExpectedMetrics`): a replay announces them at start-up.
-def describe_expected(dump_dir: str, verdict: VerdictAction) -> str | None:
-    """Mock mode's start-up line about the dump run's metrics in ``dump_dir`` (``None`` when there
-    are none); ``verdict``: the config's ``verdict.action``."""
-    path = expected_path(dump_dir)
-    if not os.path.isfile(path) or os.path.islink(path) or os.path.islink(path.parent):
+def describe_expected(store: Store, verdict: VerdictAction) -> str | None:
+    """Mock mode's start-up line about the dump run's metrics in ``store`` (``None`` when it
+    holds none: :meth:`~rollout_mock.storage.store.Store.expected_file`); ``verdict``: the config's
+    ``verdict.action``."""
+    path = store.expected_file()
+    if path is None:
         return None
     if verdict is VerdictAction.OFF:
         return f"[RolloutMock] {path} holds the dump run's metrics (verdict: off, not compared)"

@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from rollout_mock.config.model import WatchdogConfig
+from rollout_mock.config.parts import WatchdogSettings
 from rollout_mock.storage.directory import write_inside
 from rollout_mock.storage.paths import is_url
 from rollout_mock.text import logger
@@ -47,15 +48,17 @@ STALLS_DIR = "stalls"
 class StallWatchdog:
     """Watches one stream's calls (see the module docstring). Thread-safe; :meth:`close` stops it."""
 
-    def __init__(self, config: WatchdogConfig | None = None, *, directory: str | os.PathLike[str] | None = None,
-                 label: str = "rollout_mock") -> None:
-        self.config = config or WatchdogConfig()
+    def __init__(self, settings: WatchdogSettings | WatchdogConfig | None = None, *,
+                 directory: str | os.PathLike[str] | None = None, label: str = "rollout_mock") -> None:
+        #: the limits (a ``watchdog`` block given on its own is read into them; none: its defaults)
+        self.settings = settings if isinstance(settings, WatchdogSettings) else \
+            WatchdogSettings.of(settings or WatchdogConfig())
         # stall reports are local files: none for an object-store dump_dir (s3://...)
         self.directory = None if directory is None or is_url(directory) else Path(directory)
         self.label = label
         self._cond = threading.Condition()
-        self._calls: deque[float] = deque(maxlen=self.config.history)
-        self._gaps: deque[float] = deque(maxlen=self.config.history)
+        self._calls: deque[float] = deque(maxlen=self.settings.history)
+        self._gaps: deque[float] = deque(maxlen=self.settings.history)
         self._active: list[str] = []
         self._phase: str | None = None  # None (before the first call), "call" or "gap"
         self._since = 0.0
@@ -69,7 +72,7 @@ class StallWatchdog:
         self.reports: list[Path] = []
 
     def __repr__(self) -> str:
-        return f"StallWatchdog({self.label}, {self.config.model_dump()})"
+        return f"StallWatchdog({self.label}, {self.settings})"
 
     # ------------------------------------------------------------------ events (hot path)
     def _switch(self, phase: str, what: str) -> None:
@@ -119,11 +122,11 @@ class StallWatchdog:
         candidates: list[tuple[float, str]] = []
         if history:
             median = statistics.median(history)
-            relative = max(self.config.min_seconds, self.config.factor * median)
-            candidates.append((relative, f"{self.config.factor:g} x median {median:.3g} s of the last "
-                                         f"{len(history)}, at least {self.config.min_seconds:g} s"))
-        if self.config.absolute_seconds is not None:
-            candidates.append((self.config.absolute_seconds, "absolute limit"))
+            relative = max(self.settings.min_seconds, self.settings.factor * median)
+            candidates.append((relative, f"{self.settings.factor:g} x median {median:.3g} s of the last "
+                                         f"{len(history)}, at least {self.settings.min_seconds:g} s"))
+        if self.settings.absolute_seconds is not None:
+            candidates.append((self.settings.absolute_seconds, "absolute limit"))
         if not candidates:
             return None, "no limit yet"
         return min(candidates)

@@ -9,9 +9,18 @@ from typing import Any
 
 import pytest
 from conftest import cfg
+from pydantic import BaseModel
 
 from rollout_mock import MockScheduler, RolloutMockConfig, load_config
-from rollout_mock.config import StreamSettings, VerdictAction, config_parts
+from rollout_mock.config import (
+    KeepConfig,
+    StreamSettings,
+    VerdictAction,
+    VerdictConfig,
+    WatchdogConfig,
+    WatchdogSettings,
+    config_parts,
+)
 
 
 class Source:
@@ -38,6 +47,12 @@ def _held(root: Any, name: str) -> Iterator[tuple[str, Any]]:
             todo += [(f"{path}.{key}", item) for key, item in vars(value).items()]
 
 
+def _blocks(config: RolloutMockConfig) -> set[type]:
+    """The types of the config's nested blocks (pydantic models held by its fields)."""
+    values = [getattr(config, name) for name in type(config).model_fields]
+    return {type(v) for v in values if isinstance(v, BaseModel)} | {WatchdogConfig, KeepConfig, VerdictConfig}
+
+
 @pytest.mark.parametrize("mode", ["dump", "mock", "check"])
 def test_no_component_behind_a_scheduler_holds_the_whole_config(tmp_path: Path, mode: str) -> None:
     if mode != "dump":
@@ -48,6 +63,11 @@ def test_no_component_behind_a_scheduler_holds_the_whole_config(tmp_path: Path, 
         assert isinstance(wrapped.config, RolloutMockConfig)  # the edge keeps it (``expected=`` reads it)
         holders = [path for path, value in _held(wrapped.interceptor, "interceptor")
                    if isinstance(value, RolloutMockConfig)]
+        assert holders == []
+        # nor a block of it (``watchdog``, ``keep``, ``verdict``, ...): each gets its own dataclass
+        blocks = _blocks(wrapped.config)
+        holders = [f"{path}: {type(value).__name__}" for path, value in _held(wrapped.interceptor, "interceptor")
+                   if type(value) in blocks]
         assert holders == []
         # and each part is there, in its component
         assert wrapped.interceptor.recorder is not None or wrapped.interceptor.replayer is not None
@@ -70,3 +90,25 @@ def test_an_intercepted_method_is_made_once(tmp_path: Path) -> None:
     with MockScheduler(Source(), cfg(tmp_path)) as wrapped:
         method = wrapped.get_batch
         assert wrapped.get_batch is method and method.__name__ == "get_batch"
+
+
+def test_the_watchdog_part_is_its_limits_and_none_when_disabled() -> None:
+    parts = config_parts(load_config({"enable": True, "dump_dir": "/x", "watchdog": {"factor": 5, "history": 3}}))
+    assert parts.watchdog == WatchdogSettings(factor=5.0, min_seconds=60.0, absolute_seconds=3600.0, history=3)
+    assert config_parts(load_config({"enable": True, "dump_dir": "/x", "watchdog": False})).watchdog is None
+
+
+def test_the_pre_flight_check_takes_its_parts_not_the_config(tmp_path: Path) -> None:
+    """ROLL's pre-flight check (``check_dump_settings``) is handed the store and matching parts."""
+    from rollout_mock import RolloutSettingsMismatchError
+    from rollout_mock.wrap.mismatch import check_dump_settings
+
+    with MockScheduler(Source(), cfg(tmp_path), rollout_settings={"temperature": 1.0}) as recording:
+        recording.get_batch(global_step=0)
+    parts = config_parts(load_config(cfg(tmp_path, "mock")))
+    check_dump_settings(parts.store, parts.match, {"temperature": 1.0}, mode=parts.mode)  # the same: passes
+    with pytest.raises(RolloutSettingsMismatchError, match="temperature: 1.0 in the dump run, 0.5 now") as info:
+        check_dump_settings(parts.store, parts.match, {"temperature": 0.5}, mode=parts.mode)
+    assert info.value.mode == "mock" and info.value.path == str(tmp_path)
+    dumping = config_parts(load_config(cfg(tmp_path)))
+    check_dump_settings(dumping.store, dumping.match, {"temperature": 0.5}, mode=dumping.mode)  # dump mode: nothing

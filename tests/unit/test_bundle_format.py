@@ -96,6 +96,26 @@ def test_is_bundle_and_open_store(tmp_path: Path) -> None:
     assert not is_bundle(tmp_path / "notes.txt")
 
 
+def test_open_store_decides_how_a_location_opens(tmp_path: Path) -> None:
+    """One home: a bundle is read in place (``bundled``), a folder is a directory store, a file
+    that is no bundle is refused with the one "is a file" message, naming the caller's mode."""
+    from rollout_mock import DumpNotFoundError
+
+    assert open_store(write(tmp_path / "b.rmb", {"manifest.json": b"{}"})).bundled
+    assert not open_store(tmp_path / "dump").bundled
+    (tmp_path / "dump").mkdir()
+    (tmp_path / "dump" / "manifest.json").write_text("{}")
+    for location in (tmp_path / "dump" / "manifest.json", f"file://{tmp_path}/dump/manifest.json"):
+        with pytest.raises(DumpNotFoundError, match=rf"is a file; pass the dump folder: {tmp_path / 'dump'}$") as info:
+            open_store(location, mode="mock")
+        assert info.value.mode == "mock"
+    store = open_store(tmp_path / "dump")
+    assert store.expected_file() is None
+    (tmp_path / "dump" / "expected").mkdir()
+    (tmp_path / "dump" / "expected" / "metrics.jsonl").write_text("{}\n")
+    assert store.expected_file() == tmp_path / "dump" / "expected" / "metrics.jsonl"
+
+
 def test_the_store_packs_pulls_and_unpacks_its_own_steps(tmp_path: Path) -> None:
     """Bundles are operations of the store, whatever its backend: a dump held in memory packs
     into a bundle, the store over that bundle unpacks it, and a few steps pull into a directory."""

@@ -112,3 +112,28 @@ def test_the_pre_flight_check_takes_its_parts_not_the_config(tmp_path: Path) -> 
     assert info.value.mode == "mock" and info.value.path == str(tmp_path)
     dumping = config_parts(load_config(cfg(tmp_path)))
     check_dump_settings(dumping.store, dumping.match, {"temperature": 0.5}, mode=dumping.mode)  # dump mode: nothing
+
+
+def test_a_replay_announces_the_dump_runs_metrics_from_its_store(tmp_path: Path,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """``describe_expected(store, verdict)``: the store says where the metrics are, the verdict part
+    whether they are compared; no line without them."""
+    import logging
+
+    with MockScheduler(Source(), cfg(tmp_path)) as recording:
+        recording.get_batch(global_step=0)
+
+    def notes(**extra: Any) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="rollout_mock"):
+            MockScheduler(None, cfg(tmp_path, "mock", **extra), spec=Source).close()
+        return [r.getMessage() for r in caplog.records if "the dump run's metrics" in r.getMessage()]
+
+    assert notes() == []
+    metrics = tmp_path / "expected" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    metrics.write_text('{"step": 0, "loss": 1.0}\n')
+    assert notes() == [f"[RolloutMock] {metrics} holds the dump run's metrics; verdict=warn: metrics logged "
+                       f"through MetricsWriter(..., expected=<scheduler>) are compared as they are logged"]
+    assert notes(verdict={"action": "off"}) == [
+        f"[RolloutMock] {metrics} holds the dump run's metrics (verdict: off, not compared)"]

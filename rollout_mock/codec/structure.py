@@ -5,8 +5,10 @@ is not identical on both sides (:func:`compare_batches`).
 One walk: batches through their parts (the batch registry, :func:`rollout_mock.batch.batch_parts`),
 mappings (and mapping-like objects: ``keys()`` and ``[key]``) key by key, dataclasses and records
 (an object with ``to_dict()``) field by field, lists of containers item by item; tensors, numpy
-arrays (object and string arrays element by element) and plain values are leaves. One tolerance
-rule: :func:`rollout_mock.text.within_tolerance` (element by element,
+arrays (object and string arrays element by element) and plain values are leaves. What a value
+is comes from one dispatch, :func:`kind_of`, and a container's fields from :func:`node_fields`;
+the request digest (:mod:`rollout_mock.wrap.matching`) classifies and reads values with them too.
+One tolerance rule: :func:`rollout_mock.text.within_tolerance` (element by element,
 :func:`~rollout_mock.text.within_tolerance_array`), as ``verify`` applies it to metrics.
 
 It lives below wrap/ (it needs only the batch model and numbers), so that every comparison uses

@@ -20,11 +20,18 @@ list block, not per item, wherever the items allow it.
   Numbers in a list compare as int64 or float64 values (``[1, True]`` equals ``[1, 1]``, as in
   Python; ``[0.5, 1]`` equals ``[0.5, 1.0]``).
 * Mappings by their items in key order (a dict built in another order is the same request; a
-  dict of plain scalars in one msgpack call); registered batch types (``DataProto``,
-  ``TensorDict``) by their parts, type name and batch size; dataclasses and namespaces by their
+  dict of plain scalars in one msgpack call), a batch type that is a mapping too (a
+  ``TensorDict``, recent tensordict's) as a mapping; other registered batch types (a
+  ``DataProto``) by their parts, type name and batch size; dataclasses and namespaces by their
   fields; object arrays as lists.
 * Scalars, strings and bytes by value (NaN equal to NaN); enums by value; functions and classes
-  by qualified name; any other object by its type name only (not compared).
+  by qualified name; any other object by its type name only (not compared: an object with
+  ``keys()`` or ``to_dict()`` too, which the comparison engine walks).
+
+What a value is, and a container's fields, come from the structural comparison engine's dispatch
+(:func:`rollout_mock.codec.structure.kind_of`, :func:`~rollout_mock.codec.structure.node_fields`),
+the one notion of structure of the package's walks; this module adds the digest's encoding, the
+left-out fields and the bounded record of nodes.
 
 Left out: the step (a keyword or parameter named like it, those keys of a ``meta_info``) and the
 volatile fields the call's framework adapter declares

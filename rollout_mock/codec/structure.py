@@ -5,8 +5,10 @@ is not identical on both sides (:func:`compare_batches`).
 One walk: batches through their parts (the batch registry, :func:`rollout_mock.batch.batch_parts`),
 mappings (and mapping-like objects: ``keys()`` and ``[key]``) key by key, dataclasses and records
 (an object with ``to_dict()``) field by field, lists of containers item by item; tensors, numpy
-arrays (object and string arrays element by element) and plain values are leaves. One tolerance
-rule: :func:`rollout_mock.text.within_tolerance` (element by element,
+arrays (object and string arrays element by element) and plain values are leaves. What a value
+is comes from one dispatch, :func:`kind_of`, and a container's fields from :func:`node_fields`;
+the request digest (:mod:`rollout_mock.wrap.matching`) classifies and reads values with them too.
+One tolerance rule: :func:`rollout_mock.text.within_tolerance` (element by element,
 :func:`~rollout_mock.text.within_tolerance_array`), as ``verify`` applies it to metrics.
 
 It lives below wrap/ (it needs only the batch model and numbers), so that every comparison uses
@@ -17,7 +19,10 @@ which scores the leaves of :func:`leaves` with :func:`same_value` and the same r
 from __future__ import annotations
 
 import dataclasses
+import enum
+import functools
 import struct
+import types
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +33,7 @@ import torch
 from rollout_mock.batch import batch_parts, batch_type_of, meta_part_names
 from rollout_mock.text import json_float, within_tolerance, within_tolerance_array
 
-__all__ = ["KeyDiff", "compare_batches", "is_timing_key", "leaves", "same_value"]
+__all__ = ["KeyDiff", "compare_batches", "is_timing_key", "kind_of", "leaves", "node_fields", "same_value"]
 
 _REPR_WIDTH = 60
 
@@ -116,21 +121,6 @@ def _keys_readable(obj: Any) -> bool:
     return True
 
 
-def _mapping_children(obj: Any) -> dict[str, Any]:
-    if isinstance(obj, Mapping):
-        return {str(k): v for k, v in obj.items()}
-    return {str(k): obj[k] for k in sorted(obj.keys(), key=str)}  # keys() may be a set
-
-
-def _parts_of(obj: Any) -> dict[str, Any] | None:
-    """A batch type's named parts (:func:`rollout_mock.batch.batch_parts`: as the batch type
-    registered them, a dict's columns); ``None``
-    for tensors, arrays and values without parts."""
-    if isinstance(obj, (torch.Tensor, np.ndarray, list, tuple)):
-        return None
-    return batch_parts(obj)
-
-
 def _record(obj: Any) -> dict[str, Any] | None:
     """The fields of a record: an object (not a tensor, an array or a type) whose ``to_dict()``
     returns a mapping; ``None`` for anything else."""
@@ -146,14 +136,18 @@ def _record(obj: Any) -> dict[str, Any] | None:
     return {str(k): v for k, v in fields.items()} if isinstance(fields, Mapping) else None
 
 
+#: The kinds of :func:`kind_of` that hold other values by name or by index (not lists: see
+#: :func:`_structured`).
+_CONTAINER_KINDS = frozenset({"tensor", "ndarray", "object_array", "mapping", "dataclass"})
+
+
 def _is_container(obj: Any) -> bool:
-    return (
-        isinstance(obj, (Mapping, torch.Tensor, np.ndarray))
-        or _parts_of(obj) is not None
-        or _is_mapping_like(obj)
-        or (dataclasses.is_dataclass(obj) and not isinstance(obj, type))
-        or (callable(getattr(obj, "to_dict", None)) and not isinstance(obj, type))
-    )
+    kind = kind_of(obj)
+    if kind in _CONTAINER_KINDS or kind.startswith("batch:"):
+        return True
+    if kind in ("scalar", "list", "tuple"):
+        return False
+    return _is_mapping_like(obj) or (callable(getattr(obj, "to_dict", None)) and not isinstance(obj, type))
 
 
 def _structured(seq: list[Any] | tuple[Any, ...], depth: int = 0) -> bool:
@@ -163,38 +157,113 @@ def _structured(seq: list[Any] | tuple[Any, ...], depth: int = 0) -> bool:
                for item in seq)
 
 
-def _node_kind(obj: Any) -> str:
+#: The plain values (``"scalar"`` to :func:`kind_of`).
+_SCALARS = (int, float, str, bytes, bool, type(None))
+#: Functions, classes, methods and partials (``"callable"`` to :func:`kind_of`).
+_CALLABLES = (type, types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
+
+
+def kind_of(obj: Any) -> str:
+    """The one type dispatch of the structural walks: what ``obj`` is, for this engine
+    (:func:`leaves`, :func:`compare_batches`) and for the request digest
+    (:mod:`rollout_mock.wrap.matching`), which both walk the containers' :func:`node_fields`.
+
+    The first that applies, in this order: ``"list"``/``"tuple"`` (exactly), ``"scalar"`` (an
+    int, float, str, bytes, bool or ``None``, subclasses too), ``"tensor"``, ``"ndarray"``,
+    ``"object_array"``, ``"numpy_scalar"``, ``"enum"``, ``"list"``/``"tuple"`` (a subclass),
+    ``"batch:<name>"`` (a registered batch type with named parts, :func:`batch_parts`; not the
+    built-in ``mapping`` type), ``"mapping"`` (a :class:`~collections.abc.Mapping`), ``"set"``,
+    ``"dataclass"``, ``"namespace"`` (a ``SimpleNamespace`` or an argparse ``Namespace``),
+    ``"callable"`` (a function, class, method or partial), else ``"object"``. No user code runs
+    (an object's ``keys()`` or ``to_dict()`` is left to the walk that reads it: :func:`_engine_kind`)."""
+    cls = type(obj)
+    if cls is list or cls is tuple:
+        return cls.__name__
+    if isinstance(obj, _SCALARS):
+        return "scalar"
     if isinstance(obj, torch.Tensor):
         return "tensor"
     if isinstance(obj, np.ndarray):
         return "object_array" if obj.dtype == object else "ndarray"
+    if isinstance(obj, np.generic):
+        return "numpy_scalar"
+    if isinstance(obj, enum.Enum):
+        return "enum"
+    if isinstance(obj, list):
+        return "list"
+    if isinstance(obj, tuple):
+        return "tuple"
     kind = batch_type_of(obj)
-    if kind is not None and kind.name != "mapping" and _parts_of(obj) is not None:
-        return f"batch:{kind.name}"  # a registered batch type, walked through its parts
-    if _is_mapping_like(obj) and _keys_readable(obj):
+    if kind is not None and kind.name != "mapping" and (kind.parts is not None or kind.columns is not None):
+        return f"batch:{kind.name}"  # (it has parts: batch_parts gives them)
+    if isinstance(obj, Mapping):
         return "mapping"
+    if isinstance(obj, set | frozenset):
+        return "set"
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return "dataclass"
-    if isinstance(obj, (list, tuple)) and _structured(obj):
-        return "sequence"
-    if _record(obj) is not None:
-        return "record"
-    return "value"
+    if isinstance(obj, types.SimpleNamespace) or cls.__name__ == "Namespace":
+        return "namespace"
+    if callable(obj) and isinstance(obj, _CALLABLES):
+        return "callable"
+    return "object"
+
+
+def node_fields(obj: Any, kind: str) -> Mapping[Any, Any]:
+    """The named fields of a container of ``kind`` (:func:`kind_of`), under their own keys: a
+    batch's parts, a mapping itself, a dataclass's fields (``None`` for one not set), a
+    namespace's attributes; and, for this engine's ``"keyed"`` and ``"record"`` objects, a key
+    proxy's items (keys in text order) and a record's ``to_dict()``."""
+    if kind.startswith("batch:"):
+        return batch_parts(obj) or {}
+    if kind == "mapping":
+        return obj
+    if kind == "dataclass":
+        return {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
+    if kind == "namespace":
+        return dict(vars(obj))
+    if kind == "keyed":
+        return {k: obj[k] for k in sorted(obj.keys(), key=str)}  # keys() may be a set
+    if kind == "record":
+        return _record(obj) or {}
+    raise TypeError(f"a {kind} has no named fields")
+
+
+#: How this engine walks the kinds of :func:`kind_of` that it does not look into further.
+_ENGINE_KINDS = {"mapping": "mapping", "dataclass": "dataclass", "tensor": "tensor", "ndarray": "ndarray",
+                 "object_array": "object_array"}
+
+
+def _engine_kind(obj: Any, kind: str) -> str:
+    """How this engine walks a value of :func:`kind_of` ``kind``: ``batch:<name>``, ``mapping``
+    (a mapping, or an object with ``keys()`` and ``[key]`` that lists its keys: ``keyed``),
+    ``dataclass``, ``record`` (an object whose ``to_dict()`` returns a mapping; a namespace
+    too), ``sequence`` (a list of containers, item by item), ``tensor``, ``ndarray``,
+    ``object_array``, else ``value`` (a leaf)."""
+    if kind.startswith("batch:"):
+        return kind
+    if kind == "list" or kind == "tuple":
+        return "sequence" if _structured(obj) else "value"
+    if kind == "object" and _is_mapping_like(obj) and _keys_readable(obj):
+        return "keyed"
+    if kind == "object" or kind == "namespace":
+        return "record" if _record(obj) is not None else "value"
+    return _ENGINE_KINDS.get(kind, "value")
+
+
+def _node_kind(obj: Any) -> str:
+    kind = _engine_kind(obj, kind_of(obj))
+    return "mapping" if kind == "keyed" else kind
 
 
 def _children(obj: Any) -> dict[str, Any]:
-    kind = _node_kind(obj)
-    if kind.startswith("batch:"):
-        return {str(k): v for k, v in (_parts_of(obj) or {}).items()}
-    if kind == "mapping":
-        return _mapping_children(obj)
-    if kind == "dataclass":
-        return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-    if kind == "sequence":
+    kind = kind_of(obj)
+    walked = _engine_kind(obj, kind)
+    if walked == "sequence":
         return {f"[{i}]": v for i, v in enumerate(obj)}
-    if kind == "record":
-        return _record(obj) or {}
-    raise TypeError(kind)
+    if walked == "value":
+        raise TypeError(walked)
+    return {str(k): v for k, v in node_fields(obj, walked if walked in ("keyed", "record") else kind).items()}
 
 
 def _join(prefix: str, key: str) -> str:

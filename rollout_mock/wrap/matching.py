@@ -20,11 +20,18 @@ list block, not per item, wherever the items allow it.
   Numbers in a list compare as int64 or float64 values (``[1, True]`` equals ``[1, 1]``, as in
   Python; ``[0.5, 1]`` equals ``[0.5, 1.0]``).
 * Mappings by their items in key order (a dict built in another order is the same request; a
-  dict of plain scalars in one msgpack call); registered batch types (``DataProto``,
-  ``TensorDict``) by their parts, type name and batch size; dataclasses and namespaces by their
+  dict of plain scalars in one msgpack call), a batch type that is a mapping too (a
+  ``TensorDict``, recent tensordict's) as a mapping; other registered batch types (a
+  ``DataProto``) by their parts, type name and batch size; dataclasses and namespaces by their
   fields; object arrays as lists.
 * Scalars, strings and bytes by value (NaN equal to NaN); enums by value; functions and classes
-  by qualified name; any other object by its type name only (not compared).
+  by qualified name; any other object by its type name only (not compared: an object with
+  ``keys()`` or ``to_dict()`` too, which the comparison engine walks).
+
+What a value is, and a container's fields, come from the structural comparison engine's dispatch
+(:func:`rollout_mock.codec.structure.kind_of`, :func:`~rollout_mock.codec.structure.node_fields`),
+the one notion of structure of the package's walks; this module adds the digest's encoding, the
+left-out fields and the bounded record of nodes.
 
 Left out: the step (a keyword or parameter named like it, those keys of a ``meta_info``) and the
 volatile fields the call's framework adapter declares
@@ -49,8 +56,6 @@ digest encoding: a request of another format is not compared (see
 from __future__ import annotations
 
 import array
-import dataclasses
-import enum
 import fnmatch
 import functools
 import itertools
@@ -59,7 +64,6 @@ import operator
 import re
 import reprlib
 import struct
-import types
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +72,8 @@ import msgpack
 import numpy as np
 import torch
 
-from rollout_mock.batch import batch_parts, batch_type_of, meta_part_names
+from rollout_mock.batch import meta_part_names
+from rollout_mock.codec.structure import kind_of, node_fields
 from rollout_mock.crc import crc32
 from rollout_mock.text import json_float, logger
 from rollout_mock.wrap.calls import step_names
@@ -546,48 +551,50 @@ class _Digester:
         try:  # zero cost unless raised (3.11): a user object that cannot be read is digested by its type
             if (cls is list or cls is tuple) and depth <= MAX_DEPTH:  # the commonest inside lists: first
                 digest, info = self._sequence(obj, path, depth, node)
-            elif isinstance(obj, _SCALARS):
+            elif isinstance(obj, _SCALARS):  # (kind_of's "scalar")
                 digest = crc32(_scalar_bytes(obj))
                 if node:
                     info = _scalar_info(obj)
             elif depth > MAX_DEPTH:
                 digest, info = crc32(b"?deep"), {"k": "object", "t": "too deep"}
-            elif isinstance(obj, torch.Tensor):
-                digest, info = self._tensor(obj, node)
-            elif isinstance(obj, np.ndarray):
-                digest, info = self._array(obj, path, depth, node)
-            elif isinstance(obj, np.generic):
-                return self.value(obj.item(), path, depth, keep)
-            elif isinstance(obj, enum.Enum):
-                digest, info = self.value(obj.value, None, depth + 1), {"k": "enum", "v": str(obj)[:_STR_SHOWN]}
-            elif isinstance(obj, list | tuple):
-                digest, info = self._sequence(obj, path, depth, node)
             elif isinstance(obj, Mapping):
+                # every mapping by its items, a batch type that is one too (a TensorDict, a slime
+                # record): no batch type is asked about a mapping
                 digest, info = self._mapping(b"D", obj, path, depth, keep)
-            elif (batch_type := batch_type_of(obj)) is not None and (parts := batch_parts(obj)) is not None:
-                # a registered batch type (a DataProto, a TensorDict...): its named parts, as the batch
-                # model gives them, under the type's name (and batch size, where it has one)
+            elif (kind := kind_of(obj)) == "tensor":
+                digest, info = self._tensor(obj, node)
+            elif kind == "ndarray" or kind == "object_array":
+                digest, info = self._array(obj, path, depth, node)
+            elif kind == "numpy_scalar":
+                return self.value(obj.item(), path, depth, keep)
+            elif kind == "enum":
+                digest, info = self.value(obj.value, None, depth + 1), {"k": "enum", "v": str(obj)[:_STR_SHOWN]}
+            elif kind == "list" or kind == "tuple":
+                digest, info = self._sequence(obj, path, depth, node)
+            elif kind.startswith("batch:"):
+                # a registered batch type (a DataProto...): its named parts, as the batch model gives
+                # them, under the type's name (and batch size, where it has one)
+                name = kind[6:]
                 sizes = [int(s) for s in getattr(obj, "batch_size", ())] if hasattr(obj, "batch_size") else []
-                tag = b"B" + batch_type.name.encode() + str(sizes).encode()
-                digest, info = self._mapping(tag, parts, path, depth, keep)
-                info = {"k": batch_type.name, "t": type(obj).__qualname__, "keys": info.get("keys", [])}
+                digest, info = self._mapping(b"B" + name.encode() + str(sizes).encode(), node_fields(obj, kind), path,
+                                             depth, keep)
+                info = {"k": name, "t": type(obj).__qualname__, "keys": info.get("keys", [])}
                 if sizes:
                     info["batch_size"] = sizes
-            elif isinstance(obj, set | frozenset):
+            elif kind == "set":
                 items = sorted(self.value(x, None, depth + 1) for x in obj)
                 digest, info = crc32(b"".join(map(_u32, items)), crc32(b"Z")), {"k": "set", "len": len(obj)}
-            elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-                fields = {f.name: getattr(obj, f.name, None) for f in dataclasses.fields(obj)}
-                digest, info = self._mapping(b"C" + type(obj).__qualname__.encode(), fields, path, depth, keep)
+            elif kind == "dataclass":
+                tag = b"C" + type(obj).__qualname__.encode()
+                digest, info = self._mapping(tag, node_fields(obj, kind), path, depth, keep)
                 info["k"], info["t"] = "dataclass", type(obj).__qualname__
-            elif isinstance(obj, types.SimpleNamespace) or type(obj).__name__ == "Namespace":
-                digest, info = self._mapping(b"NS", dict(vars(obj)), path, depth, keep)
-            elif callable(obj) and isinstance(obj, type | types.FunctionType | types.BuiltinFunctionType
-                                              | types.MethodType | functools.partial):
+            elif kind == "namespace":
+                digest, info = self._mapping(b"NS", node_fields(obj, kind), path, depth, keep)
+            elif kind == "callable":
                 target = obj.func if isinstance(obj, functools.partial) else obj
                 name = f"{getattr(target, '__module__', '')}.{getattr(target, '__qualname__', type(target).__name__)}"
                 digest, info = crc32(b"Q" + name.encode("utf-8", "surrogatepass")), {"k": "callable", "v": name[-80:]}
-            else:
+            else:  # any other object (a key proxy, a record too): by its type's name, not compared
                 name = type(obj).__qualname__
                 digest, info = crc32(b"?" + name.encode()), {"k": "object", "t": name}
         except Exception as exc:  # noqa: BLE001 - any error of a user's object: never the training call's

@@ -689,3 +689,18 @@ def test_one_atomic_writer() -> None:
                  if path.relative_to(PACKAGE) != Path("storage/directory.py")
                  and (found := _file_movers(path.read_text()))}
     assert offenders == {}, "write through rollout_mock.storage.directory.atomic_write / TempFile"
+
+
+#: The type tests of the structural walks' one dispatch (rollout_mock.codec.structure.kind_of) and
+#: the reads of a container's fields (node_fields): names only the engine's module uses.
+DISPATCH_WORDS = r"^(?-i:is_dataclass|fields|batch_type_of|batch_parts|SimpleNamespace|Enum|generic|FunctionType|MethodType)$"
+
+
+def test_the_request_digest_and_the_structure_engine_share_one_dispatch() -> None:
+    """The request digest (wrap/matching.py) classifies a value with the structure engine's
+    dispatch (``kind_of``) and reads a container's fields with its ``node_fields``: it tests no
+    dataclass, namespace, enum or batch type of its own (issue 36: one walk's notion of structure).
+    The scan can fail: it finds the words in the engine's module."""
+    assert [hit for hit in _naming(DISPATCH_WORDS, units={"wrap"}) if hit.startswith("wrap/matching.py:")] == []
+    assert len({hit.split(": ")[1] for hit in _naming(DISPATCH_WORDS, units={"codec"})
+                if hit.startswith("codec/structure.py:")}) >= 6

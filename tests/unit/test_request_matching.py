@@ -10,8 +10,12 @@ step. The control (same inputs) replays bit-identically with no error.
 from __future__ import annotations
 
 import copy
+import dataclasses
+import enum
+import functools
 import json
 import logging
+import types
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -548,3 +552,76 @@ def test_the_first_differing_row_leaves_volatile_fields_out() -> None:
     assert found[0].what.startswith("first difference in row 3 ("), found[0].what
     found = differences(digest_request(rows(None), volatile=["uid"]), digest_request(rows(1), volatile=["uid"]))
     assert found[0].what == "row 1, key 'prompt': p1 in the dump run, changed now", found[0].what
+
+
+# ----------------------------------------------------------------------------- the v2 digests stay
+class PinColor(enum.Enum):
+    RED = 1
+
+
+@dataclasses.dataclass
+class PinSampling:
+    temperature: float
+    stop: list[str]
+    extra: dict[str, float]
+
+
+class PinKeyProxy:
+    """keys() and [key], not a Mapping: digested by its type's name."""
+
+    def keys(self) -> set[str]:
+        return {"a"}
+
+    def __getitem__(self, key: str) -> int:
+        return 1
+
+
+class PinRecord:
+    """to_dict(): digested by its type's name."""
+
+    def to_dict(self) -> dict[str, int]:
+        return {"x": 1}
+
+
+class PinWithMeta:
+    """An object carrying only ``meta_info``: a registered batch type (``request``)."""
+
+    def __init__(self) -> None:
+        self.meta_info = {"temperature": 0.5, "n": 2}
+
+
+#: Each kind of value's request digest as rollout_mock d84ad52 recorded it (format 2): a dump of
+#: that version replays only while an equal call digests to the same CRC.
+PINNED_DIGESTS = {
+    "enum": 2572969259, "dataclass": 1770739433, "namespace": 1099539091, "set": 851985003, "callable": 648377189,
+    "partial": 3257631452, "proxy": 3839682046, "record": 532275689, "meta": 2872994719, "numpy_scalar": 2453687546,
+    "tensor": 658484244, "array": 2133130050, "rows": 4212859171, "slime": 726086869,
+}
+
+
+def test_digests_of_every_kind_are_the_ones_older_dumps_recorded() -> None:
+    """The request digest classifies values with the structure engine's dispatch
+    (rollout_mock.codec.structure.kind_of); every kind still digests to the CRC d84ad52 recorded."""
+    values = {
+        "enum": PinColor.RED, "dataclass": PinSampling(0.7, ["</s>"], {"top_p": 1.0}),
+        "namespace": types.SimpleNamespace(n=4, mode="greedy"), "set": {3, 1, 2}, "callable": len,
+        "partial": functools.partial(max, 1), "proxy": PinKeyProxy(), "record": PinRecord(), "meta": PinWithMeta(),
+        "numpy_scalar": np.float32(1.5), "tensor": torch.arange(6).reshape(2, 3),
+        "array": np.arange(4, dtype=np.int32), "rows": [{"role": "user", "content": "hi"}] * 3,
+        "slime": {"samples": [{"tokens": [1, 2], "reward": 1.0}]},
+    }
+    assert {name: digest_request({name: value}).digest for name, value in values.items()} == PINNED_DIGESTS
+    assert digest_request(values).digest == 2886966620
+
+
+def test_a_dataproto_digests_as_older_dumps_recorded_it() -> None:
+    pytest.importorskip("verl", reason="verl is not installed (pip install rollout_mock[verl])")
+    from tensordict import TensorDict
+    from verl.protocol import DataProto
+
+    data = DataProto(batch=TensorDict({"input_ids": torch.arange(6).reshape(2, 3)}, batch_size=[2]),
+                     non_tensor_batch={"raw_prompt": np.array(["a", "b"], dtype=object)},
+                     meta_info={"temperature": 1.0})
+    request = digest_request({"data": data})
+    assert request.digest == 2070909719
+    assert request.get("data") is not None and request.get("data").info["k"] == "dataproto"  # type: ignore[union-attr]

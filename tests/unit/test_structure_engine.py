@@ -9,8 +9,10 @@ never applied a tolerance to a plain float).
 
 from __future__ import annotations
 
+import enum
 import math
-from dataclasses import dataclass
+import types
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -18,10 +20,12 @@ import pytest
 import torch
 
 from rollout_mock import compare_batches
+from rollout_mock.codec.structure import kind_of, leaves, node_fields
 from rollout_mock.config import CheckServes, CheckSettings
 from rollout_mock.config.model import Tolerance
 from rollout_mock.text import within_tolerance, within_tolerance_array
 from rollout_mock.wrap.check import score_batches
+from rollout_mock.wrap.matching import digest_request
 
 
 @dataclass
@@ -99,3 +103,76 @@ def test_the_in_run_verdict_uses_the_same_rule(tmp_path: Any) -> None:
     verdict.observe(0, {"loss": 1e308, "kl": 1.0005})
     assert (verdict.compared, verdict.diverged) == (2, 1) and verdict.first is not None
     assert verdict.first[1] == "loss"
+
+
+# ----------------------------------------------------------------------------- the one dispatch
+@dataclass
+class Lazy:
+    """A dataclass whose field ``b`` is set by nobody (``init=False``, no default)."""
+
+    a: int
+    b: int = field(init=False)
+
+
+class Spy:
+    """An object with ``keys()``/``[key]`` and ``to_dict()`` that counts the calls it gets."""
+
+    calls = 0
+
+    def keys(self) -> set[str]:
+        Spy.calls += 1
+        return {"k"}
+
+    def __getitem__(self, key: str) -> int:
+        Spy.calls += 1
+        return 1
+
+    def to_dict(self) -> dict[str, int]:
+        Spy.calls += 1
+        return {"k": 1}
+
+
+class Color(enum.Enum):
+    RED = 1
+
+
+@pytest.mark.parametrize(("value", "kind"), [
+    ([1], "list"), ((1,), "tuple"), (True, "scalar"), (None, "scalar"), (b"x", "scalar"),
+    (torch.zeros(1), "tensor"), (np.zeros(1), "ndarray"), (np.array([{}], dtype=object), "object_array"),
+    (np.float32(1), "numpy_scalar"), (Color.RED, "enum"), ({"a": 1}, "mapping"), ({1}, "set"),
+    (Turn(1.0, "x"), "dataclass"), (types.SimpleNamespace(a=1), "namespace"), (len, "callable"), (Turn, "callable"),
+    (Spy(), "object"), (Record(v=1), "object"),
+])
+def test_kind_of_is_the_dispatch_of_both_walks(value: Any, kind: str) -> None:
+    assert kind_of(value) == kind
+
+
+def test_kind_of_runs_no_user_code() -> None:
+    """The dispatch the request digest runs on every value asks no object for its keys or fields;
+    the engine's walk reads them (an object with keys() is walked as a mapping)."""
+    Spy.calls = 0
+    assert kind_of(Spy()) == "object" and Spy.calls == 0
+    assert digest_request({"spy": Spy()}).nodes[0].info == {"k": "object", "t": "Spy"} and Spy.calls == 0
+    assert [path for path, _ in leaves({"spy": Spy()})] == [("spy", "k")] and Spy.calls > 0
+
+
+def test_a_batch_type_is_walked_through_its_parts_by_both_walks() -> None:
+    """kind_of names a registered batch type (here an object carrying only ``meta_info``); the
+    engine's leaves and the request's nodes are its parts, as node_fields gives them."""
+    class Call:
+        def __init__(self, temperature: float) -> None:
+            self.meta_info = {"temperature": temperature}
+
+    assert kind_of(Call(1.0)) == "batch:request"
+    assert dict(node_fields(Call(1.0), "batch:request")) == {"meta_info": {"temperature": 1.0}}
+    assert [path for path, _ in leaves(Call(1.0))] == [("meta_info", "temperature")]
+    request = digest_request({"call": Call(1.0)})
+    assert [n.path for n in request.nodes] == ["call", "call.meta_info", "call.meta_info.temperature"]
+
+
+def test_the_engine_reads_an_unset_dataclass_field_as_none() -> None:
+    """A dataclass field nobody set compares as ``None`` (the request digest read it so already);
+    the engine's walk raised AttributeError on it before."""
+    found, _ = compare_batches({"v": Lazy(1)}, {"v": Lazy(2)})
+    assert [(d.key, d.a, d.b) for d in found] == [("v.a", "1", "2")]
+    assert [path for path, _ in leaves(Lazy(1))] == [("a",), ("b",)]

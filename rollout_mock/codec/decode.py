@@ -38,6 +38,9 @@ and checks everything the header check cannot see as it reads it:
 exactly its size, even where many tensors are views of one chunk read (small tensors packed
 together, a mapped file): ``torch.save``, ``pickle`` and Ray see only each tensor's own bytes.
 This costs no copy: the storages are made over the chunk's memory (``torch.frombuffer``).
+Bytes that only pass through on their way to Python objects (string columns, the body) are read
+into a reused :class:`Scratch` of at most :data:`SCRATCH_BYTES` instead (still CRC-checked);
+nothing returned points into it.
 
 A step holds data, not autograd state: every tensor is a leaf with ``requires_grad=False``
 (``grad`` flags written by older files are ignored); a recorded ``nn.Parameter`` keeps its
@@ -51,11 +54,14 @@ from __future__ import annotations
 import bisect
 import collections
 import datetime
+import gc
 import json.decoder
 import math
 import re
 import struct
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import msgpack
@@ -91,8 +97,8 @@ from rollout_mock.codec.format import (
 from rollout_mock.errors import UnsafePickleError
 
 __all__ = [
-    "MAX_COLLISIONS", "BodyReader", "ChunkReader", "KeyBudget", "NodeDecoder", "check_keys", "normalize_rows",
-    "parse_items", "read_strings",
+    "MAX_COLLISIONS", "SCRATCH_BUFFERS", "SCRATCH_BYTES", "BodyReader", "ChunkReader", "KeyBudget", "NodeDecoder",
+    "Scratch", "check_keys", "lease_scratch", "normalize_rows", "parse_items", "read_strings", "return_scratch",
 ]
 
 #: How to opt in to unpickling opaque blobs (named in every UnsafePickleError).
@@ -250,13 +256,14 @@ def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.nd
         items = [unpacker.unpack() for _ in range(hi - lo)]
     else:
         count = math.prod(shape)
-        offsets = reader.whole(node["o"], None).numpy().view("<i8")
-        data = reader.whole(node["c"], None).numpy()
-        head = array_head(count)
-        if int(offsets[0]) != len(head) or data[: len(head)].tobytes() != head or int(offsets[-1]) != data.size:
-            raise ValueError("string column header does not match its shape")
-        _check_items(data, offsets[:-1], offsets[1:])
-        items = msgpack.unpackb(memoryview(data), raw=False, unicode_errors=errors)
+        with reader.transient(node["o"]) as offset_bytes, reader.transient(node["c"]) as data:
+            offsets = offset_bytes.view("<i8")
+            head = array_head(count)
+            if int(offsets[0]) != len(head) or data[: len(head)].tobytes() != head \
+                    or int(offsets[-1]) != data.size:
+                raise ValueError("string column header does not match its shape")
+            _check_items(data, offsets[:-1], offsets[1:])
+            items = msgpack.unpackb(memoryview(data), raw=False, unicode_errors=errors)
     array = np.empty(len(items), dtype=object)
     array[:] = items
     if rows is not None and shape:
@@ -266,6 +273,77 @@ def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.nd
             array = array[[i - first for i in rows]]
         return array
     return array.reshape(shape)
+
+
+# --------------------------------------------------------------------------- scratch memory
+#: The most memory one load's transient reads may take from :class:`Scratch` (string columns and
+#: the body: bytes that msgpack copies into Python objects and that are dropped right after).
+#: Reads beyond it get new memory of their own: a file cannot make the scratch grow.
+SCRATCH_BYTES = 32 << 20
+#: How many scratch buffers the process keeps (loads on more threads at once get new memory).
+SCRATCH_BUFFERS = 2
+_ALIGN = 64
+
+
+class Scratch:
+    """Reused memory for one load's transient reads, at most ``cap`` bytes.
+
+    Reading into new memory costs a page fault and the zeroing of every page (~4x the read
+    itself: 38 MB of string columns take ~35 ms into ``torch.empty`` memory, ~8 ms into touched
+    memory), so transient bytes go here instead: the pages stay mapped from one load to the next.
+    :meth:`take` hands out ranges one after another; :meth:`drop` gives back everything taken
+    after a :attr:`top` it was given (the ranges nest: a string column inside a body value).
+    """
+
+    def __init__(self, cap: int = SCRATCH_BYTES) -> None:
+        self.cap = cap
+        self.top = 0
+        #: the most bytes ever taken at once (never more than ``cap``)
+        self.peak = 0
+        self._memory: np.ndarray | None = None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of memory held (0 until first used, then ``cap``: untouched pages cost nothing)."""
+        return 0 if self._memory is None else self._memory.nbytes
+
+    def take(self, nbytes: int) -> np.ndarray | None:
+        """``nbytes`` of the scratch memory, or None when they do not fit under the cap."""
+        end = self.top + nbytes
+        if end > self.cap:
+            return None
+        if self._memory is None:
+            self._memory = np.empty(self.cap, dtype=np.uint8)  # pages are mapped as they are touched
+        out = self._memory[self.top: end]
+        self.top = min(self.cap, -(-end // _ALIGN) * _ALIGN)
+        self.peak = max(self.peak, end)
+        return out
+
+    def drop(self, top: int) -> None:
+        """Give back what was taken after :attr:`top` was ``top``."""
+        self.top = min(self.top, top)
+
+
+_SCRATCH_FREE: list[Scratch] = []
+_SCRATCH_MADE = [0]
+_SCRATCH_LOCK = threading.Lock()
+
+
+def lease_scratch() -> Scratch | None:
+    """A scratch buffer of the process's :data:`SCRATCH_BUFFERS` (None when all are in use)."""
+    with _SCRATCH_LOCK:
+        if _SCRATCH_FREE:
+            return _SCRATCH_FREE.pop()
+        if _SCRATCH_MADE[0] < SCRATCH_BUFFERS:
+            _SCRATCH_MADE[0] += 1
+            return Scratch()
+    return None
+
+
+def return_scratch(scratch: Scratch) -> None:
+    scratch.drop(0)
+    with _SCRATCH_LOCK:
+        _SCRATCH_FREE.append(scratch)
 
 
 # --------------------------------------------------------------------------- chunks
@@ -278,10 +356,12 @@ class ChunkReader:
     """Reads and CRC-checks chunks of a format-2 file (see the module docstring).
 
     ``verify``: check each chunk's CRC-32; ``parallel``: fill large steps on two threads (local
-    files: remote sources keep their own request pattern).
+    files: remote sources keep their own request pattern); ``scratch``: where :meth:`transient`
+    reads go (default: one of the process's, leased on first use, given back by :meth:`close`).
     """
 
-    def __init__(self, source: Any, layout: Layout, *, verify: bool = True, parallel: bool = False) -> None:
+    def __init__(self, source: Any, layout: Layout, *, verify: bool = True, parallel: bool = False,
+                 scratch: Scratch | None = None) -> None:
         self.source = source
         self.layout = layout
         self.table = layout.table
@@ -292,6 +372,8 @@ class ChunkReader:
         self.pending: list[tuple[int, Any, bool]] | None = None
         self.pending_bytes = 0
         self.checks: list[Any] = []
+        self.scratch = scratch
+        self._leased = False
 
     def _chunk(self, index: int) -> Any:
         offset, stored, raw, crc, codec, shuf = self.table[index]
@@ -369,6 +451,47 @@ class ChunkReader:
         self._schedule(jobs, total, defer)
         return out
 
+    def kept(self, ref: list[int]) -> np.ndarray:
+        """The bytes of a reference, read and checked now, for a caller that copies what it needs
+        out of them (msgpack) and drops them: in this load's scratch memory when they fit
+        (valid until :meth:`close`), else new memory; the mapped file itself when mapped."""
+        first, count = ref
+        if self._mapped_run(first, count) is None:
+            scratch = self._scratch()
+            total = sum(self.table[i][2] for i in range(first, first + count))
+            target = None if scratch is None else scratch.take(total)
+            if target is not None:
+                jobs, pos = [], 0
+                for i in range(first, first + count):
+                    jobs.append((i, target[pos: pos + self.table[i][2]], False))
+                    pos += self.table[i][2]
+                self._run(jobs, total)
+                return target
+        data: np.ndarray = self.whole(ref, None).numpy()
+        return data
+
+    @contextmanager
+    def transient(self, ref: list[int]) -> Iterator[np.ndarray]:
+        """:meth:`kept`, given back to the scratch memory when the block ends."""
+        scratch = self._scratch()
+        top = 0 if scratch is None else scratch.top
+        try:
+            yield self.kept(ref)
+        finally:
+            if scratch is not None:
+                scratch.drop(top)
+
+    def _scratch(self) -> Scratch | None:
+        if self.scratch is None and not self._leased:
+            self.scratch, self._leased = lease_scratch(), True
+        return self.scratch
+
+    def close(self) -> None:
+        """Give the scratch memory back (what :meth:`kept` returned is reused by later loads)."""
+        if self._leased and self.scratch is not None:
+            return_scratch(self.scratch)
+        self.scratch, self._leased = None, True
+
     def after(self, check: Any) -> None:
         """Run ``check`` once the deferred data is in (at once when nothing is deferred)."""
         if self.pending is None:
@@ -420,6 +543,32 @@ class ChunkReader:
 
 
 # --------------------------------------------------------------------------- the body
+_PAUSES = [0, False]  # loads decoding a body now, and whether the collector ran before the first
+_PAUSE_LOCK = threading.Lock()
+
+
+@contextmanager
+def _collector_paused() -> Iterator[None]:
+    """The cyclic garbage collector off while a body value is decoded (and back as it was).
+
+    msgpack builds no cycles, but every list and dict it makes counts towards the collector's
+    thresholds: a slime body (512 samples, ~2M numbers) triggers collections that walk the new
+    lists' items again and again, ~20% of the decode; with the collector off, one later
+    collection walks them once (measured with that collection included: still ~15% less)."""
+    with _PAUSE_LOCK:
+        if _PAUSES[0] == 0:
+            _PAUSES[1] = gc.isenabled()
+            gc.disable()
+        _PAUSES[0] += 1
+    try:
+        yield
+    finally:
+        with _PAUSE_LOCK:
+            _PAUSES[0] -= 1
+            if _PAUSES[0] == 0 and _PAUSES[1]:
+                gc.enable()
+
+
 _MAX_DIM = 1 << 48
 _MAX_INT_BYTES = 1 << 16
 
@@ -475,23 +624,24 @@ class BodyReader:
         if self._body is None:
             if self.body_ref is None:
                 raise ValueError("body value in a step without a body")
-            self._body = memoryview(self.reader.whole(self.body_ref, None).numpy()).cast("B")
+            self._body = memoryview(self.reader.kept(self.body_ref)).cast("B")
         offset, length = node["o"], node["n"]
         if offset + length > self._body.nbytes:
             raise ValueError("body value outside the body")
         data = self._body[offset: offset + length]
         used = self.used[0]
         try:
-            try:
-                return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=True,
-                                       unicode_errors=self.errors, raw=False, timestamp=2)
-            except ValueError as exc:
-                if "is not allowed for map key" not in str(exc):
-                    raise
-            self.used[0] = used  # the references of the first pass are counted again below
-            # non-string keys: every map goes through the hash-collision check
-            return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=False,
-                                   object_pairs_hook=self.pairs, unicode_errors=self.errors, raw=False, timestamp=2)
+            with _collector_paused():
+                try:
+                    return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=True,
+                                           unicode_errors=self.errors, raw=False, timestamp=2)
+                except ValueError as exc:
+                    if "is not allowed for map key" not in str(exc):
+                        raise
+                self.used[0] = used  # the references of the first pass are counted again below
+                # non-string keys: every map goes through the hash-collision check
+                return msgpack.unpackb(data, ext_hook=self.ext, list_hook=self.lists, strict_map_key=False,
+                                       object_pairs_hook=self.pairs, unicode_errors=self.errors, raw=False, timestamp=2)
         except msgpack.StackError:
             raise ValueError("body value nested deeper than msgpack's limit") from None
         except msgpack.FormatError:

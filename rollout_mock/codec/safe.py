@@ -439,8 +439,11 @@ class StepView:
         decoder.use_body(layout.body, [row[2] for row in layout.table], surrogates=layout.surrogates,
                          table=layout.table, used=list(self._used))
         reader.pending = []
-        result = _guard(self.name, _decode_root, decoder, self._layout.root, wanted, sel)
-        _guard(self.name, reader.finish)
+        try:
+            result = _guard(self.name, _decode_root, decoder, self._layout.root, wanted, sel)
+            _guard(self.name, reader.finish)
+        finally:
+            reader.close()
         return result
 
 

@@ -1,0 +1,167 @@
+"""Transient reads (string columns, the body) go to a bounded, reused scratch memory, and the
+body is decoded with the cyclic garbage collector paused (docs/performance.md, the load section)."""
+
+from __future__ import annotations
+
+import gc
+import sys
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rollout_mock import CorruptStepError, codec
+
+# the module, not the function ``rollout_mock.codec.decode`` that shadows its name
+decode_module: Any = sys.modules["rollout_mock.codec.decode"]
+Scratch = decode_module.Scratch
+
+
+def _step(n: int, width: int, tag: str) -> tuple[dict[str, Any], bytes]:
+    batch = {
+        "big": np.array([f"{tag}{i:05d}" + "é" * width for i in range(n)], dtype=object),
+        "small": np.array([f"{tag}-a", f"{tag}-b"], dtype=object),
+        "samples": [{"tokens": [i, i + 1], "log_probs": [-0.0, float("nan")], "pair": (tag, i),
+                     "tags": {tag}, "raw": tag.encode() * 3} for i in range(4)],
+    }
+    return batch, codec.encode_bytes(batch)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, np.ndarray):
+        return a.dtype == b.dtype and a.shape == b.shape and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float):
+        return repr(a) == repr(b)  # -0.0 and nan as written
+    return bool(a == b)
+
+
+class Leases:
+    """One scratch of ``cap`` bytes, handed to every load (instead of the process's)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, cap: int) -> None:
+        self.scratch = Scratch(cap)
+        self.leased = self.returned = 0
+        monkeypatch.setattr(decode_module, "lease_scratch", self.lease)
+        monkeypatch.setattr(decode_module, "return_scratch", self.give_back)
+
+    def lease(self) -> Any:
+        self.leased += 1
+        return self.scratch
+
+    def give_back(self, scratch: Any) -> None:
+        assert scratch is self.scratch
+        scratch.drop(0)
+        self.returned += 1
+
+
+def test_a_column_larger_than_the_cap_gets_memory_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    cap = 256 << 10
+    leases = Leases(monkeypatch, cap)
+    batch, data = _step(200, 1000, "p")  # a ~400 KB string column: over the cap
+    assert _same(codec.decode(data), batch)
+    scratch = leases.scratch
+    assert 0 < scratch.peak <= cap  # the small column and the body went there, the big one did not
+    assert scratch.nbytes <= cap
+    assert leases.leased == leases.returned == 1 and scratch.top == 0
+
+
+def test_the_scratch_never_hands_out_more_than_its_cap() -> None:
+    scratch = Scratch(1 << 20)
+    assert scratch.take((1 << 20) + 1) is None  # a hostile size: refused, nothing allocated
+    assert scratch.nbytes == 0
+    first = scratch.take(600 << 10)
+    assert first is not None and first.nbytes == 600 << 10
+    assert scratch.take(600 << 10) is None  # would end past the cap
+    top = scratch.top
+    inner = scratch.take(100)
+    assert inner is not None
+    scratch.drop(top)
+    again = scratch.take(100)
+    assert again is not None and again.ctypes.data == inner.ctypes.data  # the same (touched) memory
+    assert scratch.nbytes == 1 << 20 and scratch.peak <= 1 << 20
+
+
+def test_the_process_keeps_a_bounded_number_of_scratch_buffers() -> None:
+    leased = []
+    try:
+        for _ in range(decode_module.SCRATCH_BUFFERS + 3):
+            leased.append(decode_module.lease_scratch())
+        held = [s for s in leased if s is not None]
+        assert len(held) <= decode_module.SCRATCH_BUFFERS
+        assert leased[-1] is None
+        assert all(s.cap == decode_module.SCRATCH_BYTES for s in held)
+    finally:
+        for s in leased:
+            if s is not None:
+                decode_module.return_scratch(s)
+
+
+def test_values_do_not_share_the_scratch_with_the_next_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    leases = Leases(monkeypatch, 8 << 20)
+    first, first_data = _step(50, 100, "a")
+    second, second_data = _step(50, 100, "b")
+    out = codec.decode(first_data)
+    address = leases.scratch.take(1).ctypes.data  # type: ignore[union-attr]
+    leases.scratch.drop(0)
+    assert _same(codec.decode(second_data), second)
+    assert leases.scratch.take(1).ctypes.data == address  # type: ignore[union-attr]  # reused
+    assert _same(out, first)  # the first load's strings, bytes and lists are copies of their own
+
+
+def test_a_corrupt_column_in_the_scratch_is_still_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    leases = Leases(monkeypatch, 8 << 20)
+    _, data = _step(50, 100, "a")
+    broken = bytearray(data)
+    at = bytes(broken).index(b"a00007")
+    broken[at] ^= 0x01
+    with pytest.raises(CorruptStepError, match="CRC-32"):
+        codec.decode(bytes(broken))
+    assert leases.returned == 1 and leases.scratch.top == 0  # given back after the failure too
+
+
+def _watch_collector(monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> list[bool]:
+    seen: list[bool] = []
+    lists = decode_module.BodyReader.lists
+
+    def watched(items: list[Any]) -> Any:
+        seen.append(gc.isenabled())
+        if fail:
+            raise ValueError("planted failure")
+        return lists(items)
+
+    monkeypatch.setattr(decode_module.BodyReader, "lists", staticmethod(watched))
+    return seen
+
+
+def test_the_body_is_decoded_with_the_collector_paused_and_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch, data = _step(4, 10, "g")
+    seen = _watch_collector(monkeypatch)
+    assert gc.isenabled()
+    assert _same(codec.decode(data), batch)
+    assert seen and not any(seen)
+    assert gc.isenabled()
+
+
+def test_the_collector_is_restored_after_a_failing_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, data = _step(4, 10, "g")
+    seen = _watch_collector(monkeypatch, fail=True)
+    with pytest.raises(CorruptStepError, match="planted failure"):
+        codec.decode(data)
+    assert seen == [False]
+    assert gc.isenabled()
+
+
+def test_a_collector_the_caller_disabled_stays_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    batch, data = _step(4, 10, "g")
+    gc.disable()
+    try:
+        assert _same(codec.decode(data), batch)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -44,7 +44,7 @@ from rollout_mock.codec import safe as _safe
 from rollout_mock.codec.classes import Batch, batch_class_names, is_batch_class, register_batch_class
 from rollout_mock.codec.decode import Unpickle
 from rollout_mock.codec.device import BufferPool
-from rollout_mock.codec.encode import Capture, FileSink, Sink, capture, encode, encode_bytes
+from rollout_mock.codec.encode import Capture, CaptureList, FileSink, Sink, capture, encode, encode_bytes
 from rollout_mock.codec.format import FORMAT_VERSION, PROTOCOL, require_compression
 from rollout_mock.codec.safe import (
     ByteSource,
@@ -60,8 +60,8 @@ from rollout_mock.codec.safe import (
 )
 
 __all__ = [
-    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "Capture", "FileSink",
-    "FileSource", "MappedSource", "ReadAheadSource", "Sink", "SourceLike", "StepView", "as_source",
+    "FORMAT_VERSION", "PROTOCOL", "Batch", "BufferPool", "ByteSource", "BytesSource", "Capture", "CaptureList",
+    "FileSink", "FileSource", "MappedSource", "ReadAheadSource", "Sink", "SourceLike", "StepView", "as_source",
     "batch_class_names", "capture", "decode", "encode", "encode_bytes", "is_batch_class", "open_step",
     "register_batch_class", "require_compression", "sniff_version", "view_capture",
 ]
@@ -163,9 +163,10 @@ def view_capture(captured: Capture) -> Any:
     """The batch ``captured`` holds, rebuilt over its own memory: tensors and arrays are views of
     the capture's buffers (no copy of the data, no CRC check: the bytes never left the process),
     valid until :meth:`Capture.release`. The container is written to memory once more and opened
-    by the safe decoder: what the writer thread does to join small captured calls into one pack,
-    and the flight recorder to name the places of a step found to hold NaN/inf. A scan reads the
-    capture in place instead (:meth:`Capture.tensors`, :meth:`Capture.floats_finite`). Waits
+    by the safe decoder: what the flight recorder does to name the places of a step found to hold
+    NaN/inf (a suspect step only). A scan reads the capture in place instead
+    (:meth:`Capture.tensors`, :meth:`Capture.floats_finite`); the calls of a pack are captured
+    into one list as they come (:class:`CaptureList`), never rebuilt. Waits
     for the capture's pending work first (:meth:`Capture.finish`)."""
     gathered = _Gathered()
     captured.finish()

@@ -102,7 +102,7 @@ from rollout_mock.codec.format import (
 from rollout_mock.errors import UnrecordableBatchError
 from rollout_mock.text import int_digits, logger
 
-__all__ = ["BufferPool", "Capture", "FileSink", "Sink", "capture", "encode", "encode_bytes"]
+__all__ = ["BufferPool", "Capture", "CaptureList", "FileSink", "Sink", "capture", "encode", "encode_bytes"]
 
 
 # --------------------------------------------------------------------------- raw data
@@ -875,6 +875,67 @@ def _captured(encoder: _Encoder, obj: Any) -> Capture:
         encoder.staged.close()  # the call returns with the copies queued
     return Capture(root, encoder.chunks, body, surrogates, encoder.owners, encoder.pool, encoder.pooled,
                    encoder.pending, encoder.pinned, encoder.staged, encoder.arrays)
+
+
+class CaptureList:
+    """A list captured one item at a time: each :meth:`add` encodes one batch as an item of the
+    list (its data copied once, its tensors' bytes side by side in the shared chunks, the item
+    packed onto the msgpack body), and :meth:`close` hands back the :class:`Capture` of the whole
+    list with nothing encoded again: the same bytes as ``capture([first, second, ...])``. What
+    the calls of a step beyond its first are captured into, on the calling threads, so that the
+    writer thread writes them as one member of a pack (one header; a replay decodes them
+    together). Not thread-safe: the caller serialises :meth:`add` and :meth:`close`."""
+
+    def __init__(self, *, pool: BufferPool | None = None) -> None:
+        self._encoder = _Encoder(snapshot=True, pool=pool)
+        self._items: list[Any] = []
+        self._nbytes = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the items added so far: their tensors' and arrays' data and their msgpack bytes."""
+        return self._nbytes
+
+    def add(self, obj: Any) -> int:
+        """Capture ``obj`` as the next item; its position. On an error (an unrecordable batch)
+        nothing of it is listed (bytes it left in a shared chunk stay unreferenced)."""
+        encoder, body = self._encoder, self._encoder.body
+        if body is None:
+            raise RuntimeError("CaptureList.add after close")
+        shown, packed, path = len(encoder.arrays), body.size, f"[{len(self._items)}]"
+        try:
+            # msgpack refuses cycles and deep nesting: that item as nodes, as a whole list would be
+            item = body.node(obj, path)
+            if item is None:
+                item = encoder.plain_node(obj)
+        except BaseException:
+            del encoder.arrays[shown:]
+            raise
+        finally:
+            if encoder.staged is not None:
+                encoder.staged.close()  # the call returns with its copies queued
+        self._items.append(item)
+        self._nbytes += body.size - packed + sum(raw.nbytes for _, raw, _, _ in encoder.arrays[shown:])
+        return len(self._items) - 1
+
+    def close(self) -> Capture:
+        """The capture of the list (written by the writer thread like any capture). When every
+        item is on the body (the usual case), the body becomes one msgpack array: the list's
+        array head goes before the items packed one after the other."""
+        encoder, items = self._encoder, self._items
+        body = encoder.body
+        root: Any = list(items)
+        if body is not None and items and all(type(i) is dict and i.get("$") == "mp" for i in items):
+            head = msgpack.Packer().pack_array_header(len(items))
+            body.parts.insert(0, head)
+            body.size += len(head)
+            root = {"$": "mp", "o": 0, "n": body.size}
+        found, surrogates = encoder.finish()
+        return Capture(root, encoder.chunks, found, surrogates, encoder.owners, encoder.pool, encoder.pooled,
+                       encoder.pending, encoder.pinned, encoder.staged, encoder.arrays)
 
 
 def capture(obj: Any, *, pool: BufferPool | None = None) -> Capture:

@@ -53,8 +53,8 @@ from rollout_mock.errors import (
     MetricsDivergenceError,
     MetricsError,
     MetricsWarning,
-    UnsafePathError,
 )
+from rollout_mock.storage.directory import AppendFile
 from rollout_mock.storage.paths import is_url
 from rollout_mock.storage.store import EXPECTED_DIR, DirectoryStore, expected_path, expected_relpath
 from rollout_mock.text import logger
@@ -86,38 +86,32 @@ class MetricsWriter:
     :class:`ExpectedMetrics`).
     """
 
+    _expected: ExpectedMetrics | None
+
     def __init__(self, path: str | Path, *, fsync: bool = False, expected: object = None) -> None:
-        self.path = Path(path)
-        self.fsync = fsync
-        self._lock = threading.Lock()
-        self._seen: set[tuple[int, str]] = set()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._repair_torn_tail()
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._expected = None
+        self._start(Path(path), AppendFile.open(Path(path), durable=fsync))
         if expected is not None:
             self._expected = attach_expected(expected)
 
-    def _repair_torn_tail(self) -> None:
+    @classmethod
+    def _onto(cls, file: AppendFile, path: Path) -> MetricsWriter:
+        """A writer of the file the store opened (the dump run's expected metrics)."""
+        writer = cls.__new__(cls)
+        writer._start(path, file)
+        return writer
+
+    def _start(self, path: Path, file: AppendFile) -> None:
+        self.path, self.fsync, self._file, self._expected = path, file.durable, file, None
+        self._lock = threading.Lock()
+        self._seen: set[tuple[int, str]] = set()
         try:
-            with open(self.path, "rb+") as f:
-                size = f.seek(0, os.SEEK_END)
-                if size == 0:
-                    return
-                f.seek(size - 1)
-                if f.read(1) == b"\n":
-                    return
-                f.seek(0)
-                keep = f.read().rfind(b"\n") + 1
-                warnings.warn(
-                    f"{self.path}: dropping an incomplete last line ({size - keep} bytes, "
-                    "left by a crash) before appending",
-                    MetricsWarning,
-                    stacklevel=3,
-                )
-                f.truncate(keep)
-        except FileNotFoundError:
-            return
+            dropped = file.drop_torn_tail()
+        except BaseException:
+            file.close()
+            raise
+        if dropped:
+            warnings.warn(f"{self.path}: dropping an incomplete last line ({dropped} bytes, left by a crash) before "
+                          "appending", MetricsWarning, stacklevel=3)
 
     def log(self, step: int, metrics: Mapping[str, object]) -> None:
         """Append ``{"step": step, **metrics}`` as one line.
@@ -138,7 +132,7 @@ class MetricsWriter:
             record[key] = encode_value(key, value)
         line = (json.dumps(record, allow_nan=False) + "\n").encode("utf-8")
         with self._lock:
-            if self._fd is None:
+            if self._file.closed:
                 raise MetricsError(f"{self.path}: MetricsWriter is closed", path=self.path, step=step)
             dupes = [k for k in metrics if (step, k) in self._seen]
             if dupes:
@@ -153,16 +147,8 @@ class MetricsWriter:
             self._expected.observe(step, metrics)
 
     def _write_all(self, data: bytes, step: int) -> None:
-        assert self._fd is not None
-        view = memoryview(data)
         try:
-            # One write for regular files in practice; the loop only finishes a short write
-            # (signal, quota) so that the line is not left incomplete in the middle of the file.
-            while view:
-                written = os.write(self._fd, view)
-                view = view[written:]
-            if self.fsync:
-                os.fsync(self._fd)
+            self._file.append(data)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise DiskFullError(
@@ -178,18 +164,11 @@ class MetricsWriter:
             expected, self._expected = self._expected, None
             expected.close()
         with self._lock:
-            if self._fd is None:
-                return
-            fd, self._fd = self._fd, None
-            try:
-                if self.fsync:
-                    os.fsync(fd)
-            finally:
-                os.close(fd)
+            self._file.close()
 
     @property
     def closed(self) -> bool:
-        return self._fd is None
+        return self._file.closed
 
     def __enter__(self) -> MetricsWriter:
         return self
@@ -246,19 +225,8 @@ class ExpectedMetrics:
                     "values are kept for local dumps only), so a replay's metrics cannot be checked against them "
                     "on-line; the flight recorder (keep:) still sees them", config.dump_dir)
             elif writes:
-                # Checked open first (no link below dump_dir, a regular file), then the writer
-                # opens the same name: it must be the very file checked, or nothing is written.
-                checked = DirectoryStore(config.dump_dir).open_expected(rank)
-                try:
-                    self._writer = MetricsWriter(self.path)
-                    same = os.path.samestat(os.fstat(checked), os.fstat(self._writer._fd or -1))
-                finally:
-                    os.close(checked)
-                if not same:
-                    self._writer.close()
-                    raise UnsafePathError(f"[RolloutMock] {self.path} changed while it was opened (a link "
-                                          f"swapped in?); refusing to record expected metrics there",
-                                          path=self.path)
+                # opened below dump_dir by the store (no link, a regular file), written by the writer
+                self._writer = MetricsWriter._onto(DirectoryStore(config.dump_dir).open_expected(rank), self.path)
         elif self.verdict.action is not VerdictAction.OFF:
             self._table = self._read()
 

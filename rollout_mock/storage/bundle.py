@@ -62,13 +62,13 @@ from rollout_mock.errors import BundleError, DebugInputError, DumpNotWritableErr
 from rollout_mock.jsonio import loads_bounded
 from rollout_mock.storage.backend import BackendDefaults
 from rollout_mock.storage.directory import LocalBackend, TempFile, fsync_dir, fsync_path, temp_name
-from rollout_mock.storage.index import MANIFEST_BYTES, pack_relpath, read_doc
+from rollout_mock.storage.index import MANIFEST_BYTES, pack_relpath
 from rollout_mock.storage.manifest import (
     FORMAT,
-    FORMAT_VERSION,
     MANIFEST_NAME,
     StepEntry,
     StreamId,
+    dumps_manifest,
     format_ranges,
     parse_manifest,
 )
@@ -788,30 +788,19 @@ def slice_store(store: Store, *, steps: Sequence[int] | None, splits: Sequence[s
                 f"{source}: steps {format_ranges(missing)} are recorded in no stream"
                 + ("" if splits is None else f" of splits {list(splits)}")
                 + f" (recorded: {'; '.join(f'{s}: {format_ranges(view.steps(s))}' for s in streams)})")
-    raw = read_doc(store.backend, MANIFEST_NAME, "manifest", MANIFEST_BYTES)
-    top = {k: v for k, v in raw.items() if k != "streams"} if isinstance(raw, dict) else {
-        k: v for k, v in view.to_json().items() if k != "streams"}
-    top.update(format=FORMAT, format_version=top.get("format_version", FORMAT_VERSION), fingerprint=view.fingerprint)
-    requires = [r for r in top.pop("requires", None) or () if r != "index-segments"]
-    manifest: dict[str, Any] = {**top, **({"requires": requires} if requires else {}), "streams": {}}
     chosen: dict[str, list[int]] = {}
+    selected: dict[StreamId, list[int]] = {}
     parts: list[Part] = []
     for stream in streams:
         wanted = list(view.steps(stream)) if steps is None else [s for s in steps if s in view.steps(stream)]
         if not wanted:
             continue
-        data = {k: v for k, v in (view.stream(stream) or {}).items() if k not in ("steps", "segments")}
-        data["methods"] = view.methods(stream)
-        data["steps"] = {}
-        for step in wanted:
-            view.entry(stream, step)  # validated (file name, fields) before it is copied
-            data["steps"][str(step)] = view.raw_entry(stream, step)
-            parts.append(_step_part(store, stream, step))
+        selected[stream] = chosen[stream.key] = wanted
+        parts += [_step_part(store, stream, step) for step in wanted]
         parts += _pack_parts(store, stream, set(wanted))
-        manifest["streams"][stream.key] = data
-        chosen[stream.key] = wanted
-    body = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode("utf-8")
-    parse_manifest(body, f"{source} ({MANIFEST_NAME} of the selection)")  # what a reader will accept
+    where = f"{source} ({MANIFEST_NAME} of the selection)"
+    body = dumps_manifest(view.select(selected, source=where)).encode("utf-8")
+    parse_manifest(body, where)  # what a reader will accept
     expected, rows = _expected_parts(store, {s for wanted in chosen.values() for s in wanted})
     return DumpSlice(source, chosen, [_whole(MANIFEST_NAME, body), *parts, *expected], rows)
 

@@ -36,8 +36,8 @@ from rollout_mock.text import logger
 if TYPE_CHECKING:  # pragma: no cover
     from rollout_mock.codec.safe import ByteSource
 
-__all__ = ["TEMP_MARKER", "LocalBackend", "TempFile", "atomic_write", "disk_full_error", "free_bytes", "fsync_dir",
-           "fsync_path", "is_temp_name", "temp_name", "write_inside", "write_temp"]
+__all__ = ["TEMP_MARKER", "AppendFile", "LocalBackend", "TempFile", "atomic_write", "disk_full_error", "free_bytes",
+           "fsync_dir", "fsync_path", "is_temp_name", "temp_name", "write_inside", "write_temp"]
 
 TEMP_MARKER = ".tmp-"
 _IOV_MAX = min(getattr(os, "sysconf", lambda name: 1024)("SC_IOV_MAX"), 1024)
@@ -239,6 +239,66 @@ def write_inside(root: str | os.PathLike[str], relpath: str, data: bytes) -> Pat
     finally:
         os.close(dir_fd)
     return where
+
+
+class AppendFile:
+    """A file that lines are appended to (the metrics files, the dump run's expected metrics):
+    one ``O_APPEND`` descriptor, each :meth:`append` written whole (a short write is finished, so
+    a line is never left cut in the middle of the file), fsync-ed before it returns when
+    ``durable``. Opened by :meth:`open` (a user's path) or by the store
+    (:meth:`~rollout_mock.storage.store.Store.open_expected`, below the dump without following a
+    link). ``ENOSPC`` propagates as the ``OSError`` it is (the caller names the step)."""
+
+    FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT
+
+    def __init__(self, fd: int, where: Path | str, *, durable: bool = False) -> None:
+        self._fd: int | None = fd
+        self.where, self.durable = where, durable
+
+    @classmethod
+    def open(cls, path: Path, *, durable: bool = False) -> AppendFile:
+        """``path`` (a user's choice: links followed) opened for appending, its folder created."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return cls(os.open(path, cls.FLAGS, 0o644), path, durable=durable)
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def fileno(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"{self.where}: the file is closed")
+        return self._fd
+
+    def drop_torn_tail(self) -> int:
+        """Cut an incomplete last line (left by a crash mid-write) before anything is appended;
+        the bytes dropped (0: the file is empty or ends with a line break). Assumes no other
+        process is appending at that moment."""
+        fd = self.fileno()
+        size = os.fstat(fd).st_size
+        if size == 0 or os.pread(fd, 1, size - 1) == b"\n":
+            return 0
+        keep = os.pread(fd, size, 0).rfind(b"\n") + 1
+        os.ftruncate(fd, keep)
+        return size - keep
+
+    def append(self, data: bytes) -> None:
+        fd, view = self.fileno(), memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if self.durable:
+            os.fsync(fd)
+
+    def close(self) -> None:
+        """Fsync (when ``durable``) and close; calling it again does nothing."""
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            if self.durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 class LocalBackend(BackendDefaults):

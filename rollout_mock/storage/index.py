@@ -57,6 +57,7 @@ from rollout_mock.errors import LockedError, ManifestError, UnsafePathError
 from rollout_mock.jsonio import loads_bounded
 from rollout_mock.storage.backend import BackendDefaults
 from rollout_mock.storage.manifest import (
+    FORMAT_VERSION,
     MANIFEST_NAME,
     Manifest,
     PackRecord,
@@ -579,6 +580,7 @@ class StreamIndex:
                 data.pop("segments", None)
             if manifest.fingerprint is None:
                 manifest.fingerprint = read_fingerprint(backend)
+            manifest.format_version = FORMAT_VERSION  # the steps just folded are of this format
             backend.replace(MANIFEST_NAME, dumps_manifest(manifest).encode("utf-8"))
         gone = [entry_relpath(stream, step) for step in self.pending]
         gone += [segment_relpath(stream, seq) for seq in emptied]

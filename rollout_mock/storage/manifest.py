@@ -41,7 +41,7 @@ import bisect
 import json
 import platform
 import re
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -419,6 +419,12 @@ class Manifest:
     )
     fingerprint: dict[str, Any] | None = None
     streams: dict[str, dict[str, Any]] = field(default_factory=dict)
+    format_version: int = FORMAT_VERSION
+    """The on-disk format version it was read with (a writer adding steps sets
+    :data:`FORMAT_VERSION`; a selection keeps its source's)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Top-level fields this version does not know (rollout settings, a newer writer's), kept as
+    recorded and written back."""
     source: str | None = field(default=None, compare=False)
     """Where it was read from (named in the errors of entries validated on use)."""
     segment_reader: Callable[[StreamId, int], dict[str, Any]] | None = field(default=None, compare=False,
@@ -528,13 +534,31 @@ class Manifest:
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
-            "format_version": FORMAT_VERSION,
+            "format_version": self.format_version,
             **({"requires": required} if (required := self.required()) else {}),
             "created_at": self.created_at,
             "writer": self.writer,
             "fingerprint": self.fingerprint,
+            **self.extra,
             "streams": self.streams,
         }
+
+    def select(self, chosen: Mapping[StreamId, Sequence[int]], *, source: str | None = None) -> Manifest:
+        """A manifest of only the ``chosen`` steps of each stream (a slice of the dump): its own
+        fields, each stream's fields and the steps' entries as recorded (validated first), every
+        entry inline (no segment references)."""
+        streams: dict[str, dict[str, Any]] = {}
+        for stream, wanted in chosen.items():
+            data = {k: v for k, v in (self.stream(stream) or {}).items() if k not in ("steps", "segments")}
+            data["methods"] = self.methods(stream)
+            steps = data["steps"] = {}
+            for step in wanted:
+                self.entry(stream, step)  # validated (file name, fields) before it is copied
+                steps[str(step)] = self.raw_entry(stream, step)
+            streams[stream.key] = data
+        return Manifest(created_at=self.created_at, writer=self.writer, fingerprint=self.fingerprint,
+                        streams=streams, format_version=self.format_version, extra=dict(self.extra),
+                        source=source)
 
     @classmethod
     def from_json(cls, data: Any, *, path: Path | str) -> Manifest:
@@ -613,11 +637,15 @@ class Manifest:
             writer=dict(data.get("writer") or {}),
             fingerprint=data.get("fingerprint"),
             streams=streams,
+            format_version=version,
+            extra={k: v for k, v in data.items() if k not in _TOP_FIELDS},
             source=str(path),
         )
 
 
 _MISSING = object()
+#: The top-level fields of a manifest this version knows (the rest is :attr:`Manifest.extra`).
+_TOP_FIELDS = frozenset({"format", "format_version", "requires", "created_at", "writer", "fingerprint", "streams"})
 
 
 class _StreamSteps:

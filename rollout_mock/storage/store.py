@@ -56,7 +56,7 @@ from rollout_mock.storage.bundle import (
     unpack_bundle,
 )
 from rollout_mock.storage.digest import Digest, HashingWriter, mac_context
-from rollout_mock.storage.directory import LocalBackend, disk_full_error, free_bytes
+from rollout_mock.storage.directory import AppendFile, LocalBackend, disk_full_error, free_bytes
 from rollout_mock.storage.index import (
     FINGERPRINT_NAME,
     INVALID,
@@ -371,15 +371,16 @@ class Store:
             raise ValueError(f"{rel!r} is not a file of the dump run's metrics")
         self.backend.replace(rel, data)
 
-    def open_expected(self, rank: int | None = None) -> int:
-        """The local file of the dump run's metrics of ``rank`` opened for appending (created with
+    def open_expected(self, rank: int | None = None, *, durable: bool = False) -> AppendFile:
+        """The local file of the dump run's metrics of ``rank``, to append lines to (created with
         its folder; never through a link, never a FIFO). :class:`DumpNotWritableError` for a dump
         without local files (metrics are kept for local dumps only)."""
         root = self.backend.local_path("")
         if root is None:
             raise DumpNotWritableError(f"[RolloutMock] {self.where('')} has no local files: the dump run's metrics "
                                        f"are kept in local dumps only", mode="dump", path=self.where(""))
-        return open_inside(root, expected_relpath(rank), os.O_WRONLY | os.O_APPEND | os.O_CREAT, make_dirs=True)
+        rel = expected_relpath(rank)
+        return AppendFile(open_inside(root, rel, AppendFile.FLAGS, make_dirs=True), self.where(rel), durable=durable)
 
     # ------------------------------------------------------------------ bundles and copies of steps
     def local_source(self) -> str | None:
@@ -484,6 +485,7 @@ class Store:
         base = self.manifest_file()
         view = Manifest() if base is None else Manifest(
             created_at=base.created_at, writer=base.writer, fingerprint=base.fingerprint, source=base.source,
+            format_version=base.format_version, extra=base.extra,
             streams={k: {**v, "steps": dict(v["steps"]), "methods": dict(v.get("methods", {}))}
                      for k, v in base.streams.items()},
         )
@@ -762,10 +764,13 @@ class Store:
         return max(seqs)
 
     def save_pack(self, stream: StreamId, seq: int, members: Sequence[tuple[Any, Sequence[CallRecord]]],
-                  meta: list[dict[str, Any]], *, drop: Sequence[int] = (), compression: str = "none") -> PackRecord:
+                  meta: list[dict[str, Any]] | codec.Capture, *, drop: Sequence[int] = (),
+                  compression: str = "none") -> PackRecord:
         """Write a pack of extra calls: its members (each a batch, or its codec capture, of one
-        call; or a list of the batches of several small calls) encoded one after the other into
-        one data file, then the calls' summaries (``meta``, in the order of the members' calls),
+        call; or a list of the batches of several calls, or its capture: a
+        :class:`~rollout_mock.codec.CaptureList` closed, whose records give each call's ``item``)
+        encoded one after the other into one data file, then the calls' summaries (``meta``, in
+        the order of the members' calls; a list, or its capture),
         then the pack record (the commit point, created exclusively). A member's ``CallRecord``s
         give each call's step, index, method, digest...; their offsets, sizes, checksums and list
         positions (``item``, for a list member) are filled in here."""
@@ -782,7 +787,8 @@ class Store:
                 checksum = f"crc32:{member.crc:08x}"
                 listed = isinstance(payload, list)
                 placed.extend(dataclasses.replace(record, offset=start, size=member.size, checksum=checksum,
-                                                  item=i if listed else None) for i, record in enumerate(records))
+                                                  item=i if listed else record.item)
+                              for i, record in enumerate(records))
             start, member = sink.size, _MemberSink(sink)
             codec.encode(meta, member)
             meta_at = (start, member.size, f"crc32:{member.crc:08x}")

@@ -16,6 +16,7 @@ sent :data:`DELETE_BATCH` steps at a time).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
@@ -58,31 +59,42 @@ DRAIN_CALLS = 256
 DRAIN_BYTES = 8 << 20
 
 
-#: Extra calls smaller than this are written as one list per pack (one header for all of them:
-#: a replay decodes them together); larger ones as a member of their own.
-SMALL_CALL_BYTES = 256 << 10
+#: Extra calls are captured one after the other into one list (:class:`~rollout_mock.codec.CaptureList`:
+#: one header for all of them, a replay decodes them together) until it holds this many bytes.
+CALL_LIST_BYTES = DRAIN_BYTES
 
 
-def _nbytes(snap: Any) -> int:
-    return snap.nbytes if isinstance(snap, codec.Capture) else 0
+@dataclasses.dataclass(eq=False)
+class _CallList:
+    """The further calls of one pack, captured on the calling threads: their batches and their
+    summaries, each one list (the writer thread writes both as they are)."""
+
+    batches: codec.CaptureList = dataclasses.field(default_factory=codec.CaptureList)
+    summaries: codec.CaptureList = dataclasses.field(default_factory=codec.CaptureList)
 
 
-def _members(part: list[tuple[Any, CallRecord, dict[str, Any]]]
-             ) -> tuple[list[tuple[Any, list[CallRecord]]], list[dict[str, Any]]]:
-    """A pack's members and the calls' summaries in the same order: the small calls' batches as
-    one list (each rebuilt over its capture's memory: no copy), then each larger call's capture
-    on its own."""
-    small = [item for item in part if _nbytes(item[0]) < SMALL_CALL_BYTES]
-    large = [item for item in part if _nbytes(item[0]) >= SMALL_CALL_BYTES]
-    members: list[tuple[Any, list[CallRecord]]] = []
-    if len(small) > 1:
-        members.append(([codec.view_capture(s) if isinstance(s, codec.Capture) else s for s, _, _ in small],
-                        [record for _, record, _ in small]))
-    else:
-        large = small + large
-        small = []
-    members += [(snap, [record]) for snap, record, _ in large]
-    return members, [call for _, _, call in small + large]
+_Queued = tuple[Any, CallRecord, dict[str, Any], int]
+
+
+def _same_pack(queued: list[_Queued], start: int, end: int, size: int) -> bool:
+    """Whether queued call ``end`` goes into the pack that begins at ``start`` (``size`` bytes so
+    far): a captured list is one pack; batches queued as they are fill packs of :data:`PACK_BYTES`."""
+    if end == start:
+        return True
+    here, before = queued[end][0], queued[end - 1][0]
+    if isinstance(here, _CallList) or isinstance(before, _CallList):
+        return here is before
+    return size < PACK_BYTES
+
+
+def _members(part: list[_Queued]) -> tuple[list[tuple[Any, list[CallRecord]]], Any]:
+    """A pack's members and the calls' summaries in the same order: a captured list is one
+    member, its summaries one list (both closed here: nothing is encoded again); a batch queued
+    as it is (a writer without a thread) is a member of its own."""
+    first = part[0][0] if part else None  # no calls: a pack of drops only
+    if isinstance(first, _CallList):
+        return [(first.batches.close(), [record for _, record, _, _ in part])], first.summaries.close()
+    return [(snap, [record]) for snap, record, _, _ in part], [call for _, _, call, _ in part]
 
 
 class Recorder:
@@ -116,7 +128,9 @@ class Recorder:
         self._recorded: set[int] = set()
         self._lock = threading.Lock()
         #: extra calls captured and not written yet: (capture, record, call summary)
-        self._pack_queue: list[tuple[Any, CallRecord, dict[str, Any]]] = []
+        self._pack_queue: list[_Queued] = []
+        #: the list the next extra calls are captured into (handed to the writer with the queue)
+        self._call_list: _CallList | None = None
         self._pack_bytes = 0
         self._pack_ready = threading.Condition()
         self._drain_queued = False
@@ -196,21 +210,28 @@ class Recorder:
         if not self.writes or self.writer is None:
             raise ConfigError(f"[RolloutMock] {self.stream} (mode=dump): call {index} of step {step} cannot be "
                               f"recorded: this recorder does not write (a rank that does not write, or not opened)")
-        snap: Any = codec.capture(batch) if isinstance(self.writer, BackgroundWriter) else batch
         request = call.get("request")
         digest = request.get("d") if isinstance(request, dict) and type(request.get("d")) is int else None
         task = call.get("task")
         record = CallRecord(step, index, method, 0, 0, "crc32:00000000", digest, seconds, count_samples(batch),
                             task=task if type(task) is int else None, provenance=provenance)
-        size = snap.nbytes if isinstance(snap, codec.Capture) else 0
+        background = isinstance(self.writer, BackgroundWriter)
         with self._pack_ready:
             while self._pack_bytes > PACK_PENDING_BYTES and self._pack_queue:
                 self._pack_ready.wait()
-            self._pack_queue.append((snap, record, call))
+            snap: Any = batch
+            size = 0
+            if background:  # captured into the open list (the writer closes it when it takes the queue)
+                if self._call_list is None or self._call_list.batches.nbytes >= CALL_LIST_BYTES:
+                    self._call_list = _CallList()
+                snap, before = self._call_list, self._call_list.batches.nbytes
+                record = dataclasses.replace(record, item=snap.batches.add(batch))
+                snap.summaries.add(call)
+                size = snap.batches.nbytes - before
+            self._pack_queue.append((snap, record, call, size))
             self._pack_bytes += size
-            due = (len(self._pack_queue) >= DRAIN_CALLS or self._pack_bytes >= DRAIN_BYTES
-                   or not isinstance(self.writer, BackgroundWriter)
-                   or any(queued.step != step for _, queued, _ in self._pack_queue[:1]))
+            due = (len(self._pack_queue) >= DRAIN_CALLS or self._pack_bytes >= DRAIN_BYTES or not background
+                   or any(queued.step != step for _, queued, _, _ in self._pack_queue[:1]))
         if due:
             self._schedule_drain()
 
@@ -240,31 +261,32 @@ class Recorder:
         self.writer.submit(WriteJob(self._drain, f"extra calls of {self.stream}"))
 
     def _drain(self) -> None:
-        """Write every queued extra call as packs of at most :data:`PACK_BYTES` (writer thread)."""
+        """Write every queued extra call: a captured list as a pack, batches queued as they are as
+        packs of at most :data:`PACK_BYTES` (writer thread)."""
         with self._lock:
             self._drain_queued = False
             drops, self._drops = self._drops, []
         with self._pack_ready:
             queued, self._pack_queue = self._pack_queue, []
-            self._pack_bytes = 0
+            self._pack_bytes, self._call_list = 0, None
             self._pack_ready.notify_all()
         if self.dump_disabled:
             return
         start = 0
         while start < len(queued) or drops:
             end, size = start, 0
-            while end < len(queued) and (end == start or size < PACK_BYTES):
-                size += _nbytes(queued[end][0])
+            while end < len(queued) and _same_pack(queued, start, end, size):
+                size += queued[end][3]
                 end += 1
             part = queued[start:end]
             if self._pack_seq is None:
                 self._pack_seq = self.store.next_pack_seq(self.stream)
+            members, meta = _members(part)
             try:
-                members, meta = _members(part)
                 pack = self.store.save_pack(self.stream, self._pack_seq, members, meta, drop=drops,
                                             compression=self.settings.compression)
             finally:
-                for snap, _, _ in part:
+                for snap in [*(member for member, _ in members), meta]:
                     if isinstance(snap, codec.Capture):
                         snap.release()
             self._pack_seq += 1
@@ -272,8 +294,8 @@ class Recorder:
             drops = []
             start = end
             logger.log(step_log_level(self.extra_saved), "[RolloutMock] Dumped %d extra call(s) of step%s %s: %s "
-                       "(%.2fMB)", len(part), "s" if len({r.step for _, r, _ in part}) > 1 else "",
-                       format_ranges({r.step for _, r, _ in part}), self.store.where(pack.file), pack.size / 2**20)
+                       "(%.2fMB)", len(part), "s" if len({r.step for _, r, _, _ in part}) > 1 else "",
+                       format_ranges({r.step for _, r, _, _ in part}), self.store.where(pack.file), pack.size / 2**20)
 
     def record(self, step: int, batch: Any, *, method: str, seconds: float | None,
                call: dict[str, Any] | None = None, snapshot: bool = True) -> None:

@@ -346,3 +346,35 @@ def test_pull_fetches_only_the_chosen_steps(url: str, s3_server: dict[str, Any],
     assert reads and all(rel == "bad-step.rmb" for rel, _ in reads)
     assert cli_main(["unpack", remote, "-o", str(tmp_path / "from-remote"), "--no-progress"]) == 0
     assert_identical(replay(tmp_path / "from-remote", [5]), {5: original[5]})
+
+
+def test_a_sliced_manifest_is_the_manifest_class_own_form(tmp_path: Path) -> None:
+    """The slice's manifest.json is written by ``Manifest`` (one home for its form): its bytes are
+    what the class writes of itself after a read, with the recorded fields (an unknown top-level
+    one, the format version) and the features it uses (``call-packs``) kept, and the normal
+    reader lists and loads its steps."""
+    from rollout_mock.storage.manifest import StreamId, dumps_manifest, parse_manifest
+    from rollout_mock.storage.store import DirectoryStore, open_store
+
+    class Validation:
+        def generate_sequences(self, prompts: list[str], global_steps: int) -> dict[str, Any]:
+            return {"responses": torch.tensor([len(p) for p in prompts]), "text": [p.upper() for p in prompts]}
+
+    dump, val = tmp_path / "dump", StreamId("val")
+    with MockScheduler(Validation(), cfg(dump), split="val", methods=["generate_sequences"]) as scheduler:
+        for step in range(3):
+            for batch in (["p0", "p1"], ["p22"]):
+                scheduler.generate_sequences(batch, global_steps=step)
+    recorded = json.loads((dump / "manifest.json").read_text())
+    assert recorded["requires"] == ["call-packs"]
+    recorded.update(format_version=1, rollout_settings_v9={"temperature": 0.7})
+    (dump / "manifest.json").write_text(json.dumps(recorded))
+    DirectoryStore(dump).pack(tmp_path / "b.rmb", steps=[1, 2])
+    body = Bundle.open(tmp_path / "b.rmb").read("manifest.json") or b""
+    assert body == dumps_manifest(parse_manifest(body, "sliced")).encode("utf-8")
+    sliced = json.loads(body)
+    assert sliced["rollout_settings_v9"] == {"temperature": 0.7} and sliced["format_version"] == 1
+    assert sliced["requires"] == ["call-packs"] and list(sliced["streams"]["val"]["steps"]) == ["1", "2"]
+    bundled = open_store(tmp_path / "b.rmb")
+    assert list(bundled.steps(val)) == [1, 2] and sorted(bundled.extra_calls(val)) == [1, 2]
+    assert bundled.load(val, 2)["text"] == ["P0", "P1"]

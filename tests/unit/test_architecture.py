@@ -515,7 +515,7 @@ _ENCODING = ("rollout_mock/codec/encode.py:node", "rollout_mock/codec/encode.py:
              "rollout_mock/codec/encode.py:_captured")
 
 
-def _writer_thread_calls(dump: Path, **config: object) -> tuple[set[str], list[str], list[str]]:
+def _writer_thread_calls(dump: Path, calls: int = 1, **config: object) -> tuple[set[str], list[str], list[str]]:
     """Every function the writer thread runs while it writes captured steps (a profile hook on
     every thread but this one), and those of them that decode (the safe decoder, the format-1
     reader, the unpickler, ``pickle.load``) or encode again. The batch holds tensors, strings,
@@ -552,7 +552,8 @@ def _writer_thread_calls(dump: Path, **config: object) -> tuple[set[str], list[s
     try:
         with MockScheduler(Source(), settings) as mock:
             for step in range(3):
-                mock.get_batch(None, step)
+                for _ in range(calls):  # the calls beyond a step's first go to packs
+                    mock.get_batch(None, step)
             mock.flush()
     finally:
         threading.setprofile(None)  # type: ignore[arg-type]
@@ -564,13 +565,19 @@ def _writer_thread_calls(dump: Path, **config: object) -> tuple[set[str], list[s
     return called, decoding, encoding
 
 
-@pytest.mark.parametrize("config", [{}, {"keep": {"last": 2}}], ids=["plain", "keep"])
-def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path, config: dict[str, object]) -> None:
+@pytest.mark.parametrize(("calls", "config"), [(1, {}), (1, {"keep": {"last": 2}}), (3, {})],
+                         ids=["plain", "keep", "packs"])
+def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path, calls: int,
+                                                          config: dict[str, object]) -> None:
     """Follows the calls, not the imports (issue 36): the writer thread writes captured steps
     without decoding or encoding them again, and with ``keep:`` it scans each for NaN/inf in
-    place (:meth:`rollout_mock.codec.Capture.tensors`), not through a rebuild of the batch."""
-    called, decoding, encoding = _writer_thread_calls(tmp_path / "d", **config)
+    place (:meth:`rollout_mock.codec.Capture.tensors`), not through a rebuild of the batch.
+    ``packs``: several calls a step, the further ones captured into one list on the calling
+    thread (:class:`rollout_mock.codec.CaptureList`) that the writer writes as it is."""
+    called, decoding, encoding = _writer_thread_calls(tmp_path / "d", calls, **config)
     assert decoding == [] and encoding == []
+    if calls > 1:
+        assert any(name.endswith("rollout_mock/storage/store.py:save_pack") for name in called)
     if config:
         assert any(name.endswith("rollout_mock/wrap/retention.py:_captured_nonfinite") for name in called)
         assert any(name.endswith("rollout_mock/codec/encode.py:tensors") for name in called)
@@ -591,7 +598,7 @@ def test_the_call_check_sees_a_scan_that_rebuilds_the_capture(tmp_path: Path, mo
         return []
 
     monkeypatch.setattr(recording, "nonfinite_values", rebuilding_scan)
-    _, decoding, encoding = _writer_thread_calls(tmp_path / "d", keep={"last": 2})
+    _, decoding, encoding = _writer_thread_calls(tmp_path / "d", 1, keep={"last": 2})
     assert any("codec/safe.py" in name for name in decoding) and any("codec/decode.py" in name for name in decoding)
     assert any("_pickle.load" in name or "trusted.py" in name for name in decoding)
     assert any(name.endswith("encode.py:node") for name in encoding)
@@ -676,6 +683,32 @@ def _file_movers(source: str) -> list[str]:
             if name in ("os.replace", "os.link", "tempfile.mkstemp", "tempfile.NamedTemporaryFile"):
                 found.append(f"line {node.lineno}: {name}")
     return found
+
+
+def _descriptor_writes(source: str) -> list[str]:
+    """Calls that write, sync or cut an open file descriptor (``os.write``, ``os.fsync``, ...):
+    what a writer of a file holds a handle for."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            name = ast.unparse(node.func)
+            if name in ("os.write", "os.writev", "os.pwrite", "os.fsync", "os.fdatasync", "os.ftruncate"):
+                found.append(f"line {node.lineno}: {name}")
+    return found
+
+
+def test_descriptor_write_scan_sees_an_append() -> None:
+    assert _descriptor_writes("import os\nos.write(fd, line)\nos.fsync(fd)\n") == ["line 2: os.write",
+                                                                                   "line 3: os.fsync"]
+
+
+def test_only_storage_writes_through_a_file_descriptor() -> None:
+    """Appends (the metrics files, the dump run's expected metrics) go through storage's
+    ``AppendFile``, which the Store hands out for a dump's file: no code outside storage/ holds a
+    descriptor it writes, syncs or truncates."""
+    offenders = {str(path.relative_to(PACKAGE)): found for path in sorted(PACKAGE.rglob("*.py"))
+                 if path.relative_to(PACKAGE).parts[0] != "storage" and (found := _descriptor_writes(path.read_text()))}
+    assert offenders == {}, "append through rollout_mock.storage.directory.AppendFile (Store.open_expected for a dump)"
 
 
 def test_atomic_writer_scan_sees_a_rename() -> None:

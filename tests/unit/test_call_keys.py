@@ -305,6 +305,25 @@ def test_open_dump_lists_and_loads_every_call(tmp_path: Path) -> None:
         dump.load_call(2, 5)
 
 
+def test_the_further_calls_are_one_list_written_as_the_lists_encode(tmp_path: Path) -> None:
+    """The calls beyond a step's first are captured into one list as they come (on the calling
+    thread) and written as captured: the pack's member is the bytes of the list's encode (what
+    packs held when the writer thread rebuilt and encoded the list), each call at its item."""
+    batches = [["p0", "p1"], ["p22", "p3"], ["p444"], ["p5"]]
+    with MockScheduler(Validation(), _cfg(tmp_path, "dump"), split="val", methods=["generate_sequences"]) as s:
+        dumped = [s.generate_sequences(b, global_steps=4) for b in batches]
+    store = DirectoryStore(tmp_path)
+    ((pack, _),) = {(pack.seq, pack.file): (pack, call) for pack, call in store.extra_calls(StreamId("val"))[4]
+                    }.values()
+    assert [(c.call, c.item) for c in pack.calls] == [(1, 0), (2, 1), (3, 2)]
+    assert len({(c.offset, c.size) for c in pack.calls}) == 1
+    first = pack.calls[0]
+    data = (tmp_path / pack.file).read_bytes()[first.offset:first.offset + first.size]
+    assert data == codec.encode_bytes(dumped[1:])
+    summaries = store.pack_meta(StreamId("val"), pack)
+    assert len(summaries) == 3 and all(isinstance(call, dict) and "args" in call for call in summaries)
+
+
 def test_the_ring_removes_packs_whose_steps_are_all_deleted(tmp_path: Path) -> None:
     with MockScheduler(Validation(), _cfg(tmp_path, "dump", max_keep=2), methods=["generate_sequences"]) as s:
         for step in range(6):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,40 @@ def test_a_capture_is_written_as_the_direct_encode_and_as_before(name: str, tmp_
     store = MemoryStore()  # and through a backend without a file sink
     store.save(STREAM, 0, codec.capture(batch), info)
     assert codec.encode_bytes(store.load(STREAM, 0)) == codec.encode_bytes(batch)
+
+
+@pytest.mark.parametrize("name", ["slime", "areal"])
+def test_a_list_captured_item_by_item_is_the_lists_capture(name: str, tmp_path: Path) -> None:
+    """A CaptureList (what the calls of a step beyond its first are captured into, one call at a
+    time on the calling threads) writes the bytes of the whole list's encode, so the writer
+    thread writes the calls as one list without encoding them again."""
+    items = build(name)
+    pool = codec.BufferPool()
+    joined = codec.CaptureList(pool=pool)
+    assert [joined.add(item) for item in items] == list(range(len(items))) and len(joined) == len(items)
+    assert joined.nbytes > 0
+    cap = joined.close()
+    data = saved(tmp_path, cap, BatchInfo.of(items))
+    cap.release()
+    assert data == saved(tmp_path / "direct", items, BatchInfo.of(items))
+    assert hashlib.sha256(data).hexdigest() == BEFORE[name]
+    with pytest.raises(RuntimeError, match="after close"):
+        joined.add(items[0])
+
+
+def test_a_list_item_is_independent_of_its_batch_and_a_refused_one_is_left_out() -> None:
+    batch = {"ids": torch.arange(6), "text": ["a", "b"], "nested": {"t": torch.ones(3)}}
+    joined = codec.CaptureList()
+    joined.add(batch)
+    with pytest.raises(TypeError, match="cannot record"):
+        joined.add({"x": torch.zeros(4), "meta": [{"lock": threading.Lock()}]})
+    batch["ids"].add_(100)
+    batch["text"].append("c")
+    batch["nested"]["t"].zero_()
+    joined.add({"second": 2.5})
+    loaded = codec.decode(codec.encode_bytes(joined.close()))
+    assert len(loaded) == 2 and loaded[1] == {"second": 2.5} and loaded[0]["text"] == ["a", "b"]
+    assert torch.equal(loaded[0]["ids"], torch.arange(6)) and torch.equal(loaded[0]["nested"]["t"], torch.ones(3))
 
 
 def test_the_capture_is_independent_of_the_batch_and_of_reused_buffers(tmp_path: Path) -> None:

@@ -68,6 +68,25 @@ def test_entries_fold_into_segments_while_recording(tmp_path: Path) -> None:
     store.close()
 
 
+def test_a_fold_keeps_the_manifest_fields_it_does_not_know(tmp_path: Path) -> None:
+    """A writer's read-modify-write of manifest.json keeps top-level fields this version does not
+    know (a newer writer's, rollout settings), and says the format of the steps it adds."""
+    dump = tmp_path / "d"
+    store = DirectoryStore(dump)
+    save(store, 0)
+    store.close()
+    data = manifest(dump)
+    data.update(format_version=1, rollout_settings_v9={"temperature": 0.7})
+    (dump / "manifest.json").write_text(json.dumps(data))
+    assert DirectoryStore(dump).manifest().to_json()["format_version"] == 1  # read as recorded
+    store = DirectoryStore(dump)
+    save(store, 1)
+    store.close()
+    data = manifest(dump)
+    assert data["rollout_settings_v9"] == {"temperature": 0.7} and data["format_version"] == 2
+    assert sorted(map(int, data["streams"]["train"]["steps"])) == [0, 1]
+
+
 def test_short_stream_is_inline_at_close_long_one_keeps_segments(tmp_path: Path) -> None:
     short, long = tmp_path / "short", tmp_path / "long"
     for dump, steps in ((short, 9), (long, 14)):

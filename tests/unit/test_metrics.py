@@ -183,6 +183,37 @@ def test_reopening_after_a_crash_drops_the_torn_tail(tmp_path: Path) -> None:
     assert path.read_text() == '{"step": 0, "a": 1.0}\n{"step": 1, "a": 3.0}\n'
 
 
+def test_the_dump_runs_metrics_are_appended_through_the_store(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store hands out the dump's expected-metrics file as an append-only writer (no
+    descriptor outside storage/): it drops a torn last line, writes the same bytes as the user's
+    file, fsyncs each line when durable, and closes once."""
+    import os
+
+    from rollout_mock.storage.directory import AppendFile
+    from rollout_mock.storage.store import DirectoryStore, expected_path
+
+    dump = tmp_path / "dump"
+    expected = expected_path(dump)
+    expected.parent.mkdir(parents=True)
+    expected.write_text('{"step": 0, "a": 1.0}\n{"step": 1, "a"')
+    cfg = {"enable": True, "mode": "dump", "dump_dir": str(dump)}
+    with pytest.warns(MetricsWarning, match="incomplete last line \\(15 bytes"), \
+            MetricsWriter(tmp_path / "m.jsonl", expected=cfg) as writer:
+        writer.log(1, {"a": 2.0, "b": 3})
+    assert expected.read_bytes() == b'{"step": 0, "a": 1.0}\n' + (tmp_path / "m.jsonl").read_bytes()
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    appender = DirectoryStore(dump).open_expected(3, durable=True)
+    assert isinstance(appender, AppendFile) and appender.drop_torn_tail() == 0
+    appender.append(b'{"step": 2}\n')
+    appender.close()
+    appender.close()
+    assert expected_path(dump, 3).read_bytes() == b'{"step": 2}\n' and len(synced) == 2
+    with pytest.raises(ValueError, match="closed"):
+        appender.append(b"x\n")
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     st.dictionaries(

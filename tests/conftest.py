@@ -53,7 +53,7 @@ INSTALL = {
     "transformers": "pip install -e '.[verl]'",
     "ray": "pip install -e '.[ray]'",
     "matplotlib": "pip install -e '.[plot]'",
-    "playwright": "pip install -e '.[report]'",
+    "playwright": "pip install -e '.[test]'",
 }
 
 

@@ -57,7 +57,7 @@ def loader(seed: int = 0, skip: int = 0) -> Iterator[dict[str, torch.Tensor]]:
 
 
 def dataproto(step: int, *, changed: bool = False) -> Any:
-    pytest.importorskip("verl", reason="verl is not installed (pip install rollout_mock[verl])")
+    pytest.importorskip("verl", reason="verl is not installed (pip install --no-deps verl && pip install -e '.[verl]')")
     from tensordict import TensorDict
     from verl.protocol import DataProto
 

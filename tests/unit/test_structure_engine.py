@@ -92,7 +92,7 @@ def test_the_in_run_verdict_uses_the_same_rule(tmp_path: Any) -> None:
     under an rtol: ``|inf - 1e308| <= rtol * inf``)."""
     from rollout_mock.compare.expected import ExpectedMetrics
     from rollout_mock.config import RolloutMockConfig
-    from rollout_mock.wrap.replay import expected_path
+    from rollout_mock.storage.store import expected_path
 
     path = expected_path(str(tmp_path), None)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,14 +49,14 @@ import numpy as np
 import torch
 
 from rollout_mock.batch import take_rows
-from rollout_mock.codec.structure import leaves, same_value
+from rollout_mock.codec.structure import compile_patterns, leaves, matches_pattern, same_value
 from rollout_mock.config import CheckServes, CheckSettings
 from rollout_mock.errors import CheckFailedError, DumpNotWritableError, RolloutMockError, UnsafePathError
 from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.manifest import StreamId, utc_now
 from rollout_mock.storage.store import Store, open_store, verdict_relpath
 from rollout_mock.text import json_float, logger, short_repr, step_log_level, within_tolerance_array
-from rollout_mock.wrap.hooks import compile_patterns, matches_pattern, volatile_patterns
+from rollout_mock.wrap.hooks import volatile_patterns
 
 __all__ = [
     "MAX_VERDICTS", "MAX_VERDICT_BYTES", "VERDICT_FORMAT", "CheckVerdict", "Checker",

@@ -27,13 +27,11 @@ The built-in adapters register theirs when ``rollout_mock.adapters`` is imported
 
 from __future__ import annotations
 
-import fnmatch
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
-    "SchedulerHook", "StepHook", "compile_patterns", "matches_pattern", "prepare_scheduler",
+    "SchedulerHook", "StepHook", "prepare_scheduler",
     "register_scheduler_hook", "register_step_hook", "register_volatile_fields", "run_step_hooks", "scheduler_hooks",
     "volatile_fields", "volatile_patterns",
 ]
@@ -104,23 +102,3 @@ def volatile_patterns(framework: str | None) -> tuple[str, ...]:
     """The volatile-field patterns of ``framework``'s calls (``None``, or a name nothing was
     declared for: none, every field is compared)."""
     return () if framework is None else _VOLATILE.get(str(framework), ())
-
-
-def compile_patterns(patterns: Sequence[str]) -> tuple[tuple[str, ...], ...]:
-    """Dotted patterns as tuples of components (for :func:`matches_pattern`)."""
-    return _compiled(tuple(patterns))
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled(patterns: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
-    return tuple(tuple(p.strip(".").split(".")) for p in patterns if p.strip("."))
-
-
-def matches_pattern(path: tuple[str, ...], patterns: tuple[tuple[str, ...], ...]) -> bool:
-    """Whether the end of ``path`` matches one of ``patterns`` (``*`` matches one component)."""
-    for pattern in patterns:
-        if len(pattern) <= len(path) and all(
-            w == p or fnmatch.fnmatchcase(p, w) for p, w in zip(path[len(path) - len(pattern):], pattern)
-        ):
-            return True
-    return False

@@ -730,10 +730,131 @@ DISPATCH_WORDS = r"^(?-i:is_dataclass|fields|batch_type_of|batch_parts|SimpleNam
 
 
 def test_the_request_digest_and_the_structure_engine_share_one_dispatch() -> None:
-    """The request digest (wrap/matching.py) classifies a value with the structure engine's
-    dispatch (``kind_of``) and reads a container's fields with its ``node_fields``: it tests no
-    dataclass, namespace, enum or batch type of its own (issue 36: one walk's notion of structure).
-    The scan can fail: it finds the words in the engine's module."""
+    """The request record (its walk in codec/structure.py, beside the engine) classifies a value
+    with the engine's dispatch (``kind_of``) and reads a container's fields with its
+    ``node_fields``; wrap/matching.py, its model, tests no dataclass, namespace, enum or batch type
+    (issue 36: one walk's notion of structure). The scan can fail: it finds the words in the
+    engine's module."""
     assert [hit for hit in _naming(DISPATCH_WORDS, units={"wrap"}) if hit.startswith("wrap/matching.py:")] == []
     assert len({hit.split(": ")[1] for hit in _naming(DISPATCH_WORDS, units={"codec"})
                 if hit.startswith("codec/structure.py:")}) >= 6
+
+
+#: Type tests that say "this value is a container" (or a tensor or an array: what a walk opens).
+_CONTAINER_TYPES = {"Mapping", "MutableMapping", "Sequence", "Iterable", "Collection", "list", "tuple", "dict",
+                    "set", "frozenset", "Tensor", "ndarray"}
+#: The structural dispatch and fields readers: only the walk in codec/structure.py calls them.
+_STRUCTURE_READS = {"kind_of", "node_fields", "batch_parts", "is_dataclass", "fields"}
+
+
+def _type_names(node: ast.expr) -> set[str]:
+    if isinstance(node, ast.Tuple):
+        return {name for elt in node.elts for name in _type_names(elt)}
+    if isinstance(node, ast.BinOp):  # X | Y
+        return _type_names(node.left) | _type_names(node.right)
+    if isinstance(node, ast.Attribute):
+        return {node.attr}
+    return {node.id} if isinstance(node, ast.Name) else set()
+
+
+def _value_walks(source: str) -> list[str]:
+    """``function:line what`` for every function or method of a module that walks a value: it reads
+    a value's structure with the codec's dispatch (``kind_of``, ``node_fields``, ``batch_parts``,
+    a dataclass's ``fields``), or it reaches itself through the module's own calls (directly, or
+    through other functions and ``self.`` methods) and tests a value against a container type."""
+    tree = ast.parse(source)
+    funcs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            funcs[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            funcs.update({f"{node.name}.{item.name}": item for item in node.body
+                          if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)})
+    calls = {qual: [n for n in ast.walk(fn) if isinstance(n, ast.Call)] for qual, fn in funcs.items()}
+    graph: dict[str, set[str]] = {}
+    for qual in funcs:
+        owner = qual.split(".")[0] if "." in qual else None
+        graph[qual] = {f.id for c in calls[qual] if isinstance(f := c.func, ast.Name) and f.id in funcs} | {
+            f"{owner}.{f.attr}" for c in calls[qual] if isinstance(f := c.func, ast.Attribute)
+            and isinstance(f.value, ast.Name) and f.value.id in ("self", "cls") and f"{owner}.{f.attr}" in funcs}
+    found = []
+    for qual in funcs:
+        seen: set[str] = set()
+        todo = list(graph[qual])
+        while todo:
+            if (current := todo.pop()) not in seen:
+                seen.add(current)
+                todo.extend(graph[current])
+        reads = [c.lineno for c in calls[qual] if _type_names(c.func) & _STRUCTURE_READS]
+        tests = [c.lineno for c in calls[qual] if isinstance(c.func, ast.Name) and c.func.id == "isinstance"
+                 and len(c.args) == 2 and _type_names(c.args[1]) & _CONTAINER_TYPES]
+        if reads:
+            found.append(f"{qual}:{reads[0]} reads a value's structure")
+        elif qual in seen and tests:
+            found.append(f"{qual}:{tests[0]} recurses over containers")
+    return found
+
+
+#: The walks that remain in wrap/, each with why it is there. The request's walk is not among
+#: them: it is the request record's fold in codec/structure.py (issue 36). The list may only
+#: shrink: a new walk in wrap/ fails the test below.
+WRAP_WALKS = {
+    # a recorded node's summary read back from a (possibly hostile) index: JSON, cut at depth 3
+    "matching.py:_bounded": "recurses over containers",
+    # the rollout settings a dump records (``match_settings``), flattened to dotted keys
+    "mismatch.py:_flat": "reads a value's structure",
+    # the flight recorder's scans of a batch (non-finite values, health summaries)
+    "retention.py:_Scan.walk": "reads a value's structure",
+    "retention.py:_captured_nonfinite": "recurses over containers",
+    "retention.py:_Health.walk": "reads a value's structure",
+    "retention.py:_Health._items": "recurses over containers",
+}
+
+#: The shape of the request digest's walk as it was in wrap/matching.py (d84ad52..5118bf4): the
+#: self-test below shows that the scan finds it.
+_OLD_DIGESTER = """
+from rollout_mock.codec.structure import kind_of, node_fields
+
+class _Digester:
+    def value(self, obj, path, depth, keep=True):
+        cls = type(obj)
+        if cls is list or cls is tuple:
+            digest, info = self._sequence(obj, path, depth, keep)
+        elif isinstance(obj, Mapping):
+            digest, info = self._mapping(b"D", obj, path, depth, keep)
+        elif (kind := kind_of(obj)) == "dataclass":
+            digest, info = self._mapping(b"C", node_fields(obj, kind), path, depth, keep)
+        return digest
+
+    def _mapping(self, tag, obj, path, depth, keep):
+        for key in sorted(obj):
+            self.value(obj[key], (*path, key), depth + 1, keep)
+
+    def _sequence(self, obj, path, depth, node):
+        return self._items(obj, path, depth + 1, 0)
+
+    def _items(self, items, item_path, depth, crc):
+        if isinstance(items[0], dict):
+            return self._columns(items, item_path, depth, crc)
+        for item in items:
+            crc = self.value(item, item_path, depth, False)
+        return crc
+"""
+
+
+def test_value_walk_scan_sees_the_old_request_digest() -> None:
+    found = _value_walks(_OLD_DIGESTER)
+    assert "_Digester.value:11 reads a value's structure" in found
+    assert "_Digester._items:23 recurses over containers" in found
+    assert _value_walks("def f(x):\n    return [f(v) for v in x] if isinstance(x, list) else x\n") == [
+        "f:2 recurses over containers"]
+    assert _value_walks("def f(x):\n    return isinstance(x, list)\n") == []  # a type test alone is no walk
+
+
+def test_wrap_walks_no_request_value() -> None:
+    """The request record is walked below wrap/ (codec/structure.py's ``record_request``): no
+    module of wrap/ reads a value's structure with the codec's dispatch or recurses over a value's
+    containers, but the known walks of :data:`WRAP_WALKS` (which are not the request's)."""
+    found = {f"{path.name}:{hit.split(':')[0]}": hit.split(" ", 1)[1]
+             for path in sorted((PACKAGE / "wrap").glob("*.py")) for hit in _value_walks(path.read_text())}
+    assert found == WRAP_WALKS

@@ -932,7 +932,7 @@ class _RequestFold:
             elif isinstance(obj, Mapping):
                 # every mapping by its items, a batch type that is one too (a TensorDict, a slime
                 # record): no batch type is asked about a mapping
-                digest, info = self._mapping(b"D", obj, path, depth, keep)
+                digest, info = self._mapping(b"D", node_fields(obj, "mapping"), path, depth, keep)
             elif (kind := kind_of(obj)) == "tensor":
                 digest, info = self._tensor(obj, node)
             elif kind == "ndarray" or kind == "object_array":

@@ -17,6 +17,7 @@ import json
 import logging
 import types
 import uuid
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -612,6 +613,41 @@ def test_digests_of_every_kind_are_the_ones_older_dumps_recorded() -> None:
     }
     assert {name: digest_request({name: value}).digest for name, value in values.items()} == PINNED_DIGESTS
     assert digest_request(values).digest == 2886966620
+
+
+def _fast_paths() -> dict[str, Any]:
+    """One argument per fast path of the digest encoding (format 2)."""
+    gen = torch.Generator().manual_seed(3)
+    deep: Any = 0
+    for i in range(18):
+        deep = {f"k{i}": deep, "side": i}
+    return {
+        "ids": list(range(40)), "neg": [-3, 5] * 10, "floats": [0.5, 1, float("nan"), -0.0] * 5,
+        "huge": [2**70, 1], "texts": ["a", "b\ud800", None] * 6,
+        "rows": [{"role": "user", "content": f"m{i}", "uid": i} for i in range(20)],
+        "tokens": [[i, i + 1] for i in range(20)], "long_tokens": [list(range(100 + i)) for i in range(3)],
+        "tensors": [torch.arange(4) * i for i in range(18)], "arrays": [np.arange(3.0) + i for i in range(3)],
+        "t": torch.randint(0, 100, (32, 4), generator=gen), "bf": torch.ones(3, dtype=torch.bfloat16),
+        "flat": {f"k{i:03d}": i for i in range(200)}, "deep": deep,
+        "meta_info": {"global_steps": 3, "temperature": 1.0}, "non_tensor_batch": {"uid": ["x"], "a": [1]},
+    }
+
+
+def test_the_fast_paths_digest_as_older_dumps_recorded_them() -> None:
+    """Each fast path of the encoding (a list of uint64, int64 or float64 numbers with its block
+    prefix CRCs, one msgpack call of plain scalars, dict rows by column with a volatile key left
+    out, token lists one level flatter or one array each, tensor and array blocks, a flat dict, a
+    tree past the node depth, step keys of a metadata part) digests to the CRC, and the whole
+    record (every kept node's CRC and summary) to the JSON, that 5118bf4 recorded, when the walk
+    was in wrap/matching.py: the walk's move to codec/structure.py changed no bit."""
+    request = digest_request(_fast_paths(), framework="verl")
+    assert {n.path: n.digest for n in request.nodes if "." not in n.path} == {
+        "arrays": 687594240, "bf": 546956728, "deep": 3440167301, "flat": 1645454202, "floats": 908704526,
+        "huge": 2086604809, "ids": 1281125646, "long_tokens": 1778635613, "meta_info": 383822156,
+        "neg": 1944035173, "non_tensor_batch": 2914849214, "rows": 3110763007, "t": 2168428702,
+        "tensors": 3607950015, "texts": 3582400095, "tokens": 949869289}
+    assert (request.digest, len(request.nodes), request.dropped) == (1179633952, 128, 122)
+    assert zlib.crc32(json.dumps(request.to_json(), sort_keys=True).encode()) == 554587010
 
 
 def test_a_dataproto_digests_as_older_dumps_recorded_it() -> None:

@@ -575,11 +575,6 @@ def compare_batches(
 # --------------------------------------------------------------------------- the request record
 def compile_patterns(patterns: Sequence[str]) -> tuple[tuple[str, ...], ...]:
     """Dotted patterns (``meta_info.*_time``) as tuples of components (for :func:`matches_pattern`)."""
-    return _compiled(tuple(patterns))
-
-
-@functools.lru_cache(maxsize=64)
-def _compiled(patterns: tuple[str, ...]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(p.strip(".").split(".")) for p in patterns if p.strip("."))
 
 

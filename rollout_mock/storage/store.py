@@ -21,9 +21,9 @@ import os
 import re
 import shlex
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +143,8 @@ def verdict_relpath(stream: StreamId, step: int) -> str:
 
 
 __all__ = ["CHECKS_DIR", "EXPECTED_DIR", "EXPECTED_FILE", "BatchInfo", "DirectoryStore", "FsspecStore",
-           "MemoryStore", "StepStore", "Store", "expected_path", "expected_relpath", "open_store", "verdict_relpath"]
+           "MemoryStore", "StepStore", "Store", "StoreSettings", "expected_path", "expected_relpath", "open_store",
+           "verdict_relpath"]
 
 
 #: Objects up to this size are loaded with one GET; larger ones with ranged GETs into the tensors.
@@ -1011,22 +1012,45 @@ def MemoryStore(*, hmac_key: bytes | None = None, verify: bool = True) -> Store:
     return Store(MemoryBackend(), hmac_key=hmac_key, verify=verify)
 
 
-def open_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
-               hmac_key: bytes | None = None, verify: bool = True, mode: str | None = None) -> Store:
-    """The store for ``location``, the one place that decides how a location is opened: a bundle
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where a dump is and how it is opened: what :func:`open_store` needs besides a mode.
+    ``config_parts`` builds it from the config (``hmac_key`` already read from the environment);
+    a bare location is ``StoreSettings(location)``."""
+
+    dump_dir: str
+    #: passed to fsspec for a URL (``None`` or empty: none)
+    storage_options: Mapping[str, Any] | None = None
+    hmac_key: bytes | None = field(default=None, repr=False)
+    verify: bool = True
+
+
+def open_store(location: str | os.PathLike[str] | StoreSettings, *, mode: str | None = None) -> Store:
+    """The store for ``location`` (a path or URL, or :class:`StoreSettings` that also carry the
+    fsspec options, the signing key and whether loads verify), the one place that decides how a
+    location is opened: a bundle
     (a ``.rmb`` file or URL, :func:`~rollout_mock.storage.bundle.is_bundle`) gets the read-only
     :class:`~rollout_mock.storage.bundle.BundleBackend`, read in place; any other fsspec URL
     (``s3://bucket/prefix``) the :class:`~rollout_mock.storage.objectstore.FsspecBackend`; a local
     path (or ``file://``) the :class:`~rollout_mock.storage.directory.LocalBackend` (atomic rename,
     fsync, flock: fastest). A local file that is no bundle (a step file, the manifest) is refused
     with :func:`~rollout_mock.errors.dump_path_is_a_file` (``mode``: the mode it names)."""
-    text = os.fspath(location)
-    if is_bundle(text):
-        return Store(BundleBackend(open_bundle(text, storage_options=storage_options)), hmac_key=hmac_key,
-                     verify=verify)
-    if is_url(text) and not text.startswith("file://"):
-        return FsspecStore(text, storage_options=storage_options, hmac_key=hmac_key, verify=verify)
-    path = text.removeprefix("file://")
+    if not isinstance(location, StoreSettings):
+        location = StoreSettings(os.fspath(location))
+    return Store(_backend(location.dump_dir, location.storage_options, mode), hmac_key=location.hmac_key,
+                 verify=location.verify)
+
+
+def _backend(location: str, storage_options: Mapping[str, Any] | None, mode: str | None) -> ByteBackend:
+    """The byte backend :func:`open_store` picks for ``location``."""
+    options = dict(storage_options or {}) or None
+    if is_bundle(location):
+        return BundleBackend(open_bundle(location, storage_options=options))
+    if is_url(location) and not location.startswith("file://"):
+        from rollout_mock.storage.objectstore import FsspecBackend
+
+        return FsspecBackend(location, storage_options=options)
+    path = location.removeprefix("file://")
     if os.path.isfile(path):
         raise dump_path_is_a_file(path, mode=mode)
-    return DirectoryStore(path, hmac_key=hmac_key, verify=verify)
+    return LocalBackend(path)

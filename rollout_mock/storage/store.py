@@ -39,7 +39,6 @@ from rollout_mock.errors import (
     RolloutMockError,
     StepExistsError,
     StepNotFoundError,
-    UnsafePathError,
     dump_path_is_a_file,
 )
 from rollout_mock.storage.backend import BackendDefaults, ByteBackend, MemoryBackend, with_defaults
@@ -91,7 +90,7 @@ from rollout_mock.storage.manifest import (
     pin_reason,
     utc_now,
 )
-from rollout_mock.storage.paths import NAME_PATTERN, is_url, open_inside, read_fd_range
+from rollout_mock.storage.paths import NAME_PATTERN, is_url, list_inside, open_inside, read_fd_range
 from rollout_mock.storage.verified import corrupt_error, load_bytes_verified, load_source_verified, load_verified
 from rollout_mock.text import jsonable, logger
 
@@ -326,25 +325,26 @@ class Store:
         return self.backend.local_path(rel)
 
     def expected_file(self, rank: int | None = None) -> Path | None:
-        """The local file of the dump run's metrics of ``rank`` when there is one: a regular file,
-        not reached through a link (``None`` otherwise, and for a dump without local files)."""
+        """The local file of the dump run's metrics of ``rank`` when there is one (``None``
+        otherwise, and for a dump without local files). Found as :meth:`read_expected` opens it:
+        a link on the way, a FIFO or a device is :class:`~rollout_mock.errors.UnsafePathError`."""
         root = self.backend.local_path("")
         if root is None:
             return None
-        path = root / expected_relpath(rank)
-        if not os.path.isfile(path) or os.path.islink(path) or os.path.islink(path.parent):
+        rel = expected_relpath(rank)
+        try:
+            os.close(open_inside(root, rel))
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return path
+        return root / rel
 
     def expected_names(self) -> list[str]:
         """The dump-relative files of the dump run's metrics (``expected/*.jsonl``, safe names
-        only), sorted. A local ``expected`` folder that is a link is
-        :class:`~rollout_mock.errors.UnsafePathError`: nothing under a dump is followed through one."""
+        only), sorted. In a local dump the folder is listed as :meth:`read_expected` opens its
+        files: a link on the way is :class:`~rollout_mock.errors.UnsafePathError`."""
         root = self.backend.local_path("")
-        if root is not None and (root / EXPECTED_DIR).is_symlink():
-            raise UnsafePathError(f"[RolloutMock] {root / EXPECTED_DIR} is a symbolic link; nothing under a dump is "
-                                  f"followed through links; remove it", path=root / EXPECTED_DIR)
-        return [f"{EXPECTED_DIR}/{name}" for name in sorted(self.backend.listdir(EXPECTED_DIR))
+        names = self.backend.listdir(EXPECTED_DIR) if root is None else list_inside(root, EXPECTED_DIR)
+        return [f"{EXPECTED_DIR}/{name}" for name in sorted(names)
                 if name.endswith(".jsonl") and NAME_PATTERN.fullmatch(name)]
 
     def read_expected(self, rank: int | None = None, *, rel: str | None = None, start: int = 0,

@@ -24,8 +24,9 @@ the built-in ones, latest first): ``rollout_mock.adapters.frameworks`` registers
 objects (verl's, ROLL's, the demo's), TensorDicts and slime records, and ``import rollout_mock``
 imports it, whatever the user imports. :func:`register_batch_class` names a class the safe
 loader may rebuild field by field (a :class:`BatchType` lists its own in ``classes``). A type
-whose class has keyed parts (a TensorDict) tells the codec how to write and rebuild it as data
-in ``codec`` (:class:`KeyedCodec`).
+whose classes are made of parts (a TensorDict's keyed entries, the value a wrapper holds, the
+items of a stack) tells the codec how to write and rebuild them as data in ``codec``
+(:class:`KeyedCodec`, one or several).
 
 Importing this module imports neither torch nor numpy: a tensor or an array can only exist once
 its library is imported, so the checks look the library up in :data:`sys.modules`.
@@ -216,39 +217,88 @@ class BatchType(NamedTuple):
     rebuild: Callable[[Any, dict[str, Any]], Any] | None = None
     meta_key: str | None = None
     classes: tuple[str, ...] = ()
-    codec: KeyedCodec | None = None
+    codec: KeyedCodec | tuple[KeyedCodec, ...] | None = None
 
 
 class KeyedCodec(NamedTuple):
-    """How the codec writes a batch class with keyed parts and rebuilds it, as data (no pickle):
-    a header node ``{"$": tag, **head, "items": [[key, NODE], ...], **tail}`` whose items' values
-    the codec encodes like any other (tensors, nested instances of the class...). A
-    :class:`BatchType` names it in ``codec``; the codec knows no such class by name.
+    """How the codec writes a class made of parts and rebuilds it, as data (no pickle): a header
+    node ``{"$": tag, **head, PARTS, **tail}`` whose parts the codec encodes like any other value
+    (tensors, nested instances of the class...). A :class:`BatchType` names it in ``codec``; the
+    codec knows no such class by name. PARTS, by ``form``:
+
+    * ``"keyed"``: ``"items": [[key, NODE], ...]``, keyed parts (a TensorDict's entries);
+    * ``"data"``: ``"data": NODE``, the one value the instance wraps (tensordict's
+      ``NonTensorData``);
+    * ``"list"``: ``"items": [NODE, ...]``, a plain list of items (a stack of TensorDicts).
+
+    Its members:
 
     * ``tag``: the node's tag in step files (a name of the file format: never change it);
     * ``classes``: ``"module:qualname"`` of the classes written this way (exactly these, no
       subclass);
-    * ``parts(obj, path)``: ``(head, items, tail)`` of an instance: plain JSON data, its
-      ``(str key, value)`` pairs, plain JSON data;
+    * ``parts(obj, path)``: ``(head, parts, tail)`` of an instance: plain JSON data, its parts
+      (``"keyed"``: ``(str key, value)`` pairs; ``"data"``: the value; ``"list"``: the items),
+      plain JSON data;
     * ``check(node)``: raise ``ValueError`` when a node's head or tail is malformed (the safe
       loader runs it on every such node of a file before anything is built);
-    * ``build(node, items, flush)``: the instance from a checked node (head and tail) and its
-      decoded items; ``flush()`` completes the reads of the items' data first, when ``build``
-      copies it;
-    * ``rows(node, rows)``: the node for the rows ``rows`` (a ``slice``) of its items' first
-      dimension (its head changed, not its items), or ``None`` when its items have no rows (a
-      row selection leaves it whole);
+    * ``build(node, parts, flush)``: the instance from a checked node (head and tail) and its
+      decoded parts (a dict of the keyed parts, the value, or the list of items); ``flush()``
+      completes the reads of the parts' data first, when ``build`` copies it;
+    * ``rows(node, rows)``: ``(node, part_rows)`` for the rows ``rows`` (a ``slice``) of the
+      instance's first dimension: the node with its head (or its list of items) changed, and the
+      rows its parts are then read with (``None``: whole; keyed parts: ``rows``); ``None`` when it
+      has no rows (a row selection leaves it whole);
     * ``class_keys``: keys of the node that need the header version of the structural classes
-      (an older reader must refuse, not lose them).
+      (an older reader must refuse, not lose them);
+    * ``form``: ``"keyed"`` (the default), ``"data"`` or ``"list"``, above.
     """
 
     tag: str
     classes: tuple[str, ...]
-    parts: Callable[[Any, str], tuple[dict[str, Any], Iterable[tuple[str, Any]], dict[str, Any]]]
+    parts: Callable[[Any, str], tuple[dict[str, Any], Any, dict[str, Any]]]
     check: Callable[[Mapping[str, Any]], None]
-    build: Callable[[Mapping[str, Any], dict[str, Any], Callable[[], None]], Any]
-    rows: Callable[[Mapping[str, Any], slice], dict[str, Any] | None]
+    build: Callable[[Mapping[str, Any], Any, Callable[[], None]], Any]
+    rows: Callable[[Mapping[str, Any], slice], tuple[dict[str, Any], slice | None] | None]
     class_keys: tuple[str, ...] = ()
+    form: str = "keyed"
+
+    def write(self, obj: Any, path: str, node: Callable[[Any, str], Any]) -> dict[str, Any]:
+        """The node of ``obj`` (``node(value, path)`` encodes one part)."""
+        head, parts, tail = self.parts(obj, path)
+        if self.form == "data":
+            body: dict[str, Any] = {"data": node(parts, f"{path}.data")}
+        elif self.form == "list":
+            body = {"items": [node(item, f"{path}[{i}]") for i, item in enumerate(parts)]}
+        else:
+            body = {"items": [[k, node(v, f"{path}.{k}")] for k, v in parts]}
+        return {"$": self.tag, **head, **body, **tail}
+
+    def children(self, node: Mapping[str, Any]) -> list[Any]:
+        """The part nodes of a node of this codec (``ValueError`` when it has none of its form;
+        ``check`` validates the rest)."""
+        if self.form == "data":
+            return [node.get("data")]
+        items = node.get("items")
+        if type(items) is not list:
+            raise ValueError(f"{self.tag} node without an items list")
+        if self.form == "list":
+            return items
+        if any(type(pair) is not list or len(pair) != 2 or type(pair[0]) is not str for pair in items):
+            raise ValueError(f"{self.tag} node with a bad item: [str key, NODE] expected")
+        return [v for _, v in items]
+
+    def keys(self, node: Mapping[str, Any]) -> list[str]:
+        """The keys of a checked node's keyed parts (other forms: none)."""
+        return [k for k, _ in node["items"]] if self.form == "keyed" else []
+
+    def read(self, node: Mapping[str, Any], value: Callable[[Any], Any], keys: frozenset[str] | None = None) -> Any:
+        """The decoded parts of a checked node, as ``build`` takes them (``value`` decodes one part
+        node; ``keys``: only these keyed parts)."""
+        if self.form == "data":
+            return value(node["data"])
+        if self.form == "list":
+            return [value(item) for item in node["items"]]
+        return {k: value(v) for k, v in node["items"] if keys is None or k in keys}
 
 
 _REGISTERED: list[BatchType] = []
@@ -268,8 +318,13 @@ def register_batch_type(batch_type: BatchType) -> BatchType:
     _REGISTERED.insert(0, batch_type)
     _CODEC_OF_CLASS.clear()
     _CODEC_OF_TAG.clear()
-    _CODEC_OF_TAG.update((t.codec.tag, t.codec) for t in reversed(_REGISTERED) if t.codec is not None)
+    _CODEC_OF_TAG.update((codec.tag, codec) for t in reversed(_REGISTERED) for codec in _codecs(t))
     return batch_type
+
+
+def _codecs(batch_type: BatchType) -> tuple[KeyedCodec, ...]:
+    codec = batch_type.codec
+    return () if codec is None else (codec,) if isinstance(codec, KeyedCodec) else codec
 
 
 def keyed_codec(cls: type) -> KeyedCodec | None:
@@ -278,7 +333,7 @@ def keyed_codec(cls: type) -> KeyedCodec | None:
         return _CODEC_OF_CLASS[cls]
     except KeyError:
         name = f"{cls.__module__}:{cls.__qualname__}"
-        found = next((t.codec for t in _REGISTERED if t.codec is not None and name in t.codec.classes), None)
+        found = next((codec for t in _REGISTERED for codec in _codecs(t) if name in codec.classes), None)
         _CODEC_OF_CLASS[cls] = found
         return found
 

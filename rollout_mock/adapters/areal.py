@@ -280,8 +280,7 @@ def _recorded_methods(config: Any, split: str) -> tuple[str, ...]:
         return BATCH_METHODS
     parts = config_parts(cfg)
     try:
-        store = open_store(parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
-                           hmac_key=parts.store.hmac_key, verify=parts.store.verify)
+        store = open_store(parts.store)
     except Exception:  # noqa: BLE001 - the wrapper itself says what is wrong with the dump
         return BATCH_METHODS
     try:

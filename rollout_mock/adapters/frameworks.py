@@ -10,7 +10,8 @@ framework, no torch and no numpy.
   ``DataProto`` (ROLL >= 0.3 keeps ``_batch``/``_non_tensor_batch`` behind ``BatchProxy``
   properties), the demo's and the codec's stand-in — recognised from the instance ``__dict__``
   alone (:func:`rollout_mock.batch.dataproto_fields`), their own ``select_idxs``/``select``/
-  ``concat`` used when they have them; TensorDicts; rollout_mock's slime records
+  ``concat`` used when they have them; TensorDicts (with how the codec writes them, their
+  non-tensor values and their stacks); rollout_mock's slime records
   (``{"format": "rollout_mock.slime", "samples": [...]}``: rows are samples, or groups of them)
   and slime's own debug rollout files (``{"rollout_id": N, "samples": [...]}``).
 * **Step-argument names** (:func:`rollout_mock.batch.register_step_name`, looked up by
@@ -309,7 +310,8 @@ def _tensordict_node_build(node: Mapping[str, Any], items: dict[str, Any], flush
     return td
 
 
-def _tensordict_node_rows(node: Mapping[str, Any], rows: slice) -> dict[str, Any] | None:
+def _batch_size_rows(node: Mapping[str, Any], rows: slice) -> dict[str, Any] | None:
+    """The node with its ``batch_size`` cut to ``rows`` (``None``: it has no batch dimension)."""
     batch_size = list(node["batch_size"])
     if not batch_size:
         return None
@@ -317,13 +319,106 @@ def _tensordict_node_rows(node: Mapping[str, Any], rows: slice) -> dict[str, Any
     return {**node, "batch_size": batch_size}
 
 
+def _tensordict_node_rows(node: Mapping[str, Any], rows: slice) -> tuple[dict[str, Any], slice] | None:
+    cut = _batch_size_rows(node, rows)
+    return None if cut is None else (cut, rows)
+
+
+def _cpu(device: Any) -> str | None:
+    import torch
+
+    return "cpu" if device is not None and torch.device(device).type == "cpu" else None
+
+
+def _state_check(node: Mapping[str, Any]) -> None:
+    if type(node.get("locked", False)) is not bool:
+        raise ValueError(f"bad {node.get('$')} node: locked must be a boolean")
+
+
+# tensordict's NonTensorData (verl's to_tensordict meta values) in step files: a single-data node,
+# tag "nontensor": {"$": "nontensor", "data": NODE, "batch_size": [...], "device": "cpu"|None,
+# "locked": bool}. A row selection cuts its batch size, never its value.
+def _nontensor_node_parts(obj: Any, path: str) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    return {}, obj.data, {"batch_size": list(obj.batch_size), "device": _cpu(obj.device), "locked": bool(obj.is_locked)}
+
+
+def _nontensor_node_check(node: Mapping[str, Any]) -> None:
+    from rollout_mock.codec.format import check_shape
+
+    check_shape(node.get("batch_size"))
+    if node.get("device") not in (None, "cpu"):
+        raise ValueError("bad nontensor device")
+    _state_check(node)
+
+
+def _nontensor_node_build(node: Mapping[str, Any], data: Any, flush: Any) -> Any:
+    from tensordict import NonTensorData
+
+    out = NonTensorData(data=data, batch_size=list(node["batch_size"]), device=node.get("device"))
+    return out.lock_() if node.get("locked") else out
+
+
+def _nontensor_node_rows(node: Mapping[str, Any], rows: slice) -> tuple[dict[str, Any], None] | None:
+    cut = _batch_size_rows(node, rows)
+    return None if cut is None else (cut, None)
+
+
+# tensordict's stacks in step files: a node of a plain list of items, tag "tdstack":
+# {"$": "tdstack", "cls": "nontensor"|"lazy", "stack_dim": int, "locked": bool, "items": [NODE...]}:
+# NonTensorStack (verl's uids, prompts, turn scores; nested stacks for lists of lists) and
+# LazyStackedTensorDict. Rows along stack_dim 0 are items; along another dimension, rows of each.
+_STACKS = {"tensordict.tensorclass:NonTensorStack": "nontensor", "tensordict._lazy:LazyStackedTensorDict": "lazy"}
+#: stack_dim is a dimension of a TensorDict's batch size: at most this.
+_MAX_STACK_DIM = 32
+
+
+def _stack_node_parts(obj: Any, path: str) -> tuple[dict[str, Any], Any, dict[str, Any]]:
+    cls = type(obj)
+    head = {"cls": _STACKS[f"{cls.__module__}:{cls.__qualname__}"], "stack_dim": int(obj.stack_dim),
+            "locked": bool(obj.is_locked)}
+    return head, obj.tensordicts, {}
+
+
+def _stack_node_check(node: Mapping[str, Any]) -> None:
+    if node.get("cls") not in ("nontensor", "lazy"):
+        raise ValueError("bad tdstack class")
+    dim = node.get("stack_dim")
+    if type(dim) is not int or not 0 <= dim <= _MAX_STACK_DIM:
+        raise ValueError("bad tdstack stack_dim")
+    _state_check(node)
+
+
+def _stack_node_build(node: Mapping[str, Any], items: list[Any], flush: Any) -> Any:
+    from tensordict import LazyStackedTensorDict, NonTensorStack
+
+    for item in items:
+        if not hasattr(item, "batch_size") or not hasattr(item, "is_locked"):
+            raise ValueError("a tdstack item is not a TensorDict-like node")
+    cls = NonTensorStack if node["cls"] == "nontensor" else LazyStackedTensorDict
+    out = cls(*items, stack_dim=node["stack_dim"])  # no items: an empty stack (what from_list([]) makes)
+    return out.lock_() if node.get("locked") else out
+
+
+def _stack_node_rows(node: Mapping[str, Any], rows: slice) -> tuple[dict[str, Any], slice | None]:
+    if node["stack_dim"] == 0:
+        return {**node, "items": node["items"][rows]}, None
+    return dict(node), rows
+
+
 TENSORDICT = BatchType(
     "tensordict", _is_tensordict, _tensordict_rows, _tensordict_take, _tensordict_concat,
     columns=lambda b: {str(k): v for k, v in b.items()},
     select=lambda b, keys: b.select(*[k for k in b.keys() if k in keys]),
     parts=_tensordict_parts, rebuild=_tensordict_rebuild,
-    codec=KeyedCodec("tensordict", ("tensordict._td:TensorDict",), _tensordict_node_parts, _tensordict_node_check,
-                     _tensordict_node_build, _tensordict_node_rows, class_keys=("locked", "consolidated")),
+    codec=(
+        KeyedCodec("tensordict", ("tensordict._td:TensorDict",), _tensordict_node_parts, _tensordict_node_check,
+                   _tensordict_node_build, _tensordict_node_rows, class_keys=("locked", "consolidated")),
+        KeyedCodec("nontensor", ("tensordict.tensorclass:NonTensorData",), _nontensor_node_parts,
+                   _nontensor_node_check, _nontensor_node_build, _nontensor_node_rows,
+                   class_keys=("batch_size", "device", "locked"), form="data"),
+        KeyedCodec("tdstack", tuple(_STACKS), _stack_node_parts, _stack_node_check, _stack_node_build,
+                   _stack_node_rows, class_keys=("cls", "stack_dim", "locked"), form="list"),
+    ),
 )
 
 

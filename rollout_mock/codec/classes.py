@@ -30,29 +30,25 @@ property setters run). Otherwise the result is a :class:`Batch`, or the caller's
 Structural classes
 ==================
 
-numpy string scalars, tensordict's non-tensor and stacked classes, and jagged nested tensors.
-Each is stored as data (no pickle) and rebuilt as the same class by rollout_mock's own code; the
-class is chosen by the node's tag, never by a name in the file. The tags and keys below need header version
+numpy string scalars and jagged nested tensors. Each is stored as data (no pickle) and rebuilt
+as the same class by rollout_mock's own code; the class is chosen by the node's tag, never by a
+name in the file. The tags and keys below need header version
 :data:`~rollout_mock.codec.format.CLASS_VERSION` (4): an older reader refuses such a file with
 "written by a newer rollout_mock" instead of silently losing the state.
 
 * ``{"$": "npstr", "v": str}`` / ``{"$": "npbytes", "hex": str}``: ``np.str_`` / ``np.bytes_``
   scalars (which are ``str``/``bytes`` subclasses, so the value alone would lose the type);
-* ``{"$": "nontensor", "data": NODE, "batch_size": [...], "device": "cpu"|None, "locked": bool}``:
-  ``tensordict.NonTensorData`` (verl's ``to_tensordict`` meta values);
-* ``{"$": "tdstack", "cls": "nontensor"|"lazy", "stack_dim": int, "items": [NODE...],
-  "locked": bool}``: ``tensordict.NonTensorStack`` (verl's uids, prompts, turn scores; nested
-  stacks for lists of lists) and ``LazyStackedTensorDict``;
 * ``{"$": "njt", "values": NODE, "offsets": NODE, "lengths": NODE|None, "ragged": int,
   "sym": int, "min": int|None, "max": int|None}``: a jagged nested tensor by its own buffers.
   ``ragged`` is ``_ragged_idx``; ``sym`` the position of the symbolic (ragged) size in
   ``.shape``, which differs from ``ragged`` for tensors whose ``_ragged_idx`` was set after
   construction, as verl's ``nested_tensor_from_tensor_list(..., ragged_idx=2)`` does: both are
   restored, so shape, ragged dimension, offsets, lengths (holes) and values come back equal;
-* a batch class with keyed parts (a TensorDict) is described by the adapter that registers its
-  batch type (:class:`rollout_mock.batch.KeyedCodec`): the codec writes and rebuilds it from
-  that description, and its ``class_keys`` (a TensorDict's ``"locked"``/``"consolidated"``)
-  need the same header version.
+* a class made of parts (a batch class with keyed entries, a wrapper of one value, a stack of
+  items) is described by the adapter that registers its batch type
+  (:class:`rollout_mock.batch.KeyedCodec`): the codec writes and rebuilds it from that
+  description, and its ``class_keys`` need the same header version. ``adapters/frameworks.py``
+  describes tensordict's classes this way (tags ``tensordict``, ``nontensor`` and ``tdstack``).
 
 Strides are not kept (a transposed nested tensor comes back contiguous, like dense tensors).
 """
@@ -267,19 +263,6 @@ def build_batch(kind: str, path: str, layout: str, fields: dict[str, Any], extra
 
 
 # --------------------------------------------------------------------------- structural classes
-_STACKS = {("tensordict.tensorclass", "NonTensorStack"): "nontensor",
-           ("tensordict._lazy", "LazyStackedTensorDict"): "lazy"}
-_NONTENSOR = ("tensordict.tensorclass", "NonTensorData")
-
-
-def _name(cls: type) -> tuple[str, str]:
-    return cls.__module__, cls.__qualname__
-
-
-def _cpu(device: Any) -> str | None:
-    return "cpu" if device is not None and torch.device(device).type == "cpu" else None
-
-
 # structural classes: write side
 _warned: set[str] = set()
 
@@ -305,23 +288,13 @@ def keeps_structure(obj: Any) -> bool:
     (:func:`rollout_mock.batch.keyed_codec`) itself: a generic path (a pickle taken in memory, a
     msgpack body) would lose its class or state — pickling a nested tensor renormalises its
     ragged dimension and strides, pickling verl's DataProto consolidates its TensorDict."""
-    cls = type(obj)
-    name = _name(cls)
-    if name == _NONTENSOR or name in _STACKS or keyed_codec(cls) is not None:
+    if keyed_codec(type(obj)) is not None:
         return True
     return isinstance(obj, torch.Tensor) and bool(obj.is_nested)
 
 
 def encode_class(enc: Any, obj: Any, cls: type, path: str) -> dict[str, Any] | None:
-    """The node of a structural class (``enc.node`` encodes the parts), else None."""
-    name = _name(cls)
-    if name == _NONTENSOR:
-        return {"$": "nontensor", "data": enc.node(obj.data, f"{path}.data"),
-                "batch_size": list(obj.batch_size), "device": _cpu(obj.device), "locked": bool(obj.is_locked)}
-    kind = _STACKS.get(name)
-    if kind is not None:
-        return {"$": "tdstack", "cls": kind, "stack_dim": int(obj.stack_dim), "locked": bool(obj.is_locked),
-                "items": [enc.node(td, f"{path}[{i}]") for i, td in enumerate(obj.tensordicts)]}
+    """The node of a jagged nested tensor (``enc.node`` encodes its buffers), else None."""
     if isinstance(obj, torch.Tensor) and obj.is_nested and obj.layout is torch.jagged:
         return _encode_njt(enc, obj, path)
     return None
@@ -363,35 +336,9 @@ def decode_class(dec: Any, node: dict[str, Any], tag: str, rows: slice | None = 
         return np.str_(node["v"])
     if tag == "npbytes":
         return np.bytes_(bytes.fromhex(node["hex"]))
-    if tag == "nontensor":
-        from tensordict import NonTensorData
-
-        batch_size = list(node["batch_size"])
-        if rows is not None and batch_size:
-            batch_size[0] = len(range(batch_size[0])[rows])
-        out = NonTensorData(data=dec.value(node["data"]), batch_size=batch_size, device=node.get("device"))
-        return out.lock_() if node.get("locked") else out
-    if tag == "tdstack":
-        return _decode_stack(dec, node, rows)
     if tag == "njt":
         return _decode_njt(dec, node, rows)
     raise ValueError(f"unknown node tag {tag!r:.40}")
-
-
-def _decode_stack(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:
-    from tensordict import LazyStackedTensorDict, NonTensorStack
-
-    items, dim = node["items"], node["stack_dim"]
-    if rows is not None and dim == 0:
-        parts = [dec.value(items[i]) for i in range(len(items))[rows]]
-    else:
-        parts = [dec.value(x, rows) for x in items]
-    cls = NonTensorStack if node["cls"] == "nontensor" else LazyStackedTensorDict
-    for part in parts:
-        if not hasattr(part, "batch_size") or not hasattr(part, "is_locked"):
-            raise ValueError("a tdstack item is not a TensorDict-like node")
-    out = cls(*parts, stack_dim=dim)  # no parts: an empty stack (what from_list([]) makes)
-    return out.lock_() if node.get("locked") else out
 
 
 def _decode_njt(dec: Any, node: dict[str, Any], rows: slice | None) -> Any:

@@ -891,16 +891,14 @@ class NodeDecoder:
         return parse_items(self.reader.whole(node["c"], None).numpy().data, count)
 
     def keyed(self, node: dict[str, Any], rows: slice | None = None, keys: frozenset[str] | None = None) -> Any:
-        """A batch class with keyed parts (a TensorDict), rebuilt by its registered description
-        (:class:`~rollout_mock.batch.KeyedCodec`); ``rows`` of its items' first dimension."""
+        """A registered class made of parts (a TensorDict, its non-tensor data), rebuilt by its
+        description (:class:`~rollout_mock.batch.KeyedCodec`); ``rows`` of its first dimension."""
         keyed = keyed_codec_of_tag(node["$"])
         if keyed is None:
             raise ValueError(f"unknown node tag {node['$']!r:.40}")
         if rows is not None:
-            selected = keyed.rows(node, rows)
-            node, rows = (node, None) if selected is None else (selected, rows)
-        items = {k: self.value(v, rows) for k, v in node["items"] if keys is None or k in keys}
-        return keyed.build(node, items, self.reader.flush)
+            node, rows = keyed.rows(node, rows) or (node, None)
+        return keyed.build(node, keyed.read(node, lambda part: self.value(part, rows), keys), self.reader.flush)
 
     def blob(self, node: dict[str, Any]) -> Any:
         if self.unpickle is None:
@@ -954,7 +952,7 @@ class NodeDecoder:
             parts = [self.value(x) for x in items]
             self.reader.flush()  # nested_tensor copies its components: their data first
             return torch.nested.nested_tensor(parts, layout=layout)
-        if tag in CLASS_TAGS:  # classes.py: numpy string scalars, tensordict classes, jagged tensors
+        if tag in CLASS_TAGS:  # classes.py: numpy string scalars, jagged tensors
             return decode_class(self, node, tag, rows)
         return self._small(node, tag, rows)
 

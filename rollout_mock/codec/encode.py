@@ -562,12 +562,9 @@ class _Encoder:
             return {"$": cls.__name__, "iso": obj.isoformat()}
         if cls is datetime.timedelta:
             return {"$": "timedelta", "v": [obj.days, obj.seconds, obj.microseconds]}
-        keyed = keyed_codec(cls)  # a registered batch class with keyed parts (a TensorDict)
+        keyed = keyed_codec(cls)  # a registered class made of parts (a TensorDict, its non-tensor data)
         if keyed is not None:
             return self._keyed(obj, keyed, path)
-        structural = encode_class(self, obj, cls, path)  # classes.py: tensordict's classes
-        if structural is not None:
-            return structural
         parts = split_batch(obj)
         if parts is not None:
             kind, layout, fields, extra = parts
@@ -606,9 +603,8 @@ class _Encoder:
         return None
 
     def _keyed(self, obj: Any, keyed: KeyedCodec, path: str) -> Any:
-        """The node of a batch class with keyed parts (:class:`~rollout_mock.batch.KeyedCodec`)."""
-        head, items, tail = keyed.parts(obj, path)
-        return {"$": keyed.tag, **head, "items": [[k, self.node(v, f"{path}.{k}")] for k, v in items], **tail}
+        """The node of a registered class made of parts (:class:`~rollout_mock.batch.KeyedCodec`)."""
+        return keyed.write(obj, path, self.node)
 
 
 def _put_into(target: np.ndarray, start: int, raw: np.ndarray) -> None:

@@ -32,9 +32,10 @@ in hex: non-finite values), ``complex``, ``bytes``/``bytearray`` (``hex`` inline
 written before it was recorded; files written before 0.1 may say ``grad``, which is ignored: a
 step holds data, not autograd state), ``ndarray`` (numpy ``dtype`` string, ``shape``, ``c``, ``ro``), ``objarray``
 (``shape``, and ``items``, or ``c``: a JSON data chunk of plain scalars, header version 3),
-``nested`` (a ``torch.nested`` tensor's components and layout), ``tensordict`` (``batch_size``,
-``names``, ``device``, ``items``: the node of a batch class with keyed parts, written and
-checked by the description its adapter registers, :class:`rollout_mock.batch.KeyedCodec`),
+``nested`` (a ``torch.nested`` tensor's components and layout), the node of a class made of
+parts (``items``: keyed or listed part nodes, or ``data``: one, beside plain head keys; tags
+``tensordict``, ``nontensor``, ``tdstack``), written and checked by the description its adapter
+registers (:class:`rollout_mock.batch.KeyedCodec`),
 ``batch`` (a DataProto-like object: ``kind``, the writer's
 ``class`` as ``module:qualname`` (information only), ``layout``, ``batch``/``non_tensor_batch``/
 ``meta_info`` nodes, ``extra`` attributes; see :mod:`~rollout_mock.codec.classes`) and ``pickle``
@@ -45,7 +46,7 @@ JSON header: plain Python values live in one msgpack *body* (``"body": [first, c
 ``{"$": "mp", "o", "n"}``; the extension types are the ``EXT_*`` constants below), object arrays
 of strings are string columns (``{"$": "strs"}``), tensors under 1 MiB inside the body share
 4 MiB chunks, and the structural-class tags of :data:`CLASS_TAGS` (numpy string scalars,
-tensordict's non-tensor and stacked classes, jagged nested tensors) may appear.
+jagged nested tensors) and the class keys of registered descriptions may appear.
 
 Decoding bounds (hostile files): every offset and length inside the data section; tensors and
 arrays need ``prod(shape) * itemsize`` == the raw bytes they reference; dtypes from fixed
@@ -104,10 +105,11 @@ PROTOCOL = 5
 HEADER_VERSIONS = (2, 3, 4)
 BODY_VERSION = 4
 #: Header version of files that use the structural-class tags (:data:`CLASS_TAGS`) and the
-#: TensorDict ``locked``/``consolidated`` keys: an older reader refuses such a file with
-#: "written by a newer rollout_mock" instead of silently losing the state.
+#: ``class_keys`` of a registered description (:class:`rollout_mock.batch.KeyedCodec`): an older
+#: reader refuses such a file with "written by a newer rollout_mock" instead of silently losing
+#: the state.
 CLASS_VERSION = 4
-CLASS_TAGS = frozenset({"npstr", "npbytes", "nontensor", "tdstack", "njt"})
+CLASS_TAGS = frozenset({"npstr", "npbytes", "njt"})
 #: Header version 3: object arrays of at least this many plain JSON items (strings, numbers,
 #: booleans, None) keep their items in a data chunk.
 JSON_ITEMS_MIN = 32
@@ -341,7 +343,6 @@ def decompress(stored: Any, codec_id: int, shuf: int, raw_size: int) -> Any:
 # --------------------------------------------------------------------------- the container and its header
 _TAGS_WITH_DATA = {"tensor", "ndarray", "bytes", "bytearray", "pickle"}
 _DEVICE = re.compile(r"(cpu|cuda|meta|mps|xpu|npu|hpu)(:[0-9]{1,4})?")
-_MAX_STACK_DIM = 32
 
 
 @dataclass
@@ -619,13 +620,10 @@ def _check_tagged(node: dict[str, Any], tag: Any, sums: list[int]) -> list[Any]:
     if tag in ("int", "float", "npscalar", "complex", "device", "dtype", "range", "datetime", "date",
                "time", "timedelta"):
         return _check_scalar(node, tag)
-    keyed = keyed_codec_of_tag(tag)  # a registered batch class with keyed parts (a TensorDict)
+    keyed = keyed_codec_of_tag(tag)  # a registered class made of parts (a TensorDict, its non-tensor data)
     if keyed is not None:
         keyed.check(node)
-        pairs = _pairs(node, "items")
-        if any(type(k) is not str for k, _ in pairs):
-            raise ValueError(f"{tag} keys must be strings")
-        return [v for _, v in pairs]
+        return keyed.children(node)
     raise ValueError(f"unknown node tag {tag!r:.40}")
 
 
@@ -831,11 +829,6 @@ def _write_head_last(root_json: bytes, chunks: list[tuple[Any, int]], version: i
 
 
 # --------------------------------------------------------------------------- structural classes
-def _bool(node: dict[str, Any], key: str) -> None:
-    if type(node.get(key, False)) is not bool:
-        raise ValueError(f"bad {node.get('$')} node: {key} must be a boolean")
-
-
 def _opt_int(value: Any) -> None:
     if value is not None and (type(value) is not int or not 0 <= value < 1 << 62):
         raise ValueError("bad njt node: min/max must be null or a non-negative integer")
@@ -852,23 +845,6 @@ def _check_class_node(node: dict[str, Any], tag: str) -> list[Any]:
         if type(text) is not str or len(text) % 2:
             raise ValueError("bad npbytes node")
         return []
-    if tag == "nontensor":
-        check_shape(node.get("batch_size"))
-        if node.get("device") not in (None, "cpu"):
-            raise ValueError("bad nontensor device")
-        _bool(node, "locked")
-        return [node.get("data")]
-    if tag == "tdstack":
-        if node.get("cls") not in ("nontensor", "lazy"):
-            raise ValueError("bad tdstack class")
-        dim = node.get("stack_dim")
-        if type(dim) is not int or not 0 <= dim <= _MAX_STACK_DIM:
-            raise ValueError("bad tdstack stack_dim")
-        _bool(node, "locked")
-        items = node.get("items")
-        if type(items) is not list:
-            raise ValueError("tdstack node without items")
-        return items
     if tag == "njt":
         for key in ("ragged", "sym"):
             if type(node.get(key)) is not int or not 1 <= node[key] <= 32:

@@ -452,16 +452,16 @@ def _root_keys(root: Any) -> list[str]:
         tag = root.get("$")
         if tag is None:
             return list(root)
-        if keyed_codec_of_tag(tag) is not None:
-            return [k for k, _ in root["items"]]
+        if (keyed := keyed_codec_of_tag(tag)) is not None:
+            return keyed.keys(root)
         if tag == "batch" and root.get("kind") == "dataproto":
             keys: list[str] = []
             for name in ("batch", "non_tensor_batch"):
                 field = root.get(name)
                 if type(field) is dict and field.get("$") is None:
                     keys += [k for k in field if k not in keys]
-                elif type(field) is dict and keyed_codec_of_tag(field.get("$")) is not None:
-                    keys += [k for k, _ in field["items"] if k not in keys]
+                elif type(field) is dict and (keyed := keyed_codec_of_tag(field.get("$"))) is not None:
+                    keys += [k for k in keyed.keys(field) if k not in keys]
             return keys
     if type(root) is list:
         keys = []

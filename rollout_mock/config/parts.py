@@ -19,8 +19,7 @@ from __future__ import annotations
 import fnmatch
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from rollout_mock.config.model import (
     CheckServes,
@@ -39,6 +38,7 @@ from rollout_mock.config.model import (
 )
 from rollout_mock.errors import ConfigError
 from rollout_mock.modes import Mode
+from rollout_mock.storage.store import StoreSettings
 
 __all__ = [
     "CheckSettings", "ConfigParts", "KeepSettings", "MatchSettings", "RecordSettings", "ReplaySettings",
@@ -58,16 +58,6 @@ def hmac_key(config: RolloutMockConfig) -> bytes | None:
             f"or empty; export the signing key in it, or remove hmac_key_env from the config"
         )
     return value.encode("utf-8")
-
-
-@dataclass(frozen=True)
-class StoreSettings:
-    """Where the dump is and how it is opened (``hmac_key`` already read from the environment)."""
-
-    dump_dir: str
-    storage_options: Mapping[str, Any] | None
-    hmac_key: bytes | None = field(repr=False)
-    verify: bool
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from rollout_mock.storage.store import (
     MemoryStore,
     StepStore,
     Store,
+    StoreSettings,
     open_store,
 )
 from rollout_mock.storage.verified import load_verified
@@ -48,6 +49,7 @@ __all__ = [
     "StepSet",
     "StepStore",
     "Store",
+    "StoreSettings",
     "StreamId",
     "file_digest",
     "format_ranges",

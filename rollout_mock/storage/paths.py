@@ -32,7 +32,7 @@ from rollout_mock.errors import ManifestError, UnsafePathError
 __all__ = [
     "NAME_PATTERN", "STEP_KEY", "check_name", "check_relpath", "is_url", "open_inside", "open_nofollow",
     "open_regular", "parse_step_key",
-    "open_at", "open_dir_inside", "read_fd", "read_inside", "resolve_inside",
+    "list_inside", "open_at", "open_dir_inside", "read_fd", "read_inside", "resolve_inside",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
@@ -273,3 +273,17 @@ def read_inside(root: str | os.PathLike[str], relpath: str, *, limit: int | None
     except (FileNotFoundError, NotADirectoryError):
         return None
     return read_fd(fd, limit=limit)
+
+
+def list_inside(root: str | os.PathLike[str], relpath: str) -> list[str]:
+    """The names in the folder ``root/relpath``, reached with :func:`open_inside`'s rules (a
+    symlink anywhere below ``root``, or a component that is not a directory, is
+    :class:`UnsafePathError`); ``[]`` when it does not exist."""
+    try:
+        dir_fd = open_dir_inside(root, check_relpath(relpath).split("/"), Path(root) / relpath, False)
+    except FileNotFoundError:
+        return []
+    try:
+        return os.listdir(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -37,7 +37,7 @@ from rollout_mock.codec.device import DevicePlacement
 from rollout_mock.errors import IncompleteDumpError, ManifestError, RolloutMockError, StepNotFoundError
 from rollout_mock.storage.index import STREAMS_DIR, parse_step_relpath
 from rollout_mock.storage.manifest import MANIFEST_NAME, Manifest, StepEntry, StepSet, StreamId
-from rollout_mock.storage.store import DirectoryStore, Store, open_store
+from rollout_mock.storage.store import DirectoryStore, Store, StoreSettings, open_store
 from rollout_mock.storage.verified import corrupt_error, load_verified, open_verified
 from rollout_mock.text import logger
 
@@ -160,8 +160,7 @@ class Dump:
 
     def __init__(self, dump_dir: str | os.PathLike[str], *, hmac_key: bytes | None = None,
                  storage_options: dict[str, Any] | None = None, verify: bool = True) -> None:
-        self._store: Store = open_store(dump_dir, storage_options=storage_options, hmac_key=hmac_key,
-                                               verify=verify)
+        self._store: Store = open_store(StoreSettings(os.fspath(dump_dir), storage_options, hmac_key, verify))
         self.dump_dir: Path | str = self._store.dump_dir
         self.manifest: Manifest = self._store.require_manifest(mode="read")
 

@@ -21,9 +21,9 @@ import os
 import re
 import shlex
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from rollout_mock.errors import (
     RolloutMockError,
     StepExistsError,
     StepNotFoundError,
-    UnsafePathError,
     dump_path_is_a_file,
 )
 from rollout_mock.storage.backend import BackendDefaults, ByteBackend, MemoryBackend, with_defaults
@@ -91,7 +90,7 @@ from rollout_mock.storage.manifest import (
     pin_reason,
     utc_now,
 )
-from rollout_mock.storage.paths import NAME_PATTERN, is_url, open_inside, read_fd_range
+from rollout_mock.storage.paths import NAME_PATTERN, is_url, list_inside, open_inside, read_fd_range
 from rollout_mock.storage.verified import corrupt_error, load_bytes_verified, load_source_verified, load_verified
 from rollout_mock.text import jsonable, logger
 
@@ -143,7 +142,8 @@ def verdict_relpath(stream: StreamId, step: int) -> str:
 
 
 __all__ = ["CHECKS_DIR", "EXPECTED_DIR", "EXPECTED_FILE", "BatchInfo", "DirectoryStore", "FsspecStore",
-           "MemoryStore", "StepStore", "Store", "expected_path", "expected_relpath", "open_store", "verdict_relpath"]
+           "MemoryStore", "StepStore", "Store", "StoreSettings", "expected_path", "expected_relpath", "open_store",
+           "verdict_relpath"]
 
 
 #: Objects up to this size are loaded with one GET; larger ones with ranged GETs into the tensors.
@@ -325,25 +325,26 @@ class Store:
         return self.backend.local_path(rel)
 
     def expected_file(self, rank: int | None = None) -> Path | None:
-        """The local file of the dump run's metrics of ``rank`` when there is one: a regular file,
-        not reached through a link (``None`` otherwise, and for a dump without local files)."""
+        """The local file of the dump run's metrics of ``rank`` when there is one (``None``
+        otherwise, and for a dump without local files). Found as :meth:`read_expected` opens it:
+        a link on the way, a FIFO or a device is :class:`~rollout_mock.errors.UnsafePathError`."""
         root = self.backend.local_path("")
         if root is None:
             return None
-        path = root / expected_relpath(rank)
-        if not os.path.isfile(path) or os.path.islink(path) or os.path.islink(path.parent):
+        rel = expected_relpath(rank)
+        try:
+            os.close(open_inside(root, rel))
+        except (FileNotFoundError, NotADirectoryError):
             return None
-        return path
+        return root / rel
 
     def expected_names(self) -> list[str]:
         """The dump-relative files of the dump run's metrics (``expected/*.jsonl``, safe names
-        only), sorted. A local ``expected`` folder that is a link is
-        :class:`~rollout_mock.errors.UnsafePathError`: nothing under a dump is followed through one."""
+        only), sorted. In a local dump the folder is listed as :meth:`read_expected` opens its
+        files: a link on the way is :class:`~rollout_mock.errors.UnsafePathError`."""
         root = self.backend.local_path("")
-        if root is not None and (root / EXPECTED_DIR).is_symlink():
-            raise UnsafePathError(f"[RolloutMock] {root / EXPECTED_DIR} is a symbolic link; nothing under a dump is "
-                                  f"followed through links; remove it", path=root / EXPECTED_DIR)
-        return [f"{EXPECTED_DIR}/{name}" for name in sorted(self.backend.listdir(EXPECTED_DIR))
+        names = self.backend.listdir(EXPECTED_DIR) if root is None else list_inside(root, EXPECTED_DIR)
+        return [f"{EXPECTED_DIR}/{name}" for name in sorted(names)
                 if name.endswith(".jsonl") and NAME_PATTERN.fullmatch(name)]
 
     def read_expected(self, rank: int | None = None, *, rel: str | None = None, start: int = 0,
@@ -1011,22 +1012,44 @@ def MemoryStore(*, hmac_key: bytes | None = None, verify: bool = True) -> Store:
     return Store(MemoryBackend(), hmac_key=hmac_key, verify=verify)
 
 
-def open_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None,
-               hmac_key: bytes | None = None, verify: bool = True, mode: str | None = None) -> Store:
-    """The store for ``location``, the one place that decides how a location is opened: a bundle
+@dataclass(frozen=True)
+class StoreSettings:
+    """Where a dump is and how it is opened: what :func:`open_store` needs besides a mode.
+    ``config_parts`` builds it from the config (``hmac_key`` already read from the environment);
+    a bare location is ``StoreSettings(location)``."""
+
+    dump_dir: str
+    #: passed to fsspec for a URL (``None`` or empty: none)
+    storage_options: Mapping[str, Any] | None = None
+    hmac_key: bytes | None = field(default=None, repr=False)
+    verify: bool = True
+
+
+def open_store(location: str | os.PathLike[str] | StoreSettings, *, mode: str | None = None) -> Store:
+    """The store for ``location`` (a path or URL, or :class:`StoreSettings` that also carry the
+    fsspec options, the signing key and whether loads verify), the one place that decides how a
+    location is opened: a bundle
     (a ``.rmb`` file or URL, :func:`~rollout_mock.storage.bundle.is_bundle`) gets the read-only
     :class:`~rollout_mock.storage.bundle.BundleBackend`, read in place; any other fsspec URL
     (``s3://bucket/prefix``) the :class:`~rollout_mock.storage.objectstore.FsspecBackend`; a local
     path (or ``file://``) the :class:`~rollout_mock.storage.directory.LocalBackend` (atomic rename,
     fsync, flock: fastest). A local file that is no bundle (a step file, the manifest) is refused
     with :func:`~rollout_mock.errors.dump_path_is_a_file` (``mode``: the mode it names)."""
-    text = os.fspath(location)
-    if is_bundle(text):
-        return Store(BundleBackend(open_bundle(text, storage_options=storage_options)), hmac_key=hmac_key,
-                     verify=verify)
-    if is_url(text) and not text.startswith("file://"):
-        return FsspecStore(text, storage_options=storage_options, hmac_key=hmac_key, verify=verify)
-    path = text.removeprefix("file://")
+    settings = location if isinstance(location, StoreSettings) else StoreSettings(os.fspath(location))
+    return Store(_backend(settings.dump_dir, settings.storage_options, mode), hmac_key=settings.hmac_key,
+                 verify=settings.verify)
+
+
+def _backend(location: str, storage_options: Mapping[str, Any] | None, mode: str | None) -> ByteBackend:
+    """The byte backend :func:`open_store` picks for ``location``."""
+    options = dict(storage_options or {}) or None
+    if is_bundle(location):
+        return BundleBackend(open_bundle(location, storage_options=options))
+    if is_url(location) and not location.startswith("file://"):
+        from rollout_mock.storage.objectstore import FsspecBackend
+
+        return FsspecBackend(location, storage_options=options)
+    path = location.removeprefix("file://")
     if os.path.isfile(path):
         raise dump_path_is_a_file(path, mode=mode)
-    return DirectoryStore(path, hmac_key=hmac_key, verify=verify)
+    return LocalBackend(path)

@@ -54,7 +54,7 @@ from rollout_mock.config import CheckServes, CheckSettings
 from rollout_mock.errors import CheckFailedError, DumpNotWritableError, RolloutMockError, UnsafePathError
 from rollout_mock.jsonio import parse_bounded
 from rollout_mock.storage.manifest import StreamId, utc_now
-from rollout_mock.storage.store import Store, open_store, verdict_relpath
+from rollout_mock.storage.store import Store, StoreSettings, open_store, verdict_relpath
 from rollout_mock.text import json_float, logger, short_repr, step_log_level, within_tolerance_array
 from rollout_mock.wrap.hooks import volatile_patterns
 
@@ -517,7 +517,8 @@ def read_check_verdicts(dump: str | os.PathLike[str] | Store, *, split: str | No
     """Every check-mode verdict written beside ``dump`` (a path, a URL or a :class:`Store`),
     sorted by stream and step; ``split`` keeps one split. Files that are not verdicts, too large or
     damaged are skipped (and logged); an absent ``checks/`` folder gives ``[]``."""
-    store = open_store(dump, storage_options=storage_options) if isinstance(dump, (str, os.PathLike)) else dump
+    store = (open_store(StoreSettings(os.fspath(dump), storage_options)) if isinstance(dump, (str, os.PathLike))
+             else dump)
     out: list[CheckVerdict] = []
     for rel in store.verdict_files(MAX_VERDICTS):
         try:

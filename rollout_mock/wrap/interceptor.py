@@ -103,9 +103,7 @@ class Interceptor:
                                self.rank if per_rank else None)
         #: dump mode: whether this process writes (only ``dump_rank`` unless ranks: all).
         self.writes = self.mode.records and parts.stream.writes(self.rank)
-        self.store = store if store is not None else open_store(
-            parts.store.dump_dir, storage_options=dict(parts.store.storage_options or {}) or None,
-            hmac_key=parts.store.hmac_key, verify=parts.store.verify, mode=self.mode.value)
+        self.store = store if store is not None else open_store(parts.store, mode=self.mode.value)
         self._next_step = 0
         self._lock = threading.Lock()
         #: the intercepted methods called at all

@@ -712,8 +712,7 @@ def check_dump_settings(store: StoreSettings, match: MatchSettings, settings: Ma
     (``mode``) or without settings. A missing dump is left to the schedulers to report."""
     if settings is None or not mode.replays:
         return
-    opened = open_store(store.dump_dir, storage_options=dict(store.storage_options or {}) or None,
-                        hmac_key=store.hmac_key, verify=store.verify, mode=mode.value)
+    opened = open_store(store, mode=mode.value)
     try:
         if not opened.has_dump():  # the scheduler itself says so, where it always has
             return

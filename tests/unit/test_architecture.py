@@ -284,15 +284,21 @@ def test_only_the_batch_model_and_the_adapters_name_framework_batch_classes() ->
 
 
 def test_the_codec_knows_batch_classes_by_their_parts_not_tensordict_by_name() -> None:
-    """The codec's writer, reader and format check dispatch on a registered batch class with
-    keyed parts (rollout_mock.batch.KeyedCodec, registered by adapters/frameworks.py for
-    TensorDict), never on TensorDict's name. (codec/classes.py still rebuilds tensordict's
-    non-tensor and stacked classes; legacy.py and trusted.py read and write format 1, whose
-    pickles name ``tensordict._td.TensorDict`` and ``rollout_mock.codec._rebuild_tensordict``.)"""
-    modules = ("codec/encode.py:", "codec/decode.py:", "codec/format.py:", "codec/safe.py:")
-    assert [hit for hit in _naming(r"tensordict", units={"codec"}) if hit.startswith(modules)] == []
-    assert any(hit.startswith("codec/classes.py:") for hit in _naming(r"tensordict", units={"codec"}))
-    assert any("TENSORDICT" in hit for hit in _naming(r"tensordict", units={"adapters"}))
+    """The codec's writer, reader, format check and structural classes dispatch on a registered
+    class made of parts (rollout_mock.batch.KeyedCodec, registered by adapters/frameworks.py for
+    TensorDict, NonTensorData, NonTensorStack and LazyStackedTensorDict), never on those names
+    nor on their tags. (legacy.py and trusted.py read and write format 1, whose pickles name
+    ``tensordict._td.TensorDict`` and ``rollout_mock.codec._rebuild_tensordict``; device.py maps
+    a TensorDict's leaves onto a device.)"""
+    names = r"tensordict|nontensor|tdstack|lazystacked"
+    modules = ("codec/encode.py:", "codec/decode.py:", "codec/format.py:", "codec/safe.py:", "codec/classes.py:")
+    assert [hit for hit in _naming(names, units={"codec"}) if hit.startswith(modules)] == []
+    assert any(hit.startswith("codec/legacy.py:") for hit in _naming(names, units={"codec"}))  # the scan works
+    described = "\n".join(_naming(names, units={"adapters"}))
+    for name in ("TENSORDICT", "tensordict._td:TensorDict", "tensordict.tensorclass:NonTensorData",
+                 "tensordict.tensorclass:NonTensorStack", "tensordict._lazy:LazyStackedTensorDict",
+                 "'nontensor'", "'tdstack'"):
+        assert name in described, name
 
 
 def test_wrap_names_no_framework() -> None:

@@ -280,8 +280,8 @@ def _table_check(node: Any) -> None:
         raise ValueError("bad table")
 
 
-def _table_rows(node: Any, rows: slice) -> dict[str, Any] | None:
-    return {**node, "rows": len(range(node["rows"])[rows])}
+def _table_rows(node: Any, rows: slice) -> tuple[dict[str, Any], slice] | None:
+    return {**node, "rows": len(range(node["rows"])[rows])}, rows
 
 
 TABLE = batch_module.BatchType(

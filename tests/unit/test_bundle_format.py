@@ -116,6 +116,30 @@ def test_open_store_decides_how_a_location_opens(tmp_path: Path) -> None:
     assert store.expected_file() == tmp_path / "dump" / "expected" / "metrics.jsonl"
 
 
+def test_open_store_takes_the_store_part_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Callers hand ``open_store`` the config's store part: its key, its verify switch and its
+    fsspec options (a read-only mapping, or empty: none) are applied in that one place."""
+    from types import MappingProxyType
+
+    from rollout_mock import load_config
+    from rollout_mock.config import config_parts
+    from rollout_mock.storage.objectstore import FsspecBackend
+    from rollout_mock.storage.store import StoreSettings
+
+    monkeypatch.setenv("RM_TEST_KEY", "secret")
+    parts = config_parts(load_config({"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d"),
+                                      "hmac_key_env": "RM_TEST_KEY", "verify_checksum": False,
+                                      "storage_options": {}}))
+    store = open_store(parts.store, mode="dump")
+    assert (store.dump_dir, store.hmac_key, store.verify) == (tmp_path / "d", b"secret", False)
+    options = MappingProxyType({"skip_instance_cache": True})
+    for given, passed in ((options, {"skip_instance_cache": True}), ({}, {}), (None, {})):
+        backend = open_store(StoreSettings("memory://rm-open-store", given)).backend
+        assert isinstance(backend, FsspecBackend) and backend.storage_options == passed
+    assert repr(StoreSettings("d", hmac_key=b"secret")) == (
+        "StoreSettings(dump_dir='d', storage_options=None, verify=True)")
+
+
 def test_the_store_packs_pulls_and_unpacks_its_own_steps(tmp_path: Path) -> None:
     """Bundles are operations of the store, whatever its backend: a dump held in memory packs
     into a bundle, the store over that bundle unpacks it, and a few steps pull into a directory."""

@@ -132,3 +132,49 @@ def test_format1_hmac_is_refused_with_a_reason(tmp_path: Path, monkeypatch: pyte
     (target / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(CorruptStepError, match="format-1 HMAC of the bytes alone"):
         open_dump(target, hmac_key=b"k1").load(0)
+
+
+def test_the_dump_runs_metrics_are_reached_through_the_one_contained_open(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every way the store reaches a local file of the dump run's metrics (finding, listing,
+    reading, appending) goes through ``storage.paths.open_dir_inside`` (the descriptor walk
+    that refuses links), and so refuses what it refuses, instead of checking names itself."""
+    import rollout_mock.storage.paths as paths
+
+    store = DirectoryStore(tmp_path / "dump")
+    (tmp_path / "dump" / "expected").mkdir(parents=True)
+    (tmp_path / "dump" / "expected" / "metrics.jsonl").write_text('{"step": 0}\n')
+    walked: list[str] = []
+    real = paths.open_dir_inside
+
+    def spy(root: str | os.PathLike[str], parts: list[str], where: object, make_dirs: bool) -> int:
+        walked.append(str(where))
+        return real(root, parts, where, make_dirs)
+
+    monkeypatch.setattr(paths, "open_dir_inside", spy)
+    uses = {
+        "expected_file": lambda: store.expected_file(),
+        "expected_names": lambda: store.expected_names(),
+        "read_expected": lambda: store.read_expected(),
+        "open_expected": lambda: store.open_expected(rank=2).close(),
+    }
+    for name, use in uses.items():
+        walked.clear()
+        use()
+        assert walked, f"Store.{name} reached expected/ without storage.paths.open_dir_inside"
+    assert store.expected_names() == ["expected/metrics.jsonl", "expected/metrics_rank2.jsonl"]
+    assert store.expected_file() == tmp_path / "dump" / "expected" / "metrics.jsonl"
+    assert store.expected_file(rank=5) is None
+
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text('{"step": 0, "secret": 1}\n')
+    os.symlink(outside, tmp_path / "dump" / "expected" / "metrics_rank3.jsonl")
+    os.mkfifo(tmp_path / "dump" / "expected" / "metrics_rank4.jsonl")
+    for rank in (3, 4):
+        with pytest.raises(UnsafePathError, match=f"metrics_rank{rank}.jsonl"):
+            store.expected_file(rank=rank)
+    (tmp_path / "dump" / "expected").rename(tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "dump" / "expected")
+    for find in (store.expected_file, store.expected_names):
+        with pytest.raises(UnsafePathError, match="'expected' is a symbolic link"):
+            find()

@@ -181,6 +181,8 @@ class ReplaySettings:
     fingerprint: FingerprintPolicy
     #: ``cpu``, ``cuda``, ``cuda:N`` or ``auto`` (validated by the config)
     device: str = "cpu"
+    #: ``verdict.action``: named in the start-up line about the dump run's metrics
+    verdict: VerdictAction = VerdictAction.OFF
 
     def dump_step(self, run_step: int) -> int:
         """The recorded step run step ``run_step`` replays (``step_map``, else ``step_offset``)."""
@@ -282,7 +284,7 @@ def config_parts(config: RolloutMockConfig) -> ConfigParts:
             step_map=dict(config.step_map or {}), replay_rows=config.replay_rows,
             replay_keys=None if config.replay_keys is None else tuple(config.replay_keys),
             subsample=config.subsample, trust_pickle=config.trust_pickle, prefetch=config.prefetch,
-            fingerprint=config.fingerprint, device=config.device,
+            fingerprint=config.fingerprint, device=config.device, verdict=config.verdict.action,
         ),
         match=MatchSettings(None if config.match_on is None else tuple(config.match_on), config.on_mismatch),
         check=CheckSettings(config.check_serves, config.check_min_match,

@@ -1035,9 +1035,10 @@ def open_store(location: str | os.PathLike[str] | StoreSettings, *, mode: str | 
     path (or ``file://``) the :class:`~rollout_mock.storage.directory.LocalBackend` (atomic rename,
     fsync, flock: fastest). A local file that is no bundle (a step file, the manifest) is refused
     with :func:`~rollout_mock.errors.dump_path_is_a_file` (``mode``: the mode it names)."""
-    settings = location if isinstance(location, StoreSettings) else StoreSettings(os.fspath(location))
-    return Store(_backend(settings.dump_dir, settings.storage_options, mode), hmac_key=settings.hmac_key,
-                 verify=settings.verify)
+    if not isinstance(location, StoreSettings):
+        location = StoreSettings(os.fspath(location))
+    backend = _backend(location.dump_dir, location.storage_options, mode)
+    return Store(backend, hmac_key=location.hmac_key, verify=location.verify)
 
 
 def _backend(location: str, storage_options: Mapping[str, Any] | None, mode: str | None) -> ByteBackend:

@@ -55,7 +55,7 @@ from rollout_mock.wrap.hooks import run_step_hooks
 from rollout_mock.wrap.matching import Request
 from rollout_mock.wrap.mismatch import KeyFunction, RequestMatcher
 from rollout_mock.wrap.recording import Recorder
-from rollout_mock.wrap.replay import Recorded, Replayer, describe_expected
+from rollout_mock.wrap.replay import Recorded, Replayer
 from rollout_mock.wrap.rng import RngHook
 from rollout_mock.wrap.watchdog import StallWatchdog
 
@@ -130,8 +130,6 @@ class Interceptor:
             self.recorder = Recorder(parts.record, self.store, self.stream, writes=self.writes)
         else:
             self.replayer = Replayer(parts.replay, self.store, self.stream)
-            if (note := describe_expected(self.store, parts.verdict)) is not None:
-                logger.info(note)
             if self.mode.runs_scheduler:
                 self.checker = Checker(parts.check, self.store, self.stream, views=check_views,
                                        framework=framework)

@@ -24,6 +24,7 @@ import functools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rollout_mock.batch import batch_type_of
@@ -296,6 +297,7 @@ class Replayer:
     def _open(self) -> None:
         place = DevicePlacement.for_setting(self.settings.device, mode=self.mode.value)  # before any I/O
         manifest = self.store.require_manifest(mode=self.mode.value, split=self.split)
+        metrics = self.store.expected_file()
         recorded = self.store.steps(self.stream)
         settings = self.settings
         lenient = settings.on_missing_step is not MissingStepPolicy.ERROR
@@ -329,6 +331,8 @@ class Replayer:
                 self.stream,
                 ", ".join(s.key for s in self.store.stream_ids()) or "none",
             )
+        if (note := describe_expected(metrics, settings.verdict)) is not None:
+            logger.info(note)
         self._check_fingerprint(manifest.fingerprint)
         self.prefetcher = Prefetcher(self._load, self._next_recorded, enabled=settings.prefetch, place=place)
 
@@ -464,11 +468,10 @@ class Replayer:
 # --------------------------------------------------------------------------- expected values
 # The dump run's training metrics (:meth:`~rollout_mock.storage.store.Store.expected_file`; written and
 # checked by :class:`rollout_mock.compare.expected.ExpectedMetrics`): a replay announces them at start-up.
-def describe_expected(store: Store, verdict: VerdictAction) -> str | None:
-    """Mock mode's start-up line about the dump run's metrics in ``store`` (``None`` when it
+def describe_expected(path: Path | None, verdict: VerdictAction) -> str | None:
+    """Mock mode's start-up line about the dump run's metrics at ``path`` (``None`` when the dump
     holds none: :meth:`~rollout_mock.storage.store.Store.expected_file`); ``verdict``: the config's
     ``verdict.action``."""
-    path = store.expected_file()
     if path is None:
         return None
     if verdict is VerdictAction.OFF:

@@ -543,30 +543,49 @@ class ChunkReader:
 
 
 # --------------------------------------------------------------------------- the body
-_PAUSES = [0, False]  # loads decoding a body now, and whether the collector ran before the first
-_PAUSE_LOCK = threading.Lock()
-
-
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic garbage collector off while a body value is decoded (and back as it was).
+class _CollectorPause:
+    """The cyclic garbage collector off while body values are decoded, on any thread, and as it
+    was when the last of them ends (a caller that disabled it keeps it disabled).
 
     msgpack builds no cycles, but every list and dict it makes counts towards the collector's
-    thresholds: a slime body (512 samples, ~2M numbers) triggers collections that walk the new
-    lists' items again and again, ~20% of the decode; with the collector off, one later
-    collection walks them once (measured with that collection included: still ~15% less)."""
-    with _PAUSE_LOCK:
-        if _PAUSES[0] == 0:
-            _PAUSES[1] = gc.isenabled()
-            gc.disable()
-        _PAUSES[0] += 1
-    try:
-        yield
-    finally:
-        with _PAUSE_LOCK:
-            _PAUSES[0] -= 1
-            if _PAUSES[0] == 0 and _PAUSES[1]:
-                gc.enable()
+    thresholds: a slime body (512 samples, ~2M numbers in ~2,600 lists) would trigger young
+    collections that walk the new lists' items again and again (~20% of the decode), and with
+    the collector merely paused, the first allocation after the load still runs one that walks
+    them all (~5 ms). A decoded batch is long-lived by nature, so when the last decode ends, its
+    objects go straight to the oldest generation (``gc.freeze(); gc.unfreeze()``: list merges,
+    no walk) and only full collections see them, as they see a batch ``pickle.load`` built.
+    The trade-off: young objects of other threads move up with it (cyclic garbage among them
+    waits for the next full collection), and nothing moves when the caller froze objects
+    itself (``gc.freeze()`` before a fork: unfreezing would undo it) or disabled the collector.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0  # body decodes in progress (all threads)
+        self._resume = False  # whether the first of them found the collector enabled
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                self._resume = gc.isenabled()
+                gc.disable()
+            self._depth += 1
+        done = False
+        try:
+            yield
+            done = True
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0 and self._resume:
+                    if done and gc.get_freeze_count() == 0:
+                        gc.freeze()
+                        gc.unfreeze()
+                    gc.enable()
+
+
+_collector_paused = _CollectorPause()
 
 
 _MAX_DIM = 1 << 48

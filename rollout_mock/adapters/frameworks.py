@@ -184,6 +184,7 @@ DATAPROTO = BatchType(
     columns=_dataproto_columns, select=_dataproto_select, parts=_dataproto_parts, rebuild=_rebuild,
     meta_key="meta_info",
     classes=("verl.protocol:DataProto", "roll.distributed.scheduler.protocol:DataProto"),
+    dicts=False,  # an instance of a class outside builtins (dataproto_fields)
 )
 
 
@@ -207,7 +208,7 @@ def _no_rows(obj: Any, index: list[int]) -> Any:
 #: DataProto's): no rows, no columns.
 REQUEST = BatchType(
     "request", lambda b: _request_meta(b) is not None, lambda b: None, _no_rows,
-    parts=lambda b: {"meta_info": _request_meta(b)}, meta_key="meta_info",
+    parts=lambda b: {"meta_info": _request_meta(b)}, meta_key="meta_info", dicts=False,
 )
 
 
@@ -324,6 +325,7 @@ TENSORDICT = BatchType(
     parts=_tensordict_parts, rebuild=_tensordict_rebuild,
     codec=KeyedCodec("tensordict", ("tensordict._td:TensorDict",), _tensordict_node_parts, _tensordict_node_check,
                      _tensordict_node_build, _tensordict_node_rows, class_keys=("locked", "consolidated")),
+    dicts=False,  # _is_tensordict refuses dicts
 )
 
 

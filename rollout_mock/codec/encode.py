@@ -637,6 +637,7 @@ class _Body:
         #: a capture with a pool: the body is copied, as it is packed, into pooled CHUNK_BYTES
         #: buffers (its chunks), not kept as the packers' own bytes (see :meth:`_pack_list`)
         self._pooled: list[np.ndarray] | None = [] if pooled else None
+        self._views: list[memoryview] = []  # (of the pooled buffers: a copy into one is a memcpy)
         self.surrogates = False
         self._packer: msgpack.Packer | None = _msgpack(self.default, False)
         self._pack: np.ndarray | None = None
@@ -706,14 +707,15 @@ class _Body:
             self.parts.append(bytes(data) if isinstance(data, memoryview) else data)
             self.size += len(data)
             return
-        source = np.frombuffer(data, np.uint8)
-        done = 0
-        while done < source.size:
+        source = data if isinstance(data, memoryview) else memoryview(data)
+        done, total = 0, len(source)
+        while done < total:
             index, offset = divmod(self.size, CHUNK_BYTES)
             if index == len(self._pooled):
                 self._pooled.append(self.enc.pack_buffer(CHUNK_BYTES))
-            n = min(CHUNK_BYTES - offset, source.size - done)
-            self._pooled[index][offset: offset + n] = source[done: done + n]
+                self._views.append(self._pooled[-1].data.cast("B"))
+            n = min(CHUNK_BYTES - offset, total - done)
+            self._views[index][offset: offset + n] = source[done: done + n]
             done += n
             self.size += n
 
@@ -816,7 +818,7 @@ class _Body:
             first = len(self.enc.chunks)
             for index, buffer in enumerate(self._pooled[: -(-self.size // CHUNK_BYTES)]):
                 self.enc.add_raw(buffer[: min(CHUNK_BYTES, self.size - index * CHUNK_BYTES)], 0, 0)
-            self._pooled = None
+            self._pooled, self._views = None, []
             return [first, len(self.enc.chunks) - first]
         if not self.parts:
             return None

@@ -202,7 +202,10 @@ class BatchType(NamedTuple):
     * ``meta_key``: the part that holds per-batch metadata (a call's step may be there; it has
       no rows and :func:`describe_keys` leaves it out);
     * ``classes``: ``"module:qualname"`` of the classes of this type that the safe loader may
-      rebuild field by field (see :func:`register_batch_class`).
+      rebuild field by field (see :func:`register_batch_class`);
+    * ``dicts``: ``False`` declares that ``matches`` never accepts a plain ``dict`` (of exactly
+      that class), so the batch model does not ask it about one: the walks over a list of sample
+      dicts (:func:`describe_keys`) ask each registered type about every dict they reach.
     """
 
     name: str
@@ -218,6 +221,7 @@ class BatchType(NamedTuple):
     meta_key: str | None = None
     classes: tuple[str, ...] = ()
     codec: KeyedCodec | tuple[KeyedCodec, ...] | None = None
+    dicts: bool = True
 
 
 class KeyedCodec(NamedTuple):
@@ -302,6 +306,8 @@ class KeyedCodec(NamedTuple):
 
 
 _REGISTERED: list[BatchType] = []
+#: The registered types that may match a plain ``dict`` (``BatchType.dicts``), in the same order.
+_FOR_DICTS: list[BatchType] = []
 _CLASSES: set[tuple[str, str]] = set()
 #: The registered types' keyed codecs by class (a cache, emptied by each registration) and by tag.
 _CODEC_OF_CLASS: dict[type, KeyedCodec | None] = {}
@@ -316,6 +322,7 @@ def register_batch_type(batch_type: BatchType) -> BatchType:
     call it at import; registering a type of the same ``name`` again replaces it."""
     _REGISTERED[:] = [t for t in _REGISTERED if t.name != batch_type.name]
     _REGISTERED.insert(0, batch_type)
+    _FOR_DICTS[:] = [t for t in _REGISTERED if t.dicts]
     _CODEC_OF_CLASS.clear()
     _CODEC_OF_TAG.clear()
     _CODEC_OF_TAG.update((codec.tag, codec) for t in reversed(_REGISTERED) for codec in _codecs(t))
@@ -597,7 +604,7 @@ _BUILTIN: tuple[BatchType, ...] = (
 
 
 def _registered_type_of(value: Any) -> BatchType | None:
-    for batch_type in _REGISTERED:
+    for batch_type in _FOR_DICTS if type(value) is dict else _REGISTERED:
         if batch_type.matches(value):
             return batch_type
     return None
@@ -610,7 +617,7 @@ def batch_type_of(batch: Any) -> BatchType | None:
     """The :class:`BatchType` describing ``batch`` (registered types first), else ``None``."""
     if batch is None or type(batch) in _SCALARS:  # (a call's plain arguments: asked for at every call)
         return None
-    for batch_type in (*_REGISTERED, *_BUILTIN):
+    for batch_type in (*(_FOR_DICTS if type(batch) is dict else _REGISTERED), *_BUILTIN):
         if batch_type.matches(batch):
             return batch_type
     return None

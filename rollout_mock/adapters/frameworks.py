@@ -185,6 +185,7 @@ DATAPROTO = BatchType(
     columns=_dataproto_columns, select=_dataproto_select, parts=_dataproto_parts, rebuild=_rebuild,
     meta_key="meta_info",
     classes=("verl.protocol:DataProto", "roll.distributed.scheduler.protocol:DataProto"),
+    dicts=False,  # an instance of a class outside builtins (dataproto_fields)
 )
 
 
@@ -208,7 +209,7 @@ def _no_rows(obj: Any, index: list[int]) -> Any:
 #: DataProto's): no rows, no columns.
 REQUEST = BatchType(
     "request", lambda b: _request_meta(b) is not None, lambda b: None, _no_rows,
-    parts=lambda b: {"meta_info": _request_meta(b)}, meta_key="meta_info",
+    parts=lambda b: {"meta_info": _request_meta(b)}, meta_key="meta_info", dicts=False,
 )
 
 
@@ -419,6 +420,7 @@ TENSORDICT = BatchType(
         KeyedCodec("tdstack", tuple(_STACKS), _stack_node_parts, _stack_node_check, _stack_node_build,
                    _stack_node_rows, class_keys=("cls", "stack_dim", "locked"), form="list"),
     ),
+    dicts=False,  # _is_tensordict refuses dicts
 )
 
 

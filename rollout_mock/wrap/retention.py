@@ -299,6 +299,9 @@ class _Health:
 
     def _mapping(self, obj: Mapping[Any, Any], path: str, depth: int) -> None:
         for key, value in obj.items():
+            if type(value) in _SKIPPED:  # (what walk() passes by, counted as it counts them: no call, no path)
+                self.nodes += 1
+                continue
             self.walk(value, f"{path}.{key}" if path else str(key), depth + 1)
 
     def _items(self, obj: list[Any] | tuple[Any, ...], path: str, depth: int) -> None:
@@ -315,7 +318,7 @@ class _Health:
             acc.setdefault("lengths", []).append(len(obj))
         elif obj and type(obj[0]) is float and self._floats(obj, f"{path}[]"):
             return
-        else:
+        elif obj:
             stride = -(-len(obj) // HEALTH_ITEMS)
             items = obj[::stride] if stride > 1 else obj  # a long list (of samples): evenly spaced items
             saved, self.weight = self.weight, self.weight * len(obj) / len(items)

@@ -318,3 +318,41 @@ def test_the_codec_writes_a_registered_batch_class_with_keyed_parts() -> None:
         check_tree({**node, "title": 7}, [])
     with pytest.raises(ValueError, match="unknown node tag 'y-table'"):
         check_tree({**node, "$": "y-table"}, [])
+
+
+def test_a_type_that_never_matches_a_dict_is_not_asked_about_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``BatchType.dicts=False``: the walks over sample dicts skip its ``matches`` for plain dicts
+    (a describe of 512 slime samples asks every registered type about ~1,500 dicts); it is still
+    asked about other objects, and a type without the declaration still matches a dict."""
+    monkeypatch.setattr(batch_module, "_REGISTERED", list(batch_module._REGISTERED))
+    monkeypatch.setattr(batch_module, "_FOR_DICTS", list(batch_module._FOR_DICTS))
+    asked: list[type] = []
+
+    class Box:
+        def __init__(self, value: Any) -> None:
+            self.value = value
+
+    def never_a_dict(obj: Any) -> bool:
+        asked.append(type(obj))
+        return isinstance(obj, Box)
+
+    register_batch_type(BatchType("test-box", never_a_dict, lambda b: None, lambda b, i: b,
+                                  parts=lambda b: {"value": b.value}, dicts=False))
+    register_batch_type(BatchType("test-tagged", lambda b: isinstance(b, dict) and b.get("kind") == "tagged",
+                                  lambda b: None, lambda b, i: b, parts=lambda b: {"hidden": torch.zeros(2)}))
+    samples = [{"x": torch.ones(3), "meta": {"kind": "tagged"}, "box": Box(torch.ones(1))} for _ in range(4)]
+    keys = describe_keys(samples)
+    assert set(keys) == {"[*].x", "[*].meta.hidden", "[*].box.value"}  # the dict type still matched
+    assert dict not in asked and Box in asked
+    assert batch_type_of({"kind": "tagged"}).name == "test-tagged" and batch_type_of({"a": 1}).name == "mapping"
+
+
+def test_the_types_that_declare_they_never_match_a_dict_do_not() -> None:
+    """The adapters' types that declare ``dicts=False`` (DataProto-like objects, requests,
+    TensorDicts) refuse dicts whatever their keys, so skipping them changes no answer."""
+    declared = [t for t in batch_module._REGISTERED if not t.dicts]
+    assert {t.name for t in declared} >= {"dataproto", "request", "tensordict"}
+    shaped = [{}, {"batch": {"x": torch.ones(2)}, "non_tensor_batch": {}, "meta_info": {}},
+              {"_batch": None, "_non_tensor_batch": None, "meta_info": {"global_step": 1}},
+              {"meta_info": {"global_step": 1}}, {"batch_size": [2], "items": 1, "keys": 2}]
+    assert not [(t.name, d) for t in declared for d in shaped if t.matches(d)]

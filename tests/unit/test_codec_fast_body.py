@@ -5,11 +5,13 @@ decimals, datetimes, numpy scalars, subclasses of int/float/str/list/dict, non-s
 from __future__ import annotations
 
 import collections
+import dataclasses
 import datetime
 import decimal
 import enum
 import fractions
 import importlib
+import io
 import math
 from typing import Any
 
@@ -120,3 +122,75 @@ def test_sample_dicts_are_packed_by_the_fast_packer(monkeypatch: pytest.MonkeyPa
 def test_lone_surrogates_and_huge_ints_fall_back_to_msgpack() -> None:
     batch = [{"text": "a\ud800b", "big": 2**70, "tokens": list(range(100))}]
     assert _same(codec.decode(codec.encode_bytes(batch)), batch)
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: float
+
+
+class Label(str):
+    pass
+
+
+def _slime_like() -> list[dict[str, Any]]:
+    return [{"index": i, "prompt": "solve x", "tokens": list(range(i, i + 300)), "loss_mask": [1] * 200,
+             "rollout_log_probs": [-0.5 - i / 64] * 200, "reward": 0.5, "status": "completed", "aborted": False,
+             "metadata": {"source": "math", "extra": {"turns": 1, "score": None}}} for i in range(16)]
+
+
+@pytest.mark.parametrize("odd", [(1, 2), {3}, Level.LOW, np.float64(0.25), Label("x"), True,
+                                 collections.OrderedDict(a=1), Point(1, 2.0), Count(7)], ids=repr)
+@pytest.mark.parametrize("where", ["sample", "metadata", "tokens", "loss_mask", "logprobs"])
+def test_an_odd_value_in_a_slime_batch_keeps_its_type_through_the_dump_mode_capture(odd: Any, where: str) -> None:
+    """What the dump-mode call captures of sample dicts is exact: a packer that writes tuples,
+    sets, enums, numpy scalars, subclasses and dataclasses as plain msgpack (msgspec does) must
+    not take them, wherever they sit (a sample's value, its nested metadata, inside a long list of
+    token ids, of mask ones or of log-probs); the capture writes the bytes a direct encode does."""
+    samples = _slime_like()
+    target = samples[7]
+    if where == "sample":
+        target["odd"] = odd
+    elif where == "metadata":
+        target["metadata"]["extra"]["odd"] = odd
+    else:
+        target[{"tokens": "tokens", "loss_mask": "loss_mask", "logprobs": "rollout_log_probs"}[where]][150] = odd
+    for pool in (None, codec.BufferPool()):  # the pooled body (the dump-mode call's) and the plain one
+        buffer = io.BytesIO()
+        captured = codec.capture(samples, pool=pool)
+        codec.encode(captured, buffer)
+        captured.release()
+        assert buffer.getvalue() == codec.encode_bytes(samples)
+        loaded = codec.decode(buffer.getvalue(), trusted=True)
+        assert _same(loaded, samples)
+
+
+def _body_addresses(captured: codec.Capture) -> list[int]:
+    assert captured.body is not None
+    first, count = captured.body
+    return [np.frombuffer(view, np.uint8).ctypes.data for view, _ in captured.chunks[first: first + count]]
+
+
+@pytest.mark.parametrize("batch", [
+    pytest.param([{"tokens": list(range(i, i + 3000)), "logprobs": [-0.5] * 3000, "text": "x" * 500}
+                  for i in range(400)], id="samples over several 4 MiB chunks"),
+    pytest.param({"ids": list(range(300_000)), "rows": [[1, 2], [3]] * 5000, "text": "a"}, id="lists in a dict"),
+    pytest.param([{"t": "a\ud800"}, {"t": "b"}] * 50, id="lone surrogates"),
+    pytest.param([[{"x": 1}]] * 20 + [{"odd": (1, 2)}] + [[{"x": 2}]] * 20, id="a tuple after packed slices"),
+])
+def test_the_pooled_capture_packs_the_body_into_reused_buffers_with_the_same_bytes(batch: Any) -> None:
+    """With a pool (the dump-mode call), the body is packed a slice at a time into the pool's
+    4 MiB buffers: ormsgpack's own output for a whole batch was fresh memory at every call (a
+    page fault per 4 KiB). The next capture packs into the same buffers, and the file's bytes are
+    a direct encode's, also when a slice is refused after others were copied."""
+    pool = codec.BufferPool()
+    addresses = []
+    for _ in range(2):
+        captured = codec.capture(batch, pool=pool)
+        buffer = io.BytesIO()
+        codec.encode(captured, buffer)
+        assert buffer.getvalue() == codec.encode_bytes(batch)
+        addresses.append(_body_addresses(captured))
+        captured.release()
+    assert addresses[0] == addresses[1]

@@ -126,3 +126,11 @@ def test_python_samples_are_read_at_evenly_spaced_items_and_values() -> None:
 def test_a_list_of_floats_with_other_values_is_walked_item_by_item() -> None:
     keys = health_summary({"x": [1.0, "a", 3.0, None, math.nan]})["keys"]
     assert keys["x[]"] == {"n": 3, "nf": 1, "lo": 1.0, "hi": 3.0, "mean": 2.0}
+
+
+def test_an_empty_list_has_a_health_line() -> None:
+    """An empty batch, or a sample with an empty list in it, is summarised (no division by the
+    zero items read: the whole line used to be lost, with a warning)."""
+    assert health_summary([]) == {"keys": {}, "flags": []}
+    keys = health_summary([{"tags": [], "reward": 1.0}, {"tags": [], "reward": 2.0}])["keys"]
+    assert keys == {"[].reward": {"n": 2, "lo": 1.0, "hi": 2.0, "mean": 1.5}}

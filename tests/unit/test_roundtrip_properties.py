@@ -168,6 +168,9 @@ def test_capture_writes_the_bytes_of_a_direct_encode(batch: Any) -> None:
     data = codec.encode_bytes(codec.capture(batch))
     assert data == codec.encode_bytes(batch)
     assert_same(batch, codec.decode(data))
+    pooled = codec.capture(batch, pool=codec.BufferPool())  # the dump-mode call's: the body in pooled buffers
+    assert codec.encode_bytes(pooled) == data
+    pooled.release()
 
 
 @settings(max_examples=20, deadline=None)
@@ -235,9 +238,10 @@ def test_body_values_round_trip_with_exact_types(value: Any) -> None:
     through a file and through the dump-mode capture."""
     batch = [value]
     _assert_exact(batch, codec.decode(codec.encode_bytes(batch)))
-    buffer = io.BytesIO()
-    codec.encode(codec.capture(batch), buffer)
-    _assert_exact(batch, codec.decode(buffer.getvalue()))
+    for pool in (None, codec.BufferPool()):
+        buffer = io.BytesIO()
+        codec.encode(codec.capture(batch, pool=pool), buffer)
+        _assert_exact(batch, codec.decode(buffer.getvalue()))
 
 
 @PROPS

@@ -667,10 +667,8 @@ class BodyReader:
         if type(shape) is not list or len(shape) > MAX_NDIM or any(type(d) is not int or d < 0 for d in shape) \
                 or math.prod(shape) != len(items) - 2:
             raise ValueError("object array shape does not match its items")
-        array = np.empty(len(items) - 2, dtype=object)
-        for i, x in enumerate(items[2:]):
-            array[i] = x
-        return array.reshape(shape)
+        # fromiter keeps each item as it is (a list item stays one object, never a new dimension)
+        return np.fromiter(items[2:], dtype=object, count=len(items) - 2).reshape(shape)
 
     def ext(self, code: int, data: bytes) -> Any:
         if code in _MARKERS:

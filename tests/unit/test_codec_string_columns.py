@@ -89,3 +89,71 @@ def test_an_object_column_of_lists_keeps_one_dimension() -> None:
     out = codec.decode(codec.encode_bytes({"x": column}))["x"]
     assert out.shape == (3,) and out.dtype == object
     assert [type(x) for x in out] == [list, list, tuple] and out.tolist() == [[1, 2], [3, 4], (5, 6)]
+
+
+def _big_column() -> np.ndarray:
+    """A string column of more than ``VIEW_BYTES``: decoded from a map of the file."""
+    from rollout_mock.codec.decode import VIEW_BYTES
+
+    column = np.array([f"row {i:05d} " + "text " * 2000 for i in range(2 * VIEW_BYTES // 10_000 + 8)],
+                      dtype=object)
+    assert sum(len(s) for s in column) > VIEW_BYTES
+    return column
+
+
+def _mapped(path: Path) -> bool:
+    return str(path) in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc/self/maps")
+def test_a_large_column_is_decoded_from_a_map_of_the_file_and_the_map_released(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient read of a local file of VIEW_BYTES or more is not copied: it is mapped
+    (FileSource.view_range), CRC-checked in place and unmapped once decoded."""
+    from rollout_mock.codec.safe import FileSource
+
+    column = _big_column()
+    path = tmp_path / "step.bin"
+    path.write_bytes(codec.encode_bytes({"s": column, "small": np.array(["a", "b"], dtype=object)}))
+    views: list[tuple[int, int]] = []
+    seen_mapped: list[bool] = []
+    real = FileSource.view_range
+
+    def spy(self: FileSource, offset: int, length: int) -> memoryview:
+        views.append((offset, length))
+        view = real(self, offset, length)
+        seen_mapped.append(_mapped(path))
+        return view
+
+    monkeypatch.setattr(FileSource, "view_range", spy)
+    out = codec.decode(path)
+    assert out["s"].tolist() == column.tolist() and out["small"].tolist() == ["a", "b"]
+    assert len(views) == 1 and views[0][1] > 1 << 20  # the large column only (the small one is read)
+    assert seen_mapped == [True]
+    assert not _mapped(path)  # nothing returned points into the map
+
+
+@pytest.mark.parametrize("plant", [b"\xff", b"X"])
+def test_a_corrupt_large_column_is_reported_by_its_crc_not_by_the_decode(tmp_path: Path, plant: bytes) -> None:
+    """The map's CRC checks run beside the decode; a failed one is the error raised, also when
+    the decode itself failed first (invalid UTF-8) or succeeded (a changed letter)."""
+    data = bytearray(codec.encode_bytes({"s": _big_column()}))
+    data[bytes(data).index(b"row 00003") + 2] = plant[0]
+    path = tmp_path / "step.bin"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStepError, match="CRC-32"):
+        codec.decode(path)
+
+
+def test_a_large_column_with_torn_offsets_is_refused_from_the_map(tmp_path: Path) -> None:
+    items = [msgpack.packb(f"{i:04d}" + "y" * 40_000) for i in range(40)]
+    offsets = [3]
+    for item in items:
+        offsets.append(offsets[-1] + len(item))
+    offsets[5] -= 1
+    path = tmp_path / "step.bin"
+    path.write_bytes(_column(items))
+    assert codec.decode(path).tolist()[:1] == [items[0][3:].decode()]
+    path.write_bytes(_column(items, offsets))
+    with pytest.raises(CorruptStepError, match="string column"):
+        codec.decode(path)

@@ -282,6 +282,10 @@ def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.nd
 SCRATCH_BYTES = 32 << 20
 #: How many scratch buffers the process keeps (loads on more threads at once get new memory).
 SCRATCH_BUFFERS = 2
+#: Transient reads of at least this many bytes from a local file are decoded from a read-only map
+#: of the file (:meth:`~rollout_mock.codec.safe.FileSource.view_range`), CRC-checked in place;
+#: smaller ones (a map costs a few system calls) go to the scratch.
+VIEW_BYTES = 1 << 20
 _ALIGN = 64
 
 
@@ -409,7 +413,12 @@ class ChunkReader:
     def _mapped_run(self, first: int, count: int) -> int | None:
         """File offset of chunks ``first..first+count-1`` when they can be used in place: mapped,
         stored uncompressed and back to back; None otherwise."""
-        if not self.mapped or count == 0:
+        return self._contiguous(first, count) if self.mapped else None
+
+    def _contiguous(self, first: int, count: int) -> int | None:
+        """File offset of chunks ``first..first+count-1`` when they are stored uncompressed and
+        back to back (their stored bytes are their raw bytes); None otherwise."""
+        if count == 0:
             return None
         expected = self.table[first][0]
         for i in range(first, first + count):
@@ -456,6 +465,11 @@ class ChunkReader:
         out of them (msgpack) and drops them: in this load's scratch memory when they fit
         (valid until :meth:`close`), else new memory; the mapped file itself when mapped."""
         first, count = ref
+        viewed = self._viewed(ref)
+        if viewed is not None:
+            view, jobs = viewed
+            self._run(jobs, view.nbytes)
+            return view
         if self._mapped_run(first, count) is None:
             scratch = self._scratch()
             total = sum(self.table[i][2] for i in range(first, first + count))
@@ -470,9 +484,39 @@ class ChunkReader:
         data: np.ndarray = self.whole(ref, None).numpy()
         return data
 
+    def _viewed(self, ref: list[int]) -> tuple[np.ndarray, list[tuple[int, Any, bool]]] | None:
+        """A large run of uncompressed chunks of a local file: a read-only map of it
+        (:data:`VIEW_BYTES`) and the CRC checks to run on it; None otherwise."""
+        first, count = ref
+        start = None if self.mapped else self._contiguous(first, count)
+        if start is None or not hasattr(self.source, "view_range"):
+            return None
+        total = sum(self.table[i][2] for i in range(first, first + count))
+        if total < VIEW_BYTES:
+            return None
+        view = self.source.view_range(start, total)
+        jobs, pos = [], 0
+        for i in range(first, first + count):
+            jobs.append((i, view[pos: pos + self.table[i][1]], True))
+            pos += self.table[i][1]
+        return np.frombuffer(view, dtype=np.uint8), jobs
+
     @contextmanager
     def transient(self, ref: list[int]) -> Iterator[np.ndarray]:
-        """:meth:`kept`, given back to the scratch memory when the block ends."""
+        """:meth:`kept`, given back to the scratch memory when the block ends. A mapped run
+        (:meth:`_viewed`) is CRC-checked on the pool's threads while the block decodes it (the
+        decoder is safe on any bytes); the block's end waits for the checks, and a failed one
+        is the error raised (before any error of the decode: a corrupt chunk is named as such)."""
+        viewed = self._viewed(ref) if self.verify else None
+        if viewed is not None:
+            view, jobs = viewed
+            checks = [pool().submit(self._fill, job) for job in jobs]
+            try:
+                yield view
+            finally:
+                for check in checks:
+                    check.result()
+            return
         scratch = self._scratch()
         top = 0 if scratch is None else scratch.top
         try:
@@ -686,10 +730,8 @@ class BodyReader:
         if type(shape) is not list or len(shape) > MAX_NDIM or any(type(d) is not int or d < 0 for d in shape) \
                 or math.prod(shape) != len(items) - 2:
             raise ValueError("object array shape does not match its items")
-        array = np.empty(len(items) - 2, dtype=object)
-        for i, x in enumerate(items[2:]):
-            array[i] = x
-        return array.reshape(shape)
+        # fromiter keeps each item as it is (a list item stays one object, never a new dimension)
+        return np.fromiter(items[2:], dtype=object, count=len(items) - 2).reshape(shape)
 
     def ext(self, code: int, data: bytes) -> Any:
         if code in _MARKERS:

@@ -154,6 +154,20 @@ class FileSource:
                 raise _short(self.name, offset, total, done, self._size)
             done += got
 
+    def view_range(self, offset: int, length: int) -> memoryview:
+        """Bytes ``[offset, offset + length)`` as a read-only memory map of the file (no copy),
+        for bytes a decoder copies out of and drops (string columns, the body): reading them
+        into new memory first writes, then reads again, every byte through the cache (38 MB of
+        strings: ~30 ms that way, ~17 ms mapped, on the benchmark machine). The map is released
+        when the last view of it is dropped. As with :class:`MappedSource`, a step file must not
+        be truncated in place while its bytes are being decoded (SIGBUS); rollout_mock replaces
+        step files by rename, never in place."""
+        if offset < 0 or length <= 0 or offset + length > self._size:
+            raise _short(self.name, offset, length, max(0, self._size - offset), self._size)
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mapped = mmap.mmap(self._fd, offset + length - start, access=mmap.ACCESS_READ, offset=start)
+        return memoryview(mapped)[offset - start:]
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)

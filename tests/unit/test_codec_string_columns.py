@@ -1,0 +1,159 @@
+"""String columns (codec/decode.py ``read_strings``): every item is checked against its offsets
+(a torn or reordered offset is refused even when the total still matches), a corrupt chunk is
+reported by its CRC, and object columns keep their items as they are (lists stay items)."""
+
+from __future__ import annotations
+
+import struct
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import numpy as np
+import pytest
+
+from rollout_mock import CorruptStepError, codec
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "adversarial"))
+import adversarial_corpus as C  # noqa: E402
+
+
+def _load(data: bytes, tmp_path: Path, from_file: bool, **kwargs: Any) -> Any:
+    if not from_file:
+        return codec.decode(data, **kwargs)
+    path = tmp_path / "step.bin"
+    path.write_bytes(data)
+    return codec.decode(path, **kwargs)
+
+
+def _column(items: list[bytes], offsets: list[int] | None = None, *, pieces: int = 1) -> bytes:
+    """A string column of the msgpack ``items`` (their offsets unless given), its data split
+    into ``pieces`` chunks."""
+    head = bytes([0x90 | len(items)]) if len(items) < 16 else b"\xdc" + len(items).to_bytes(2, "big")
+    data = head + b"".join(items)
+    if offsets is None:
+        offsets = [len(head)]
+        for item in items:
+            offsets.append(offsets[-1] + len(item))
+    size = -(-len(data) // pieces)
+    chunks = [data[i: i + size] for i in range(0, len(data), size)]
+    raw = struct.pack(f"<{len(offsets)}q", *offsets)
+    root = {"$": "strs", "shape": [len(offsets) - 1], "c": [1, len(chunks)], "o": [1 + len(chunks), 1]}
+    return C.v4(root, b"\xc0", [*chunks, raw])
+
+
+ITEMS = [msgpack.packb(t) for t in ("ab", "cde", "f" * 40, "gh")]
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+@pytest.mark.parametrize("offsets", [
+    [1, 3, 8, 50, 53],  # the first item said one byte short, the second one long: same total
+    [1, 8, 4, 50, 53],  # out of order
+    [1, 4, 4, 50, 53],  # an item of no bytes
+    [1, 4, 8, 50, 52],  # ends before the data
+    [0, 4, 8, 50, 53],  # starts at the array header
+])
+def test_offsets_that_do_not_frame_each_item_are_refused(tmp_path: Path, from_file: bool,
+                                                         offsets: list[int]) -> None:
+    good = _column(ITEMS, pieces=3)
+    assert _load(good, tmp_path, from_file).tolist() == ["ab", "cde", "f" * 40, "gh"]
+    with pytest.raises(CorruptStepError, match="string column"):
+        _load(_column(ITEMS, offsets, pieces=3), tmp_path, from_file)
+
+
+@pytest.mark.parametrize("item", [
+    msgpack.packb(7), msgpack.packb({"k": "v" * 20}), msgpack.packb(["v" * 20]), msgpack.packb(b"v" * 20),
+    msgpack.packb(msgpack.ExtType(5, b"v" * 20)), b"\xc1",
+])
+def test_an_item_that_is_not_one_string_is_refused(tmp_path: Path, item: bytes) -> None:
+    with pytest.raises(CorruptStepError, match="string column"):
+        _load(_column([ITEMS[0], item, ITEMS[2]], pieces=2), tmp_path, from_file=False)
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_a_corrupt_column_chunk_is_reported_by_its_crc(tmp_path: Path, from_file: bool) -> None:
+    """Invalid UTF-8 planted in a column is reported as the corruption it is, not as a decode error."""
+    column = np.array([f"row {i:05d} " + "text " * 200 for i in range(64)], dtype=object)
+    data = bytearray(codec.encode_bytes({"s": column}))
+    data[bytes(data).index(b"row 00001")] = 0xFF
+    with pytest.raises(CorruptStepError, match="CRC-32"):
+        _load(bytes(data), tmp_path, from_file)
+
+
+def test_an_object_column_of_lists_keeps_one_dimension() -> None:
+    """Items of an object array are kept as they are: equal-length lists never become a second
+    dimension (what ``array[:] = items`` would make of them)."""
+    column = np.empty(3, dtype=object)
+    column[0], column[1], column[2] = [1, 2], [3, 4], (5, 6)
+    out = codec.decode(codec.encode_bytes({"x": column}))["x"]
+    assert out.shape == (3,) and out.dtype == object
+    assert [type(x) for x in out] == [list, list, tuple] and out.tolist() == [[1, 2], [3, 4], (5, 6)]
+
+
+def _big_column() -> np.ndarray:
+    """A string column of more than ``VIEW_BYTES``: decoded from a map of the file."""
+    from rollout_mock.codec.decode import VIEW_BYTES
+
+    column = np.array([f"row {i:05d} " + "text " * 2000 for i in range(2 * VIEW_BYTES // 10_000 + 8)],
+                      dtype=object)
+    assert sum(len(s) for s in column) > VIEW_BYTES
+    return column
+
+
+def _mapped(path: Path) -> bool:
+    return str(path) in Path("/proc/self/maps").read_text()
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc/self/maps")
+def test_a_large_column_is_decoded_from_a_map_of_the_file_and_the_map_released(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transient read of a local file of VIEW_BYTES or more is not copied: it is mapped
+    (FileSource.view_range), CRC-checked in place and unmapped once decoded."""
+    from rollout_mock.codec.safe import FileSource
+
+    column = _big_column()
+    path = tmp_path / "step.bin"
+    path.write_bytes(codec.encode_bytes({"s": column, "small": np.array(["a", "b"], dtype=object)}))
+    views: list[tuple[int, int]] = []
+    seen_mapped: list[bool] = []
+    real = FileSource.view_range
+
+    def spy(self: FileSource, offset: int, length: int) -> memoryview:
+        views.append((offset, length))
+        view = real(self, offset, length)
+        seen_mapped.append(_mapped(path))
+        return view
+
+    monkeypatch.setattr(FileSource, "view_range", spy)
+    out = codec.decode(path)
+    assert out["s"].tolist() == column.tolist() and out["small"].tolist() == ["a", "b"]
+    assert len(views) == 1 and views[0][1] > 1 << 20  # the large column only (the small one is read)
+    assert seen_mapped == [True]
+    assert not _mapped(path)  # nothing returned points into the map
+
+
+@pytest.mark.parametrize("plant", [b"\xff", b"X"])
+def test_a_corrupt_large_column_is_reported_by_its_crc_not_by_the_decode(tmp_path: Path, plant: bytes) -> None:
+    """The map's CRC checks run beside the decode; a failed one is the error raised, also when
+    the decode itself failed first (invalid UTF-8) or succeeded (a changed letter)."""
+    data = bytearray(codec.encode_bytes({"s": _big_column()}))
+    data[bytes(data).index(b"row 00003") + 2] = plant[0]
+    path = tmp_path / "step.bin"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CorruptStepError, match="CRC-32"):
+        codec.decode(path)
+
+
+def test_a_large_column_with_torn_offsets_is_refused_from_the_map(tmp_path: Path) -> None:
+    items = [msgpack.packb(f"{i:04d}" + "y" * 40_000) for i in range(40)]
+    offsets = [3]
+    for item in items:
+        offsets.append(offsets[-1] + len(item))
+    offsets[5] -= 1
+    path = tmp_path / "step.bin"
+    path.write_bytes(_column(items))
+    assert codec.decode(path).tolist()[:1] == [items[0][3:].decode()]
+    path.write_bytes(_column(items, offsets))
+    with pytest.raises(CorruptStepError, match="string column"):
+        codec.decode(path)

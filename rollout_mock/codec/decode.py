@@ -94,6 +94,7 @@ from rollout_mock.codec.format import (
     numpy_dtype,
     pool,
 )
+from rollout_mock.crc import crc32_combine
 from rollout_mock.errors import UnsafePickleError
 
 __all__ = [
@@ -256,14 +257,18 @@ def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.nd
         items = [unpacker.unpack() for _ in range(hi - lo)]
     else:
         count = math.prod(shape)
-        with reader.transient(node["o"]) as offset_bytes, reader.transient(node["c"]) as data:
-            offsets = offset_bytes.view("<i8")
-            head = array_head(count)
+        with reader.transient(node["o"]) as offset_bytes:
+            offsets = offset_bytes.view("<i8").copy()
+        head = array_head(count)
+
+        def decode(data: np.ndarray) -> Any:
             if int(offsets[0]) != len(head) or data[: len(head)].tobytes() != head \
                     or int(offsets[-1]) != data.size:
                 raise ValueError("string column header does not match its shape")
             _check_items(data, offsets[:-1], offsets[1:])
-            items = msgpack.unpackb(memoryview(data), raw=False, unicode_errors=errors)
+            return msgpack.unpackb(data.data, raw=False, unicode_errors=errors)
+
+        items = reader.decoded(node["c"], decode)
     array = np.empty(len(items), dtype=object)
     array[:] = items
     if rows is not None and shape:
@@ -501,22 +506,33 @@ class ChunkReader:
             pos += self.table[i][1]
         return np.frombuffer(view, dtype=np.uint8), jobs
 
+    def decoded(self, ref: list[int], decode: Callable[[np.ndarray], Any]) -> Any:
+        """``decode(bytes of ref)``, for a decoder that copies what it needs out of the bytes
+        (:meth:`transient`). A mapped run (:meth:`_viewed`) is decoded on a pool thread while
+        this one checks its CRC in one call over the whole run, without the GIL (compared with
+        the chunks' CRCs combined), so the check costs no wall time where a core is free; a
+        failed check is the error raised, also when the decode failed (a corrupt chunk is named
+        as such, not as the decode error it caused). The decoder is safe on any bytes."""
+        viewed = self._viewed(ref) if self.verify else None
+        if viewed is None:
+            with self.transient(ref) as data:
+                return decode(data)
+        view, jobs = viewed
+        work = pool().submit(decode, view)
+        expected = None
+        for i, _part, _in_place in jobs:
+            crc, stored = self.table[i][3], self.table[i][1]
+            expected = crc if expected is None else crc32_combine(expected, crc, stored)
+        if crc32(view) != expected:
+            work.exception()  # the decode reads the map: wait for it to end before raising
+            for job in jobs:
+                self._fill(job)  # names the corrupt chunk
+            raise ValueError("a run of chunks fails its CRC-32 check (the file is corrupt)")
+        return work.result()
+
     @contextmanager
     def transient(self, ref: list[int]) -> Iterator[np.ndarray]:
-        """:meth:`kept`, given back to the scratch memory when the block ends. A mapped run
-        (:meth:`_viewed`) is CRC-checked on the pool's threads while the block decodes it (the
-        decoder is safe on any bytes); the block's end waits for the checks, and a failed one
-        is the error raised (before any error of the decode: a corrupt chunk is named as such)."""
-        viewed = self._viewed(ref) if self.verify else None
-        if viewed is not None:
-            view, jobs = viewed
-            checks = [pool().submit(self._fill, job) for job in jobs]
-            try:
-                yield view
-            finally:
-                for check in checks:
-                    check.result()
-            return
+        """:meth:`kept`, given back to the scratch memory when the block ends."""
         scratch = self._scratch()
         top = 0 if scratch is None else scratch.top
         try:

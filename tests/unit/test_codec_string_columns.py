@@ -157,3 +157,24 @@ def test_a_large_column_with_torn_offsets_is_refused_from_the_map(tmp_path: Path
     path.write_bytes(_column(items, offsets))
     with pytest.raises(CorruptStepError, match="string column"):
         codec.decode(path)
+
+
+@pytest.mark.parametrize("where", [None, "first", "last"])
+def test_a_column_of_several_chunks_is_checked_by_one_crc_of_the_run(tmp_path: Path, where: str | None) -> None:
+    """A mapped run of several chunks is checked by one CRC-32 over it, compared with the chunks'
+    CRCs combined: a good file loads, a byte changed in its first or last chunk is named as the
+    corrupt chunk."""
+    from rollout_mock.codec.format import CHUNK_BYTES
+
+    column = np.array([f"{i:05d} " + "word " * 4000 for i in range(3 * CHUNK_BYTES // 20_000 + 2)], dtype=object)
+    data = bytearray(codec.encode_bytes({"s": column}))
+    if where is not None:
+        marker = b"00000 " if where == "first" else f"{len(column) - 1:05d} ".encode()
+        data[bytes(data).index(marker) + 10] = ord("X")
+    path = tmp_path / "step.bin"
+    path.write_bytes(bytes(data))
+    if where is None:
+        assert codec.decode(path)["s"].tolist() == column.tolist()
+    else:
+        with pytest.raises(CorruptStepError, match=r"chunk \d+ fails its CRC-32"):
+            codec.decode(path)

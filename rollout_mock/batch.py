@@ -199,6 +199,10 @@ class BatchType(NamedTuple):
       :func:`describe_keys`): e.g. a DataProto's ``batch``, ``non_tensor_batch`` and
       ``meta_info`` (default: its columns);
     * ``rebuild(batch, parts)``: the same batch with some parts replaced (a copy);
+    * ``map_tensors(batch, fn)``: the batch with every tensor ``t`` it holds replaced by
+      ``fn(t)`` (device placement), for a type whose parts cannot be replaced one by one (a
+      TensorDict with a device moves its values back onto it): without it, placement goes
+      through ``parts`` and ``rebuild``;
     * ``meta_key``: the part that holds per-batch metadata (a call's step may be there; it has
       no rows and :func:`describe_keys` leaves it out);
     * ``classes``: ``"module:qualname"`` of the classes of this type that the safe loader may
@@ -218,6 +222,7 @@ class BatchType(NamedTuple):
     select: Callable[[Any, frozenset[str]], Any] | None = None
     parts: Callable[[Any], dict[str, Any]] | None = None
     rebuild: Callable[[Any, dict[str, Any]], Any] | None = None
+    map_tensors: Callable[[Any, Callable[[Any], Any]], Any] | None = None
     meta_key: str | None = None
     classes: tuple[str, ...] = ()
     codec: KeyedCodec | tuple[KeyedCodec, ...] | None = None

@@ -39,8 +39,10 @@ framework, no torch and no numpy.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
+
+import torch
 
 from rollout_mock.batch import (
     BatchType,
@@ -249,6 +251,17 @@ def _tensordict_parts(obj: Any) -> dict[str, Any]:
     return {str(k): obj[k] for k in obj.keys()}
 
 
+def _tensordict_map_tensors(td: Any, fn: Callable[[Any], Any]) -> Any:
+    """Its leaves through ``fn`` (device placement); one that had a device gets the one its leaves
+    are on now (a recorded one loads with ``device=None``), and a locked one is locked."""
+    out = td.apply(fn, device=None, call_on_nested=False, filter_empty=False)
+    if td.device is not None:
+        devices = {t.device for t in out.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)}
+        if len(devices) == 1:
+            out = out.to(devices.pop())
+    return out.lock_() if td.is_locked else out
+
+
 def _tensordict_rebuild(obj: Any, parts: dict[str, Any]) -> Any:
     """A shallow copy with ``parts`` set (a string or a list becomes non-tensor data again)."""
     out = obj.clone(recurse=False)
@@ -410,7 +423,7 @@ TENSORDICT = BatchType(
     "tensordict", _is_tensordict, _tensordict_rows, _tensordict_take, _tensordict_concat,
     columns=lambda b: {str(k): v for k, v in b.items()},
     select=lambda b, keys: b.select(*[k for k in b.keys() if k in keys]),
-    parts=_tensordict_parts, rebuild=_tensordict_rebuild,
+    parts=_tensordict_parts, rebuild=_tensordict_rebuild, map_tensors=_tensordict_map_tensors,
     codec=(
         KeyedCodec("tensordict", ("tensordict._td:TensorDict",), _tensordict_node_parts, _tensordict_node_check,
                    _tensordict_node_build, _tensordict_node_rows, class_keys=("locked", "consolidated")),

@@ -29,7 +29,6 @@ and everything in a dump written before devices were recorded, stay on the CPU.
 from __future__ import annotations
 
 import collections
-import sys
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -464,17 +463,17 @@ class DevicePlacement:
 
 def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], depth: int) -> Any:
     """``value`` with every tensor ``t`` it holds replaced by ``fn(t)``: inside dicts, lists,
-    tuples, object arrays, TensorDicts and the parts of the batch types that can be rebuilt
-    (:func:`rollout_mock.batch.batch_parts`); a container holding no replaced tensor is returned
+    tuples, object arrays and the batch types (their own ``map_tensors``, else the parts that can
+    be rebuilt: :func:`rollout_mock.batch.batch_parts`); a container holding no replaced tensor is returned
     as it is. Tensors inside other objects (trusted pickles) are left where they are."""
     if isinstance(value, torch.Tensor):
         return fn(value)
     if depth > _MAX_DEPTH or value is None or isinstance(value, str | bytes | int | float | bool):
         return value
     cls = type(value)
-    td_base = getattr(sys.modules.get("tensordict"), "TensorDictBase", None)
-    if td_base is not None and isinstance(value, td_base):
-        return _map_tensordict(value, fn)
+    batch_type = None if cls is dict or cls is list or cls is tuple else batch_type_of(value)
+    if batch_type is not None and batch_type.map_tensors is not None:  # (a TensorDict keeps its device)
+        return batch_type.map_tensors(value, fn)
     if isinstance(value, Mapping):
         items = {k: _map_tensors(v, fn, depth + 1) for k, v in value.items()}
         if all(items[k] is v for k, v in value.items()):
@@ -502,20 +501,10 @@ def _map_tensors(value: Any, fn: Callable[[torch.Tensor], torch.Tensor], depth: 
             out_array[idx] = moved = _map_tensors(item, fn, depth + 1)
             any_moved = any_moved or moved is not item
         return out_array if any_moved else value
-    if batch_type_of(value) is not None:
+    if batch_type is not None:
         parts = batch_parts(value) or {}
         new = {name: _map_tensors(part, fn, depth + 1) for name, part in parts.items()}
         changed = {name: part for name, part in new.items() if part is not parts[name]}
         return rebuild(value, changed) if changed else value
     return value
 
-
-def _map_tensordict(td: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    """A TensorDict's leaves through ``fn``; a TensorDict that had a device gets the one its
-    leaves are on now (a recorded one loads with ``device=None``), and a locked one is locked."""
-    out = td.apply(fn, device=None, call_on_nested=False, filter_empty=False)
-    if td.device is not None:
-        devices = {t.device for t in out.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)}
-        if len(devices) == 1:
-            out = out.to(devices.pop())
-    return out.lock_() if td.is_locked else out

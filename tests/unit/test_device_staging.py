@@ -375,9 +375,11 @@ def test_placement_moves_dataproto_and_tensordict_leaves() -> None:
     td = TensorDict({"ids": torch.arange(8).view(4, 2), "lp": torch.randn(4, 2)}, batch_size=[4])
     proto = verl.DataProto(batch=td, non_tensor_batch={"uid": np.array(list("abcd"), dtype=object)},
                            meta_info={"global_step": 2})
-    data = encode_bytes({"proto": proto, "td": td.clone()})
+    data = encode_bytes({"proto": proto, "td": td.clone(), "locked": td.clone().lock_()})
     placed = DevicePlacement("cuda", backend=fake).load(lambda step: decode(data), 0, 0)
     out = placed.batch
+    # through the type's own map_tensors (registered by the adapter): a locked one stays locked
+    assert out["locked"].is_locked and fake.on_device[id(out["locked"]["ids"])] == 0
     assert type(out["proto"]) is type(proto)
     assert fake.on_device[id(out["proto"].batch["ids"])] == 0
     assert fake.on_device[id(out["td"]["lp"])] == 0

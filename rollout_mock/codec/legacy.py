@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rollout_mock.batch import KeyedCodec, keyed_codec, keyed_codec_of_tag
 from rollout_mock.codec.classes import batch_class_names, build_batch
 from rollout_mock.codec.decode import OPT_IN, KeyBudget, check_keys
 from rollout_mock.codec.format import MAX_NDIM, TORCH_DTYPES, numpy_dtype
@@ -68,8 +69,20 @@ _TYPES: dict[tuple[str, str], Any] = {
 }
 _FACTORIES = {"_rebuild_tensor", "_rebuild_parameter", "_rebuild_ndarray", "_rebuild_object_array",
               "_rebuild_np_scalar", "_rebuild_tensordict", "_rebuild_object"}
-_TD_NAMES = {("tensordict._td", "TensorDict"), ("tensordict.tensordict", "TensorDict")}
 _SEQ = (list, tuple, set, frozenset)
+
+#: The keyed class (:class:`rollout_mock.batch.KeyedCodec`, registered by an adapter) whose
+#: instances format 1 writes as a ``_rebuild_tensordict`` call: its tag, a name of the file format.
+FORMAT1_KEYED = "tensordict"
+
+
+def format1_keyed() -> KeyedCodec:
+    """The registered :data:`FORMAT1_KEYED` class: a file of format 1 holds one."""
+    keyed = keyed_codec_of_tag(FORMAT1_KEYED)
+    if keyed is None:
+        raise ValueError(f"a format-1 file holds a {FORMAT1_KEYED!r} instance and no adapter registers that class "
+                         "(rollout_mock.adapters.frameworks does)")
+    return keyed
 
 
 def _fail(message: str) -> ValueError:
@@ -240,17 +253,15 @@ class _Machine:
         return np.frombuffer(raw, dtype=np_dtype)[0].copy()
 
     def _rebuild_tensordict(self, items: Any, batch_size: Any, device: Any, names: Any) -> Any:
-        from tensordict import TensorDict
-
+        keyed = format1_keyed()
         if type(items) is not dict or any(type(k) is not str for k in items):
-            raise _fail("bad TensorDict items")
-        if device not in (None, "cpu") or not (names is None or (type(names) is list and all(
-                n is None or type(n) is str for n in names))):
-            raise _fail("bad TensorDict device or names")
+            raise _fail(f"bad {FORMAT1_KEYED} items")
         for value in items.values():
-            if not isinstance(value, torch.Tensor) and type(value).__qualname__ != "TensorDict":
-                raise _fail("TensorDict items must be tensors or TensorDicts")
-        return TensorDict(items, batch_size=_shape(batch_size), device=device, names=names)
+            if not isinstance(value, torch.Tensor) and keyed_codec(type(value)) is not keyed:
+                raise _fail(f"{FORMAT1_KEYED} items must be tensors or {FORMAT1_KEYED} instances")
+        node = {"$": FORMAT1_KEYED, "batch_size": _shape(batch_size), "device": device, "names": names}
+        keyed.check(node)
+        return keyed.build(node, items, lambda: None)
 
     def _rebuild_object(self, cls: Any, state: Any) -> Any:
         if not isinstance(cls, _Global):

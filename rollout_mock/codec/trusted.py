@@ -35,9 +35,10 @@ import cloudpickle
 import numpy as np
 import torch
 
-from rollout_mock.batch import is_batch_class
+from rollout_mock.batch import is_batch_class, keyed_codec
 from rollout_mock.codec.encode import tensor_bytes
 from rollout_mock.codec.format import PROTOCOL
+from rollout_mock.codec.legacy import FORMAT1_KEYED, format1_keyed
 
 __all__ = ["REBUILD_FUNCTIONS", "dtype_name", "dump_v1", "dumps_v1", "loads", "torch_dtype"]
 
@@ -113,10 +114,12 @@ def _rebuild_np_scalar(dtype: str, raw: bytes) -> np.generic:
 def _rebuild_tensordict(
     items: dict[str, Any], batch_size: list[int], device: str | None, names: list[str | None] | None
 ) -> Any:
-    """Rebuild a ``tensordict.TensorDict`` from its items (tensors or nested TensorDicts)."""
-    from tensordict import TensorDict
-
-    return TensorDict(items, batch_size=batch_size, device=device, names=names)
+    """Format 1's call for an instance of the :data:`FORMAT1_KEYED` class: its keyed items (tensors
+    or nested instances) and head, built by the registered class's ``build``."""
+    keyed = format1_keyed()
+    node = {"$": FORMAT1_KEYED, "batch_size": list(batch_size), "device": device, "names": names}
+    keyed.check(node)
+    return keyed.build(node, items, lambda: None)
 
 
 def _rebuild_object(cls: type, state: dict[str, Any]) -> Any:
@@ -173,20 +176,12 @@ class _BatchPickler(cloudpickle.Pickler):
         elif isinstance(obj, np.generic) and cls.__module__ == "numpy" and obj.dtype.kind != "O":
             if obj.dtype.fields is None:
                 return _rebuild_np_scalar, (obj.dtype.str, obj.tobytes())
-        elif cls.__module__ == "tensordict._td" and cls.__qualname__ == "TensorDict":
-            return self._reduce_tensordict(obj)
+        elif (keyed := keyed_codec(cls)) is not None and keyed.tag == FORMAT1_KEYED:
+            head, items, _ = keyed.parts(obj, "")  # its items, batch size, names and CPU device are all it is
+            return _rebuild_tensordict, (dict(items), head["batch_size"], head["device"], head["names"])
         elif is_batch_class(cls) and hasattr(obj, "__dict__"):
             return _rebuild_object, (cls, dict(obj.__dict__))
         return super().reducer_override(obj)
-
-    def _reduce_tensordict(self, td: Any) -> Any:
-        # TensorDict's own pickling differs between plain and consolidated instances (the latter
-        # references tensordict internals); its items, batch size and names are all it is.
-        device = td.device
-        names = list(td.names) if getattr(td, "_has_names", lambda: False)() else None
-        items = dict(td.items())
-        keep_device = None if device is None or device.type != "cpu" else "cpu"
-        return _rebuild_tensordict, (items, list(td.batch_size), keep_device, names)
 
     def _reduce_tensor(self, tensor: torch.Tensor) -> Any:
         flat, _ = tensor_bytes(tensor)

@@ -287,11 +287,12 @@ def test_the_codec_knows_batch_classes_by_their_parts_not_tensordict_by_name() -
     """The codec's writer, reader, format check and structural classes dispatch on a registered
     class made of parts (rollout_mock.batch.KeyedCodec, registered by adapters/frameworks.py for
     TensorDict, NonTensorData, NonTensorStack and LazyStackedTensorDict), never on those names
-    nor on their tags. (legacy.py and trusted.py read and write format 1, whose pickles name
-    ``tensordict._td.TensorDict`` and ``rollout_mock.codec._rebuild_tensordict``; device.py maps
-    a TensorDict's leaves onto a device.)"""
+    nor on their tags; device placement asks the batch type's ``map_tensors``. (legacy.py and
+    trusted.py read and write format 1, whose pickles name ``rollout_mock.codec._rebuild_tensordict``:
+    they know the tag it builds, and build it through the registered class.)"""
     names = r"tensordict|nontensor|tdstack|lazystacked"
-    modules = ("codec/encode.py:", "codec/decode.py:", "codec/format.py:", "codec/safe.py:", "codec/classes.py:")
+    modules = ("codec/encode.py:", "codec/decode.py:", "codec/format.py:", "codec/safe.py:", "codec/classes.py:",
+               "codec/device.py:")
     assert [hit for hit in _naming(names, units={"codec"}) if hit.startswith(modules)] == []
     assert any(hit.startswith("codec/legacy.py:") for hit in _naming(names, units={"codec"}))  # the scan works
     described = "\n".join(_naming(names, units={"adapters"}))

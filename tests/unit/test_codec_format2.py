@@ -170,6 +170,24 @@ def test_format1_files_load_bit_identically() -> None:
     assert same(trusted["dp"].batch, dp.batch)
 
 
+def test_format1_tensordicts_build_through_the_registered_class() -> None:
+    """Format 1's ``_rebuild_tensordict`` calls (nested, named) are built by the class the adapter
+    registers (safe and trusted); items other than tensors or such instances are refused."""
+    inner = TensorDict({"b": torch.arange(6).view(3, 2)}, batch_size=[3])
+    td = TensorDict({"a": torch.ones(3, 1), "inner": inner}, batch_size=[3], names=["rows"])
+    old = codec.dumps_v1({"td": td})
+    for out in (codec.decode(old)["td"], codec.decode(old, trusted=True)["td"]):
+        assert type(out) is TensorDict and out.names == ["rows"] and out.batch_size == torch.Size([3])
+        assert torch.equal(out["inner", "b"], inner["b"]) and type(out["inner"]) is TensorDict
+    from rollout_mock.codec.legacy import _Machine
+
+    machine = _Machine.__new__(_Machine)
+    with pytest.raises(ValueError, match="must be tensors or tensordict instances"):
+        machine._rebuild_tensordict({"a": "text"}, [1], None, None)
+    with pytest.raises(ValueError, match="device"):
+        machine._rebuild_tensordict({"a": torch.ones(1)}, [1], "cuda", None)
+
+
 def test_opaque_blob_needs_trust() -> None:
     data = codec.encode_bytes({"meta": {"f": len}, "o": io.StringIO("x")})
     with pytest.raises(UnsafePickleError, match="trusted=True"):

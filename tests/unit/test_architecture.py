@@ -28,7 +28,7 @@ LAYERS: dict[str, set[str]] = {
 
 #: The foundation: modules every unit may import (they import nothing of the package but each
 #: other, and ``batch`` only ``errors``).
-FOUNDATION = {"errors", "text", "version", "crc", "progress", "yamlio", "jsonio", "modes", "batch"}
+FOUNDATION = {"errors", "text", "version", "crc", "progress", "jsonio", "modes", "batch"}
 
 #: The allowed layer graph between the package's units (its subpackages and top-level modules),
 #: counting EVERY run-time import: module level and inside functions (only ``if TYPE_CHECKING:``
@@ -204,7 +204,7 @@ def test_module_cycle_check_sees_function_level_imports() -> None:
     graph["c"] = {"a"}
     assert _find_cycle(graph) == ["a", "b", "c", "a"]
     modules = _modules()
-    edges = {t for t, _, _ in _runtime_imports(modules["rollout_mock.cli.cut"], "rollout_mock.cli.cut", modules)}
+    edges = {t for t, _, _ in _runtime_imports(modules["rollout_mock.cli.bundle"], "rollout_mock.cli.bundle", modules)}
     assert "rollout_mock.debug.cut" in edges  # imported inside a function there
 
 
@@ -222,7 +222,7 @@ def test_units_only_import_the_layers_below_them() -> None:
             continue
         allowed = UNIT_LAYERS.get(a)
         if a in FOUNDATION:
-            allowed = {"errors"} if a in ("batch", "yamlio", "jsonio") else set()
+            allowed = {"errors"} if a in ("batch", "jsonio") else set()
         if allowed is None or b not in allowed:
             bad.append(f"{a} imports {b}: {', '.join(where)}")
     assert bad == [], "see UNIT_LAYERS for the allowed graph"
@@ -333,7 +333,7 @@ def test_framework_name_scan_sees_code() -> None:
 def test_no_private_name_is_imported_from_another_unit() -> None:
     """``from rollout_mock.x.y import _name`` (or a ``_module`` inside another subpackage) from
     outside ``x``: a private name is private to its subpackage. The shared top-level modules are
-    public (``rollout_mock.text``, ``crc``, ``progress``, ``yamlio``, ``jsonio``, ``version``)."""
+    public (``rollout_mock.text``, ``crc``, ``progress``, ``jsonio``, ``version``)."""
     modules = _modules()
     bad = []
     for name, path in modules.items():

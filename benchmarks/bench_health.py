@@ -1,6 +1,6 @@
 """What the health summary of every step costs (issue 39): against the dump-mode call and a memcpy.
 
-Dump mode takes a health line of every step (:func:`rollout_mock.wrap.retention.health_summary`:
+Dump mode takes a health line of every step (:func:`rollout_mock.codec.scan.health_summary`:
 one ``aminmax`` per tensor, one sum per floating tensor and per 2-D mask, over at most 65,536 values
 per tensor) just before the copy of the batch, and the writer thread appends it to the side file.
 For a verl-like batch of
@@ -38,7 +38,7 @@ from _common import RESULTS, clock, describe_machine, machine, on_worker, parse_
 
 import rollout_mock.codec as codec
 from rollout_mock import MockScheduler
-from rollout_mock.wrap.retention import health_summary
+from rollout_mock.codec.scan import health_summary
 
 TAG = "bench_health"
 

@@ -2,7 +2,7 @@
 
 With ``keep:`` (or ``max_keep``) every recorded batch is scanned for NaN and ±inf after it is
 written, on the background writer's thread, on the copy the recorder took
-(:func:`rollout_mock.wrap.retention.nonfinite_values`: one ``torch.aminmax`` per floating-point
+(:func:`rollout_mock.codec.scan.nonfinite_values`: one ``torch.aminmax`` per floating-point
 tensor). For three batches of ``--size`` bytes each, timed interleaved on a worker thread (medians
 of ``--repeat``; ms per GB of the whole batch, integer tensors included):
 
@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import RESULTS, describe_machine, machine, on_worker, parse_size, update_readme
 
 import rollout_mock.codec as codec
-from rollout_mock.wrap.retention import nonfinite_values
+from rollout_mock.codec.scan import nonfinite_values
 
 TAG = "bench_keep"
 

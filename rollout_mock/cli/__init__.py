@@ -38,7 +38,7 @@ COMMANDS: dict[str, str] = {
     "import": "import_dump",
     "show": "show",
     "logprobs": "logprobs",
-    "cut": "cut",
+    "cut": "bundle",
     "report": "report",
     "explain": "report",
     "bisect": "bisect",

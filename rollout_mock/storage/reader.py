@@ -186,7 +186,7 @@ class Dump:
         """The health line of every step of ``stream`` the dump run wrote, by step, kept even for
         steps whose batch was dropped (``keep:``): ``{"step", "keys": {key: {"n", "nf", "lo",
         "hi", "mean", "len"}}, "flags": [...], "anomalies": [...]}`` (see
-        :func:`rollout_mock.wrap.retention.health_summary`; ``anomalies`` by
+        :func:`rollout_mock.codec.scan.health_summary`; ``anomalies`` by
         :func:`flag_health`); ``[]`` for a dump written before."""
         return flag_health(self._store.health(self._resolve(stream)))
 

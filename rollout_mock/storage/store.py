@@ -249,7 +249,7 @@ class Store:
 
     # ------------------------------------------------------------------ step health (side files)
     def append_health(self, stream: StreamId, step: int, record: dict[str, Any]) -> None:
-        """Add ``step``'s health line (:func:`rollout_mock.wrap.retention.health_summary`) to its
+        """Add ``step``'s health line (:func:`rollout_mock.codec.scan.health_summary`) to its
         segment side file, ``{split}[/{name}]/.health/segment_NNNNNN[_rankR].jsonl`` (100 steps a
         segment, rewritten whole and atomically: a crash keeps the previous version). A step
         written again replaces its line. Lines survive the step's batch (``keep:`` deletes only

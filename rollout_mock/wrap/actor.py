@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar, cast
 
+from rollout_mock.codec.structure import flatten_settings
 from rollout_mock.config import RolloutMockConfig, config_parts, load_config
 from rollout_mock.determinism import apply_from_env
 from rollout_mock.errors import ConfigError, SchedulerUnavailableError
@@ -18,7 +19,7 @@ from rollout_mock.text import logger
 from rollout_mock.wrap.calls import detect_convention, parameter_names, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Interceptor
-from rollout_mock.wrap.mismatch import KeyFunction, flatten_settings
+from rollout_mock.wrap.mismatch import KeyFunction
 
 __all__ = ["mock_class"]
 

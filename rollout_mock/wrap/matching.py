@@ -29,11 +29,12 @@ along the arguments' paths and per list block, not per item, wherever the items 
   ``keys()`` or ``to_dict()`` too, which the comparison engine walks).
 
 The walk and this encoding live below wrap/, in the codec: the request record
-(:func:`rollout_mock.codec.structure.record_request`) folds a value read with the structural
+(:func:`rollout_mock.codec.request.record_request`) folds a value read with the structural
 comparison engine's dispatch and fields (:func:`~rollout_mock.codec.structure.kind_of`,
-:func:`~rollout_mock.codec.structure.node_fields`). This module keeps the model (:class:`Request`,
-:class:`Node`), the volatile fields of the call's framework it passes in, and the bounds of the
-record (which nodes are kept).
+:func:`~rollout_mock.codec.structure.node_fields`), and reads a recorded node's summary back,
+bounded (:func:`~rollout_mock.codec.request.read_summary`). This module keeps the model
+(:class:`Request`, :class:`Node`), the volatile fields of the call's framework it passes in, and
+the bounds of the record (which nodes are kept).
 
 Left out: the step (a keyword or parameter named like it, those keys of a ``meta_info``) and the
 volatile fields the call's framework adapter declares
@@ -62,7 +63,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_mock.codec.structure import BLOCKS, HEAD, block_bounds, record_request
+from rollout_mock.codec.request import BLOCKS, HEAD, block_bounds, read_summary, record_request
 from rollout_mock.wrap.hooks import volatile_patterns
 
 __all__ = [
@@ -160,7 +161,7 @@ class Request:
         for item in raw if isinstance(raw, list) else []:
             if (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
                     and type(item[1]) is int and isinstance(item[2], dict)):
-                nodes.append(Node(item[0][:1000], item[1], _clean_info(item[2])))
+                nodes.append(Node(item[0][:1000], item[1], read_summary(item[2])))
             if len(nodes) >= 4 * MAX_NODES:
                 break
         raw_names = data.get("a")
@@ -169,33 +170,6 @@ class Request:
         dropped = data.get("x", 0)
         return cls(data["d"], names, nodes, deep=data.get("s") == STRUCTURE,
                    dropped=dropped if type(dropped) is int and dropped >= 0 else 0)
-
-
-#: Longest string, list and mapping a recorded node's summary keeps: a forged index entry cannot
-#: put megabytes into a mismatch message.
-_INFO_STR, _INFO_ITEMS = 256, 256
-#: Summary fields that are lists when present (a malformed one is dropped, never iterated).
-_INFO_LISTS = ("head", "b", "keys", "shape", "batch_size")
-
-
-def _clean_info(info: dict[str, Any]) -> dict[str, Any]:
-    """A recorded node's summary as read from a dump, bounded (see :data:`_INFO_STR`), with the
-    list fields that are not lists dropped (a damaged or hostile index)."""
-    out: dict[str, Any] = {}
-    for key, value in list(info.items())[:32]:
-        if isinstance(key, str) and not (key in _INFO_LISTS and not isinstance(value, list)):
-            out[key[:32]] = _bounded(value, 0)
-    return out
-
-
-def _bounded(value: Any, depth: int) -> Any:
-    if isinstance(value, str):
-        return value if len(value) <= _INFO_STR else value[:_INFO_STR] + "..."
-    if isinstance(value, list):
-        return [_bounded(v, depth + 1) for v in value[:_INFO_ITEMS]] if depth < 3 else []
-    if isinstance(value, dict):
-        return {str(k)[:64]: _bounded(v, depth + 1) for k, v in list(value.items())[:32]} if depth < 3 else {}
-    return value
 
 
 def _node_bytes(node: Node) -> int:
@@ -207,7 +181,7 @@ def digest_request(arguments: Mapping[str, Any], *, volatile: Sequence[str] | No
                    forced: Sequence[str] = (), framework: str | None = None) -> Request:
     """The :class:`Request` of a call's named ``arguments`` (see
     :func:`~rollout_mock.wrap.mismatch.bind_arguments`): the codec's record of them
-    (:func:`rollout_mock.codec.structure.record_request`), its nodes chosen by this module's bounds.
+    (:func:`rollout_mock.codec.request.record_request`), its nodes chosen by this module's bounds.
 
     ``volatile``: patterns of fields left out; default: the patterns declared for ``framework``
     (:func:`~rollout_mock.wrap.hooks.volatile_patterns`; none without a framework).

@@ -26,20 +26,20 @@ any other entry is an argument name or a dotted path into the recorded structure
 alone picks the record) and ``request`` (the whole call, as ``match_on: null``).
 
 Rollout settings (:func:`check_settings`): a flat mapping of the rollout side's settings (TRL's
-``num_generations``, sampling parameters...), recorded with the stream's methods in dump mode
-and compared, every one, when a mock or check run wraps the scheduler.
+``num_generations``, sampling parameters...; flattened by
+:func:`rollout_mock.codec.structure.flatten_settings`), recorded with the stream's methods in dump
+mode and compared, every one, by the engine's equality when a mock or check run wraps the
+scheduler.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rollout_mock.codec.structure import compare_batches
+from rollout_mock.codec.structure import compare_batches, differing_keys, flatten_settings
 from rollout_mock.config import MatchSettings, MismatchPolicy, StoreSettings
 from rollout_mock.errors import (
     ConfigError,
@@ -51,7 +51,7 @@ from rollout_mock.errors import (
 from rollout_mock.modes import Mode
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.store import Store, open_store
-from rollout_mock.text import jsonable, logger, short_repr, terminal_safe
+from rollout_mock.text import logger, short_repr, terminal_safe
 from rollout_mock.wrap.calls import step_names
 from rollout_mock.wrap.matching import (
     MAX_NODES,
@@ -64,8 +64,8 @@ from rollout_mock.wrap.matching import (
 )
 
 __all__ = [
-    "MAX_SETTINGS", "Difference", "KeyFunction", "Matcher", "RequestMatcher", "bind_arguments",
-    "check_dump_settings", "check_settings", "differences", "flatten_settings", "matcher_names", "register_matcher",
+    "Difference", "KeyFunction", "Matcher", "RequestMatcher", "bind_arguments", "check_dump_settings",
+    "check_settings", "differences", "matcher_names", "register_matcher",
 ]
 
 #: A request key function: the call's named arguments (step left out) -> what is compared.
@@ -75,8 +75,6 @@ KeyFunction = Callable[[dict[str, Any]], Any]
 Matcher = Callable[[Request, Request], "bool | None"]
 
 
-#: Settings kept per stream (flattened keys); more are cut with a note.
-MAX_SETTINGS = 512
 #: Recorded steps searched (nearest first) for one equal to a mismatched call.
 NEAREST_SEARCH = 32
 _FIXES = (
@@ -635,44 +633,13 @@ class RequestMatcher:
 
 
 # ----------------------------------------------------------------------------- rollout settings
-def _flat(prefix: str, value: Any, out: dict[str, Any], depth: int = 0) -> None:
-    if len(out) >= MAX_SETTINGS:
-        return
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        value = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
-    elif isinstance(value, types.SimpleNamespace) or type(value).__name__ == "Namespace":
-        value = dict(vars(value))
-    if isinstance(value, Mapping) and depth < 8:
-        for key in sorted(value, key=str):
-            _flat(f"{prefix}.{key}" if prefix else str(key), value[key], out, depth + 1)
-        return
-    plain = jsonable(value)
-    if isinstance(plain, str) and len(plain) > 200:
-        plain = plain[:200] + f"...<{len(plain)} chars>"
-    elif isinstance(plain, list) and len(str(plain)) > 400:
-        plain = short_repr(plain, 400)
-    out[prefix or "value"] = plain
-
-
-def flatten_settings(settings: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """``settings`` as a flat, JSON-ready, bounded mapping of dotted keys (``None`` stays ``None``)."""
-    if settings is None:
-        return None
-    out: dict[str, Any] = {}
-    _flat("", settings, out)
-    return out
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
-    return bool(a == b)
-
-
 def check_settings(recorded: Mapping[str, Any] | None, live: Mapping[str, Any] | None, *, policy: MismatchPolicy,
                    context: Mapping[str, Any]) -> None:
     """The pre-flight check: one :class:`~rollout_mock.errors.RolloutSettingsMismatchError` listing
-    every setting that differs (``warn``: a warning). Nothing happens without live settings; a
+    every setting that differs (``warn``: a warning): ``live`` flattened as the dump run's were
+    (:func:`~rollout_mock.codec.structure.flatten_settings`), compared key by key with the
+    structural comparison engine's equality (:func:`~rollout_mock.codec.structure.differing_keys`:
+    same type, floats by bit pattern; ``1`` and ``1.0`` differ). Nothing happens without live settings; a
     dump recorded without settings is said once."""
     if live is None:
         return
@@ -681,12 +648,10 @@ def check_settings(recorded: Mapping[str, Any] | None, live: Mapping[str, Any] |
                        "cannot be checked against it", context.get("stream"), context.get("path"))
         return
     now = flatten_settings(live) or {}
-    missing = object()
-    found = [(key, recorded.get(key, missing), now.get(key, missing)) for key in sorted(set(recorded) | set(now))]
-    found = [(k, a, b) for k, a, b in found if a is missing or b is missing or not _same(a, b)]
-    if not found:
+    shown = [(k, recorded[k] if k in recorded else "<absent>", now[k] if k in now else "<absent>")
+             for k in differing_keys(recorded, now)]
+    if not shown:
         return
-    shown = [(k, "<absent>" if a is missing else a, "<absent>" if b is missing else b) for k, a, b in found]
     lines = [f"  {k}: {short_repr(a)} in the dump run, {short_repr(b)} now" for k, a, b in shown[:40]]
     if len(shown) > 40:
         lines.append(f"  ... and {len(shown) - 40} more")

@@ -24,6 +24,7 @@ from typing import Any
 
 import rollout_mock.codec as codec
 from rollout_mock.batch import count_samples
+from rollout_mock.codec.scan import health_summary, nonfinite_values
 from rollout_mock.config import DiskFullPolicy, RecordSettings
 from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError
@@ -33,15 +34,7 @@ from rollout_mock.storage.store import BatchInfo, Store
 from rollout_mock.storage.writer import BackgroundWriter, SyncWriter, WriteJob
 from rollout_mock.text import logger, step_log_level
 from rollout_mock.wrap.calls import elapsed
-from rollout_mock.wrap.retention import (
-    MetricWatch,
-    Plan,
-    Retention,
-    health_summary,
-    nonfinite_values,
-    register,
-    unregister,
-)
+from rollout_mock.wrap.retention import MetricWatch, Plan, Retention, register, unregister
 
 __all__ = ["DELETE_BATCH", "DRAIN_BYTES", "DRAIN_CALLS", "PACK_BYTES", "PACK_PENDING_BYTES", "Recorder"]
 

@@ -8,6 +8,7 @@ import inspect
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Generic, TypeVar, cast, overload
 
+from rollout_mock.codec.structure import flatten_settings
 from rollout_mock.config import RolloutMockConfig, config_parts, load_config
 from rollout_mock.errors import ConfigError, ReplayMismatchError, SchedulerUnavailableError, StreamNotFoundError
 from rollout_mock.modes import Convention, Mode
@@ -16,7 +17,7 @@ from rollout_mock.text import logger
 from rollout_mock.wrap.calls import as_step, detect_convention, parameter_names, ray_actor_class, step_arg_position
 from rollout_mock.wrap.hooks import prepare_scheduler
 from rollout_mock.wrap.interceptor import Capture, Interceptor, Provenance
-from rollout_mock.wrap.mismatch import KeyFunction, flatten_settings
+from rollout_mock.wrap.mismatch import KeyFunction
 
 __all__ = ["MockScheduler", "wrap_scheduler"]
 

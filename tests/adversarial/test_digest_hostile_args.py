@@ -20,7 +20,7 @@ from unittest import mock
 
 import pytest
 
-import rollout_mock.codec.structure as structure
+import rollout_mock.codec.request as request_record
 import rollout_mock.wrap.matching as matching
 from rollout_mock import MockScheduler
 from rollout_mock.wrap.matching import digest_request
@@ -91,7 +91,7 @@ def hostile() -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", sorted(hostile()))
 def test_each_hostile_argument_is_digested(name: str, caplog: pytest.LogCaptureFixture) -> None:
-    structure._WARNED_UNREADABLE.clear()
+    request_record._WARNED_UNREADABLE.clear()
     args = {"data": hostile()[name], "n": 3}
     with caplog.at_level(logging.WARNING, logger="rollout_mock"):
         first = digest_request(args)
@@ -110,7 +110,7 @@ class Source:
 
 
 def test_dump_and_mock_proceed_with_hostile_arguments(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    structure._WARNED_UNREADABLE.clear()
+    request_record._WARNED_UNREADABLE.clear()
     config = {"enable": True, "mode": "dump", "dump_dir": str(tmp_path / "d")}
     with MockScheduler(Source(), config) as dump:
         for step in range(2):
@@ -125,16 +125,16 @@ def test_a_big_plain_dict_is_not_walked_key_by_key(monkeypatch: pytest.MonkeyPat
     """300,000 str -> int items: a few C calls, and only the first MAX_NODES fields walked
     (before: one Python call per key, plus one fnmatch per key and volatile pattern)."""
     calls: list[int] = []
-    real_value = structure._RequestFold.value
+    real_value = request_record._RequestFold.value
 
     def counted(self: Any, *args: Any, **kwargs: Any) -> int:
         calls.append(1)
         return real_value(self, *args, **kwargs)
 
-    monkeypatch.setattr(structure._RequestFold, "value", counted)
+    monkeypatch.setattr(request_record._RequestFold, "value", counted)
     fnmatches: list[int] = []
-    real_fnmatch = structure.fnmatch.fnmatchcase
-    monkeypatch.setattr(structure.fnmatch, "fnmatchcase", lambda *a: fnmatches.append(1) or real_fnmatch(*a))
+    real_fnmatch = request_record.fnmatch.fnmatchcase
+    monkeypatch.setattr(request_record.fnmatch, "fnmatchcase", lambda *a: fnmatches.append(1) or real_fnmatch(*a))
     big = {f"key_{i:07d}": i for i in range(300_000)}
     request = digest_request({"data": big})
     assert len(calls) <= matching.MAX_NODES + 2 and len(fnmatches) < 100

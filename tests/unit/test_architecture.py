@@ -28,7 +28,7 @@ LAYERS: dict[str, set[str]] = {
 
 #: The foundation: modules every unit may import (they import nothing of the package but each
 #: other, and ``batch`` only ``errors``).
-FOUNDATION = {"errors", "text", "version", "crc", "progress", "yamlio", "jsonio", "modes", "batch"}
+FOUNDATION = {"errors", "text", "version", "crc", "progress", "jsonio", "modes", "batch"}
 
 #: The allowed layer graph between the package's units (its subpackages and top-level modules),
 #: counting EVERY run-time import: module level and inside functions (only ``if TYPE_CHECKING:``
@@ -204,7 +204,7 @@ def test_module_cycle_check_sees_function_level_imports() -> None:
     graph["c"] = {"a"}
     assert _find_cycle(graph) == ["a", "b", "c", "a"]
     modules = _modules()
-    edges = {t for t, _, _ in _runtime_imports(modules["rollout_mock.cli.cut"], "rollout_mock.cli.cut", modules)}
+    edges = {t for t, _, _ in _runtime_imports(modules["rollout_mock.cli.bundle"], "rollout_mock.cli.bundle", modules)}
     assert "rollout_mock.debug.cut" in edges  # imported inside a function there
 
 
@@ -222,7 +222,7 @@ def test_units_only_import_the_layers_below_them() -> None:
             continue
         allowed = UNIT_LAYERS.get(a)
         if a in FOUNDATION:
-            allowed = {"errors"} if a in ("batch", "yamlio", "jsonio") else set()
+            allowed = {"errors"} if a in ("batch", "jsonio") else set()
         if allowed is None or b not in allowed:
             bad.append(f"{a} imports {b}: {', '.join(where)}")
     assert bad == [], "see UNIT_LAYERS for the allowed graph"
@@ -334,7 +334,7 @@ def test_framework_name_scan_sees_code() -> None:
 def test_no_private_name_is_imported_from_another_unit() -> None:
     """``from rollout_mock.x.y import _name`` (or a ``_module`` inside another subpackage) from
     outside ``x``: a private name is private to its subpackage. The shared top-level modules are
-    public (``rollout_mock.text``, ``crc``, ``progress``, ``yamlio``, ``jsonio``, ``version``)."""
+    public (``rollout_mock.text``, ``crc``, ``progress``, ``jsonio``, ``version``)."""
     modules = _modules()
     bad = []
     for name, path in modules.items():
@@ -380,10 +380,11 @@ def _third_party(path: Path) -> set[str]:
 def test_the_codec_is_a_handful_of_modules_by_concept() -> None:
     """format, encode, decode, safe loading, classes, legacy, trusted (issue 27); device memory:
     CUDA tensors staged through pinned buffers and replayed onto a device (issue 29); the
-    structural comparison of two values, below wrap/ so that check mode uses it too (issue 36)."""
+    structural comparison of two values, below wrap/ so that check mode uses it too; the request
+    record beside it; the flight recorder's reads of a batch's values (issue 36)."""
     codec = sorted(p.stem for p in (PACKAGE / "codec").glob("*.py"))
-    assert codec == ["__init__", "classes", "decode", "device", "encode", "format", "legacy", "safe", "structure",
-                     "trusted"]
+    assert codec == ["__init__", "classes", "decode", "device", "encode", "format", "legacy", "request", "safe",
+                     "scan", "structure", "trusted"]
 
 
 def test_the_safe_loader_reaches_no_unpickler() -> None:
@@ -586,7 +587,7 @@ def test_the_writer_thread_calls_no_decoder_for_a_capture(tmp_path: Path, calls:
     if calls > 1:
         assert any(name.endswith("rollout_mock/storage/store.py:save_pack") for name in called)
     if config:
-        assert any(name.endswith("rollout_mock/wrap/retention.py:_captured_nonfinite") for name in called)
+        assert any(name.endswith("rollout_mock/codec/scan.py:_captured_nonfinite") for name in called)
         assert any(name.endswith("rollout_mock/codec/encode.py:tensors") for name in called)
 
 
@@ -737,12 +738,14 @@ DISPATCH_WORDS = r"^(?-i:is_dataclass|fields|batch_type_of|batch_parts|SimpleNam
 
 
 def test_the_request_digest_and_the_structure_engine_share_one_dispatch() -> None:
-    """The request record (its walk in codec/structure.py, beside the engine) classifies a value
-    with the engine's dispatch (``kind_of``) and reads a container's fields with its
-    ``node_fields``; wrap/matching.py, its model, tests no dataclass, namespace, enum or batch type
-    (issue 36: one walk's notion of structure). The scan can fail: it finds the words in the
-    engine's module."""
+    """The request record (codec/request.py, beside the engine) and the flight recorder's scans
+    (codec/scan.py) classify a value with the engine's dispatch (``kind_of``) and read a
+    container's fields with its ``node_fields``; wrap/matching.py, the request's model, tests no
+    dataclass, namespace, enum or batch type (issue 36: one walk's notion of structure). The scan
+    can fail: it finds the words in the engine's module."""
     assert [hit for hit in _naming(DISPATCH_WORDS, units={"wrap"}) if hit.startswith("wrap/matching.py:")] == []
+    assert [hit for hit in _naming(DISPATCH_WORDS, units={"codec"})
+            if hit.startswith(("codec/request.py:", "codec/scan.py:"))] == []
     assert len({hit.split(": ")[1] for hit in _naming(DISPATCH_WORDS, units={"codec"})
                 if hit.startswith("codec/structure.py:")}) >= 6
 
@@ -750,12 +753,12 @@ def test_the_request_digest_and_the_structure_engine_share_one_dispatch() -> Non
 #: Type tests that say "this value is a container" (or a tensor or an array: what a walk opens).
 _CONTAINER_TYPES = {"Mapping", "MutableMapping", "Sequence", "Iterable", "Collection", "list", "tuple", "dict",
                     "set", "frozenset", "Tensor", "ndarray"}
-#: The structural dispatch and fields readers: only the walk in codec/structure.py calls them.
-_STRUCTURE_READS = {"kind_of", "node_fields", "batch_parts", "is_dataclass", "fields"}
+#: The structural dispatch and fields readers: only the walks of codec/ call them.
+_STRUCTURE_READS = {"kind_of", "node_fields", "batch_parts", "is_dataclass", "fields", "asdict", "astuple"}
 
 
 def _type_names(node: ast.expr) -> set[str]:
-    if isinstance(node, ast.Tuple):
+    if isinstance(node, ast.Tuple | ast.List | ast.Set):
         return {name for elt in node.elts for name in _type_names(elt)}
     if isinstance(node, ast.BinOp):  # X | Y
         return _type_names(node.left) | _type_names(node.right)
@@ -764,28 +767,73 @@ def _type_names(node: ast.expr) -> set[str]:
     return {node.id} if isinstance(node, ast.Name) else set()
 
 
+def _container_tests(fn: ast.AST) -> list[int]:
+    """Lines where ``fn`` tests a value against a container type: ``isinstance``/``issubclass``
+    with one, ``type(x) is dict``, ``cls is list``, ``type(x) in (list, tuple)``, or opens an
+    object's attributes with ``vars(x)``."""
+    lines = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in ("isinstance", "issubclass") and len(node.args) == 2 \
+                    and _type_names(node.args[1]) & _CONTAINER_TYPES:
+                lines.append(node.lineno)
+            elif node.func.id == "vars" and node.args:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Compare) and all(isinstance(op, ast.Is | ast.IsNot | ast.Eq | ast.In | ast.NotIn)
+                                                   for op in node.ops):
+            sides = [node.left, *node.comparators]
+            if any(not isinstance(side, ast.Constant) and _type_names(side) & _CONTAINER_TYPES
+                   and not isinstance(side, ast.Attribute) for side in sides):
+                lines.append(node.lineno)
+    return sorted(lines)
+
+
+def _nan_rules(fn: ast.AST) -> list[int]:
+    """Lines where ``fn`` states an equality rule for NaN of its own (``isnan(a) and isnan(b)``,
+    ``x != x``): the engine's :func:`~rollout_mock.codec.structure.same_value` is the one rule."""
+    lines = []
+    for node in ast.walk(fn):
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And) and sum(
+                isinstance(v, ast.Call) and "isnan" in _type_names(v.func) for v in node.values) >= 2:
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.NotEq | ast.Eq) \
+                and ast.dump(node.left) == ast.dump(node.comparators[0]):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
 def _value_walks(source: str) -> list[str]:
-    """``function:line what`` for every function or method of a module that walks a value: it reads
-    a value's structure with the codec's dispatch (``kind_of``, ``node_fields``, ``batch_parts``,
-    a dataclass's ``fields``), or it reaches itself through the module's own calls (directly, or
-    through other functions and ``self.`` methods) and tests a value against a container type."""
+    """``function:line what`` for every function or method of a module (nested functions too)
+    that walks or compares values by rules of its own: it reads a value's structure with the
+    codec's dispatch (``kind_of``, ``node_fields``, ``batch_parts``, a dataclass's ``fields``,
+    ``asdict``); it reaches itself through the module's own calls (directly, or through other
+    functions, nested functions and ``self.`` methods) and tests a value against a container type
+    (:func:`_container_tests`); or it states a NaN rule of its own (:func:`_nan_rules`)."""
     tree = ast.parse(source)
     funcs: dict[str, ast.FunctionDef | ast.AsyncFunctionDef] = {}
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            funcs[node.name] = node
-        elif isinstance(node, ast.ClassDef):
-            funcs.update({f"{node.name}.{item.name}": item for item in node.body
-                          if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef)})
+
+    def collect(body: list[ast.stmt], prefix: str) -> None:
+        for node in body:
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                funcs[prefix + node.name] = node
+                collect(node.body, f"{prefix}{node.name}.")
+            elif isinstance(node, ast.ClassDef):
+                collect(node.body, f"{prefix}{node.name}.")
+
+    collect(tree.body, "")
+    by_name: dict[str, set[str]] = {}
+    for qual in funcs:
+        by_name.setdefault(qual.rsplit(".", 1)[-1], set()).add(qual)
     calls = {qual: [n for n in ast.walk(fn) if isinstance(n, ast.Call)] for qual, fn in funcs.items()}
     graph: dict[str, set[str]] = {}
     for qual in funcs:
-        owner = qual.split(".")[0] if "." in qual else None
-        graph[qual] = {f.id for c in calls[qual] if isinstance(f := c.func, ast.Name) and f.id in funcs} | {
+        owner = qual.rsplit(".", 1)[0] if "." in qual else None
+        graph[qual] = {q for c in calls[qual] if isinstance(f := c.func, ast.Name) for q in by_name.get(f.id, ())
+                       if "." not in q or q.rsplit(".", 1)[0] in qual} | {
             f"{owner}.{f.attr}" for c in calls[qual] if isinstance(f := c.func, ast.Attribute)
             and isinstance(f.value, ast.Name) and f.value.id in ("self", "cls") and f"{owner}.{f.attr}" in funcs}
     found = []
-    for qual in funcs:
+    for qual, fn in funcs.items():
         seen: set[str] = set()
         todo = list(graph[qual])
         while todo:
@@ -793,33 +841,24 @@ def _value_walks(source: str) -> list[str]:
                 seen.add(current)
                 todo.extend(graph[current])
         reads = [c.lineno for c in calls[qual] if _type_names(c.func) & _STRUCTURE_READS]
-        tests = [c.lineno for c in calls[qual] if isinstance(c.func, ast.Name) and c.func.id == "isinstance"
-                 and len(c.args) == 2 and _type_names(c.args[1]) & _CONTAINER_TYPES]
+        tests = _container_tests(fn)
+        nan = _nan_rules(fn)
         if reads:
             found.append(f"{qual}:{reads[0]} reads a value's structure")
         elif qual in seen and tests:
             found.append(f"{qual}:{tests[0]} recurses over containers")
+        elif nan:
+            found.append(f"{qual}:{nan[0]} has a NaN rule of its own")
     return found
 
 
-#: The walks that remain in wrap/, each with why it is there. The request's walk is not among
-#: them: it is the request record's fold in codec/structure.py (issue 36). The list may only
-#: shrink: a new walk in wrap/ fails the test below.
-WRAP_WALKS = {
-    # a recorded node's summary read back from a (possibly hostile) index: JSON, cut at depth 3
-    "matching.py:_bounded": "recurses over containers",
-    # the rollout settings a dump records (``match_settings``), flattened to dotted keys
-    "mismatch.py:_flat": "reads a value's structure",
-    # the flight recorder's scans of a batch (non-finite values, health summaries)
-    "retention.py:_Scan.walk": "reads a value's structure",
-    "retention.py:_captured_nonfinite": "recurses over containers",
-    "retention.py:_Health.walk": "reads a value's structure",
-    "retention.py:_Health._items": "recurses over containers",
-}
-
-#: The shape of the request digest's walk as it was in wrap/matching.py (d84ad52..5118bf4): the
-#: self-test below shows that the scan finds it.
-_OLD_DIGESTER = """
+#: Value walks as they were in wrap/ before issue 36 moved them below it (round 3): the
+#: request digest's (wrap/matching.py, d84ad52..5118bf4), the rollout settings' flattening and
+#: comparison (wrap/mismatch.py's ``_flat``, ``_same``), the bounded copy of a recorded summary
+#: (wrap/matching.py's ``_bounded``) and the flight recorder's scans (wrap/retention.py's
+#: ``_Scan``, ``_Health``), cut to the lines that make them walks. The self-test below shows
+#: that the scan finds each.
+_OLD_WALKS = """
 from rollout_mock.codec.structure import kind_of, node_fields
 
 class _Digester:
@@ -846,22 +885,74 @@ class _Digester:
         for item in items:
             crc = self.value(item, item_path, depth, False)
         return crc
+
+def _flat(prefix, value, out, depth=0):
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name, None) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping) and depth < 8:
+        for key in sorted(value, key=str):
+            _flat(f"{prefix}.{key}", value[key], out, depth + 1)
+
+def _same(a, b):
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    return bool(a == b)
+
+def _bounded(value, depth):
+    if isinstance(value, list):
+        return [_bounded(v, depth + 1) for v in value[:256]] if depth < 3 else []
+    return value
+
+class _Health:
+    def walk(self, obj, path, depth):
+        cls = type(obj)
+        if cls is dict:
+            self._mapping(obj, path, depth)
+        elif cls is list:
+            for item in obj:
+                self.walk(item, path, depth + 1)
+
+    def _mapping(self, obj, path, depth):
+        for key, value in obj.items():
+            self.walk(value, f"{path}.{key}", depth + 1)
+
+def scan(batch):
+    places = []
+    def walk(obj, path):
+        if type(obj) in (list, tuple):
+            for i, item in enumerate(obj):
+                walk(item, f"{path}[{i}]")
+        elif obj != obj:
+            places.append(path)
+    walk(batch, "")
+    return places
 """
 
 
-def test_value_walk_scan_sees_the_old_request_digest() -> None:
-    found = _value_walks(_OLD_DIGESTER)
+def test_value_walk_scan_sees_the_old_walks() -> None:
+    found = _value_walks(_OLD_WALKS)
     assert "_Digester.value:11 reads a value's structure" in found
     assert "_Digester._items:23 recurses over containers" in found
+    assert "_flat:30 reads a value's structure" in found
+    assert "_same:37 has a NaN rule of its own" in found
+    assert "_bounded:42 recurses over containers" in found
+    assert "_Health.walk:49 recurses over containers" in found  # by type identity, no isinstance
+    assert "scan.walk:62 recurses over containers" in found  # a nested function
     assert _value_walks("def f(x):\n    return [f(v) for v in x] if isinstance(x, list) else x\n") == [
         "f:2 recurses over containers"]
     assert _value_walks("def f(x):\n    return isinstance(x, list)\n") == []  # a type test alone is no walk
+    assert _value_walks("def f(x):\n    return vars(type(x))\n") == []  # nor a class's attributes
+    assert _value_walks("def f(a):\n    return a[~np.isnan(a)]\n") == []  # nor dropping NaN from a score
 
 
-def test_wrap_walks_no_request_value() -> None:
-    """The request record is walked below wrap/ (codec/structure.py's ``record_request``): no
-    module of wrap/ reads a value's structure with the codec's dispatch or recurses over a value's
-    containers, but the known walks of :data:`WRAP_WALKS` (which are not the request's)."""
-    found = {f"{path.name}:{hit.split(':')[0]}": hit.split(" ", 1)[1]
-             for path in sorted((PACKAGE / "wrap").glob("*.py")) for hit in _value_walks(path.read_text())}
-    assert found == WRAP_WALKS
+def test_wrap_walks_no_value() -> None:
+    """Every walk of a value is below wrap/ (issue 36): the request record in codec/request.py, the
+    comparison engine, the settings' flattening and comparison in codec/structure.py, a recorded
+    summary's bounded reading in codec/request.py, the flight recorder's scans in codec/scan.py.
+    No module of wrap/ reads a value's structure with the codec's dispatch, recurses over a
+    value's containers or states a NaN rule of its own."""
+    found = [f"{path.name}:{hit}" for path in sorted((PACKAGE / "wrap").glob("*.py"))
+             for hit in _value_walks(path.read_text())]
+    assert found == []
+
+

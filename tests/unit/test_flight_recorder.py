@@ -18,10 +18,11 @@ from conftest import cfg
 import rollout_mock
 from rollout_mock import ConfigError, ManifestError, MetricsWriter, MockScheduler, load_config, open_dump
 from rollout_mock.cli import main as cli_main
+from rollout_mock.codec.scan import nonfinite_values
 from rollout_mock.config import config_parts
 from rollout_mock.storage import BatchInfo, DirectoryStore
 from rollout_mock.storage.manifest import MAX_PIN_CHARS, StepEntry, StreamId
-from rollout_mock.wrap.retention import MetricWatch, Retention, active_recorders, nonfinite_values, robust_z
+from rollout_mock.wrap.retention import MetricWatch, Retention, active_recorders, robust_z
 
 TRAIN = StreamId("train")
 
@@ -436,14 +437,14 @@ def test_a_clean_capture_is_scanned_in_place(batch: Any, monkeypatch: pytest.Mon
     """A clean step (the common case) is read where the capture holds it: neither rebuilt
     (view_capture) nor decoded nor encoded again; the Python floats by a byte search only."""
     import rollout_mock.codec as codec
-    import rollout_mock.wrap.retention as retention
+    import rollout_mock.codec.scan as scan
 
     captured = codec.capture(batch, pool=codec.BufferPool())
 
     def refused(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("the scan of a clean capture rebuilt, decoded or encoded it")
 
-    monkeypatch.setattr(retention, "view_capture", refused)
+    monkeypatch.setattr(scan, "view_capture", refused)
     for module, name in [(codec, "decode"), (codec, "open_step"), (codec, "encode"), (codec, "capture")]:
         monkeypatch.setattr(module, name, refused)
     try:

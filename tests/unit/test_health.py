@@ -13,10 +13,10 @@ import torch
 from conftest import cfg
 
 from rollout_mock import MockScheduler, cli, open_dump
+from rollout_mock.codec.scan import health_summary
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.reader import flag_health
 from rollout_mock.storage.store import MemoryStore, health_relpath
-from rollout_mock.wrap.retention import health_summary
 
 
 class Rollouts:
@@ -95,7 +95,7 @@ def test_ls_health(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_a_large_tensor_is_summarised_over_evenly_spaced_rows() -> None:
-    from rollout_mock.wrap.retention import HEALTH_SAMPLE
+    from rollout_mock.codec.scan import HEALTH_SAMPLE
 
     big = torch.zeros(4096, 256)
     big[::2] = 1.0
@@ -109,7 +109,7 @@ def test_python_samples_are_read_at_evenly_spaced_items_and_values() -> None:
     """A list of sample dicts (slime) and the float lists inside them are read as tensors are:
     evenly spaced, the counts scaled to the whole list, ``s`` saying what was read; the walk
     runs in the dump-mode call, so it must not visit every value."""
-    from rollout_mock.wrap.retention import HEALTH_ITEMS, HEALTH_LIST
+    from rollout_mock.codec.scan import HEALTH_ITEMS, HEALTH_LIST
 
     samples = [{"reward": float(i), "log_probs": [-0.5] * 1000 + [math.nan], "tokens": list(range(10)),
                 "meta": {"tag": "x", "n": i}} for i in range(8 * HEALTH_ITEMS)]

@@ -28,10 +28,12 @@ import torch
 from conftest import cfg
 
 from rollout_mock import MockScheduler, ReplayMismatchError, RolloutSettingsMismatchError
+from rollout_mock.codec.structure import differing_keys, flatten_settings
+from rollout_mock.config import MismatchPolicy
 from rollout_mock.errors import FormatVersionError
 from rollout_mock.wrap import matching, mismatch
 from rollout_mock.wrap.matching import digest_request
-from rollout_mock.wrap.mismatch import differences
+from rollout_mock.wrap.mismatch import check_settings, differences
 
 STEPS = 4
 
@@ -224,6 +226,24 @@ def test_rollout_settings_are_checked_before_the_first_call(tmp_path: Path) -> N
     assert "n: 4 in the dump run, 2 now" in str(info.value) and "max_tokens: 16 in the dump run, '<absent>'" \
         in str(info.value)
 
+
+
+def test_rollout_settings_are_compared_by_the_engines_equality() -> None:
+    """The pre-flight check flattens the live settings as the dump run's were recorded and compares
+    them with the structural engine's equality (codec.structure.differing_keys, same_value): a
+    NaN setting (recorded as JSON text) equals itself, ``[1, 2]`` recorded equals ``(1, 2)`` now,
+    and a type change (``1`` -> ``1.0``, ``True`` -> ``1``) is a difference, named with both values."""
+    recorded = flatten_settings({"s": {"eps": float("nan"), "stop": (1, 2), "n": 1, "greedy": True, "t": 0.5}})
+    recorded = json.loads(json.dumps(recorded))  # as the dump holds it
+    context = {"mode": "mock", "path": "/d", "stream": "train"}
+    check_settings(recorded, {"s": {"eps": float("nan"), "stop": (1, 2), "n": 1, "greedy": True, "t": 0.5}},
+                   policy=MismatchPolicy.ERROR, context=context)
+    with pytest.raises(RolloutSettingsMismatchError) as info:
+        check_settings(recorded, {"s": {"eps": float("nan"), "stop": [1, 2], "n": 1.0, "greedy": 1, "t": 0.5}},
+                       policy=MismatchPolicy.ERROR, context=context)
+    assert list(info.value.differences) == [("s.greedy", True, 1), ("s.n", 1, 1.0)]
+    assert "s.n: 1 in the dump run, 1.0 now" in str(info.value)
+    assert differing_keys({"a": 1, "b": float("nan")}, {"b": float("nan"), "c": 2}) == ["a", "c"]
 
 # ------------------------------------------------------------------------------ digests
 def test_digest_is_by_content_and_ignores_dict_order_and_volatile_fields() -> None:

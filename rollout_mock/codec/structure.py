@@ -649,7 +649,15 @@ def _flat(prefix: str, value: Any, out: dict[str, Any], depth: int) -> None:
     out[prefix or "value"] = plain
 
 
+def _same_setting(x: Any, y: Any) -> bool:
+    """A setting's equality: numbers by value (``1`` and ``1.0``, ``True`` and ``1``: the same
+    sampling, however the config spelled it; NaN equals NaN), anything else by :func:`same_value`."""
+    if isinstance(x, int | float) and isinstance(y, int | float):
+        return bool(x == y) or (x != x and y != y)
+    return _same_value(x, y)
+
+
 def differing_keys(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """The keys of two flat mappings (:func:`flatten_settings`'s) that one of them lacks or whose
-    values differ by :func:`same_value`, in text order."""
-    return [key for key in sorted(set(a) | set(b)) if key not in a or key not in b or not _same_value(a[key], b[key])]
+    values differ (numbers by value, anything else by :func:`same_value`), in text order."""
+    return [key for key in sorted(set(a) | set(b)) if key not in a or key not in b or not _same_setting(a[key], b[key])]

@@ -232,17 +232,20 @@ def test_rollout_settings_are_compared_by_the_engines_equality() -> None:
     """The pre-flight check flattens the live settings as the dump run's were recorded and compares
     them with the structural engine's equality (codec.structure.differing_keys, same_value): a
     NaN setting (recorded as JSON text) equals itself, ``[1, 2]`` recorded equals ``(1, 2)`` now,
-    and a type change (``1`` -> ``1.0``, ``True`` -> ``1``) is a difference, named with both values."""
+    numbers are equal by value however the config spells them (``1`` -> ``1.0``, ``True`` -> ``1``),
+    and a change of value or of kind (a number -> its text) is a difference, named with both values."""
     recorded = flatten_settings({"s": {"eps": float("nan"), "stop": (1, 2), "n": 1, "greedy": True, "t": 0.5}})
     recorded = json.loads(json.dumps(recorded))  # as the dump holds it
     context = {"mode": "mock", "path": "/d", "stream": "train"}
     check_settings(recorded, {"s": {"eps": float("nan"), "stop": (1, 2), "n": 1, "greedy": True, "t": 0.5}},
                    policy=MismatchPolicy.ERROR, context=context)
+    check_settings(recorded, {"s": {"eps": float("nan"), "stop": [1, 2], "n": 1.0, "greedy": 1, "t": 0.5}},
+                   policy=MismatchPolicy.ERROR, context=context)
     with pytest.raises(RolloutSettingsMismatchError) as info:
-        check_settings(recorded, {"s": {"eps": float("nan"), "stop": [1, 2], "n": 1.0, "greedy": 1, "t": 0.5}},
+        check_settings(recorded, {"s": {"eps": 0.0, "stop": [1, 2], "n": "1", "greedy": True, "t": 0.7}},
                        policy=MismatchPolicy.ERROR, context=context)
-    assert list(info.value.differences) == [("s.greedy", True, 1), ("s.n", 1, 1.0)]
-    assert "s.n: 1 in the dump run, 1.0 now" in str(info.value)
+    assert list(info.value.differences) == [("s.eps", "NaN", 0.0), ("s.n", 1, "1"), ("s.t", 0.5, 0.7)]
+    assert "s.t: 0.5 in the dump run, 0.7 now" in str(info.value)
     assert differing_keys({"a": 1, "b": float("nan")}, {"b": float("nan"), "c": 2}) == ["a", "c"]
 
 # ------------------------------------------------------------------------------ digests

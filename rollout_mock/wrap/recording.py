@@ -147,8 +147,7 @@ class Recorder:
         except MissingExtraError as exc:
             raise ConfigError(f"compression: {settings.compression} (dump mode, {stream}, {settings.dump_dir}): "
                               f"{exc}; or set compression: none") from None
-        store.open_writer(stream)
-        store.set_fingerprint(fingerprint())
+        store.open_writer(stream, fingerprint=fingerprint())  # the environment, when the dump has none yet
         if settings.background:
             self.writer = BackgroundWriter(max_pending=settings.max_pending, on_error=self._on_write_error)
             self.writer.add_flush_hook(self.drain_pending)

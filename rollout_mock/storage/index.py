@@ -464,12 +464,13 @@ class StreamIndex:
         self.has_packs = False
 
     @classmethod
-    def open(cls, backend: BackendDefaults, stream: StreamId, *,
-             fingerprint: dict[str, Any] | None = None) -> StreamIndex:
+    def open(cls, backend: BackendDefaults, stream: StreamId, *, fingerprint: dict[str, Any] | None = None,
+             methods: dict[str, dict[str, Any]] | None = None) -> StreamIndex:
         """Claim ``stream`` (:class:`LockedError` if another writer holds it), remove what a
         crashed writer left (temporary files, an unreferenced segment), record ``fingerprint``
         (this writer's environment) when the dump has none yet, fold the stream's leftover entry
-        files (at most one segment's worth, whatever the dump's length), announce the stream."""
+        files (at most one segment's worth, whatever the dump's length), announce the stream with
+        its recorded methods and ``methods`` (how this writer's methods are called)."""
         try:
             handle = backend.lock(writer_lock_relpath(stream), lock_holder())
         except LockedError as exc:
@@ -480,7 +481,7 @@ class StreamIndex:
                 f"when it expires).", mode="dump", split=stream.split, path=exc.path) from None
         try:
             index = cls(backend, stream, handle)
-            index._resume(fingerprint)
+            index._resume(fingerprint, methods or {})
         except BaseException:
             backend.unlock(handle)
             raise
@@ -504,12 +505,12 @@ class StreamIndex:
         backend.recover(f"{stream.directory}/{HEALTH_DIR}", lambda name: health.fullmatch(name) is not None)
         return base
 
-    def _resume(self, fingerprint: dict[str, Any] | None) -> None:
+    def _resume(self, fingerprint: dict[str, Any] | None, methods: dict[str, dict[str, Any]]) -> None:
         backend, stream = self.backend, self.stream
         base = self._recover(fingerprint)
         data = None if base is None else base.streams.get(stream.key)
         self.folded = base.steps(stream).copy() if base is not None else StepSet()
-        self.methods = base.methods(stream) if base is not None else {}
+        self.methods = {**(base.methods(stream) if base is not None else {}), **methods}
         names = backend.listdir(index_dir(stream))
         referenced = {int(ref["seq"]) for ref in (data or {}).get("segments") or ()}
         on_disk = {seq for name in names if (seq := seq_of_segment_name(stream, name)) is not None}

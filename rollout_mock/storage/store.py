@@ -606,14 +606,18 @@ class Store:
         error.errno = exc.errno  # (not strerror/filename: they would replace the message in str())
         return error
 
-    def open_writer(self, stream: StreamId, *, fingerprint: dict[str, Any] | None = None) -> None:
+    def open_writer(self, stream: StreamId, *, fingerprint: dict[str, Any] | None = None,
+                    methods: dict[str, dict[str, Any]] | None = None) -> None:
         """Claim ``stream`` for writing by this object (a second writer gets :class:`LockedError`),
-        recording ``fingerprint`` (this writer's environment) when the dump has none yet: see
+        recording ``fingerprint`` (this writer's environment) when the dump has none yet and
+        ``methods`` (how each method is called, :meth:`set_methods`) with the stream: see
         :meth:`StreamIndex.open <rollout_mock.storage.index.StreamIndex.open>`."""
         if stream.key in self._owned:
+            if methods:
+                self.set_methods(stream, methods)
             return
         with self._writing(f"opening {stream} for writing"):
-            self._owned[stream.key] = StreamIndex.open(self.backend, stream, fingerprint=fingerprint)
+            self._owned[stream.key] = StreamIndex.open(self.backend, stream, fingerprint=fingerprint, methods=methods)
         self._view_cache = None
 
     def _owner(self, stream: StreamId) -> StreamIndex:

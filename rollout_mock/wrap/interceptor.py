@@ -77,7 +77,10 @@ class Interceptor:
     functions giving what check mode compares of a batch; ``capture``: what dump mode records
     of a live batch (default: the batch); ``framework``: whose volatile fields request matching
     and check mode leave out (``None``: none). ``parts``: the resolved config
-    (:func:`~rollout_mock.config.config_parts`); each component gets its own part."""
+    (:func:`~rollout_mock.config.config_parts`); each component gets its own part. ``methods``
+    (dump mode): how each intercepted method is called, and the rollout settings, recorded with
+    the stream when this process claims it (``{method: {"convention", "step_arg", "params",
+    "settings"}}``, what mock mode reads back with :meth:`~rollout_mock.storage.Store.methods`)."""
 
     def __init__(
         self,
@@ -92,6 +95,7 @@ class Interceptor:
         capture: Capture | None = None,
         provenance: Provenance | None = None,
         framework: str | None = None,
+        methods: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.mode = parts.mode
         self.split = split
@@ -127,7 +131,7 @@ class Interceptor:
             directory=self.dump_dir if (self.writes or self.mode.replays) and not self.store.bundled else None,
             label=str(self.stream))
         if self.mode.records:
-            self.recorder = Recorder(parts.record, self.store, self.stream, writes=self.writes)
+            self.recorder = Recorder(parts.record, self.store, self.stream, writes=self.writes, methods=methods)
         else:
             self.replayer = Replayer(parts.replay, self.store, self.stream)
             if self.mode.runs_scheduler:

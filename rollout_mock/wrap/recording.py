@@ -101,10 +101,13 @@ class Recorder:
     """Writes one stream's batches (dump mode; see the module docstring).
 
     ``writes`` false (a rank that does not write under ``ranks: one``): nothing is opened and
-    :meth:`records_step` is always false. ``settings`` are the dump-mode keys of the config.
+    :meth:`records_step` is always false. ``settings`` are the dump-mode keys of the config;
+    ``methods``: how each intercepted method is called (with the rollout settings), recorded with
+    the stream when it is claimed.
     """
 
-    def __init__(self, settings: RecordSettings, store: Store, stream: StreamId, *, writes: bool) -> None:
+    def __init__(self, settings: RecordSettings, store: Store, stream: StreamId, *, writes: bool,
+                 methods: dict[str, dict[str, Any]] | None = None) -> None:
         self.settings = settings
         self.store = store
         self.stream = stream
@@ -147,7 +150,7 @@ class Recorder:
         except MissingExtraError as exc:
             raise ConfigError(f"compression: {settings.compression} (dump mode, {stream}, {settings.dump_dir}): "
                               f"{exc}; or set compression: none") from None
-        store.open_writer(stream, fingerprint=fingerprint())  # the environment, when the dump has none yet
+        store.open_writer(stream, fingerprint=fingerprint(), methods=methods)
         if settings.background:
             self.writer = BackgroundWriter(max_pending=settings.max_pending, on_error=self._on_write_error)
             self.writer.add_flush_hook(self.drain_pending)

@@ -46,7 +46,6 @@ ranges), which entry files are not folded yet, and the folding itself. The
 from __future__ import annotations
 
 import bisect
-import functools
 import json
 import os
 import re
@@ -358,7 +357,7 @@ def read_manifest_file(backend: BackendDefaults) -> Manifest | None:
     if data is None:
         return None
     manifest = parse_manifest(data, backend.where(MANIFEST_NAME))
-    manifest.segment_reader = functools.partial(read_segment, backend)
+    manifest.segment_reader = lambda stream, seq: read_segment(backend, stream, seq)
     return manifest
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import hmac as hmac_lib
 import json
 import os
@@ -33,10 +32,12 @@ from rollout_mock.batch import count_samples, describe_keys, rejected_count, typ
 from rollout_mock.codec import ByteSource, BytesSource, ReadAheadSource
 from rollout_mock.crc import crc32
 from rollout_mock.errors import (
+    ConfigError,
     CorruptStepError,
     DiskFullError,
     DumpNotFoundError,
     DumpNotWritableError,
+    MissingExtraError,
     RolloutMockError,
     StepExistsError,
     StepNotFoundError,
@@ -76,7 +77,6 @@ from rollout_mock.storage.index import (
     read_fingerprint,
     read_manifest_file,
     read_packs,
-    read_segment,
     read_stream_records,
     record_fingerprint,
 )
@@ -476,7 +476,7 @@ class Store:
             streams={k: {**v, "steps": dict(v["steps"]), "methods": dict(v.get("methods", {}))}
                      for k, v in base.streams.items()},
         )
-        view.segment_reader = functools.partial(read_segment, self.backend)
+        view.segment_reader = None if base is None else base.segment_reader  # segments are manifest.json's
         records = read_stream_records(self.backend)
         streams = set(view.stream_ids()) | set(records)
         listings: dict[str, list[str]] = {}
@@ -607,14 +607,20 @@ class Store:
         return error
 
     def open_writer(self, stream: StreamId, *, fingerprint: dict[str, Any] | None = None,
-                    methods: dict[str, dict[str, Any]] | None = None) -> None:
+                    methods: dict[str, dict[str, Any]] | None = None, compression: str = "none") -> None:
         """Claim ``stream`` for writing by this object (a second writer gets :class:`LockedError`),
         recording ``fingerprint`` (this writer's environment) when the dump has none yet and
-        ``methods`` (how each method is called, :meth:`set_methods`) with the stream: see
-        :meth:`StreamIndex.open <rollout_mock.storage.index.StreamIndex.open>`."""
+        ``methods`` (how each method is called) with the stream: see :meth:`StreamIndex.open
+        <rollout_mock.storage.index.StreamIndex.open>`. A stream this object writes already is
+        left as it is (:meth:`set_methods` changes its methods). ``compression``: the codec the
+        writer's steps will be saved with; one whose package is missing is a :class:`ConfigError`
+        before anything is claimed."""
+        try:
+            codec.require_compression(compression)
+        except MissingExtraError as exc:
+            raise ConfigError(f"compression: {compression} (dump mode, {stream}, {self.where('')}): {exc}; or set "
+                              f"compression: none", mode="dump", split=stream.split, path=self.where("")) from None
         if stream.key in self._owned:
-            if methods:
-                self.set_methods(stream, methods)
             return
         with self._writing(f"opening {stream} for writing"):
             self._owned[stream.key] = StreamIndex.open(self.backend, stream, fingerprint=fingerprint, methods=methods)

@@ -47,7 +47,7 @@ KEYS = {f"batch.k{i}": {"shape": [256, 1024], "dtype": "int64"} for i in range(8
 def populate(root: Path, folded: int) -> None:
     """``folded`` steps as a writer folds them (segments + manifest references), with empty data files."""
     store = DirectoryStore(root)
-    index = StreamIndex.open(store.backend, STREAM, lambda: store.manifest_file(fresh=True))
+    index = StreamIndex.open(store.backend, STREAM)
     directory = root / STREAM.directory
     for first in range(0, folded, SEGMENT_STEPS):
         for step in range(first, min(first + SEGMENT_STEPS, folded)):

@@ -192,8 +192,9 @@ def _changes_problem(changes: Mapping[Any, Any]) -> str | None:
 
 
 class _Source:
-    """What the :class:`MockScheduler` wraps: in dump mode ``rollout`` returns the record the
-    wrapped trainer methods just built; mock mode never calls it."""
+    """What the :class:`MockScheduler` wraps (its ``factory`` hands it over when the scheduler
+    runs: dump and check mode): ``rollout`` returns the record the wrapped trainer methods just
+    built. Mock mode never builds a record: the trainer's ``_generate`` does not run."""
 
     def __init__(self) -> None:
         self.pending: dict[str, Any] | None = None
@@ -203,8 +204,11 @@ class _Source:
         # ``trainer_step`` (an evaluation's optimizer step) is read from the recorded call's
         # arguments, not here: mock mode finds the i-th evaluation at a step by it (_val_step)
         record, self.pending = self.pending, None
-        if record is None:  # pragma: no cover - the wrappers always set it first
-            raise RuntimeError("[RolloutMock] TRL: no generation to record")
+        if record is None:  # mock mode, on_missing_step: record: nothing was generated to record
+            raise ConfigError(
+                f"[RolloutMock] TRL (mode=mock): generation step {global_step} is not recorded, and wrap_trl does "
+                f"not generate in mock mode, so on_missing_step: record has nothing to record; record it in dump "
+                f"mode, or set on_missing_step: error or repeat_nearest", mode="mock", step=global_step)
         return record
 
 
@@ -245,11 +249,10 @@ class TrlRollout:
 
     def _scheduler(self, split: str) -> MockScheduler:
         scheduler = self._schedulers.get(split)
-        if scheduler is None:
-            real = self._source if self.mode.runs_scheduler else None
-            scheduler = MockScheduler(real, self._config, split=split, methods=(_METHOD,), spec=_Source,
-                                      rollout_settings=self.settings, check_views={_METHOD: _named_output},
-                                      framework="trl")
+        if scheduler is None:  # the scheduler decides whether the source is needed (never in mock mode)
+            scheduler = MockScheduler(None, self._config, split=split, methods=(_METHOD,), factory=lambda: self._source,
+                                      spec=_Source, rollout_settings=self.settings,
+                                      check_views={_METHOD: _named_output}, framework="trl")
             self._schedulers[split] = scheduler
         return scheduler
 

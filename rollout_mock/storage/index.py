@@ -10,6 +10,7 @@ Layout inside ``dump_dir`` (all names built from validated split/name/rank, see
     train/step_000005.pkl                  the step's data
     train/.index/step_000005.json          its entry: the commit point of the step
     train/.index/segment_000003.json       1,024 folded entries (immutable; named by the manifest)
+    train/.health/segment_000000.jsonl     the health lines of steps 0-99 (the store's side file)
 
 Writing step N: write the data object, **then** create its entry file (exclusively: a local
 ``link``, or an S3 ``If-None-Match: *`` put). A step is visible only once its entry exists, so a
@@ -65,17 +66,20 @@ from rollout_mock.storage.manifest import (
     StepSet,
     StreamId,
     dumps_manifest,
+    parse_manifest,
     utc_now,
 )
 from rollout_mock.text import logger
 
 __all__ = [
     "CALLS_DIR", "calls_dir", "pack_relpath", "read_packs", "seq_of_pack_name",
-    "ENTRY_BYTES", "FINGERPRINT_NAME", "INDEX_DIR", "INLINE_STEPS", "INVALID", "MANIFEST_BYTES", "MANIFEST_LOCK",
+    "ENTRY_BYTES", "FINGERPRINT_NAME", "HEALTH_DIR", "HEALTH_SEGMENT", "INDEX_DIR", "INLINE_STEPS", "INVALID",
+    "MANIFEST_BYTES", "MANIFEST_LOCK",
     "SEGMENT_STEPS", "STREAMS_DIR", "StreamIndex", "decode_entry", "decode_segment", "decode_stream_record",
-    "encode_entry", "encode_segment", "encode_stream_record", "entry_relpath", "index_dir", "lock_holder",
-    "manifest_lock", "merge_stream", "parse_step_relpath", "read_doc", "read_entries", "read_fingerprint",
-    "read_segment", "read_stream_records", "segment_relpath", "seq_of_segment_name", "step_of_entry_name",
+    "encode_entry", "encode_segment", "encode_stream_record", "entry_relpath", "health_relpath", "index_dir",
+    "lock_holder", "manifest_lock", "merge_stream", "parse_step_relpath", "read_doc", "read_entries",
+    "read_fingerprint", "read_manifest_file", "read_segment", "read_stream_records", "record_fingerprint",
+    "segment_relpath", "seq_of_segment_name", "step_of_entry_name",
     "stream_record_name", "strip_steps", "to_ranges", "writer_lock_relpath",
 ]
 
@@ -87,6 +91,9 @@ INLINE_STEPS = 10_000
 SEGMENT_FORMAT = "rollout_mock.segment"
 INDEX_DIR = ".index"
 CALLS_DIR = ".calls"
+#: The folder of a stream's health side files, and the steps of one side file.
+HEALTH_DIR = ".health"
+HEALTH_SEGMENT = 100
 STREAMS_DIR = ".streams"
 FINGERPRINT_NAME = ".fingerprint.json"
 MANIFEST_LOCK = ".manifest.lock"
@@ -160,6 +167,11 @@ def read_packs(backend: BackendDefaults, stream: StreamId) -> list[PackRecord]:
         except ManifestError as exc:
             logger.warning("[RolloutMock] ignoring %s: %s", where, str(exc)[:300])
     return sorted(packs, key=lambda p: p.seq)
+
+
+def health_relpath(stream: StreamId, segment: int) -> str:
+    """The health side file of ``segment`` (steps ``segment * HEALTH_SEGMENT ...``) of ``stream``."""
+    return f"{stream.directory}/{HEALTH_DIR}/segment_{segment:06d}{stream.suffix}.jsonl"
 
 
 def segment_relpath(stream: StreamId, seq: int) -> str:
@@ -338,6 +350,25 @@ def read_segment(backend: BackendDefaults, stream: StreamId, seq: int) -> dict[s
     return decode_segment(data, stream, seq, backend.where(rel))
 
 
+def read_manifest_file(backend: BackendDefaults) -> Manifest | None:
+    """``manifest.json``, read now (at most :data:`MANIFEST_BYTES`) and parsed; None when there is
+    none. Its segments are read from ``backend`` when an entry in one is asked for."""
+    data = backend.read(MANIFEST_NAME, 0, MANIFEST_BYTES + 1)
+    if data is None:
+        return None
+    manifest = parse_manifest(data, backend.where(MANIFEST_NAME))
+    manifest.segment_reader = lambda stream, seq: read_segment(backend, stream, seq)
+    return manifest
+
+
+def record_fingerprint(backend: BackendDefaults, fingerprint: dict[str, Any], base: Manifest | None) -> None:
+    """Record the environment of the dump's first writer (the fingerprint file, created if absent),
+    unless ``base`` (manifest.json, read under the manifest lock, which the caller holds) or the
+    file already holds one."""
+    if (base is None or base.fingerprint is None) and read_fingerprint(backend) is None:
+        backend.create(FINGERPRINT_NAME, json.dumps(fingerprint, allow_nan=False, default=str).encode("utf-8"))
+
+
 # ---------------------------------------------------------------------- ranges
 def to_ranges(steps: StepSet | list[int]) -> list[list[int]]:
     """Sorted steps as ``[[first, last], ...]`` runs."""
@@ -400,13 +431,9 @@ def merge_stream(manifest: Manifest, stream: StreamId, methods: dict[str, dict[s
 
 
 # ---------------------------------------------------------------------- the writer's index
-#: Reads ``manifest.json`` afresh (None when there is none): the store's cached reader.
-ReadManifest = Callable[[], "Manifest | None"]
-
-
 def _recover_names(stream: StreamId) -> Callable[[str], bool]:
     """Which names in the stream's directories a crashed writer of ``stream`` may have left half
-    written: its step files, entries, segments."""
+    written: its step files, entries, segments and packs."""
     pattern = re.compile(rf"(step_-?[0-9]{{1,18}}|segment_[0-9]{{6,9}}|pack_[0-9]{{6,9}}){re.escape(stream.suffix)}"
                          rf"\.(pkl|json)",
                          re.ASCII)
@@ -425,9 +452,8 @@ class StreamIndex:
     segment_steps: ClassVar[int] = SEGMENT_STEPS
     inline_steps: ClassVar[int] = INLINE_STEPS
 
-    def __init__(self, backend: BackendDefaults, stream: StreamId, handle: Any, read_manifest: ReadManifest) -> None:
+    def __init__(self, backend: BackendDefaults, stream: StreamId, handle: Any) -> None:
         self.backend, self.stream, self.handle = backend, stream, handle
-        self._read_manifest = read_manifest
         self.live = StepSet()  # every step of the stream
         self.folded = StepSet()  # steps held by manifest.json (inline or in a segment)
         self.pending: dict[int, Any] = {}  # entry files not folded yet: the raw entry, or None (tombstone)
@@ -437,10 +463,13 @@ class StreamIndex:
         self.has_packs = False
 
     @classmethod
-    def open(cls, backend: BackendDefaults, stream: StreamId, read_manifest: ReadManifest) -> StreamIndex:
+    def open(cls, backend: BackendDefaults, stream: StreamId, *, fingerprint: dict[str, Any] | None = None,
+             methods: dict[str, dict[str, Any]] | None = None) -> StreamIndex:
         """Claim ``stream`` (:class:`LockedError` if another writer holds it), remove what a
-        crashed writer left (temporary files, an unreferenced segment), fold its leftover entry
-        files (at most one segment's worth, whatever the dump's length), announce the stream."""
+        crashed writer left (temporary files, an unreferenced segment), record ``fingerprint``
+        (this writer's environment) when the dump has none yet, fold the stream's leftover entry
+        files (at most one segment's worth, whatever the dump's length), announce the stream with
+        its recorded methods and ``methods`` (how this writer's methods are called)."""
         try:
             handle = backend.lock(writer_lock_relpath(stream), lock_holder())
         except LockedError as exc:
@@ -450,30 +479,37 @@ class StreamIndex:
                 f"{stream.split}/<name>/); two runs need two dump_dirs. A writer that died releases it (a lease: "
                 f"when it expires).", mode="dump", split=stream.split, path=exc.path) from None
         try:
-            index = cls(backend, stream, handle, read_manifest)
-            index._resume()
+            index = cls(backend, stream, handle)
+            index._resume(fingerprint, methods or {})
         except BaseException:
             backend.unlock(handle)
             raise
         return index
 
-    def _recover(self) -> None:
+    def _recover(self, fingerprint: dict[str, Any] | None) -> Manifest | None:
+        """Remove the temporary files a crashed writer of the stream left (the manifest's and the
+        fingerprint's under the manifest lock, which also records ``fingerprint``); manifest.json."""
         backend, stream = self.backend, self.stream
         with manifest_lock(backend):
             backend.recover("", lambda name: name in (MANIFEST_NAME, FINGERPRINT_NAME))
+            base = read_manifest_file(backend)
+            if fingerprint is not None:
+                record_fingerprint(backend, fingerprint, base)
         names = _recover_names(stream)
         backend.recover(stream.directory, names)
         backend.recover(index_dir(stream), names)
         backend.recover(calls_dir(stream), names)
         backend.recover(STREAMS_DIR, lambda name: name == stream_record_name(stream))
+        health = re.compile(rf"segment_[0-9]{{6,9}}{re.escape(stream.suffix)}\.jsonl", re.ASCII)
+        backend.recover(f"{stream.directory}/{HEALTH_DIR}", lambda name: health.fullmatch(name) is not None)
+        return base
 
-    def _resume(self) -> None:
+    def _resume(self, fingerprint: dict[str, Any] | None, methods: dict[str, dict[str, Any]]) -> None:
         backend, stream = self.backend, self.stream
-        self._recover()
-        base = self._read_manifest()
+        base = self._recover(fingerprint)
         data = None if base is None else base.streams.get(stream.key)
         self.folded = base.steps(stream).copy() if base is not None else StepSet()
-        self.methods = base.methods(stream) if base is not None else {}
+        self.methods = {**(base.methods(stream) if base is not None else {}), **methods}
         names = backend.listdir(index_dir(stream))
         referenced = {int(ref["seq"]) for ref in (data or {}).get("segments") or ()}
         on_disk = {seq for name in names if (seq := seq_of_segment_name(stream, name)) is not None}
@@ -561,7 +597,7 @@ class StreamIndex:
             if not backend.create(rel, body):
                 backend.replace(rel, body)  # left by a dead writer of this stream (we hold its lock)
         with manifest_lock(backend):
-            manifest = self._read_manifest() or Manifest()
+            manifest = read_manifest_file(backend) or Manifest()
             data = manifest.stream(stream, create=True)
             assert data is not None
             data["methods"].update(self.methods)

@@ -32,10 +32,12 @@ from rollout_mock.batch import count_samples, describe_keys, rejected_count, typ
 from rollout_mock.codec import ByteSource, BytesSource, ReadAheadSource
 from rollout_mock.crc import crc32
 from rollout_mock.errors import (
+    ConfigError,
     CorruptStepError,
     DiskFullError,
     DumpNotFoundError,
     DumpNotWritableError,
+    MissingExtraError,
     RolloutMockError,
     StepExistsError,
     StepNotFoundError,
@@ -57,24 +59,26 @@ from rollout_mock.storage.bundle import (
 from rollout_mock.storage.digest import Digest, HashingWriter, mac_context
 from rollout_mock.storage.directory import AppendFile, LocalBackend, disk_full_error, free_bytes
 from rollout_mock.storage.index import (
-    FINGERPRINT_NAME,
+    HEALTH_DIR,
+    HEALTH_SEGMENT,
     INVALID,
-    MANIFEST_BYTES,
     STREAMS_DIR,
     StreamIndex,
     calls_dir,
     decode_entry,
     encode_entry,
     entry_relpath,
+    health_relpath,
     index_dir,
     manifest_lock,
     merge_stream,
     pack_relpath,
     read_entries,
     read_fingerprint,
+    read_manifest_file,
     read_packs,
-    read_segment,
     read_stream_records,
+    record_fingerprint,
 )
 from rollout_mock.storage.manifest import (
     MANIFEST_NAME,
@@ -86,22 +90,12 @@ from rollout_mock.storage.manifest import (
     StepSet,
     StreamId,
     format_ranges,
-    parse_manifest,
     pin_reason,
     utc_now,
 )
 from rollout_mock.storage.paths import NAME_PATTERN, is_url, list_inside, open_inside, read_fd_range
 from rollout_mock.storage.verified import corrupt_error, load_bytes_verified, load_source_verified, load_verified
 from rollout_mock.text import jsonable, logger
-
-#: Steps per health side file, and the folder of a stream that holds them.
-HEALTH_SEGMENT = 100
-HEALTH_DIR = ".health"
-
-
-def health_relpath(stream: StreamId, segment: int) -> str:
-    """The health side file of ``segment`` (steps ``segment * 100 ...``) of ``stream``."""
-    return f"{stream.directory}/{HEALTH_DIR}/segment_{segment:06d}{stream.suffix}.jsonl"
 
 
 def _health_lines(data: bytes | None) -> dict[int, bytes]:
@@ -456,27 +450,19 @@ class Store:
         self.backend.sync()
 
     # ------------------------------------------------------------------ reading the index
-    def manifest_file(self, *, fresh: bool = False) -> Manifest | None:
-        """``manifest.json`` alone (cached while its signature is unchanged; ``fresh``: a new
-        object read now, for a read-modify-write, never cached)."""
+    def manifest_file(self) -> Manifest | None:
+        """``manifest.json`` alone (:func:`~rollout_mock.storage.index.read_manifest_file`), cached
+        while its signature is unchanged."""
         signature = self.backend.signature(MANIFEST_NAME)
         if signature is None:
             self._manifest_sig, self._manifest_file_cache = None, None
             return None
-        if fresh or signature != self._manifest_sig or self._manifest_file_cache is None:
-            data = self.backend.read(MANIFEST_NAME, 0, MANIFEST_BYTES + 1)
-            if data is None:
+        if signature != self._manifest_sig or self._manifest_file_cache is None:
+            parsed = read_manifest_file(self.backend)
+            if parsed is None:
                 return None
-            parsed = parse_manifest(data, self.backend.where(MANIFEST_NAME))
-            parsed.segment_reader = self._read_segment
-            if fresh:
-                self._manifest_sig = None  # the caller is about to replace it
-                return parsed
             self._manifest_file_cache, self._manifest_sig = parsed, signature
         return self._manifest_file_cache
-
-    def _read_segment(self, stream: StreamId, seq: int) -> dict[str, Any]:
-        return read_segment(self.backend, stream, seq)
 
     def manifest(self, *, refresh: bool = False) -> Manifest:
         """The merged index: manifest.json + stream records + entry files (see
@@ -490,7 +476,7 @@ class Store:
             streams={k: {**v, "steps": dict(v["steps"]), "methods": dict(v.get("methods", {}))}
                      for k, v in base.streams.items()},
         )
-        view.segment_reader = self._read_segment
+        view.segment_reader = None if base is None else base.segment_reader  # segments are manifest.json's
         records = read_stream_records(self.backend)
         streams = set(view.stream_ids()) | set(records)
         listings: dict[str, list[str]] = {}
@@ -620,16 +606,24 @@ class Store:
         error.errno = exc.errno  # (not strerror/filename: they would replace the message in str())
         return error
 
-    def open_writer(self, stream: StreamId) -> None:
-        """Claim ``stream`` for writing by this object (a second writer gets :class:`LockedError`):
-        see :meth:`StreamIndex.open <rollout_mock.storage.index.StreamIndex.open>`."""
+    def open_writer(self, stream: StreamId, *, fingerprint: dict[str, Any] | None = None,
+                    methods: dict[str, dict[str, Any]] | None = None, compression: str = "none") -> None:
+        """Claim ``stream`` for writing by this object (a second writer gets :class:`LockedError`),
+        recording ``fingerprint`` (this writer's environment) when the dump has none yet and
+        ``methods`` (how each method is called) with the stream: see :meth:`StreamIndex.open
+        <rollout_mock.storage.index.StreamIndex.open>`. A stream this object writes already is
+        left as it is (:meth:`set_methods` changes its methods). ``compression``: the codec the
+        writer's steps will be saved with; one whose package is missing is a :class:`ConfigError`
+        before anything is claimed."""
+        try:
+            codec.require_compression(compression)
+        except MissingExtraError as exc:
+            raise ConfigError(f"compression: {compression} (dump mode, {stream}, {self.where('')}): {exc}; or set "
+                              f"compression: none", mode="dump", split=stream.split, path=self.where("")) from None
         if stream.key in self._owned:
             return
         with self._writing(f"opening {stream} for writing"):
-            self._owned[stream.key] = StreamIndex.open(self.backend, stream, lambda: self.manifest_file(fresh=True))
-            # health side files a writer killed mid-replace left as temporary files
-            health = re.compile(rf"segment_[0-9]{{6,9}}{re.escape(stream.suffix)}\.jsonl", re.ASCII)
-            self.backend.recover(f"{stream.directory}/{HEALTH_DIR}", lambda name: health.fullmatch(name) is not None)
+            self._owned[stream.key] = StreamIndex.open(self.backend, stream, fingerprint=fingerprint, methods=methods)
         self._view_cache = None
 
     def _owner(self, stream: StreamId) -> StreamIndex:
@@ -646,10 +640,11 @@ class Store:
         self._view_cache = None
 
     def set_fingerprint(self, fingerprint: dict[str, Any]) -> None:
+        """Record the environment that made the dump, unless it records one already (a writer
+        records its own when it claims a stream: :meth:`open_writer`)."""
         if self.fingerprint() is None:
-            data = json.dumps(fingerprint, allow_nan=False, default=str).encode("utf-8")
             with self._writing("recording the environment fingerprint"), manifest_lock(self.backend):
-                self.backend.create(FINGERPRINT_NAME, data)
+                record_fingerprint(self.backend, fingerprint, read_manifest_file(self.backend))
             self._view_cache = None
 
     def check_writable(self, stream: StreamId, step: int, *, overwrite: bool) -> None:

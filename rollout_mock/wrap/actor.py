@@ -244,18 +244,17 @@ class _InstanceMock:
         extras: _Extras | None = None,
     ) -> None:
         extras = extras or _Extras(None, {})
-        self.interceptor = Interceptor(config_parts(config), split=split, name=name, rank=rank, match_keys=extras.keys,
-                                       framework=extras.framework)
         self.positions = {m: step_arg_position(getattr(cls, m), bound=False) for m in methods}
-        for m in methods:
-            self.interceptor.params[m] = parameter_names(getattr(cls, m), bound=False)
-        if config.mode.records and self.interceptor.writes:
-            info: dict[str, dict[str, Any]] = {
-                m: {"convention": detect_convention(getattr(cls, m)).value, "step_arg": self.positions[m],
-                    "params": self.interceptor.params[m]} for m in methods}
+        params = {m: parameter_names(getattr(cls, m), bound=False) for m in methods}
+        info: dict[str, dict[str, Any]] | None = None
+        if config.mode.records:  # recorded with the stream when this process claims it
+            info = {m: {"convention": detect_convention(getattr(cls, m)).value, "step_arg": self.positions[m],
+                        "params": params[m]} for m in methods}
             if extras.settings is not None:
                 info = {m: {**i, "settings": extras.settings} for m, i in info.items()}
-            self.interceptor.store.set_methods(self.interceptor.stream, info)
+        self.interceptor = Interceptor(config_parts(config), split=split, name=name, rank=rank, match_keys=extras.keys,
+                                       framework=extras.framework, methods=info)
+        self.interceptor.params.update(params)
         self.interceptor.check_settings(extras.settings, methods[0])
         # Steps still pending at a normal process exit are written by the writer's atexit hook;
         # this one releases the dump directory afterwards (ray.kill gives no chance for either).

@@ -20,7 +20,10 @@ call summary, request digest), the stall watchdog around the call, :meth:`~Inter
 (the recorded step that serves it, request matching), then either the replayed batch
 (:meth:`~Interceptor.after_replayed_call`) or the real method, timed, its batch recorded
 (:meth:`~Interceptor.after_live_call`) or checked. The configuration is resolved once
-(:func:`~rollout_mock.config.config_parts`); each half gets its part: the dump half is a
+(:func:`~rollout_mock.config.config_parts`); what the halves share is opened once, here: the
+store, the stream's claim (dump mode, a rank that writes: with the writer's fingerprint and how
+its methods are called) and the device placement (mock and check mode). Each half gets its part
+and what was opened for it: the dump half is a
 :class:`~rollout_mock.wrap.recording.Recorder`, the mock half a
 :class:`~rollout_mock.wrap.replay.Replayer` (plus a :class:`~rollout_mock.wrap.check.Checker` in
 check mode), request matching a :class:`~rollout_mock.wrap.mismatch.RequestMatcher`.
@@ -36,7 +39,9 @@ from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 from rollout_mock.codec import BufferPool
+from rollout_mock.codec.device import DevicePlacement
 from rollout_mock.config import ConfigParts
+from rollout_mock.determinism.fingerprint import fingerprint
 from rollout_mock.errors import ConfigError
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.store import Store, open_store
@@ -77,7 +82,10 @@ class Interceptor:
     functions giving what check mode compares of a batch; ``capture``: what dump mode records
     of a live batch (default: the batch); ``framework``: whose volatile fields request matching
     and check mode leave out (``None``: none). ``parts``: the resolved config
-    (:func:`~rollout_mock.config.config_parts`); each component gets its own part."""
+    (:func:`~rollout_mock.config.config_parts`); each component gets its own part. ``methods``
+    (dump mode): how each intercepted method is called, and the rollout settings, recorded with
+    the stream when this process claims it (``{method: {"convention", "step_arg", "params",
+    "settings"}}``, what mock mode reads back with :meth:`~rollout_mock.storage.Store.methods`)."""
 
     def __init__(
         self,
@@ -92,6 +100,7 @@ class Interceptor:
         capture: Capture | None = None,
         provenance: Provenance | None = None,
         framework: str | None = None,
+        methods: dict[str, dict[str, Any]] | None = None,
     ) -> None:
         self.mode = parts.mode
         self.split = split
@@ -103,7 +112,14 @@ class Interceptor:
                                self.rank if per_rank else None)
         #: dump mode: whether this process writes (only ``dump_rank`` unless ranks: all).
         self.writes = self.mode.records and parts.stream.writes(self.rank)
+        # what the components share is opened here, once, before any of them is built: the store; on
+        # a rank that writes, the stream's claim (a second writer fails now), with this writer's
+        # environment and methods; in mock and check mode, the device replayed tensors go to
         self.store = store if store is not None else open_store(parts.store, mode=self.mode.value)
+        if self.writes:
+            self.store.open_writer(self.stream, fingerprint=fingerprint(), methods=methods,
+                                   compression=parts.record.compression)
+        place = DevicePlacement.for_setting(parts.replay.device, mode=self.mode.value) if self.mode.replays else None
         self._next_step = 0
         self._lock = threading.Lock()
         #: the intercepted methods called at all
@@ -129,7 +145,7 @@ class Interceptor:
         if self.mode.records:
             self.recorder = Recorder(parts.record, self.store, self.stream, writes=self.writes)
         else:
-            self.replayer = Replayer(parts.replay, self.store, self.stream)
+            self.replayer = Replayer(parts.replay, self.store, self.stream, place=place)
             if self.mode.runs_scheduler:
                 self.checker = Checker(parts.check, self.store, self.stream, views=check_views,
                                        framework=framework)

@@ -26,8 +26,7 @@ import rollout_mock.codec as codec
 from rollout_mock.batch import count_samples
 from rollout_mock.codec.scan import health_summary, nonfinite_values
 from rollout_mock.config import DiskFullPolicy, RecordSettings
-from rollout_mock.determinism.fingerprint import fingerprint
-from rollout_mock.errors import ConfigError, DiskFullError, MissingExtraError
+from rollout_mock.errors import ConfigError, DiskFullError
 from rollout_mock.storage.directory import free_bytes
 from rollout_mock.storage.manifest import CallRecord, StreamId, format_ranges
 from rollout_mock.storage.store import BatchInfo, Store
@@ -93,7 +92,9 @@ def _members(part: list[_Queued]) -> tuple[list[tuple[Any, list[CallRecord]]], A
 class Recorder:
     """Writes one stream's batches (dump mode; see the module docstring).
 
-    ``writes`` false (a rank that does not write under ``ranks: one``): nothing is opened and
+    ``writes``: the stream is claimed for this process in ``store`` (:meth:`Store.open_writer
+    <rollout_mock.storage.store.Store.open_writer>`, which the interceptor calls where it opens
+    the store); false (a rank that does not write under ``ranks: one``): nothing is started and
     :meth:`records_step` is always false. ``settings`` are the dump-mode keys of the config.
     """
 
@@ -135,13 +136,6 @@ class Recorder:
         self.closed = False
         if not writes:
             return
-        try:
-            codec.require_compression(settings.compression)
-        except MissingExtraError as exc:
-            raise ConfigError(f"compression: {settings.compression} (dump mode, {stream}, {settings.dump_dir}): "
-                              f"{exc}; or set compression: none") from None
-        store.open_writer(stream)
-        store.set_fingerprint(fingerprint())
         if settings.background:
             self.writer = BackgroundWriter(max_pending=settings.max_pending, on_error=self._on_write_error)
             self.writer.add_flush_hook(self.drain_pending)

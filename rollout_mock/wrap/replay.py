@@ -154,10 +154,12 @@ class Replayer:
 
     Opening it runs the pre-flight checks: the dump exists and holds the stream (else an error
     naming the splits that are there), ``max_steps`` is covered, the fingerprint matches.
-    ``settings`` are the replay keys of the config.
+    ``settings`` are the replay keys of the config; ``place``: where replayed tensors go (the
+    ``device`` setting's :class:`~rollout_mock.codec.device.DevicePlacement`; ``None``: the CPU).
     """
 
-    def __init__(self, settings: ReplaySettings, store: Store, stream: StreamId) -> None:
+    def __init__(self, settings: ReplaySettings, store: Store, stream: StreamId, *,
+                 place: DevicePlacement | None = None) -> None:
         self.settings = settings
         self.store = store
         self.stream = stream
@@ -173,7 +175,7 @@ class Replayer:
         self._extra: dict[int, list[tuple[PackRecord, CallRecord]]] | None = None
         #: run step -> (the recorded step serving it, its recorded calls, the calls served so far)
         self._taken: dict[int, _Taken] = {}
-        self._open()
+        self._open(place)
 
     def __repr__(self) -> str:
         return f"Replayer({self.stream}, store={self.store!r})"
@@ -294,8 +296,7 @@ class Replayer:
                    record.call, self.store.describe_location(self.stream, source), record.samples)
         return self._served(batch)
 
-    def _open(self) -> None:
-        place = DevicePlacement.for_setting(self.settings.device, mode=self.mode.value)  # before any I/O
+    def _open(self, place: DevicePlacement | None) -> None:
         manifest = self.store.require_manifest(mode=self.mode.value, split=self.split)
         metrics = self.store.expected_file()
         recorded = self.store.steps(self.stream)

@@ -186,17 +186,17 @@ class MockScheduler(Generic[T]):
             return
         if scheduler is not None and self.mode.runs_scheduler:
             prepare_scheduler(scheduler)
+        # how the real scheduler's methods are called, read before the dump is opened (dump mode records it)
+        live = None if scheduler is None else self._live_conventions(scheduler)
+        settings = flatten_settings(rollout_settings)
+        recorded = None if live is None or not self.mode.records else {
+            m: {**info, "settings": settings} if settings is not None else info for m, info in live.items()}
         self.interceptor = Interceptor(config_parts(self.config), split=split, name=name, store=store, rank=rank,
                                        match_keys=match_keys, check_views=check_views, capture=capture,
-                                       provenance=provenance, framework=framework)
+                                       provenance=provenance, framework=framework, methods=recorded)
         if self.mode.replays:
             _check_recorded_methods(self.interceptor, self.methods)
-        conventions = self._conventions(scheduler, spec)
-        settings = flatten_settings(rollout_settings)
-        if self.mode.records and self.interceptor.writes:
-            recorded = {m: {**info, "settings": settings} if settings is not None else info
-                        for m, info in conventions.items()}
-            self.interceptor.store.set_methods(self.interceptor.stream, recorded)
+        conventions = live if live is not None else self._recorded_conventions(spec)
         self.interceptor.check_settings(settings, self.methods[0])
         for method in self.methods:
             params = conventions[method].get("params")
@@ -209,15 +209,18 @@ class MockScheduler(Generic[T]):
         state = "disabled" if self.interceptor is None else f"{self.mode.value}, {self.interceptor.stream}"
         return f"MockScheduler({self.scheduler!r}, {state}, methods={list(self.methods)})"
 
-    def _conventions(self, scheduler: Any, spec: Any) -> dict[str, dict[str, Any]]:
+    def _live_conventions(self, scheduler: Any) -> dict[str, dict[str, Any]]:
+        """How each method of the real ``scheduler`` is called (dump mode records it)."""
+        info = {}
+        for method in self.methods:
+            if not hasattr(scheduler, method):
+                raise ConfigError(f"{type(scheduler).__qualname__} has no method {method!r} to intercept")
+            info[method] = _method_info(method, scheduler, bound=True)
+        return info
+
+    def _recorded_conventions(self, spec: Any) -> dict[str, dict[str, Any]]:
+        """Mock mode without a scheduler: how each method is called, from ``spec`` or the dump."""
         assert self.interceptor is not None
-        if scheduler is not None:
-            info = {}
-            for method in self.methods:
-                if not hasattr(scheduler, method):
-                    raise ConfigError(f"{type(scheduler).__qualname__} has no method {method!r} to intercept")
-                info[method] = _method_info(method, scheduler, bound=True)
-            return info
         recorded = self.interceptor.store.methods(self.interceptor.stream)
         if spec is not None:
             return _spec_methods(spec, self.methods, recorded if self.mode.replays else None)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from test_numbers import run
 
-import rollout_mock.storage.store as store_module
+import rollout_mock.storage.index as index_module
 from rollout_mock import MockScheduler, open_dump
 from rollout_mock.storage.index import StreamIndex
 
@@ -43,13 +43,13 @@ def interleaved_dump(path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def count_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     reads: list[int] = []
-    real = store_module.read_segment
+    real = index_module.read_segment
 
     def counted(backend: Any, stream: Any, seq: int) -> Any:
         reads.append(seq)
         return real(backend, stream, seq)
 
-    monkeypatch.setattr(store_module, "read_segment", counted)
+    monkeypatch.setattr(index_module, "read_segment", counted)
     return reads
 
 

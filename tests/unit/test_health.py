@@ -14,9 +14,10 @@ from conftest import cfg
 
 from rollout_mock import MockScheduler, cli, open_dump
 from rollout_mock.codec.scan import health_summary
+from rollout_mock.storage.index import health_relpath
 from rollout_mock.storage.manifest import StreamId
 from rollout_mock.storage.reader import flag_health
-from rollout_mock.storage.store import MemoryStore, health_relpath
+from rollout_mock.storage.store import MemoryStore
 
 
 class Rollouts:

@@ -42,8 +42,6 @@ import copy
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import torch
-
 from rollout_mock.batch import (
     BatchType,
     KeyedCodec,
@@ -254,6 +252,8 @@ def _tensordict_parts(obj: Any) -> dict[str, Any]:
 def _tensordict_map_tensors(td: Any, fn: Callable[[Any], Any]) -> Any:
     """Its leaves through ``fn`` (device placement); one that had a device gets the one its leaves
     are on now (a recorded one loads with ``device=None``), and a locked one is locked."""
+    import torch  # (importing the adapters imports no torch)
+
     out = td.apply(fn, device=None, call_on_nested=False, filter_empty=False)
     if td.device is not None:
         devices = {t.device for t in out.values(include_nested=True, leaves_only=True) if isinstance(t, torch.Tensor)}

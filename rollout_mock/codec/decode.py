@@ -224,17 +224,38 @@ def _check_items(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None
     if int(starts[0]) < 0 or int(ends[-1]) > data.size or bool((ends < starts).any()) \
             or bool((starts[1:] != ends[:-1]).any()):
         raise ValueError("string column offsets are out of order or outside its bytes")
-    if bool((ends == starts).any()):
+    span = ends - starts
+    shortest = int(span.min())
+    if shortest == 0:
         raise ValueError("string column item of no bytes")
-    last = data.size - 1  # starts < ends <= size: every start indexes the data
-    first, b1, b2, b3, b4 = (data[np.minimum(starts + k, last)].astype(np.int64) for k in range(5))
-    fix = (first >= 0xA0) & (first <= 0xBF)
-    length = np.where(fix, first & 0x1F, np.where(first == 0xD9, b1, np.where(
-        first == 0xDA, (b1 << 8) | b2, (b1 << 24) | (b2 << 16) | (b3 << 8) | b4)))
-    head = np.where(fix, 1, np.where(first == 0xD9, 2, np.where(first == 0xDA, 3, 5)))
-    valid = fix | (first == 0xD9) | (first == 0xDA) | (first == 0xDB)
-    if not bool(valid.all()) or bool((head + length != ends - starts).any()):
+    first = data[starts]  # starts < ends <= size: every start indexes the data
+    lo, hi = int(first.min()), int(first.max())
+    # one header form for the whole column (the usual case: a column of short strings, or of
+    # 256 B - 64 KiB ones), checked in a few passes; any mixture by the general check below
+    if 0xA0 <= lo and hi <= 0xBF:  # fixstr: the length is in the first byte
+        good = bool(((first & 0x1F).astype(np.int64) + 1 == span).all())
+    elif lo == hi and lo in _STR_HEADS and shortest >= _STR_HEADS[lo]:  # bytes after the first lie in the item
+        head = _STR_HEADS[lo]
+        length = data[starts + 1].astype(np.int64)
+        for k in range(2, head):
+            length = (length << 8) | data[starts + k]
+        good = bool((length + head == span).all())
+    else:
+        last = data.size - 1
+        b1, b2, b3, b4 = (data[np.minimum(starts + k, last)].astype(np.int64) for k in range(1, 5))
+        first64 = first.astype(np.int64)
+        fix = (first64 >= 0xA0) & (first64 <= 0xBF)
+        length = np.where(fix, first64 & 0x1F, np.where(first64 == 0xD9, b1, np.where(
+            first64 == 0xDA, (b1 << 8) | b2, (b1 << 24) | (b2 << 16) | (b3 << 8) | b4)))
+        head_of = np.where(fix, 1, np.where(first64 == 0xD9, 2, np.where(first64 == 0xDA, 3, 5)))
+        valid = fix | (first64 == 0xD9) | (first64 == 0xDA) | (first64 == 0xDB)
+        good = bool(valid.all()) and not bool((head_of + length != span).any())
+    if not good:
         raise ValueError("string column item is not a string of its offsets' length")
+
+
+#: msgpack's str8, str16 and str32 markers: the bytes of each one's header (marker and length)
+_STR_HEADS = {0xD9: 2, 0xDA: 3, 0xDB: 5}
 
 
 def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.ndarray:
@@ -291,6 +312,9 @@ SCRATCH_BUFFERS = 2
 #: of the file (:meth:`~rollout_mock.codec.safe.FileSource.view_range`), CRC-checked in place;
 #: smaller ones (a map costs a few system calls) go to the scratch.
 VIEW_BYTES = 1 << 20
+#: How long a mapped run's decode waits for a pool thread to start its CRC check beside it
+#: (:meth:`ChunkReader.decoded`) before checking it on the calling thread instead.
+HANDOFF_SECONDS = 0.0005
 _ALIGN = 64
 
 
@@ -508,27 +532,54 @@ class ChunkReader:
 
     def decoded(self, ref: list[int], decode: Callable[[np.ndarray], Any]) -> Any:
         """``decode(bytes of ref)``, for a decoder that copies what it needs out of the bytes
-        (:meth:`transient`). A mapped run (:meth:`_viewed`) is decoded on a pool thread while
-        this one checks its CRC in one call over the whole run, without the GIL (compared with
-        the chunks' CRCs combined), so the check costs no wall time where a core is free; a
-        failed check is the error raised, also when the decode failed (a corrupt chunk is named
-        as such, not as the decode error it caused). The decoder is safe on any bytes."""
+        (:meth:`transient`). A mapped run (:meth:`_viewed`) is decoded on this thread while a
+        pool thread checks its CRC in one call over the whole run, without the GIL (compared
+        with the chunks' CRCs combined), so the check costs no wall time where a core is free.
+        The decode stays on the caller's thread: the objects it makes come from this thread's
+        allocator arena, which a load's results are freed back to and reused from, as
+        ``pickle.load``'s are (decoded on a pool thread, 36 MB of strings came from that
+        thread's arena, which glibc hands back to the kernel when they are freed: ~9,000 page
+        faults on every load). A failed check is the error raised, also when the decode failed
+        (a corrupt chunk is named as such, not as the decode error it caused). The decoder is
+        safe on any bytes."""
         viewed = self._viewed(ref) if self.verify else None
         if viewed is None:
             with self.transient(ref) as data:
                 return decode(data)
         view, jobs = viewed
-        work = pool().submit(decode, view)
         expected = None
         for i, _part, _in_place in jobs:
             crc, stored = self.table[i][3], self.table[i][1]
             expected = crc if expected is None else crc32_combine(expected, crc, stored)
-        if crc32(view) != expected:
-            work.exception()  # the decode reads the map: wait for it to end before raising
-            for job in jobs:
-                self._fill(job)  # names the corrupt chunk
-            raise ValueError("a run of chunks fails its CRC-32 check (the file is corrupt)")
-        return work.result()
+        started = threading.Event()
+
+        def check() -> int:
+            started.set()
+            return crc32(view)  # releases the GIL at once: the decode below runs beside it
+
+        work = pool().submit(check)
+        # msgpack holds the GIL for the whole decode: the check must be inside crc32 first, or
+        # it would only start once the decode has ended. Where no core takes it up at once (a
+        # busy machine), this thread checks the run itself rather than wait for one.
+        if not started.wait(HANDOFF_SECONDS) and work.cancel():
+            if crc32(view) != expected:
+                self._corrupt_run(jobs)
+            return decode(view)
+        try:
+            value = decode(view)
+        except BaseException:
+            if work.result() != expected:  # the map is read until the check ends: wait for it
+                self._corrupt_run(jobs)
+            raise
+        if work.result() != expected:
+            self._corrupt_run(jobs)
+        return value
+
+    def _corrupt_run(self, jobs: list[tuple[int, Any, bool]]) -> None:
+        """Raise the error of a run of chunks whose combined CRC-32 failed: the chunk's own."""
+        for job in jobs:
+            self._fill(job)  # names the corrupt chunk
+        raise ValueError("a run of chunks fails its CRC-32 check (the file is corrupt)")
 
     @contextmanager
     def transient(self, ref: list[int]) -> Iterator[np.ndarray]:

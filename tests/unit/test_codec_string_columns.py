@@ -285,3 +285,41 @@ def test_a_large_column_is_checked_on_the_calling_thread_when_no_pool_thread_sta
         for future in held:
             future.result()
     assert pool().submit(lambda: 1).result() == 1  # the pool runs on as before
+
+
+@pytest.mark.parametrize("error", [OSError(19, "No such device"), ValueError("mmap length is too large")])
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_a_file_that_cannot_be_mapped_is_read_into_memory_instead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, corrupt: bool) -> None:
+    """A file system without mmap support (mmap raises): view_range reads the bytes instead,
+    tries the map once per source, and the columns load (a corrupt one is still refused by
+    its CRC)."""
+    import mmap
+    import types
+
+    from rollout_mock.codec import safe
+
+    column = _big_column()
+    data = bytearray(codec.encode_bytes({"s": column, "t": column[::-1].copy()}))
+    if corrupt:
+        data[bytes(data).index(b"row 00003") + 2] = ord("X")
+    path = tmp_path / "step.bin"
+    path.write_bytes(bytes(data))
+    attempts: list[int] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(1)
+        raise error
+
+    monkeypatch.setattr(safe, "mmap", types.SimpleNamespace(
+        mmap=refuse, ALLOCATIONGRANULARITY=mmap.ALLOCATIONGRANULARITY, ACCESS_READ=mmap.ACCESS_READ))
+    if corrupt:
+        with pytest.raises(CorruptStepError, match="CRC-32"):
+            codec.decode(path)
+        return
+    out = codec.decode(path)
+    assert out["s"].tolist() == column.tolist() and out["t"].tolist() == column[::-1].tolist()
+    assert len(attempts) == 1  # the second column is read without trying the map again
+    with safe.FileSource(path) as source:
+        view = source.view_range(10, 1 << 20)
+        assert view.readonly and bytes(view) == bytes(data[10: 10 + (1 << 20)])

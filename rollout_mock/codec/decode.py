@@ -312,9 +312,6 @@ SCRATCH_BUFFERS = 2
 #: of the file (:meth:`~rollout_mock.codec.safe.FileSource.view_range`), CRC-checked in place;
 #: smaller ones (a map costs a few system calls) go to the scratch.
 VIEW_BYTES = 1 << 20
-#: How long a mapped run's decode waits for a pool thread to start its CRC check beside it
-#: (:meth:`ChunkReader.decoded`) before checking it on the calling thread instead.
-HANDOFF_SECONDS = 0.0005
 _ALIGN = 64
 
 
@@ -532,54 +529,27 @@ class ChunkReader:
 
     def decoded(self, ref: list[int], decode: Callable[[np.ndarray], Any]) -> Any:
         """``decode(bytes of ref)``, for a decoder that copies what it needs out of the bytes
-        (:meth:`transient`). A mapped run (:meth:`_viewed`) is decoded on this thread while a
-        pool thread checks its CRC in one call over the whole run, without the GIL (compared
-        with the chunks' CRCs combined), so the check costs no wall time where a core is free.
-        The decode stays on the caller's thread: the objects it makes come from this thread's
-        allocator arena, which a load's results are freed back to and reused from, as
-        ``pickle.load``'s are (decoded on a pool thread, 36 MB of strings came from that
-        thread's arena, which glibc hands back to the kernel when they are freed: ~9,000 page
-        faults on every load). A failed check is the error raised, also when the decode failed
-        (a corrupt chunk is named as such, not as the decode error it caused). The decoder is
-        safe on any bytes."""
+        (:meth:`transient`). A mapped run (:meth:`_viewed`) is decoded on a pool thread while
+        this one checks its CRC in one call over the whole run, without the GIL (compared with
+        the chunks' CRCs combined), so the check costs no wall time where a core is free; a
+        failed check is the error raised, also when the decode failed (a corrupt chunk is named
+        as such, not as the decode error it caused). The decoder is safe on any bytes."""
         viewed = self._viewed(ref) if self.verify else None
         if viewed is None:
             with self.transient(ref) as data:
                 return decode(data)
         view, jobs = viewed
+        work = pool().submit(decode, view)
         expected = None
         for i, _part, _in_place in jobs:
             crc, stored = self.table[i][3], self.table[i][1]
             expected = crc if expected is None else crc32_combine(expected, crc, stored)
-        started = threading.Event()
-
-        def check() -> int:
-            started.set()
-            return crc32(view)  # releases the GIL at once: the decode below runs beside it
-
-        work = pool().submit(check)
-        # msgpack holds the GIL for the whole decode: the check must be inside crc32 first, or
-        # it would only start once the decode has ended. Where no core takes it up at once (a
-        # busy machine), this thread checks the run itself rather than wait for one.
-        if not started.wait(HANDOFF_SECONDS) and work.cancel():
-            if crc32(view) != expected:
-                self._corrupt_run(jobs)
-            return decode(view)
-        try:
-            value = decode(view)
-        except BaseException:
-            if work.result() != expected:  # the map is read until the check ends: wait for it
-                self._corrupt_run(jobs)
-            raise
-        if work.result() != expected:
-            self._corrupt_run(jobs)
-        return value
-
-    def _corrupt_run(self, jobs: list[tuple[int, Any, bool]]) -> None:
-        """Raise the error of a run of chunks whose combined CRC-32 failed: the chunk's own."""
-        for job in jobs:
-            self._fill(job)  # names the corrupt chunk
-        raise ValueError("a run of chunks fails its CRC-32 check (the file is corrupt)")
+        if crc32(view) != expected:
+            work.exception()  # the decode reads the map: wait for it to end before raising
+            for job in jobs:
+                self._fill(job)  # names the corrupt chunk
+            raise ValueError("a run of chunks fails its CRC-32 check (the file is corrupt)")
+        return work.result()
 
     @contextmanager
     def transient(self, ref: list[int]) -> Iterator[np.ndarray]:

@@ -18,8 +18,6 @@ from rollout_mock import CorruptStepError, codec
 sys.path.insert(0, str(Path(__file__).parents[1] / "adversarial"))
 import adversarial_corpus as C  # noqa: E402
 
-decode_module: Any = sys.modules["rollout_mock.codec.decode"]
-
 
 def _load(data: bytes, tmp_path: Path, from_file: bool, **kwargs: Any) -> Any:
     if not from_file:
@@ -216,75 +214,6 @@ def test_items_shorter_than_their_header_form_are_refused(form: int) -> None:
         codec.decode(_column(items))
     with pytest.raises(CorruptStepError, match="string column item is not a string"):
         codec.decode(_column([*items[:4], bytes([form])]))  # the last item: at the end of the data
-
-
-def test_a_large_column_is_decoded_on_the_calling_thread_beside_its_crc(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The strings are made on the caller's thread (its allocator arena, where the batch is
-    freed back to and reused from), the mapped run's CRC on a pool thread."""
-    import threading
-
-
-    column = _big_column()
-    path = tmp_path / "step.bin"
-    path.write_bytes(codec.encode_bytes({"s": column}))
-    decoders: list[threading.Thread] = []
-    checkers: list[threading.Thread] = []
-    real_unpackb, real_crc = msgpack.unpackb, decode_module.crc32
-
-    def unpackb(*args: Any, **kwargs: Any) -> Any:
-        decoders.append(threading.current_thread())
-        return real_unpackb(*args, **kwargs)
-
-    def crc32(data: Any, value: int = 0) -> int:
-        if memoryview(data).nbytes > decode_module.VIEW_BYTES:
-            checkers.append(threading.current_thread())
-        return real_crc(data, value)
-
-    monkeypatch.setattr(msgpack, "unpackb", unpackb)
-    monkeypatch.setattr(decode_module, "crc32", crc32)
-    monkeypatch.setattr(decode_module, "HANDOFF_SECONDS", 60.0)  # an idle pool thread always starts it
-    assert codec.decode(path)["s"].tolist() == column.tolist()
-    assert decoders and set(decoders) == {threading.current_thread()}
-    assert len(checkers) == 1 and checkers[0] is not threading.current_thread()
-
-
-@pytest.mark.parametrize("corrupt", [False, True])
-def test_a_large_column_is_checked_on_the_calling_thread_when_no_pool_thread_starts(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, corrupt: bool) -> None:
-    """With both pool threads busy (a busy machine: no core takes the check up), the caller
-    checks the run itself instead of waiting: the column loads, a corrupt one is refused by
-    its CRC, and no check is left queued."""
-    import threading
-
-    from rollout_mock.codec.format import pool
-
-    data = bytearray(codec.encode_bytes({"s": _big_column()}))
-    if corrupt:
-        data[bytes(data).index(b"row 00003") + 2] = ord("X")
-    path = tmp_path / "step.bin"
-    path.write_bytes(bytes(data))
-    monkeypatch.setattr(decode_module, "HANDOFF_SECONDS", 0.0)
-    release, busy = threading.Event(), [threading.Event(), threading.Event()]
-
-    def hold(started: threading.Event) -> None:
-        started.set()
-        release.wait()
-
-    held = [pool().submit(hold, started) for started in busy]
-    try:
-        for started in busy:
-            started.wait()
-        if corrupt:
-            with pytest.raises(CorruptStepError, match="CRC-32"):
-                codec.decode(path)
-        else:
-            assert codec.decode(path)["s"].tolist() == _big_column().tolist()
-    finally:
-        release.set()
-        for future in held:
-            future.result()
-    assert pool().submit(lambda: 1).result() == 1  # the pool runs on as before
 
 
 @pytest.mark.parametrize("error", [OSError(19, "No such device"), ValueError("mmap length is too large")])

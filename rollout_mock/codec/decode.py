@@ -224,17 +224,38 @@ def _check_items(data: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> None
     if int(starts[0]) < 0 or int(ends[-1]) > data.size or bool((ends < starts).any()) \
             or bool((starts[1:] != ends[:-1]).any()):
         raise ValueError("string column offsets are out of order or outside its bytes")
-    if bool((ends == starts).any()):
+    span = ends - starts
+    shortest = int(span.min())
+    if shortest == 0:
         raise ValueError("string column item of no bytes")
-    last = data.size - 1  # starts < ends <= size: every start indexes the data
-    first, b1, b2, b3, b4 = (data[np.minimum(starts + k, last)].astype(np.int64) for k in range(5))
-    fix = (first >= 0xA0) & (first <= 0xBF)
-    length = np.where(fix, first & 0x1F, np.where(first == 0xD9, b1, np.where(
-        first == 0xDA, (b1 << 8) | b2, (b1 << 24) | (b2 << 16) | (b3 << 8) | b4)))
-    head = np.where(fix, 1, np.where(first == 0xD9, 2, np.where(first == 0xDA, 3, 5)))
-    valid = fix | (first == 0xD9) | (first == 0xDA) | (first == 0xDB)
-    if not bool(valid.all()) or bool((head + length != ends - starts).any()):
+    first = data[starts]  # starts < ends <= size: every start indexes the data
+    lo, hi = int(first.min()), int(first.max())
+    # one header form for the whole column (the usual case: a column of short strings, or of
+    # 256 B - 64 KiB ones), checked in a few passes; any mixture by the general check below
+    if 0xA0 <= lo and hi <= 0xBF:  # fixstr: the length is in the first byte
+        good = bool(((first & 0x1F).astype(np.int64) + 1 == span).all())
+    elif lo == hi and lo in _STR_HEADS and shortest >= _STR_HEADS[lo]:  # bytes after the first lie in the item
+        head = _STR_HEADS[lo]
+        length = data[starts + 1].astype(np.int64)
+        for k in range(2, head):
+            length = (length << 8) | data[starts + k]
+        good = bool((length + head == span).all())
+    else:
+        last = data.size - 1
+        b1, b2, b3, b4 = (data[np.minimum(starts + k, last)].astype(np.int64) for k in range(1, 5))
+        first64 = first.astype(np.int64)
+        fix = (first64 >= 0xA0) & (first64 <= 0xBF)
+        length = np.where(fix, first64 & 0x1F, np.where(first64 == 0xD9, b1, np.where(
+            first64 == 0xDA, (b1 << 8) | b2, (b1 << 24) | (b2 << 16) | (b3 << 8) | b4)))
+        head_of = np.where(fix, 1, np.where(first64 == 0xD9, 2, np.where(first64 == 0xDA, 3, 5)))
+        valid = fix | (first64 == 0xD9) | (first64 == 0xDA) | (first64 == 0xDB)
+        good = bool(valid.all()) and not bool((head_of + length != span).any())
+    if not good:
         raise ValueError("string column item is not a string of its offsets' length")
+
+
+#: msgpack's str8, str16 and str32 markers: the bytes of each one's header (marker and length)
+_STR_HEADS = {0xD9: 2, 0xDA: 3, 0xDB: 5}
 
 
 def read_strings(reader: Any, node: dict[str, Any], rows: range | None) -> np.ndarray:

@@ -123,6 +123,8 @@ class FileSource:
             # the prefix, container head and header of a step are read in many small pieces:
             # one read serves them (and the whole of a small step)
             self._head = memoryview(os.pread(self._fd, min(self._size, HEAD_BYTES), 0))
+            #: whether :meth:`view_range` maps the file (False once a map of it has failed)
+            self._mappable = True
         except BaseException:
             os.close(self._fd)
             raise
@@ -161,12 +163,24 @@ class FileSource:
         strings: ~30 ms that way, ~17 ms mapped, on the benchmark machine). The map is released
         when the last view of it is dropped. As with :class:`MappedSource`, a step file must not
         be truncated in place while its bytes are being decoded (SIGBUS); rollout_mock replaces
-        step files by rename, never in place."""
+        step files by rename, never in place.
+
+        Where the file cannot be mapped (``mmap`` raises ``OSError`` or ``ValueError``: a file
+        system without mmap support), the bytes are read into new memory instead, for this
+        and every later call on this source."""
         if offset < 0 or length <= 0 or offset + length > self._size:
             raise _short(self.name, offset, length, max(0, self._size - offset), self._size)
-        start = offset - offset % mmap.ALLOCATIONGRANULARITY
-        mapped = mmap.mmap(self._fd, offset + length - start, access=mmap.ACCESS_READ, offset=start)
-        return memoryview(mapped)[offset - start:]
+        if self._mappable:
+            start = offset - offset % mmap.ALLOCATIONGRANULARITY
+            try:
+                mapped = mmap.mmap(self._fd, offset + length - start, access=mmap.ACCESS_READ, offset=start)
+            except (OSError, ValueError):
+                self._mappable = False
+            else:
+                return memoryview(mapped)[offset - start:]
+        buffer = bytearray(length)
+        self.readinto_range(offset, buffer)
+        return memoryview(buffer).toreadonly()
 
     def close(self) -> None:
         if self._fd >= 0:

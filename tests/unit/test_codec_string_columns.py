@@ -178,3 +178,77 @@ def test_a_column_of_several_chunks_is_checked_by_one_crc_of_the_run(tmp_path: P
     else:
         with pytest.raises(CorruptStepError, match=r"chunk \d+ fails its CRC-32"):
             codec.decode(path)
+
+
+def _packed_with_length(text: str, form: int, length: int) -> bytes:
+    """``text`` as a msgpack string of header ``form`` (0xA0: fixstr, 0xD9/0xDA/0xDB) whose
+    length field says ``length``."""
+    data = text.encode()
+    if form == 0xA0:
+        return bytes([0xA0 | length]) + data
+    width = {0xD9: 1, 0xDA: 2, 0xDB: 4}[form]
+    return bytes([form]) + length.to_bytes(width, "big") + data
+
+
+@pytest.mark.parametrize("form", [0xA0, 0xD9, 0xDA, 0xDB])
+def test_a_column_of_one_header_form_checks_every_items_length(tmp_path: Path, form: int) -> None:
+    """A column whose items share one header form (the fast check): a good one loads, and one
+    item whose length field is off by one (its offsets still frame it) is refused."""
+    texts = [f"{i:02d}" + "w" * (5 + i) for i in range(20)]
+    good = [_packed_with_length(t, form, len(t)) for t in texts]
+    assert _load(_column(good, pieces=2), tmp_path, from_file=True).tolist() == texts
+    for wrong in (len(texts[7]) - 1, len(texts[7]) + 1):
+        bad = list(good)
+        bad[7] = _packed_with_length(texts[7], form, wrong)
+        with pytest.raises(CorruptStepError, match="string column item is not a string"):
+            _load(_column(bad, pieces=2), tmp_path, from_file=True)
+
+
+@pytest.mark.parametrize("form", [0xD9, 0xDA, 0xDB])
+def test_items_shorter_than_their_header_form_are_refused(form: int) -> None:
+    """Every item starts with a str16 marker (say) but one is a single byte: its length field
+    would lie in the next item; the check refuses it without reading past its bytes."""
+    items = [_packed_with_length("abcdef", form, 6) for _ in range(4)]
+    items.insert(2, bytes([form]))
+    with pytest.raises(CorruptStepError, match="string column item is not a string"):
+        codec.decode(_column(items))
+    with pytest.raises(CorruptStepError, match="string column item is not a string"):
+        codec.decode(_column([*items[:4], bytes([form])]))  # the last item: at the end of the data
+
+
+@pytest.mark.parametrize("error", [OSError(19, "No such device"), ValueError("mmap length is too large")])
+@pytest.mark.parametrize("corrupt", [False, True])
+def test_a_file_that_cannot_be_mapped_is_read_into_memory_instead(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, error: Exception, corrupt: bool) -> None:
+    """A file system without mmap support (mmap raises): view_range reads the bytes instead,
+    tries the map once per source, and the columns load (a corrupt one is still refused by
+    its CRC)."""
+    import mmap
+    import types
+
+    from rollout_mock.codec import safe
+
+    column = _big_column()
+    data = bytearray(codec.encode_bytes({"s": column, "t": column[::-1].copy()}))
+    if corrupt:
+        data[bytes(data).index(b"row 00003") + 2] = ord("X")
+    path = tmp_path / "step.bin"
+    path.write_bytes(bytes(data))
+    attempts: list[int] = []
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        attempts.append(1)
+        raise error
+
+    monkeypatch.setattr(safe, "mmap", types.SimpleNamespace(
+        mmap=refuse, ALLOCATIONGRANULARITY=mmap.ALLOCATIONGRANULARITY, ACCESS_READ=mmap.ACCESS_READ))
+    if corrupt:
+        with pytest.raises(CorruptStepError, match="CRC-32"):
+            codec.decode(path)
+        return
+    out = codec.decode(path)
+    assert out["s"].tolist() == column.tolist() and out["t"].tolist() == column[::-1].tolist()
+    assert len(attempts) == 1  # the second column is read without trying the map again
+    with safe.FileSource(path) as source:
+        view = source.view_range(10, 1 << 20)
+        assert view.readonly and bytes(view) == bytes(data[10: 10 + (1 << 20)])

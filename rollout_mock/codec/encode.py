@@ -60,7 +60,6 @@ import math
 import operator
 import re
 import struct
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,16 +153,12 @@ def _plain_tensor(obj: torch.Tensor) -> bool:
         and not getattr(obj, "is_nested", False) and str(obj.dtype)[6:] in TORCH_DTYPES
 
 
-def _packed_strings(flat: list[str], errors: str | None, total: int, leased: list[bytearray]) -> bytes | bytearray:
-    """``msgpack.packb(flat)``: by msgspec (the same bytes, ~2x faster) into a reused buffer (see
-    :class:`_StringBuffers`; appended to ``leased``), or, with lone surrogates (``errors``), by
-    msgpack into a buffer sized once: ``total`` bytes are known from the offsets (msgpack grows
-    its own by doubling: 3-4x slower for MBs of text)."""
+def _packed_strings(flat: list[str], errors: str | None, total: int) -> bytes:
+    """``msgpack.packb(flat)``: by msgspec (the same bytes, ~2x faster), or, with lone surrogates
+    (``errors``), by msgpack into a buffer sized once: ``total`` bytes are known from the offsets
+    (msgpack grows its own by doubling: 3-4x slower for MBs of text)."""
     if errors is None:
-        buffer = _STRING_BUFFERS.take()
-        _FAST.encode_into(flat, buffer)
-        leased.append(buffer)
-        return buffer
+        return _FAST.encode(flat)
     try:
         packer = msgpack.Packer(use_bin_type=True, unicode_errors=errors, buf_size=total + 64)
     except TypeError:  # a msgpack without buf_size (the pure-Python fallback)
@@ -174,45 +169,6 @@ def _packed_strings(flat: list[str], errors: str | None, total: int, leased: lis
 #: msgspec's packer of string columns (:func:`_packed_strings`): the same msgpack bytes as
 #: msgpack's, about twice as fast.
 _FAST = msgspec.msgpack.Encoder()
-
-
-class _StringBuffers:
-    """The buffers string columns are packed into, reused from one step to the next: a fresh
-    buffer of MBs is memory the kernel must fault in and zero page by page (verl's two 18 MB
-    columns: 19 ms packed into new memory, 3-4 ms into reused memory, on a 2-core VM; pickle
-    packs into one small reused frame). A capture holds its buffers until :meth:`Capture.release`
-    (:func:`encode` releases its own after the write); at most :data:`KEEP` are kept, of at most
-    :data:`KEEP_BYTES` each (larger ones are left to the allocator)."""
-
-    KEEP = 4
-    KEEP_BYTES = 256 << 20
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._free: list[bytearray] = []
-
-    def take(self) -> bytearray:
-        """A buffer no view looks at (msgspec packs into a buffer's memory whoever else sees it:
-        one still viewed, through a leak, is dropped, never packed over)."""
-        with self._lock:
-            while self._free:
-                buffer = self._free.pop()
-                try:
-                    buffer.append(0)  # a resize: refused (BufferError) while a view of it exists
-                    buffer.pop()
-                except BufferError:
-                    continue
-                return buffer
-            return bytearray()
-
-    def give(self, buffers: list[bytearray]) -> None:
-        with self._lock:
-            for buffer in buffers:
-                if len(self._free) < self.KEEP and len(buffer) <= self.KEEP_BYTES:
-                    self._free.append(buffer)
-
-
-_STRING_BUFFERS = _StringBuffers()
 #: ormsgpack's options that make it pack plain data only: ``None``, ``bool``, ``int`` (64-bit),
 #: ``float``, ``str``, ``bytes``, lists and str-keyed dicts of exactly these types. Everything
 #: else (tuples, sets, subclasses of int/str/list/dict, enums, dataclasses, datetimes, UUIDs,
@@ -272,8 +228,6 @@ class _Encoder:
         #: (raw uint8 memoryview, itemsize for shuffling)
         self.chunks: list[tuple[memoryview, int]] = []
         self.owners: list[Any] = []
-        #: the reused buffers string columns were packed into (:class:`_StringBuffers`)
-        self.leased: list[bytearray] = []
         #: every tensor and numeric array, as (path, its bytes where the step holds them, dtype,
         #: shape): what :meth:`Capture.tensors` shows
         self.arrays: list[tuple[str, np.ndarray, Any, tuple[int, ...]]] = []
@@ -461,10 +415,8 @@ class _Encoder:
         total = int(offsets[-1])
         errors = "surrogatepass" if surrogates else None
 
-        leased = self.leased
-
         def pack() -> np.ndarray:
-            data = _packed_strings(flat, errors, total, leased)
+            data = _packed_strings(flat, errors, total)
             if len(data) != total:  # msgpack's str8/16/32 and array headers are what offsets assume
                 raise RuntimeError(f"string column packed to {len(data)} bytes, its offsets say {total}")
             return np.frombuffer(data, np.uint8)
@@ -894,8 +846,6 @@ class Capture:
     staged: StagedCopies | None = field(default=None, repr=False)
     #: (path, bytes, dtype, shape) of every tensor and numeric array (:meth:`tensors`)
     arrays: list[tuple[str, Any, Any, tuple[int, ...]]] = field(default_factory=list, repr=False)
-    #: the reused buffers its string columns were packed into, given back by :meth:`release`
-    leased: list[bytearray] = field(default_factory=list, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -965,8 +915,6 @@ class Capture:
             self.staged.wait()
         for held in (self.chunks, self.owners, self.pending, self.arrays):
             held.clear()
-        leased, self.leased[:] = list(self.leased), []
-        _STRING_BUFFERS.give(leased)  # (no view of them is left: their chunks were dropped)
         if self.pool is not None:
             self.pool.give(self.pooled)
             self.pool.give(self.pinned, pinned=True)
@@ -985,7 +933,7 @@ def _captured(encoder: _Encoder, obj: Any) -> Capture:
     if encoder.staged is not None:
         encoder.staged.close()  # the call returns with the copies queued
     return Capture(root, encoder.chunks, body, surrogates, encoder.owners, encoder.pool, encoder.pooled,
-                   encoder.pending, encoder.pinned, encoder.staged, encoder.arrays, encoder.leased)
+                   encoder.pending, encoder.pinned, encoder.staged, encoder.arrays)
 
 
 class CaptureList:
@@ -1046,7 +994,7 @@ class CaptureList:
             root = {"$": "mp", "o": 0, "n": body.size}
         found, surrogates = encoder.finish()
         return Capture(root, encoder.chunks, found, surrogates, encoder.owners, encoder.pool, encoder.pooled,
-                       encoder.pending, encoder.pinned, encoder.staged, encoder.arrays, encoder.leased)
+                       encoder.pending, encoder.pinned, encoder.staged, encoder.arrays)
 
 
 def capture(obj: Any, *, pool: BufferPool | None = None) -> Capture:
@@ -1068,11 +1016,7 @@ def encode(obj: Any, file: Sink | Any, *, compression: str = "none") -> int:
     if isinstance(obj, Capture):
         obj.finish()
         return obj.write(file, compression=compression)
-    captured = _captured(_Encoder(snapshot=False), obj)
-    try:
-        return captured.write(file, compression=compression)
-    finally:
-        captured.release()  # its string columns' buffers serve the next step
+    return _captured(_Encoder(snapshot=False), obj).write(file, compression=compression)
 
 
 def encode_bytes(obj: Any, *, compression: str = "none") -> bytes:

@@ -248,47 +248,5 @@ def test_string_columns_pack_as_msgpack_packs_them(errors: str | None) -> None:
     if errors:
         flat.append("lone \ud800 surrogate")
     expected = msgpack.packb(flat, use_bin_type=True, unicode_errors=errors)
-    assert _packed_strings(flat, errors, len(expected), []) == expected
-    assert _packed_strings(flat, errors, 1, []) == expected  # a short size hint only costs a regrowth
-
-
-def test_string_buffers_are_reused_only_once_released() -> None:
-    """String columns are packed into reused buffers: a capture keeps its own until it is
-    released (a second capture packed meanwhile gets another), ``encode`` gives its back after the
-    write, and a buffer a view still holds is never packed over (a fresh one is taken)."""
-    import numpy as np
-
-    from rollout_mock.codec.encode import _STRING_BUFFERS, _packed_strings
-
-    first = {"s": np.array(["alpha " * 50, "beta"] * 20, dtype=object)}
-    second = {"s": np.array(["gamma " * 70, "delta"] * 30, dtype=object)}
-    a = codec.capture(first)
-    a.finish()
-    b = codec.capture(second)
-    b.finish()
-    assert a.leased and b.leased and a.leased[0] is not b.leased[0]
-    assert list(codec.decode(codec.encode_bytes(a))["s"]) == list(first["s"])  # not packed over by b
-    held = a.leased[0]
-    a.release()
-    assert not a.leased
-    c = codec.capture(second)
-    c.finish()
-    assert c.leased[0] is held  # reused
-    assert list(codec.decode(codec.encode_bytes(c))["s"]) == list(second["s"])
-    c.release()
-    view = memoryview(_STRING_BUFFERS.take())  # a buffer something still looks at...
-    _STRING_BUFFERS.give([view.obj])  # type: ignore[list-item]
-    before = bytes(view)
-    leased: list[bytearray] = []
-    assert bytes(_packed_strings(["x" * 100], None, 102, leased)) == msgpack_packb(["x" * 100])
-    assert leased[0] is not view.obj and bytes(view) == before  # ...is not packed over
-    view.release()
-    for _ in range(3):  # encode() gives its buffers back: the pool stays bounded
-        codec.encode_bytes(second)
-    assert len(_STRING_BUFFERS._free) <= _STRING_BUFFERS.KEEP
-
-
-def msgpack_packb(value: object) -> bytes:
-    import msgpack
-
-    return msgpack.packb(value, use_bin_type=True)
+    assert _packed_strings(flat, errors, len(expected)) == expected
+    assert _packed_strings(flat, errors, 1) == expected  # a short size hint only costs a regrowth

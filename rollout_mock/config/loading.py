@@ -498,25 +498,22 @@ def _read_bounded(path: Path, max_bytes: int) -> bytes:
     or a special file, never makes the read unbounded). ConfigError when larger."""
     import stat
 
+    from rollout_mock.storage.paths import read_fd
+
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0))
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"{path}: not a regular file (a FIFO, device or directory); a config must be a "
-                              f"YAML file")
-        chunks: list[bytes] = []
-        total = 0
-        while total <= max_bytes:
-            chunk = os.read(fd, min(1 << 20, max_bytes + 1 - total))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            total += len(chunk)
-    finally:
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
         os.close(fd)
-    if total > max_bytes:
+        raise
+    if not regular:
+        os.close(fd)
+        raise ConfigError(f"{path}: not a regular file (a FIFO, device or directory); a config must be a YAML file")
+    data = read_fd(fd, limit=max_bytes)  # (closes fd)
+    if len(data) > max_bytes:
         raise ConfigError(f"{path}: more than {max_bytes} bytes is too large for a config file (limit "
                           f"{max_bytes} bytes)")
-    return b"".join(chunks)
+    return data
 
 
 def load_yaml_file(path: Path, *, max_bytes: int, max_nodes: int) -> Any:

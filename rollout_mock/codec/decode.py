@@ -90,6 +90,7 @@ from rollout_mock.codec.format import (
     array_head,
     check_tree,
     crc32,
+    decoder_thread,
     decompress,
     numpy_dtype,
     pool,
@@ -376,6 +377,29 @@ def return_scratch(scratch: Scratch) -> None:
         _SCRATCH_FREE.append(scratch)
 
 
+#: The block :func:`settle_allocator` allocates and frees: just under glibc's largest dynamic
+#: mmap threshold (``DEFAULT_MMAP_THRESHOLD_MAX``, 32 MiB on 64-bit).
+SETTLE_BYTES = (32 << 20) - (8 << 10)
+_SETTLED = [False]
+
+
+def settle_allocator() -> None:
+    """Once per process, at the first load: allocate and free one block of
+    :data:`SETTLE_BYTES`, never touched (one ``mmap`` and ``munmap``, no page faulted in).
+
+    glibc's ``free`` of such a block raises the allocator's dynamic thresholds (mmap 128 KiB ->
+    32 MiB, heap trim 256 KiB -> 64 MiB), as they are in a process that has freed a tensor of a
+    few MB. Below them the heap hands the memory of freed strings back to the kernel, and the
+    next load's strings (verl's two text columns: 36 MB) fault in and zero 9,300 new pages
+    again, ~2x the load, whichever loader (msgpack's or ``pickle.load``) runs after the free.
+    A process whose thresholds were set (``mallopt``, ``MALLOC_TRIM_THRESHOLD_``,
+    ``MALLOC_MMAP_THRESHOLD_``) keeps them: glibc then ignores the free; other allocators see
+    one malloc and one free. See docs/performance.md."""
+    if not _SETTLED[0]:
+        _SETTLED[0] = True
+        np.empty(SETTLE_BYTES, np.uint8)
+
+
 # --------------------------------------------------------------------------- chunks
 def _crc_check(data: Any, expected: int, index: int) -> None:
     if crc32(data) != expected:
@@ -404,6 +428,7 @@ class ChunkReader:
         self.checks: list[Any] = []
         self.scratch = scratch
         self._leased = False
+        settle_allocator()
 
     def _chunk(self, index: int) -> Any:
         offset, stored, raw, crc, codec, shuf = self.table[index]
@@ -529,7 +554,8 @@ class ChunkReader:
 
     def decoded(self, ref: list[int], decode: Callable[[np.ndarray], Any]) -> Any:
         """``decode(bytes of ref)``, for a decoder that copies what it needs out of the bytes
-        (:meth:`transient`). A mapped run (:meth:`_viewed`) is decoded on a pool thread while
+        (:meth:`transient`). A mapped run (:meth:`_viewed`) is decoded on the codec's decoder thread
+        (:func:`~rollout_mock.codec.format.decoder_thread`) while
         this one checks its CRC in one call over the whole run, without the GIL (compared with
         the chunks' CRCs combined), so the check costs no wall time where a core is free; a
         failed check is the error raised, also when the decode failed (a corrupt chunk is named
@@ -539,7 +565,7 @@ class ChunkReader:
             with self.transient(ref) as data:
                 return decode(data)
         view, jobs = viewed
-        work = pool().submit(decode, view)
+        work = decoder_thread().submit(decode, view)
         expected = None
         for i, _part, _in_place in jobs:
             crc, stored = self.table[i][3], self.table[i][1]

@@ -97,6 +97,7 @@ from rollout_mock.codec.format import (
     TENSOR_HEAD,
     TORCH_DTYPE_NAMES,
     TORCH_DTYPES,
+    DeferredChunk,
     FileSink,
     Sink,
     array_head,
@@ -169,6 +170,42 @@ def _packed_strings(flat: list[str], errors: str | None, total: int) -> bytes:
 #: msgspec's packer of string columns (:func:`_packed_strings`): the same msgpack bytes as
 #: msgpack's, about twice as fast.
 _FAST = msgspec.msgpack.Encoder()
+
+
+def _column_chunks(flat: list[str], offsets: np.ndarray) -> list[DeferredChunk]:
+    """A string column of ``flat`` (no lone surrogates; ``offsets`` as :meth:`_Encoder._strings`
+    computes them) as chunks packed one at a time when written (:class:`DeferredChunk`)."""
+    total = int(offsets[-1])
+    return [DeferredChunk(min(CHUNK_BYTES, total - start), functools.partial(_column_chunk, flat, offsets, start))
+            for start in range(0, total, CHUNK_BYTES)]
+
+
+def _column_chunk(flat: list[str], offsets: np.ndarray, start: int, out: memoryview) -> None:
+    """Put the column bytes ``start .. start + len(out)`` into ``out``: the column's array head,
+    then its items packed by msgspec about :data:`_SLICE_BYTES` at a time (a list's packing
+    without its own array head is its items'); each slice is small, reused memory, and is copied
+    into ``out``. An item across a chunk's edge is packed for both chunks."""
+    stop = start + out.nbytes
+    position = start  # the next column byte to put
+    first = int(offsets[0])
+    if position < first:  # the first chunk begins with the column's own array head
+        head = array_head(len(flat))
+        out[: first - start] = head[start:]
+        position = first
+    item = int(np.searchsorted(offsets, position, "right")) - 1
+    while position < stop:
+        at = int(offsets[item])
+        end = max(item + 1, int(np.searchsorted(offsets, min(at + _SLICE_BYTES, stop), "left")))
+        data = _FAST.encode(flat[item:end])
+        lead = len(array_head(end - item))
+        if len(data) - lead != int(offsets[end]) - at:  # msgpack's str8/16/32 heads are what offsets assume
+            raise RuntimeError(f"string column items {item}..{end} packed to {len(data) - lead} bytes, "
+                               f"its offsets say {int(offsets[end]) - at}")
+        upto = min(int(offsets[end]), stop)
+        out[position - start: upto - start] = memoryview(data)[lead + position - at: lead + upto - at]
+        position, item = upto, end
+
+
 #: ormsgpack's options that make it pack plain data only: ``None``, ``bool``, ``int`` (64-bit),
 #: ``float``, ``str``, ``bytes``, lists and str-keyed dicts of exactly these types. Everything
 #: else (tuples, sets, subclasses of int/str/list/dict, enums, dataclasses, datetimes, UUIDs,
@@ -226,12 +263,12 @@ class _Encoder:
         #: the capture's device-to-host copies of CUDA tensors (codec/device.py), once there is one
         self.staged: StagedCopies | None = None
         #: (raw uint8 memoryview, itemsize for shuffling)
-        self.chunks: list[tuple[memoryview, int]] = []
+        self.chunks: list[tuple[memoryview | DeferredChunk, int]] = []
         self.owners: list[Any] = []
         #: every tensor and numeric array, as (path, its bytes where the step holds them, dtype,
         #: shape): what :meth:`Capture.tensors` shows
         self.arrays: list[tuple[str, np.ndarray, Any, tuple[int, ...]]] = []
-        #: string columns whose strings are packed when the capture is written
+        #: string columns with lone surrogates, packed (whole) when the capture is written
         self.pending: list[Callable[[], None]] = []
         self._active: set[int] = set()
 
@@ -422,7 +459,11 @@ class _Encoder:
             return np.frombuffer(data, np.uint8)
 
         node: dict[str, Any] = {"$": "strs", "shape": list(array.shape)}
-        if self.snapshot:  # the capture keeps the strings; packed by Capture.finish on the writer
+        if errors is None:  # packed a chunk at a time as the step is written (the capture keeps ``flat``)
+            first = len(self.chunks)
+            self.chunks.extend((chunk, 1) for chunk in _column_chunks(flat, offsets))
+            node["c"] = [first, len(self.chunks) - first]
+        elif self.snapshot:  # the capture keeps the strings; packed by Capture.finish on the writer
             chunks, owners, first = self.chunks, self.owners, len(self.chunks)
             chunks.extend((memoryview(b""), 1) for _ in range(0, total, CHUNK_BYTES))
             node["c"] = [first, len(chunks) - first]
@@ -831,7 +872,7 @@ class Capture:
     the batch after :func:`capture` returns does not change it."""
 
     root: Any
-    chunks: list[tuple[memoryview, int]] = field(default_factory=list)
+    chunks: list[tuple[memoryview | DeferredChunk, int]] = field(default_factory=list)
     #: header version 4: the chunks of the msgpack body, and whether it holds lone surrogates
     body: list[int] | None = None
     surrogates: bool = False
@@ -849,7 +890,8 @@ class Capture:
 
     @property
     def nbytes(self) -> int:
-        """Bytes the capture holds (its chunks; string columns count once packed)."""
+        """Bytes the capture holds: its chunks (a string column its packed size, which it keeps as
+        the strings themselves until written; one with lone surrogates counts once packed)."""
         return sum(view.nbytes for view, _ in self.chunks)
 
     def finish(self) -> None:
@@ -897,7 +939,7 @@ class Capture:
         if self.body is None:
             return True
         first, count = self.body
-        views = [view for view, _ in self.chunks[first: first + count]]
+        views = [view for view, _ in self.chunks[first: first + count] if isinstance(view, memoryview)]
         body = views[0] if len(views) == 1 else b"".join(views)
         return _NONFINITE.search(body) is None
 

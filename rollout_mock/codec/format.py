@@ -73,7 +73,9 @@ import math
 import os
 import re
 import struct
-from concurrent.futures import ThreadPoolExecutor, wait
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -197,6 +199,22 @@ def pool() -> ThreadPoolExecutor:
     if _POOL is None:
         _POOL = ThreadPoolExecutor(max_workers=2, thread_name_prefix="rollout-mock-codec")
     return _POOL
+
+
+_DECODER: ThreadPoolExecutor | None = None
+
+
+def decoder_thread() -> ThreadPoolExecutor:
+    """The codec's one thread for the decodes that build a load's strings (string columns, on
+    the caller's behalf while it checks their CRC): one glibc arena then holds the strings of
+    every load and reuses their memory from load to load. On the two-thread pool each thread's
+    arena grew and shrank by a column in turn (verl: 4,700 pages faulted in again every other
+    load, 3.5 -> 15 ms for that column). msgpack holds the GIL while it decodes: a second thread
+    would not decode at the same time anyway."""
+    global _DECODER
+    if _DECODER is None:
+        _DECODER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rollout-mock-decode")
+    return _DECODER
 
 
 # --------------------------------------------------------------------------- the allocation bound
@@ -714,6 +732,49 @@ def _pad(n: int) -> int:
     return (-n) % ALIGN
 
 
+class DeferredChunk:
+    """A chunk whose bytes are made only as it is written: its size is known up front, its bytes
+    are put into a buffer the writer reuses (a slice of a string column: packing a column of
+    18 MB into fresh memory is mostly the kernel faulting in and zeroing 4,600 new pages).
+
+    ``make(out)`` fills ``out`` (a writable byte memoryview of exactly ``nbytes``)."""
+
+    __slots__ = ("make", "nbytes")
+
+    def __init__(self, nbytes: int, make: Callable[[memoryview], None]) -> None:
+        self.nbytes = nbytes
+        self.make = make
+
+    def materialized(self) -> memoryview:
+        """The bytes in memory of their own (what a writer that keeps its pieces is given)."""
+        out = np.empty(self.nbytes, np.uint8).data.cast("B")
+        self.make(out)
+        return out
+
+
+class _MakeBuffers:
+    """The writers' reused buffers of :class:`DeferredChunk` bytes (:data:`CHUNK_BYTES` each,
+    resident after their first use), two per writing thread (one is filled while the codec's
+    thread checksums the other); at most :data:`MAKE_BUFFERS` kept between writes."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._free: list[np.ndarray] = []
+
+    def take(self) -> np.ndarray:
+        with self._lock:
+            return self._free.pop() if self._free else np.empty(CHUNK_BYTES, np.uint8)
+
+    def give(self, buffers: list[np.ndarray]) -> None:
+        with self._lock:
+            self._free.extend(buffers[: max(0, MAKE_BUFFERS - len(self._free))])
+
+
+#: Buffers of :class:`DeferredChunk` bytes kept between writes.
+MAKE_BUFFERS = 4
+_MADE = _MakeBuffers()
+
+
 def write_container(root: Any, chunks: list[tuple[Any, int]], file: Any, *, version: int = BODY_VERSION,
                     body: list[int] | None = None, surrogates: bool = False, compression: str = "none",
                     checksums: bool = True) -> int:
@@ -733,6 +794,7 @@ def write_container(root: Any, chunks: list[tuple[Any, int]], file: Any, *, vers
         written = _write_head_last(root_json, chunks, version, extra, file)
         if written is not None:
             return written
+    chunks = [(raw.materialized() if isinstance(raw, DeferredChunk) else raw, itemsize) for raw, itemsize in chunks]
 
     def prepare(chunk: tuple[Any, int]) -> tuple[Any, int, int, int]:
         raw, itemsize = chunk
@@ -793,7 +855,9 @@ def _write_head_last(root_json: bytes, chunks: list[tuple[Any, int]], version: i
     """A large uncompressed step to a :class:`FileSink`: the header's room is reserved (its CRCs
     written at their widest, the rest padded with JSON whitespace), the chunks are written while
     the two codec threads compute their CRCs, and the head goes to offset 0 before the file is
-    fsync-ed, so the checksum no longer delays the first byte written. None when it does not apply."""
+    fsync-ed, so the checksum no longer delays the first byte written. A :class:`DeferredChunk`
+    is made into one of two reused buffers, checksummed on a codec thread while the next is made
+    into the other, and written from it. None when it does not apply."""
     total = sum(raw.nbytes for raw, _ in chunks)
     if len(chunks) < 2 or total < PARALLEL_BYTES or not isinstance(file, FileSink):
         return None
@@ -806,16 +870,35 @@ def _write_head_last(root_json: bytes, chunks: list[tuple[Any, int]], version: i
     data_offset += _pad(PREFIX_LEN + data_offset)
     if not file.reserve_head(PREFIX_LEN + data_offset):
         return None
-    futures = [pool().submit(crc32, raw) for raw, _ in chunks]
+    futures: list[Future[int] | None] = [
+        None if isinstance(raw, DeferredChunk) else pool().submit(crc32, raw) for raw, _ in chunks]
+    buffers: list[np.ndarray] = []
+    made: list[Future[int] | None] = [None, None]  # the last checksum of each of the two buffers
+    made_count = 0
     written = PREFIX_LEN + data_offset
     try:
-        for raw, _itemsize in chunks:
-            written += file.write_unhashed(raw)
+        for index, (raw, _itemsize) in enumerate(chunks):
+            data = raw
+            if isinstance(raw, DeferredChunk):
+                if raw.nbytes > CHUNK_BYTES:
+                    raise ValueError(f"a deferred chunk of {raw.nbytes} bytes (at most {CHUNK_BYTES})")
+                turn, made_count = made_count % 2, made_count + 1
+                if len(buffers) <= turn:
+                    buffers.append(_MADE.take())
+                last = made[turn]
+                if last is not None:
+                    last.result()  # the buffer's previous bytes are checksummed: it may be reused
+                data = buffers[turn][: raw.nbytes]
+                raw.make(data.data.cast("B"))
+                futures[index] = made[turn] = pool().submit(crc32, data)
+            written += file.write_unhashed(data)
             if _pad(raw.nbytes):
                 written += file.write_unhashed(bytes(_pad(raw.nbytes)))
     finally:
-        wait(futures)  # never leave a thread reading a buffer the caller may reuse
+        wait([future for future in futures if future is not None])  # no thread reads a reused buffer
+        _MADE.give(buffers)
     for row, future, (raw, _itemsize) in zip(table, futures, chunks, strict=True):
+        assert future is not None
         row[3] = future.result()
         file.digest.update_known(row[3], raw.nbytes)
         if _pad(raw.nbytes):

@@ -260,9 +260,8 @@ class _Health:
         elif kind == "ndarray":
             if obj.dtype.kind in "fiu" and obj.size:
                 self._tensor(obj, path)
-        elif kind == "object_array":
-            for item in obj.reshape(-1)[:4096]:
-                self.walk(item, f"{path}[]", depth + 1)
+        elif kind == "object_array":  # (verl's columns of per-row dicts): read as a list is
+            self._items(obj.reshape(-1).tolist(), path, depth)
         elif kind == "list" or kind == "tuple":
             self._items(obj, path, depth)
         elif kind == "mapping":

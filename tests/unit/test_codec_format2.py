@@ -368,7 +368,10 @@ def test_object_array_items_in_a_chunk_are_checked_by_crc() -> None:
 def test_string_columns_are_split_into_chunks() -> None:
     texts = np.array([("x" * 250_000) + str(i) for i in range(40)], dtype=object)  # 10 MB of text
     cap = codec.capture({"t": texts})
-    assert cap.pending  # the strings are packed by the writer, not by the dump-mode call
+    from rollout_mock.codec.format import DeferredChunk
+
+    # the strings are packed by the writer, a chunk at a time, not by the dump-mode call
+    assert [type(view) for view, _ in cap.chunks[:3]] == [DeferredChunk] * 3
     buffer = io.BytesIO()
     codec.encode(cap, buffer)
     data = buffer.getvalue()

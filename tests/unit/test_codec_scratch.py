@@ -165,3 +165,39 @@ def test_a_collector_the_caller_disabled_stays_disabled(monkeypatch: pytest.Monk
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+_REFAULTS = r"""
+import resource, sys
+import numpy as np
+from rollout_mock import codec
+if sys.argv[1] == "load":
+    codec.decode(codec.encode_bytes({"s": np.array(["x"], dtype=object)}))  # a first load
+def faults_of_strings():
+    strings = [("%06d" % i) * 700 for i in range(9000)]  # 38 MB of 4 KB strings, as verl's columns
+    del strings  # freed: the heap keeps their memory, or hands it back to the kernel
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    strings = [("%06d" % i) * 700 for i in range(9000)]
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(faults_of_strings())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or __import__("platform").libc_ver()[0] != "glibc",
+                    reason="glibc's dynamic mmap/trim thresholds")
+def test_after_a_first_load_freed_strings_are_reused_not_faulted_in_again() -> None:
+    """The first load raises glibc's dynamic thresholds once (:func:`settle_allocator`: a block
+    of just under 32 MiB allocated and freed, never touched): 38 MB of strings freed and made
+    again then reuse the heap's memory instead of faulting in ~9,300 new pages, as they do in a
+    fresh process that never freed a large block. Page faults are counted, not time (in fresh
+    processes: the thresholds only ever rise)."""
+    import subprocess
+
+    def faults(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _REFAULTS, mode], capture_output=True, text=True, check=True,
+                             timeout=120)
+        return int(out.stdout.split()[-1])
+
+    assert faults("fresh") > 6000  # what a load's strings cost without it
+    assert faults("load") < 1000
+    assert decode_module.SETTLE_BYTES <= 32 << 20  # glibc raises its thresholds up to 32 MiB only

@@ -252,3 +252,74 @@ def test_a_file_that_cannot_be_mapped_is_read_into_memory_instead(
     with safe.FileSource(path) as source:
         view = source.view_range(10, 1 << 20)
         assert view.readonly and bytes(view) == bytes(data[10: 10 + (1 << 20)])
+
+
+def _column_data(data: bytes) -> bytes:
+    """The joined data chunks of the string column ``s`` of a step file's bytes."""
+    import json
+
+    from rollout_mock.codec.format import CONTAINER_HEAD, PREFIX_LEN
+
+    _, header_len, data_offset, *_ = CONTAINER_HEAD.unpack_from(data, PREFIX_LEN)
+    start = PREFIX_LEN + CONTAINER_HEAD.size
+    header = json.loads(data[start: start + header_len])
+    first, count = header["root"]["s"]["c"]
+    base = PREFIX_LEN + data_offset
+    return b"".join(data[base + row[0]: base + row[0] + row[1]] for row in header["chunks"][first: first + count])
+
+
+def _mixed_texts(n: int, seed: int) -> list[str]:
+    """Strings of every msgpack header form, some multi-byte, one longer than a chunk."""
+    from rollout_mock.codec.format import CHUNK_BYTES
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.choice([0, 5, 31, 32, 255, 256, 4_000, 65_535, 65_536, 300_000], n)
+    texts = [("é" if i % 7 == 0 else "a") * int(k) + f"#{i}" for i, k in enumerate(lengths)]
+    texts[n // 2] = "z" * (CHUNK_BYTES + 12_345)
+    return texts
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_column_packed_a_chunk_at_a_time_is_msgpacks_bytes(tmp_path: Path, seed: int) -> None:
+    """A string column is packed a chunk at a time into reused buffers as the step is written
+    (items across a chunk's edge packed for both): the file holds exactly ``msgpack.packb`` of the
+    items, in a file written head last and in memory, and loads back equal."""
+    from rollout_mock import DirectoryStore
+    from rollout_mock.storage import BatchInfo
+    from rollout_mock.storage.manifest import StreamId
+
+    texts = _mixed_texts(120, seed)
+    column = np.array(texts, dtype=object)
+    batch = {"s": column}
+    store = DirectoryStore(tmp_path)
+    for step in range(2):  # the second write reuses the first one's buffers
+        store.save(StreamId("train"), step, batch, BatchInfo.of(batch))
+        written = store.path_of(StreamId("train"), step).read_bytes()
+        assert _column_data(written) == msgpack.packb(texts)
+        assert store.load(StreamId("train"), step)["s"].tolist() == texts
+    in_memory = codec.encode_bytes(batch)
+    assert _column_data(in_memory) == msgpack.packb(texts)
+    assert codec.decode(in_memory)["s"].tolist() == texts
+    captured = codec.capture(batch)
+    texts[0] += "changed"  # the capture holds its own list of the strings
+    assert codec.decode(codec.encode_bytes(captured))["s"].tolist() == column.tolist()
+    store.close()
+
+
+def test_the_buffers_a_column_is_packed_into_are_reused(tmp_path: Path) -> None:
+    """A column is packed into the writer's buffers, which the next write takes again (memory
+    already resident) instead of packing the whole column into new memory."""
+    from rollout_mock import DirectoryStore
+    from rollout_mock.codec import format as fmt
+    from rollout_mock.storage import BatchInfo
+    from rollout_mock.storage.manifest import StreamId
+
+    batch = {"s": np.array([f"{i} " + "word " * 2000 for i in range(2000)], dtype=object)}  # 20 MB
+    store = DirectoryStore(tmp_path)
+    store.save(StreamId("train"), 0, batch, BatchInfo.of(batch))
+    kept = {id(buffer) for buffer in fmt._MADE._free}
+    assert len(kept) == 2
+    store.save(StreamId("train"), 1, batch, BatchInfo.of(batch))
+    assert {id(buffer) for buffer in fmt._MADE._free} == kept
+    assert store.load(StreamId("train"), 1)["s"].tolist() == batch["s"].tolist()
+    store.close()

@@ -124,6 +124,20 @@ def test_python_samples_are_read_at_evenly_spaced_items_and_values() -> None:
     assert keys["[].tokens"]["n"] == 8 * HEALTH_ITEMS * 10 and keys["[].tokens"]["len"] == [10, 10, 10, 10.0]
 
 
+def test_an_object_column_is_read_as_a_list_is() -> None:
+    """verl's column of per-row dicts (a numpy object array) is read at evenly spaced rows, its
+    counts scaled to the column, as a list of samples is: not row by row in the dump-mode call."""
+    import numpy as np
+
+    from rollout_mock.codec.scan import HEALTH_ITEMS
+
+    rows = 8 * HEALTH_ITEMS
+    extra = np.array([{"index": i, "score": i / 2} for i in range(rows)], dtype=object)
+    keys = health_summary({"extra_info": extra})["keys"]
+    assert keys["extra_info[].index"]["n"] == rows and keys["extra_info[].score"]["s"] == 0.125
+    assert keys["extra_info[].score"]["lo"] == 0.0
+
+
 def test_a_list_of_floats_with_other_values_is_walked_item_by_item() -> None:
     keys = health_summary({"x": [1.0, "a", 3.0, None, math.nan]})["keys"]
     assert keys["x[]"] == {"n": 3, "nf": 1, "lo": 1.0, "hi": 3.0, "mean": 2.0}

@@ -306,7 +306,7 @@ def test_a_column_packed_a_chunk_at_a_time_is_msgpacks_bytes(tmp_path: Path, see
     store.close()
 
 
-def test_the_buffers_a_column_is_packed_into_are_reused(tmp_path: Path) -> None:
+def test_the_buffers_a_column_is_packed_into_are_reused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A column is packed into the writer's buffers, which the next write takes again (memory
     already resident) instead of packing the whole column into new memory."""
     from rollout_mock import DirectoryStore
@@ -314,6 +314,7 @@ def test_the_buffers_a_column_is_packed_into_are_reused(tmp_path: Path) -> None:
     from rollout_mock.storage import BatchInfo
     from rollout_mock.storage.manifest import StreamId
 
+    monkeypatch.setattr(fmt, "_MADE", fmt._MakeBuffers())  # none kept from other tests' writes
     batch = {"s": np.array([f"{i} " + "word " * 2000 for i in range(2000)], dtype=object)}  # 20 MB
     store = DirectoryStore(tmp_path)
     store.save(StreamId("train"), 0, batch, BatchInfo.of(batch))

@@ -57,6 +57,7 @@ import datetime
 import gc
 import json.decoder
 import math
+import os
 import re
 import struct
 import threading
@@ -397,7 +398,10 @@ def settle_allocator() -> None:
     one malloc and one free. See docs/performance.md."""
     if not _SETTLED[0]:
         _SETTLED[0] = True
-        np.empty(SETTLE_BYTES, np.uint8)
+        try:
+            np.empty(SETTLE_BYTES, np.uint8)
+        except MemoryError:  # (no overcommit, a tight ulimit): the thresholds stay as they were
+            pass
 
 
 # --------------------------------------------------------------------------- chunks
@@ -693,6 +697,23 @@ class _CollectorPause:
 
 
 _collector_paused = _CollectorPause()
+
+
+def _forked_child() -> None:
+    """In a forked child none of the parent's threads exist: the scratch buffers they leased
+    are free again, and a decode one of them was in does not keep the collector off (the
+    collector comes back as that decode found it)."""
+    global _SCRATCH_LOCK, _collector_paused
+    _SCRATCH_LOCK = threading.Lock()
+    _SCRATCH_FREE.clear()
+    _SCRATCH_MADE[0] = 0
+    if _collector_paused._depth and _collector_paused._resume:
+        gc.enable()
+    _collector_paused = _CollectorPause()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
 
 
 _MAX_DIM = 1 << 48

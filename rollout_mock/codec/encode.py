@@ -172,38 +172,55 @@ def _packed_strings(flat: list[str], errors: str | None, total: int) -> bytes:
 _FAST = msgspec.msgpack.Encoder()
 
 
-def _column_chunks(flat: list[str], offsets: np.ndarray) -> list[DeferredChunk]:
-    """A string column of ``flat`` (no lone surrogates; ``offsets`` as :meth:`_Encoder._strings`
-    computes them) as chunks packed one at a time when written (:class:`DeferredChunk`)."""
-    total = int(offsets[-1])
-    return [DeferredChunk(min(CHUNK_BYTES, total - start), functools.partial(_column_chunk, flat, offsets, start))
-            for start in range(0, total, CHUNK_BYTES)]
+class _Column:
+    """A string column (no lone surrogates; ``offsets`` as :meth:`_Encoder._strings` computes
+    them) packed a chunk at a time as the step is written (:class:`DeferredChunk`): the column's
+    array head, then its items packed by msgspec about :data:`_SLICE_BYTES` at a time (a list's
+    packing without its own array head is its items'); each slice is small, reused memory, and
+    is copied into the chunk. The chunks are made in order: the item across a chunk's edge is
+    packed alone, once, and kept for the next chunk (an item longer than a chunk: for each
+    chunk it spans)."""
 
+    def __init__(self, flat: list[str], offsets: np.ndarray) -> None:
+        self.flat, self.offsets = flat, offsets
+        self._last: tuple[int, int, bytes] = (-1, -1, b"")
 
-def _column_chunk(flat: list[str], offsets: np.ndarray, start: int, out: memoryview) -> None:
-    """Put the column bytes ``start .. start + len(out)`` into ``out``: the column's array head,
-    then its items packed by msgspec about :data:`_SLICE_BYTES` at a time (a list's packing
-    without its own array head is its items'); each slice is small, reused memory, and is copied
-    into ``out``. An item across a chunk's edge is packed for both chunks."""
-    stop = start + out.nbytes
-    position = start  # the next column byte to put
-    first = int(offsets[0])
-    if position < first:  # the first chunk begins with the column's own array head
-        head = array_head(len(flat))
-        out[: first - start] = head[start:]
-        position = first
-    item = int(np.searchsorted(offsets, position, "right")) - 1
-    while position < stop:
-        at = int(offsets[item])
-        end = max(item + 1, int(np.searchsorted(offsets, min(at + _SLICE_BYTES, stop), "left")))
-        data = _FAST.encode(flat[item:end])
-        lead = len(array_head(end - item))
-        if len(data) - lead != int(offsets[end]) - at:  # msgpack's str8/16/32 heads are what offsets assume
-            raise RuntimeError(f"string column items {item}..{end} packed to {len(data) - lead} bytes, "
-                               f"its offsets say {int(offsets[end]) - at}")
-        upto = min(int(offsets[end]), stop)
-        out[position - start: upto - start] = memoryview(data)[lead + position - at: lead + upto - at]
-        position, item = upto, end
+    def chunks(self) -> list[DeferredChunk]:
+        total = int(self.offsets[-1])
+        return [DeferredChunk(min(CHUNK_BYTES, total - start), functools.partial(self._put, start))
+                for start in range(0, total, CHUNK_BYTES)]
+
+    def _packed(self, item: int, end: int) -> bytes:
+        """Items ``item .. end`` packed as a list (its array head, then their bytes)."""
+        if self._last[:2] != (item, end):
+            data = _FAST.encode(self.flat[item:end])
+            lead, expected = len(array_head(end - item)), int(self.offsets[end] - self.offsets[item])
+            if len(data) - lead != expected:  # msgpack's str8/16/32 heads are what offsets assume
+                raise RuntimeError(f"string column items {item}..{end} packed to {len(data) - lead} bytes, "
+                                   f"its offsets say {expected}")
+            self._last = (item, end, data)
+        return self._last[2]
+
+    def _put(self, start: int, out: memoryview) -> None:
+        """Put the column bytes ``start .. start + len(out)`` into ``out``."""
+        offsets = self.offsets
+        stop = start + out.nbytes
+        position = start  # the next column byte to put
+        first = int(offsets[0])
+        if position < first:  # the first chunk begins with the column's own array head
+            out[: first - start] = array_head(len(self.flat))[start:]
+            position = first
+        item = int(np.searchsorted(offsets, position, "right")) - 1
+        while position < stop:
+            at = int(offsets[item])
+            end = max(item + 1, int(np.searchsorted(offsets, min(at + _SLICE_BYTES, stop), "left")))
+            if end > item + 1 and int(offsets[end]) > stop:
+                end -= 1  # the item across the chunk's edge: a slice of its own, kept for the next chunk
+            data = self._packed(item, end)
+            lead = len(data) - (int(offsets[end]) - at)
+            upto = min(int(offsets[end]), stop)
+            out[position - start: upto - start] = memoryview(data)[lead + position - at: lead + upto - at]
+            position, item = upto, end
 
 
 #: ormsgpack's options that make it pack plain data only: ``None``, ``bool``, ``int`` (64-bit),
@@ -461,7 +478,7 @@ class _Encoder:
         node: dict[str, Any] = {"$": "strs", "shape": list(array.shape)}
         if errors is None:  # packed a chunk at a time as the step is written (the capture keeps ``flat``)
             first = len(self.chunks)
-            self.chunks.extend((chunk, 1) for chunk in _column_chunks(flat, offsets))
+            self.chunks.extend((chunk, 1) for chunk in _Column(flat, offsets).chunks())
             node["c"] = [first, len(self.chunks) - first]
         elif self.snapshot:  # the capture keeps the strings; packed by Capture.finish on the writer
             chunks, owners, first = self.chunks, self.owners, len(self.chunks)

@@ -775,6 +775,20 @@ MAKE_BUFFERS = 4
 _MADE = _MakeBuffers()
 
 
+def _forked_child() -> None:
+    """In a forked child (a DataLoader worker, a fork-started process) none of the parent's
+    threads exist: the codec's executors are made anew on first use (the parent's would queue a
+    load's work for threads that are gone, and wait forever), and so are the writers' buffers
+    (their lock may have been held by a parent thread at the fork)."""
+    global _POOL, _DECODER, _MADE
+    _POOL = _DECODER = None
+    _MADE = _MakeBuffers()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forked_child)
+
+
 def write_container(root: Any, chunks: list[tuple[Any, int]], file: Any, *, version: int = BODY_VERSION,
                     body: list[int] | None = None, surrogates: bool = False, compression: str = "none",
                     checksums: bool = True) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import sys
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -201,3 +202,47 @@ def test_after_a_first_load_freed_strings_are_reused_not_faulted_in_again() -> N
     assert faults("fresh") > 6000  # what a load's strings cost without it
     assert faults("load") < 1000
     assert decode_module.SETTLE_BYTES <= 32 << 20  # glibc raises its thresholds up to 32 MiB only
+
+
+def _load_and_write_in_child(path: str, out: str, queue: Any) -> None:
+    loaded = codec.decode(path)["s"]
+    Path(out).write_bytes(codec.encode_bytes({"s": loaded}))
+    from rollout_mock import DirectoryStore
+    from rollout_mock.storage import BatchInfo
+    from rollout_mock.storage.manifest import StreamId
+
+    store = DirectoryStore(Path(out).parent / "store")
+    batch = {"s": loaded}
+    store.save(StreamId("train"), 0, batch, BatchInfo.of(batch))  # head last: the codec's threads
+    queue.put(len(store.load(StreamId("train"), 0)["s"]))
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs fork")
+def test_a_forked_child_loads_and_writes_after_its_parent_did(tmp_path: Path) -> None:
+    """A child forked after the parent loaded and wrote (a DataLoader worker) has none of the
+    parent's threads: the codec's thread pools are made anew there. Before, the child's load
+    queued its decode for a thread that did not exist and waited forever."""
+    import multiprocessing
+
+    from rollout_mock import DirectoryStore
+    from rollout_mock.storage import BatchInfo
+    from rollout_mock.storage.manifest import StreamId
+
+    texts = np.array(["word " * 1000 + str(i) for i in range(4000)], dtype=object)  # 20 MB: mapped, on the threads
+    path = tmp_path / "step.bin"
+    path.write_bytes(codec.encode_bytes({"s": texts}))
+    assert len(codec.decode(path)["s"]) == 4000  # the parent's decoder thread and pool exist now
+    parent = DirectoryStore(tmp_path / "parent")
+    parent.save(StreamId("train"), 0, {"s": texts}, BatchInfo.of({"s": texts}))
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_load_and_write_in_child, args=(str(path), str(tmp_path / "out.bin"), queue))
+    child.start()
+    try:
+        assert queue.get(timeout=300) == 4000  # (the bound only ends a hang)
+        child.join(timeout=300)
+        assert child.exitcode == 0
+    finally:
+        if child.is_alive():
+            child.kill()
+    assert codec.decode(tmp_path / "out.bin")["s"].tolist() == texts.tolist()

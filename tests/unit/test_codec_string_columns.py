@@ -324,3 +324,27 @@ def test_the_buffers_a_column_is_packed_into_are_reused(tmp_path: Path, monkeypa
     assert {id(buffer) for buffer in fmt._MADE._free} == kept
     assert store.load(StreamId("train"), 1)["s"].tolist() == batch["s"].tolist()
     store.close()
+
+
+def test_an_item_longer_than_a_chunk_is_packed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 8 MiB string spans three chunks: it is packed once and its bytes are kept for the next
+    chunks, not packed again for each (a 100 MB string would otherwise be packed 25 times); no
+    item is packed twice."""
+    import msgspec
+
+    from rollout_mock.codec.format import CHUNK_BYTES
+
+    encode_module = sys.modules["rollout_mock.codec.encode"]
+    calls: list[int] = []
+    real = msgspec.msgpack.Encoder()
+
+    class Counting:
+        def encode(self, items: list[str]) -> bytes:
+            calls.append(sum(map(len, items)))
+            return real.encode(items)
+
+    monkeypatch.setattr(encode_module, "_FAST", Counting())
+    texts = ["a" * 100, "b" * (2 * CHUNK_BYTES + 12_345), "c" * 100]
+    data = codec.encode_bytes({"s": np.array(texts, dtype=object)})
+    assert _column_data(data) == msgpack.packb(texts)
+    assert sum(calls) == sum(map(len, texts))  # every item packed once

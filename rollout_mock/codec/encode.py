@@ -154,21 +154,19 @@ def _plain_tensor(obj: torch.Tensor) -> bool:
         and not getattr(obj, "is_nested", False) and str(obj.dtype)[6:] in TORCH_DTYPES
 
 
-def _packed_strings(flat: list[str], errors: str | None, total: int) -> bytes:
-    """``msgpack.packb(flat)``: by msgspec (the same bytes, ~2x faster), or, with lone surrogates
-    (``errors``), by msgpack into a buffer sized once: ``total`` bytes are known from the offsets
-    (msgpack grows its own by doubling: 3-4x slower for MBs of text)."""
-    if errors is None:
-        return _FAST.encode(flat)
+def _packed_surrogates(flat: list[str], total: int) -> bytes:
+    """``msgpack.packb(flat)`` of a string column with lone surrogates (UTF-8 surrogate-pass,
+    which msgspec cannot write), into a buffer sized once: ``total`` bytes are known from the
+    offsets (msgpack grows its own by doubling: 3-4x slower for MBs of text)."""
     try:
-        packer = msgpack.Packer(use_bin_type=True, unicode_errors=errors, buf_size=total + 64)
+        packer = msgpack.Packer(use_bin_type=True, unicode_errors="surrogatepass", buf_size=total + 64)
     except TypeError:  # a msgpack without buf_size (the pure-Python fallback)
-        return msgpack.packb(flat, use_bin_type=True, unicode_errors=errors)
+        return msgpack.packb(flat, use_bin_type=True, unicode_errors="surrogatepass")
     return packer.pack(flat)
 
 
-#: msgspec's packer of string columns (:func:`_packed_strings`): the same msgpack bytes as
-#: msgpack's, about twice as fast.
+#: msgspec's packer of string columns (:class:`_Column`): the same msgpack bytes as msgpack's,
+#: about twice as fast.
 _FAST = msgspec.msgpack.Encoder()
 
 
@@ -467,16 +465,15 @@ class _Encoder:
         np.cumsum(heads + lengths, out=offsets[1:])
         offsets[1:] += offsets[0]
         total = int(offsets[-1])
-        errors = "surrogatepass" if surrogates else None
 
         def pack() -> np.ndarray:
-            data = _packed_strings(flat, errors, total)
+            data = _packed_surrogates(flat, total)
             if len(data) != total:  # msgpack's str8/16/32 and array headers are what offsets assume
                 raise RuntimeError(f"string column packed to {len(data)} bytes, its offsets say {total}")
             return np.frombuffer(data, np.uint8)
 
         node: dict[str, Any] = {"$": "strs", "shape": list(array.shape)}
-        if errors is None:  # packed a chunk at a time as the step is written (the capture keeps ``flat``)
+        if not surrogates:  # packed a chunk at a time as the step is written (the capture keeps ``flat``)
             first = len(self.chunks)
             self.chunks.extend((chunk, 1) for chunk in _Column(flat, offsets).chunks())
             node["c"] = [first, len(self.chunks) - first]

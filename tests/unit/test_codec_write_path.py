@@ -238,15 +238,19 @@ def test_tensors_that_require_grad_are_recorded_as_data(tmp_path: Path, caplog: 
 
 @pytest.mark.parametrize("errors", [None, "surrogatepass"])
 def test_string_columns_pack_as_msgpack_packs_them(errors: str | None) -> None:
-    """The sized-once packer writes exactly what msgpack.packb writes, for every string header
-    size (fixstr, str8, str16, str32), non-ASCII text and, with surrogatepass, lone surrogates."""
+    """The column packers write exactly what msgpack.packb writes, for every string header size
+    (fixstr, str8, str16, str32) and non-ASCII text: msgspec (what :class:`_Column` packs its
+    slices with) and, with lone surrogates, the sized-once msgpack packer."""
     import msgpack
 
-    from rollout_mock.codec.encode import _packed_strings
+    from rollout_mock.codec.encode import _FAST, _packed_surrogates
 
     flat = ["", "a" * 31, "b" * 32, "é" * 200, "c" * 70_000, "日本語", "x" * 255, "y" * 65_535]
     if errors:
         flat.append("lone \ud800 surrogate")
     expected = msgpack.packb(flat, use_bin_type=True, unicode_errors=errors)
-    assert _packed_strings(flat, errors, len(expected)) == expected
-    assert _packed_strings(flat, errors, 1) == expected  # a short size hint only costs a regrowth
+    if errors is None:
+        assert _FAST.encode(flat) == expected
+        return
+    assert _packed_surrogates(flat, len(expected)) == expected
+    assert _packed_surrogates(flat, 1) == expected  # a short size hint only costs a regrowth

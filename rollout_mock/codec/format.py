@@ -1,4 +1,6 @@
-"""The step-file format: its byte layout, constants, chunk payloads and the grammar of its header.
+"""The step-file format: its byte layout, constants, chunk payloads, the grammar of its header and
+of its JSON item chunks (:func:`parse_items`), and the bound on keys that share a hash
+(:func:`check_keys`), which every decoder of maps and sets keeps.
 
 Format 2 (written since format_version 2 of the manifest)
 =========================================================
@@ -68,13 +70,15 @@ raw bytes the file declares.
 
 from __future__ import annotations
 
+import collections
 import json
+import json.decoder
 import math
 import os
 import re
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -90,12 +94,12 @@ __all__ = [
     "ALIGN", "BODY_VERSION", "CHUNK_BYTES", "CLASS_TAGS", "CLASS_VERSION", "CODECS", "CONTAINER_HEAD",
     "DATA_MAGIC", "DEFAULT_MAX_EXPANSION", "EXT_FROZENSET", "EXT_INT", "EXT_NDARRAY", "EXT_NODE", "EXT_OBJARRAY",
     "EXT_SET", "EXT_TENSOR", "EXT_TUPLE", "FORMAT_VERSION", "FileSink", "HEADER_VERSIONS", "ITEM_OVERHEAD",
-    "JSON_ITEMS_MIN",
-    "MAX_CHUNK_RAW", "MAX_DEPTH", "MAX_NDIM", "PACK_ALIGN", "PARALLEL_BYTES", "PREFIX", "PREFIX_HEAD", "PREFIX_LEN",
-    "PROTOCOL", "SMALL_BYTES", "SUFFIX", "Sink", "TENSOR_HEAD", "TORCH_DTYPES", "TORCH_DTYPE_NAMES", "Layout",
-    "array_head", "check_shape", "check_tree", "compress", "crc32", "decompress", "max_expansion",
+    "JSON_ITEMS_MIN", "MAX_CHUNK_RAW", "MAX_COLLISIONS", "MAX_DEPTH", "MAX_NDIM", "PACK_ALIGN", "PARALLEL_BYTES",
+    "PREFIX", "PREFIX_HEAD", "PREFIX_LEN", "PROTOCOL", "SMALL_BYTES", "SUFFIX", "KeyBudget", "Sink", "TENSOR_HEAD",
+    "TORCH_DTYPES", "TORCH_DTYPE_NAMES", "Layout",
+    "array_head", "check_keys", "check_shape", "check_tree", "compress", "crc32", "decompress", "max_expansion",
     "needs_class_version",
-    "numpy_dtype", "pool", "prefix_sums", "read_layout", "ref_raw", "write_container",
+    "numpy_dtype", "parse_items", "pool", "prefix_sums", "read_layout", "ref_raw", "write_container",
 ]
 
 # --------------------------------------------------------------------------- constants
@@ -959,6 +963,99 @@ def _check_class_node(node: dict[str, Any], tag: str) -> list[Any]:
         return [node["values"], node["offsets"], node.get("lengths")]
     raise ValueError(f"unknown node tag {tag!r:.40}")
 
+
+
+
+# --------------------------------------------------------------------------- hash flooding
+#: At most this many keys of one set/map may share their hash with an earlier key: the cost of
+#: building it stays under ~MAX_COLLISIONS**2 / 2 comparisons (well under a second).
+MAX_COLLISIONS = 1024
+_SMALL = 64
+
+
+def check_keys(keys: Any) -> None:
+    """Raise ValueError when ``keys`` (a sized collection) would flood a set or dict."""
+    n = len(keys)
+    if n <= _SMALL:
+        return
+    # hash(h) == h for every value hash() returns, so this set has no collisions of its own
+    distinct = len(set(map(hash, keys)))
+    if n - distinct > MAX_COLLISIONS:
+        raise ValueError(f"a set or map of {n} keys has {n - distinct} hash collisions "
+                         f"(more than {MAX_COLLISIONS}): refusing a hash-flooding file")
+
+
+class KeyBudget:
+    """Collision accounting across many insertions into the same containers (format 1 builds
+    sets and dicts item batch by item batch)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[int, collections.Counter[int]] = {}
+        self._total: dict[int, int] = {}
+
+    def add(self, container: Any, keys: Iterable[Any]) -> None:
+        counts = self._counts.setdefault(id(container), collections.Counter())
+        hashes = list(map(hash, keys))
+        counts.update(hashes)
+        total = self._total.get(id(container), 0) + len(hashes)
+        self._total[id(container)] = total
+        if total - len(counts) > MAX_COLLISIONS:
+            raise ValueError(f"a set or map of {total} keys has {total - len(counts)} hash collisions "
+                             f"(more than {MAX_COLLISIONS}): refusing a hash-flooding file")
+
+
+# --------------------------------------------------------------------------- JSON item chunks (header version 3)
+_SCALAR = re.compile(
+    r'[ \t\n\r]*(?:(")|(-?(?:0|[1-9][0-9]*))((?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)|(true)|(false)|(null))')
+_SEP = re.compile(r"[ \t\n\r]*([,\]])")
+_OPEN = re.compile(r"[ \t\n\r]*\[[ \t\n\r]*")
+_scanstring: Any = json.decoder.scanstring  # type: ignore[attr-defined]
+_LITERALS = {4: True, 5: False, 6: None}
+
+
+def parse_items(data: bytes | memoryview, count: int) -> list[Any]:
+    """The ``count`` items of a JSON array of plain scalars; ValueError for anything else."""
+    text = str(data, "utf-8")  # no copy of the bytes first
+    opened = _OPEN.match(text)
+    if opened is None:
+        raise ValueError("object array items are not a JSON array")
+    pos = opened.end()
+    items: list[Any] = []
+    if text.startswith("]", pos):
+        pos += 1
+    else:
+        while True:
+            if len(items) >= count:
+                raise ValueError("object array chunk holds more items than its shape")
+            match = _SCALAR.match(text, pos)
+            if match is None:
+                raise ValueError("object array chunk holds a value that is not a plain JSON scalar")
+            if match.group(1):
+                value, pos = _scanstring(text, match.end(), True)
+            elif match.group(2) is not None:
+                whole, rest = match.group(2), match.group(3)
+                if rest:
+                    value = float(whole + rest)
+                    if not math.isfinite(value):
+                        raise ValueError("object array chunk holds a non-finite number")
+                else:
+                    value = int(whole)  # ValueError beyond 4300 digits
+                pos = match.end()
+            else:
+                value = _LITERALS[match.lastindex or 0]
+                pos = match.end()
+            items.append(value)
+            sep = _SEP.match(text, pos)
+            if sep is None:
+                raise ValueError("object array chunk is not a JSON array")
+            pos = sep.end()
+            if sep.group(1) == "]":
+                break
+    if text[pos:].strip(" \t\n\r"):
+        raise ValueError("object array chunk has data after its JSON array")
+    if len(items) != count:
+        raise ValueError("object array items do not match its shape")
+    return items
 
 
 

@@ -28,8 +28,8 @@ import torch
 
 from rollout_mock.batch import KeyedCodec, keyed_codec, keyed_codec_of_tag
 from rollout_mock.codec.classes import batch_class_names, build_batch
-from rollout_mock.codec.decode import OPT_IN, KeyBudget, check_keys
-from rollout_mock.codec.format import MAX_NDIM, TORCH_DTYPES, numpy_dtype
+from rollout_mock.codec.decode import OPT_IN
+from rollout_mock.codec.format import MAX_NDIM, TORCH_DTYPES, KeyBudget, check_keys, numpy_dtype
 from rollout_mock.errors import UnsafePickleError
 
 __all__ = ["MAX_NESTING", "load_v1"]

@@ -367,6 +367,32 @@ def body_zstd_lies() -> Iterator[tuple[str, bytes]]:
     yield "body: compressed body (a memory bomb)", v4({"$": "mp", "o": 0, "n": 100_000}, packed, codec=1)
 
 
+def small_maps_lies() -> Iterator[tuple[str, bytes]]:
+    """Body values that ormsgpack decodes (a long column of small maps of scalars, as verl's
+    ``extra_info``) with the lie in their 400th map, past what the path choice looks at."""
+    import msgpack
+
+    rows = [msgpack.packb({"index": i, "split": "train", "answer": str(i % 97)}) for i in range(600)]
+    modulus = (1 << 61) - 1
+    lies = {
+        "deep nesting": b"\x91" * 100_000 + b"\xc0",
+        "invalid UTF-8": b"\xa2\xff\xfe",
+        "unknown extension": msgpack.packb(msgpack.ExtType(99, b"x")),
+        "node extension with a pickle blob": msgpack.packb(msgpack.ExtType(8, msgpack.packb(
+            {"$": "pickle", "what": "os.system", "c": [0, 0]}))),
+        "map of colliding int keys (hash flooding)": msgpack.packb({msgpack.ExtType(2, (7 + k * modulus).to_bytes(
+            11, "little", signed=True)): 0 for k in range(1, 24_000)}),
+        "a tuple marker with a payload": msgpack.packb([msgpack.ExtType(1, b"x"), 1]),
+        "an object array whose shape lies": msgpack.packb([msgpack.ExtType(6, b""), [5], 1]),
+        "a length past the value": b"\xdb\x7f\xff\xff\xffabc",
+    }
+    for name, lie in lies.items():
+        body = b"\xdd" + struct.pack(">I", 600) + b"".join(rows[:400]) + lie + b"".join(rows[401:])
+        yield f"small maps: {name}", v4(mp(body), body)
+    body = msgpack.packb([msgpack.unpackb(r) for r in rows]) + b"\xc0"
+    yield "small maps: a byte after the value", v4(mp(body), body)
+
+
 def round4_codec() -> Iterator[tuple[str, bytes]]:
     """Round 4 (issue 28): decode work must be bounded by the file, not by what it references."""
     import msgpack
@@ -389,4 +415,4 @@ def round4_codec() -> Iterator[tuple[str, bytes]]:
 
 def corpus(marker: Path) -> list[tuple[str, bytes]]:
     return [*call_programs(marker), *named_attacks(marker), *format2_lies(),
-            *optional("round-3 denials of service", round3_denials), *body_lies(), *round4_codec()]
+            *optional("round-3 denials of service", round3_denials), *body_lies(), *small_maps_lies(), *round4_codec()]

@@ -13,6 +13,8 @@ import fractions
 import importlib
 import io
 import math
+import sys
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -22,7 +24,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rollout_mock import codec
+from rollout_mock import RolloutMockError, UnsafePickleError, codec
 
 encode_module = importlib.import_module("rollout_mock.codec.encode")
 
@@ -194,3 +196,176 @@ def test_the_pooled_capture_packs_the_body_into_reused_buffers_with_the_same_byt
         addresses.append(_body_addresses(captured))
         captured.release()
     assert addresses[0] == addresses[1]
+
+
+# --------------------------------------------------------------------------- decoding many small maps
+decode_module = importlib.import_module("rollout_mock.codec.decode")
+
+
+def _records(n: int = 300) -> list[dict[str, Any]]:
+    """verl's ``extra_info`` column: one small map of scalars per row."""
+    return [{"index": i, "split": "train", "answer": str(i % 97), "score": i / 7, "ok": i % 2 == 0, "none": None}
+            for i in range(n)]
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Same value, same types all the way down (an object array item by item)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, np.ndarray):
+        return a.shape == b.shape and a.dtype == b.dtype and (
+            all(_equal(x, y) for x, y in zip(a.reshape(-1), b.reshape(-1), strict=True)) if a.dtype == object
+            else bool(np.array_equal(a, b)))
+    if isinstance(a, (set, frozenset)):
+        return a == b
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(_equal(a[k], b[k]) for k in a)
+    return _same(a, b)
+
+
+class _Paths:
+    """Counts the body values the cached-keys path decoded, and the ones it sent to msgpack's."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.fast = self.slow = 0
+        real = decode_module.BodyReader._cached_keys
+
+        def spy(reader: Any, data: memoryview) -> Any:
+            value = real(reader, data)
+            if value is decode_module._SLOW_PATH:
+                self.slow += 1
+            else:
+                self.fast += 1
+            return value
+
+        monkeypatch.setattr(decode_module.BodyReader, "_cached_keys", spy)
+
+
+@pytest.mark.parametrize("column", [
+    pytest.param(lambda rows: np.array(rows + [None], dtype=object)[:-1], id="object array (verl)"),
+    pytest.param(lambda rows: rows, id="list"),
+])
+def test_many_small_maps_are_decoded_by_ormsgpack(column: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long column of small maps of scalars decodes through ormsgpack (one str per distinct key,
+    where msgpack-python makes and interns one per key), to the same value."""
+    paths = _Paths(monkeypatch)
+    value = column(_records())
+    loaded = codec.decode(codec.encode_bytes({"extra_info": value}))["extra_info"]
+    assert _equal(loaded, value)
+    assert (paths.fast, paths.slow) == (1, 0)
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param([{"tokens": list(range(64)), "logprobs": [-0.5] * 64}] * 300, id="maps of lists (slime)"),
+    pytest.param(list(range(20_000)), id="numbers"),
+    pytest.param(_records(100), id="too few maps"),
+    pytest.param(_records(300)[:40], id="too small"),
+])
+def test_other_values_keep_msgpacks_path(value: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = _Paths(monkeypatch)
+    assert _equal(codec.decode(codec.encode_bytes({"v": value}))["v"], value)
+    assert (paths.fast, paths.slow) == (0, 0)
+
+
+@pytest.mark.parametrize("odd", [
+    pytest.param((1, "a"), id="tuple"), pytest.param({1, 2}, id="set"), pytest.param(frozenset({"a"}), id="frozenset"),
+    pytest.param(np.array([{"x": 1}, (2,)], dtype=object), id="object array"), pytest.param({1: "a"}, id="int key"),
+    pytest.param({b"k": 1}, id="bytes key"), pytest.param(2**70, id="huge int"), pytest.param(b"\x00raw", id="bytes"),
+    pytest.param(np.arange(6, dtype=np.int16).reshape(2, 3), id="ndarray"), pytest.param(2.5, id="float"),
+])
+@pytest.mark.parametrize("where", [0, 150, 299])
+@pytest.mark.parametrize("array", [True, False], ids=["object array", "list"])
+def test_a_value_only_msgpacks_path_decodes_keeps_its_type(odd: Any, where: int, array: bool,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Markers (tuples, sets, object arrays) below the head of the value, non-string keys: the
+    cached-keys path hands the value to msgpack's; extensions it can decode (huge ints, arrays)
+    stay on it. Either way the value comes back with its types. (A first map holding more than
+    scalars sends the value to msgpack's path at once.)"""
+    paths = _Paths(monkeypatch)
+    rows: list[Any] = _records()
+    rows[where] = {**rows[where], "odd": odd}
+    value: Any = rows
+    if array:
+        value = np.empty(len(rows), dtype=object)
+        value[:] = rows
+    loaded = codec.decode(codec.encode_bytes({"extra_info": value}))["extra_info"]
+    assert _equal(loaded, value)
+    if where == 0 and type(odd) is not float:  # the first map holds more than scalars: msgpack's path
+        assert (paths.fast, paths.slow) == (0, 0)
+        return
+    assert paths.fast + paths.slow == 1
+    assert paths.slow == (isinstance(odd, (tuple, set, frozenset)) or type(odd) is np.ndarray and odd.dtype == object
+                          or type(odd) is dict and not all(type(k) is str for k in odd))
+
+
+def _body_file(body: bytes) -> bytes:
+    """A version-4 step whose root is one body value: ``body``."""
+    sys.path.insert(0, str(Path(__file__).parents[1] / "adversarial"))
+    import adversarial_corpus
+
+    return adversarial_corpus.v4(adversarial_corpus.mp(body), body)
+
+
+def _outcome(blob: bytes) -> tuple[str, Any]:
+    try:
+        return "value", codec.decode(codec.BytesSource(blob, "<test>"))
+    except RolloutMockError as exc:
+        return "refused", type(exc)
+
+
+_ITEMS = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats(allow_nan=False) | st.text(max_size=6)
+    | st.binary(max_size=4) | st.builds(msgpack.ExtType, st.integers(0, 12), st.binary(max_size=12)),
+    lambda inner: st.lists(inner, max_size=4)
+    | st.dictionaries(st.text(max_size=3) | st.integers(-(2**63), 2**64 - 1) | st.none(), inner, max_size=3),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(item=_ITEMS, where=st.integers(0, 299), cut=st.integers(0, 6), junk=st.binary(max_size=6),
+       marker=st.booleans())
+def test_both_paths_decode_any_body_alike(item: Any, where: int, cut: int, junk: bytes, marker: bool) -> None:
+    """Differential: a column of small maps with any msgpack item in it (any extension code and
+    payload, any key type), cut short or with bytes after it, decodes to the same value, or is
+    refused with the same error, whichever path takes it."""
+    head = [msgpack.ExtType(6, b""), [300]] if marker else []  # an object array's marker and shape
+    rows: list[Any] = _records()
+    rows[where] = item
+    body = msgpack.packb([*head, *rows], use_bin_type=True)
+    body = (body[: len(body) - cut] + junk) if cut or junk else body
+    blob = _body_file(body)
+    fast = _outcome(blob)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode_module, "_many_small_maps", lambda data: False)
+        slow = _outcome(blob)
+    assert fast[0] == slow[0] and (_equal(fast[1], slow[1]) if fast[0] == "value" else fast[1] is slow[1])
+
+
+def test_an_error_in_an_extension_is_raised_as_it_is() -> None:
+    """ormsgpack turns any error of its extension hook into a ValueError: the safe loader's
+    refusal of a pickle blob in the 200th map is still an UnsafePickleError."""
+    blob_node = msgpack.ExtType(8, msgpack.packb({"$": "pickle", "what": "os.system", "c": [0, 0]}))
+    rows: list[Any] = _records()
+    rows[200] = {"payload": blob_node}
+    with pytest.raises(UnsafePickleError):
+        codec.decode(codec.BytesSource(_body_file(msgpack.packb(rows)), "<test>"))
+
+
+def test_an_interrupt_in_an_extension_is_raised_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt inside the extension hook ends the load at once: it is not taken
+    for bytes ormsgpack refuses (the value decoded again by msgpack, the hook run twice)."""
+    calls = []
+
+    def interrupted(reader: Any, code: int, payload: bytes) -> Any:
+        calls.append(code)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(decode_module.BodyReader, "ext", interrupted)
+    rows: list[Any] = _records()
+    rows[200] = {"big": 2**70}
+    with pytest.raises(KeyboardInterrupt):
+        codec.decode(codec.encode_bytes({"v": rows}))
+    assert len(calls) == 1

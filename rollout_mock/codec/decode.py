@@ -21,9 +21,9 @@ and checks everything the header check cannot see as it reads it:
   chunk, runs of chunks are counted against the table once; version-2 nodes inside the body
   pass the same ``check_tree`` as the header's. A long column of small maps (verl's
   ``extra_info``) is decoded by ormsgpack instead, which refuses any key but a string, after
-  msgpack has measured the value (``skip``: no bytes after it); anything only msgpack's path
-  decodes (a tuple, set or object array inside the value, the timestamp extension, a key that
-  is not a string) goes there (:meth:`BodyReader._cached_keys`).
+  msgpack has measured the value (``skip``: no bytes after it); anything else (a tuple, set
+  or object array inside the value, a key that is not a string, any extension but a big int)
+  goes to msgpack's path (:meth:`BodyReader._cached_keys`).
 * **Shared chunks** (small tensors side by side): every view is checked to lie inside its chunk,
   and bool views are checked once per chunk over the union of their ranges, so 4,000 views of
   one 16 MiB chunk cost one pass over 16 MiB, not 4,000.
@@ -768,18 +768,20 @@ class BodyReader:
         msgpack-python makes and interns one per key (4,096 maps of three keys: 0.4 ms against
         0.9 ms, pickle's 0.4 ms); :data:`_SLOW_PATH` wherever msgpack's path (:meth:`value`)
         could decode the bytes differently, and that path then decides: any bytes ormsgpack
-        refuses (a key that is not a string, invalid UTF-8, nesting of 1,023), msgpack's
-        timestamp extension, a marker anywhere but at the head of the value (a tuple, set or
-        object array inside it: only msgpack's list hook rebuilds those), and bytes left after
-        the value (ormsgpack ignores them: msgpack's ``skip`` measures the value first, without
-        building anything). An error of the extension hook itself is raised as it is (ormsgpack
-        would turn it, even a KeyboardInterrupt, into a ValueError)."""
+        refuses (a key that is not a string, invalid UTF-8, nesting of 1,023), a marker anywhere
+        but at the head of the value (a tuple, set or object array inside it: only msgpack's list
+        hook rebuilds those), bytes left after the value (ormsgpack ignores them: msgpack's
+        ``skip`` measures the value first, without building anything), and every extension but
+        big ints and the head's marker (tensors, arrays, nodes, msgpack's timestamp): a value
+        decoded again by msgpack's path runs its hook again, so this path runs only hooks that
+        do nothing but return a value. An error of the hook itself is raised as it is
+        (ormsgpack would turn it, even a KeyboardInterrupt, into a ValueError)."""
         seen, marked = 0, False
         failed: list[BaseException] = []
 
         def ext(code: int, payload: bytes) -> Any:
             nonlocal seen, marked
-            if code < 0 or (code in _MARKERS and seen):
+            if code != EXT_INT and (code not in _MARKERS or seen):
                 raise ValueError("for msgpack's path")  # (not an error of the hook: not in failed)
             seen += 1
             marked = marked or code in _MARKERS

@@ -279,9 +279,9 @@ def test_other_values_keep_msgpacks_path(value: Any, monkeypatch: pytest.MonkeyP
 @pytest.mark.parametrize("array", [True, False], ids=["object array", "list"])
 def test_a_value_only_msgpacks_path_decodes_keeps_its_type(odd: Any, where: int, array: bool,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """Markers (tuples, sets, object arrays) below the head of the value, non-string keys: the
-    cached-keys path hands the value to msgpack's; extensions it can decode (huge ints, arrays)
-    stay on it. Either way the value comes back with its types. (A first map holding more than
+    """Markers (tuples, sets, object arrays) below the head of the value, non-string keys,
+    extensions with work behind them (arrays): the cached-keys path hands the value to
+    msgpack's; huge ints and bytes stay on it. Either way the value comes back with its types. (A first map holding more than
     scalars sends the value to msgpack's path at once.)"""
     paths = _Paths(monkeypatch)
     rows: list[Any] = _records()
@@ -296,7 +296,7 @@ def test_a_value_only_msgpacks_path_decodes_keeps_its_type(odd: Any, where: int,
         assert (paths.fast, paths.slow) == (0, 0)
         return
     assert paths.fast + paths.slow == 1
-    assert paths.slow == (isinstance(odd, (tuple, set, frozenset)) or type(odd) is np.ndarray and odd.dtype == object
+    assert paths.slow == (isinstance(odd, (tuple, set, frozenset, np.ndarray))
                           or type(odd) is dict and not all(type(k) is str for k in odd))
 
 
@@ -344,9 +344,9 @@ def test_both_paths_decode_any_body_alike(item: Any, where: int, cut: int, junk:
     assert fast[0] == slow[0] and (_equal(fast[1], slow[1]) if fast[0] == "value" else fast[1] is slow[1])
 
 
-def test_an_error_in_an_extension_is_raised_as_it_is() -> None:
-    """ormsgpack turns any error of its extension hook into a ValueError: the safe loader's
-    refusal of a pickle blob in the 200th map is still an UnsafePickleError."""
+def test_a_pickle_blob_in_a_column_of_maps_is_refused_as_such() -> None:
+    """A node extension (here a pickle blob in the 200th map) sends the value to msgpack's
+    path, which runs its hook once: the safe loader's refusal is an UnsafePickleError."""
     blob_node = msgpack.ExtType(8, msgpack.packb({"$": "pickle", "what": "os.system", "c": [0, 0]}))
     rows: list[Any] = _records()
     rows[200] = {"payload": blob_node}
@@ -355,8 +355,9 @@ def test_an_error_in_an_extension_is_raised_as_it_is() -> None:
 
 
 def test_an_interrupt_in_an_extension_is_raised_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A KeyboardInterrupt inside the extension hook ends the load at once: it is not taken
-    for bytes ormsgpack refuses (the value decoded again by msgpack, the hook run twice)."""
+    """A KeyboardInterrupt inside the extension hook (a big int's) ends the load at once:
+    ormsgpack turns it into a ValueError, which is not taken for bytes it refuses (the value
+    decoded again by msgpack, the hook run twice)."""
     calls = []
 
     def interrupted(reader: Any, code: int, payload: bytes) -> Any:
@@ -369,3 +370,25 @@ def test_an_interrupt_in_an_extension_is_raised_once(monkeypatch: pytest.MonkeyP
     with pytest.raises(KeyboardInterrupt):
         codec.decode(codec.encode_bytes({"v": rows}))
     assert len(calls) == 1
+
+
+def test_a_trusted_pickle_in_a_column_of_maps_is_unpickled_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trusted load unpickles each blob once, also when the value it sits in then goes to
+    msgpack's path (a tuple after it): the cached-keys path never runs a hook with effects."""
+    import pickle
+
+    unpickled = []
+    real = pickle.loads
+
+    def counting(data: bytes, *args: Any, **kwargs: Any) -> Any:
+        unpickled.append(len(data))
+        return real(data, *args, **kwargs)
+
+    rows: list[Any] = _records()
+    rows[100] = {**rows[100], "when": fractions.Fraction(1, 3)}  # an opaque pickle blob
+    rows[200] = {**rows[200], "pair": (1, 2)}
+    blob = codec.encode_bytes({"v": rows})
+    monkeypatch.setattr(pickle, "loads", counting)
+    loaded = codec.decode(blob, trusted=True)["v"]
+    assert _equal(loaded, rows)
+    assert len(unpickled) == 1

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 from rollout_mock import MockScheduler
 from rollout_mock.cli import main
@@ -36,7 +37,7 @@ with open(os.environ["ROLLOUT_MOCK_METRICS"], "w") as f:
 def git(repo: Path, *args: str) -> str:
     env = {**os.environ, "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
     return subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@example.com", *args], cwd=repo, env=env,
-                          check=True, capture_output=True, text=True, timeout=60).stdout
+                          check=True, capture_output=True, text=True, timeout=HANG_S).stdout
 
 
 def make_repo(root: Path, values: list[str], outside: Path | None = None) -> tuple[Path, list[str]]:

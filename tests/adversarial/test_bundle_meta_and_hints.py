@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 from test_numbers import make_dump, run
 
 from rollout_mock.cli.bundle import pack_store
@@ -42,7 +43,7 @@ def test_unpack_hint_is_shell_quoted(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert f"{HOSTILE}=0.001" in words and "$(touch HINT_MARKER)=1e-09" in words
     assert str(tmp_path / "out dir" / "expected" / "metrics.jsonl") in words
     # pasted into a shell (the program replaced by ':'), nothing runs
-    subprocess.run(["sh", "-c", ": " + command.removeprefix("rollout-mock")], cwd=tmp_path, check=True, timeout=30)
+    subprocess.run(["sh", "-c", ": " + command.removeprefix("rollout-mock")], cwd=tmp_path, check=True, timeout=HANG_S)
     assert not (tmp_path / "HINT_MARKER").exists()
 
 
@@ -52,7 +53,7 @@ def test_missing_dump_hint_is_shell_quoted(tmp_path: Path, capsys: pytest.Captur
     code, _, err = run("pack", tmp_path / "runs", "--steps", "0", "-o", "x; touch HINT_MARKER", capsys=capsys)
     assert code == 2
     command = err[err.rindex("rollout-mock pack"):].strip()
-    subprocess.run(["sh", "-c", ": " + command.removeprefix("rollout-mock")], cwd=tmp_path, check=True, timeout=30)
+    subprocess.run(["sh", "-c", ": " + command.removeprefix("rollout-mock")], cwd=tmp_path, check=True, timeout=HANG_S)
     assert not (tmp_path / "HINT_MARKER").exists()
     assert "'x; touch HINT_MARKER'" in err
 

@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 AGENT = textwrap.dedent('''
     import asyncio, json, random, sys, time
@@ -123,7 +124,7 @@ PRODUCER = textwrap.dedent('''
 def _run(script: Path, mode: str, dump: Path, out: Path, seed: int) -> dict[str, object]:
     env = {**os.environ, "PYTHONHASHSEED": str(seed), "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(script), mode, str(dump), str(out), str(seed)], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode == 0, done.stderr[-3000:]
     result: dict[str, object] = json.loads(out.read_text())
     return result
@@ -142,5 +143,5 @@ def test_dump_then_mock_in_separate_processes_is_bit_identical(tmp_path: Path, n
     script.write_text(changed)
     env = {**os.environ, "PYTHONHASHSEED": "3"}
     done = subprocess.run([sys.executable, str(script), "mock", str(dump), str(tmp_path / "x.json"), "3"], env=env,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=HANG_S)
     assert done.returncode != 0 and "ReplayMismatchError" in done.stderr and "step 0" in done.stderr

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import HANG_S
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN = Path(__file__).with_name("explain_run.py")
@@ -24,7 +25,7 @@ def _env() -> dict[str, str]:
 def _explain(tmp: Path, dump: Path, step: int, *cmd: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     out = tmp / f"explain-{step}.json"
     proc = subprocess.run([sys.executable, "-m", "rollout_mock", "explain", str(dump), "--step", str(step),
-                           "--out", str(out), "--", *cmd], capture_output=True, text=True, timeout=300,
+                           "--out", str(out), "--", *cmd], capture_output=True, text=True, timeout=HANG_S,
                           env=_env(), cwd=tmp, check=False)
     return proc, json.loads(out.read_text()) if out.exists() else {}
 
@@ -34,7 +35,7 @@ def plain_dump(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("plain")
     faults = [arg for name, step in FAULTS.items() for arg in (f"--{name}", str(step))]
     subprocess.run([sys.executable, str(PLAIN), "dump", str(tmp / "dump"), *faults], check=True,
-                   capture_output=True, timeout=300, env=_env(), cwd=tmp)
+                   capture_output=True, timeout=HANG_S, env=_env(), cwd=tmp)
     return tmp / "dump"
 
 
@@ -73,7 +74,7 @@ def test_wrap_trl_overflow_in_attention_is_named(tmp_path: Path) -> None:
     pytest.importorskip("trl")
     pytest.importorskip("datasets")
     subprocess.run([sys.executable, str(TRL), str(tmp_path / "dump.json"), "dump", str(tmp_path / "dump"),
-                    "--max-steps", "2"], check=True, capture_output=True, timeout=300, env=_env(), cwd=tmp_path)
+                    "--max-steps", "2"], check=True, capture_output=True, timeout=HANG_S, env=_env(), cwd=tmp_path)
     proc, report = _explain(tmp_path, tmp_path / "dump", 0, sys.executable, str(TRL), str(tmp_path / "mock.json"),
                             "mock", "{dump}", "--max-steps", "2", "--plant-overflow")
     assert proc.returncode == 1, proc.stderr[-3000:]

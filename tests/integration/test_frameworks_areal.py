@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 
 from rollout_mock import open_dump
 from rollout_mock.adapters.areal import wrap_areal
@@ -356,7 +357,7 @@ def test_the_by_hand_recipe_replays_an_identical_rerun_and_stops_another_loader_
                    PYTHONPATH=os.pathsep.join([str(doc.parents[2]), os.environ.get("PYTHONPATH", "")]))
         out = tmp_path / f"{name}.json"
         proc = subprocess.run([sys.executable, str(script), str(out), mode, str(tmp_path / "d"), str(seed)],
-                              capture_output=True, text=True, timeout=240, env=env, check=False)
+                              capture_output=True, text=True, timeout=HANG_S, env=env, check=False)
         assert out.exists(), proc.stderr[-3000:]
         result: dict[str, Any] = json.loads(out.read_text())
         return result
@@ -399,7 +400,7 @@ def areal_run(mode: str, method: str, dump: Path, out: Path, *, seed: str, count
 
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PYTHONHASHSEED": seed}
     proc = subprocess.run([sys.executable, str(AREAL_RUN), mode, method, str(dump), str(out), str(count)],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == expect, proc.stderr[-4000:]
     result: dict[str, Any] = torch.load(out, weights_only=False)
     return result

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from conftest import HANG_S
 
 verl_protocol = pytest.importorskip("verl.protocol")
 DataProto = verl_protocol.DataProto
@@ -285,7 +286,7 @@ def _verl_run(tmp_path: Path, name: str, mode: str, how: str, *extra: str, hash_
     env = dict(os.environ, PYTHONHASHSEED=str(hash_seed),
                PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.run([sys.executable, str(RUN), str(out), mode, str(tmp_path / f"dump-{how}"), how, *extra],
-                          capture_output=True, text=True, timeout=240, env=env, check=False)
+                          capture_output=True, text=True, timeout=HANG_S, env=env, check=False)
     assert out.exists(), proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(out.read_text())
     return result
@@ -396,7 +397,7 @@ def test_v0_validate_in_three_batches_dump_then_mock_in_separate_processes(tmp_p
     for mode, seed in (("dump", "1"), ("mock", "2")):
         out = tmp_path / f"{mode}.pt"
         proc = subprocess.run([sys.executable, str(script), mode, str(tmp_path / "d"), str(out)],
-                              env={**env, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=600)
+                              env={**env, "PYTHONHASHSEED": seed}, capture_output=True, text=True, timeout=HANG_S)
         assert proc.returncode == 0, proc.stderr[-4000:]
         results.append(torch.load(out, weights_only=False))
     recorded, replayed = results

@@ -23,6 +23,8 @@ import torch
 pytest.importorskip("verl.protocol")
 pytestmark = [pytest.mark.verl, pytest.mark.slow]
 
+from conftest import HANG_S
+
 from rollout_mock import open_dump  # noqa: E402
 
 RUN = Path(__file__).with_name("verl_v1_run.py")
@@ -34,7 +36,7 @@ def run(mode: str, trainer_mode: str, dump: Path, out: Path, *, seed: str, batch
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": seed}
     proc = subprocess.run([sys.executable, str(RUN), mode, trainer_mode, str(dump), str(out), "4", str(batch),
                            str(val_batch), str(sync_steps), str(threshold)],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, capture_output=True, text=True, timeout=HANG_S)
     assert proc.returncode == expect, proc.stderr[-4000:]
     result: dict[str, Any] = torch.load(out, weights_only=False)
     return result

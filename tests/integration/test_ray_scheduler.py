@@ -43,7 +43,6 @@ from rollout_mock.determinism import (
 
 pytestmark = pytest.mark.ray
 
-GATE_TIMEOUT_S = 120.0  # only a failing run waits this long (the capture blocked the loop)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -137,8 +136,19 @@ class Gate:
         if self.released_in_time is None:  # the first pickling is rollout_mock's capture
             self.capture_thread = threading.current_thread().name
             self.entered.set()
-            self.released_in_time = self.release.wait(GATE_TIMEOUT_S)
+            # On the event loop's thread, waiting would block the loop that must release it: that
+            # is the failure, told by the thread, not by a timer. Elsewhere HANG_S bounds a hang
+            # only (a loop blocked some other way: only a failing run waits that long).
+            self.released_in_time = False if _on_event_loop() else self.release.wait(HANG_S)
         return (str, ("gate",))
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 class SlowRecordScheduler:
@@ -157,7 +167,7 @@ class SlowRecordScheduler:
     async def ping(self) -> dict[str, Any]:
         # Waits without blocking the loop until the capture is in progress, then releases it.
         # If the capture ran on the event loop, this method could not run until it gave up.
-        for _ in range(int(GATE_TIMEOUT_S * 100)):
+        for _ in range(int(HANG_S * 100)):
             if self.gate is not None and self.gate.entered.is_set():
                 break
             await asyncio.sleep(0.01)
@@ -282,9 +292,9 @@ def test_recording_does_not_block_the_actor_event_loop_and_exit_flushes(tmp_path
     gated = DataProto(meta_info={"global_step": 0, "gated": True})
     ref = actor.get_batch.remote(gated, 64)
     # The capture of step 0 waits for `ping`; ping can only run if the event loop is free.
-    pong = ray.get(actor.ping.remote(), timeout=GATE_TIMEOUT_S + 10)
+    pong = ray.get(actor.ping.remote(), timeout=HANG_S)  # a hang bound: starting the actor counts
     assert pong["capture_still_waiting"] is True
-    batch = ray.get(ref, timeout=GATE_TIMEOUT_S + 10)
+    batch = ray.get(ref, timeout=HANG_S)
     report = ray.get(actor.gate_report.remote())
     assert report["released_in_time"] is True, "the capture ran on the event loop and blocked it"
     assert report["capture_thread"] != pong["loop_thread"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import HANG_S
 from test_frameworks_slime import args, slime_pkg  # noqa: F401  (fixture; pytest puts this directory on sys.path)
 
 from rollout_mock import open_dump
@@ -74,7 +75,7 @@ def _startup(tmp_path: Path, pkg: Path, name: str, mode: str, prompts: Path, whi
                PYTHONPATH=os.pathsep.join([str(pkg), str(REPO), os.environ.get("PYTHONPATH", "")]))
     env.pop("ROLLOUT_MOCK_MODE", None)
     proc = subprocess.run([sys.executable, str(RUN), str(out), mode, str(tmp_path / f"dump-{which}"), str(prompts),
-                           str(tmp_path / f"save-{name}"), which], capture_output=True, text=True, timeout=240,
+                           str(tmp_path / f"save-{name}"), which], capture_output=True, text=True, timeout=HANG_S,
                           env=env, check=False)
     assert out.exists(), proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(out.read_text())

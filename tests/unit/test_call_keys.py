@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import HANG_S
 
 import rollout_mock.codec as codec
 from rollout_mock import MockScheduler
@@ -137,7 +138,7 @@ def test_concurrent_calls_of_one_step_from_threads(tmp_path: Path) -> None:
 
     class Engine:
         def generate(self, prompt: str, global_step: int) -> dict[str, Any]:
-            barrier.wait(timeout=60)
+            barrier.wait(timeout=HANG_S)
             return {"ids": torch.tensor([ord(c) for c in prompt]), "prompt": prompt}
 
     prompts = [f"prompt {i}" * (i + 1) for i in range(8)]
@@ -151,7 +152,7 @@ def test_concurrent_calls_of_one_step_from_threads(tmp_path: Path) -> None:
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(timeout=120)
+            thread.join(timeout=HANG_S)
         return results
 
     with MockScheduler(Engine(), _cfg(tmp_path, "dump"), methods=["generate"]) as s:

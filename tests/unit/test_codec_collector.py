@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import HANG_S
 
 from rollout_mock import codec
 
@@ -87,7 +88,7 @@ class _Gate:
             name = threading.current_thread().name
             if name in self.entered and not self.entered[name].is_set():
                 self.entered[name].set()
-                assert self.release[name].wait(10), "the test never released the decode"
+                assert self.release[name].wait(HANG_S), "the test never released the decode"
             if name in self.seen:
                 self.seen[name].append(gc.isenabled())
             return lists(items)
@@ -97,7 +98,7 @@ class _Gate:
     def start(self, name: str, data: bytes, results: dict[str, Any]) -> threading.Thread:
         thread = threading.Thread(target=lambda: results.__setitem__(name, codec.decode(data)), name=name)
         thread.start()
-        assert self.entered[name].wait(10)
+        assert self.entered[name].wait(HANG_S)
         return thread
 
 
@@ -114,11 +115,11 @@ def test_overlapping_loads_on_two_threads_leave_the_collector_as_it_was(
     assert not gc.isenabled()
     last_done = "b" if first_done == "a" else "a"
     gate.release[first_done].set()
-    threads[first_done].join(10)
+    threads[first_done].join(HANG_S)
     assert first_done in results and not threads[first_done].is_alive()
     assert not gc.isenabled()  # the other decode is still running: the collector stays off
     gate.release[last_done].set()
-    threads[last_done].join(10)
+    threads[last_done].join(HANG_S)
     assert last_done in results and not threads[last_done].is_alive()
     assert gc.isenabled() is enabled
     assert not any(gate.seen["a"] + gate.seen["b"])

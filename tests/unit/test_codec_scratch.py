@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import HANG_S
 
 from rollout_mock import CorruptStepError, codec
 
@@ -196,7 +197,7 @@ def test_after_a_first_load_freed_strings_are_reused_not_faulted_in_again() -> N
 
     def faults(mode: str) -> int:
         out = subprocess.run([sys.executable, "-c", _REFAULTS, mode], capture_output=True, text=True, check=True,
-                             timeout=120)
+                             timeout=HANG_S)
         return int(out.stdout.split()[-1])
 
     assert faults("fresh") > 6000  # what a load's strings cost without it
@@ -239,8 +240,8 @@ def test_a_forked_child_loads_and_writes_after_its_parent_did(tmp_path: Path) ->
     child = context.Process(target=_load_and_write_in_child, args=(str(path), str(tmp_path / "out.bin"), queue))
     child.start()
     try:
-        assert queue.get(timeout=300) == 4000  # (the bound only ends a hang)
-        child.join(timeout=300)
+        assert queue.get(timeout=HANG_S) == 4000  # (the bound only ends a hang)
+        child.join(timeout=HANG_S)
         assert child.exitcode == 0
     finally:
         if child.is_alive():
